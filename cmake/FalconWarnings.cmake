@@ -1,0 +1,31 @@
+# Warning and sanitizer flags for Falcon's own targets (never applied to third-party code).
+# falcon_target_defaults(<target>) gives a target the project's warnings (errors when
+# FALCON_WERROR is on) and the sanitizer chosen with FALCON_SANITIZE.
+
+set(FALCON_WARNING_FLAGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
+    -Wcast-align -Wunused -Woverloaded-virtual -Wconversion -Wno-sign-conversion
+    -Wnull-dereference -Wdouble-promotion -Wformat=2 -Wimplicit-fallthrough)
+set(FALCON_C_WARNING_FLAGS -Wall -Wextra -Wpedantic -Wshadow -Wformat=2)
+
+set(FALCON_SANITIZER_FLAGS "")
+if(FALCON_SANITIZE STREQUAL "address")
+  set(FALCON_SANITIZER_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer
+      -fno-sanitize-recover=undefined)
+elseif(FALCON_SANITIZE STREQUAL "thread")
+  set(FALCON_SANITIZER_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
+elseif(NOT FALCON_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "FALCON_SANITIZE must be '', 'address' or 'thread', not '${FALCON_SANITIZE}'")
+endif()
+
+function(falcon_target_defaults target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${FALCON_WARNING_FLAGS}>
+    $<$<COMPILE_LANGUAGE:C>:${FALCON_C_WARNING_FLAGS}>
+    ${FALCON_SANITIZER_FLAGS})
+  if(FALCON_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(FALCON_SANITIZER_FLAGS)
+    target_link_options(${target} PRIVATE ${FALCON_SANITIZER_FLAGS})
+  endif()
+endfunction()

@@ -1,0 +1,26 @@
+// falcon-ctl: the operator's command line. main() only wires the subcommands together.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "daemon/ctl/command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"falcon-ctl: inspect Falcon call logs and analyse iteration-time traces"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "falcon-ctl 0.1.0");
+  falcon::ctl::CommandContext ctx;
+  falcon::ctl::AddTraceCommand(app, ctx);
+  falcon::ctl::AddSegmentsCommand(app, ctx);
+  falcon::ctl::AddAnalyzeTraceCommand(app, ctx);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "falcon-ctl: internal error: %s\n", e.what());
+    return falcon::ctl::kExitInternal;
+  }
+  return ctx.exit_code;
+}

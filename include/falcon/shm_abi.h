@@ -1,0 +1,287 @@
+/* Falcon shared-memory ABI: the call log and control block a shim shares with the agent.
+ *
+ * One segment per traced process, created by libfalcon_shim.so on the process's first NCCL call
+ * at  <dir>/falcon.<uid>.<pid>  (dir: $FALCON_SHM_DIR, default /dev/shm), mode 0600, removed when
+ * the process exits normally. A crashed process leaves its segment behind; readers recognise it
+ * (owner pid gone or reused: compare FalconShmHeader::pid_start_ticks) and reap it.
+ *
+ * Layout (all offsets from the segment start, all sizes in bytes, all fields little-endian
+ * native layout of x86_64/aarch64 Linux):
+ *   [FalconShmHeader][FalconControl][FalconCommEntry x comm_capacity]
+ *   [FalconThreadSlot x thread_capacity][FalconRecord x ring_capacity]
+ *
+ * Concurrency contract (writer = the traced process, reader = agent / falcon-ctl):
+ *  1. The header's identity fields are written once, before `magic` is published with release
+ *     order; a reader that sees the magic sees the rest.
+ *  2. Ring slots are claimed with one fetch_add on `ring_head`; the claimed index `i` lands in
+ *     slot i % ring_capacity. A slot is a seqlock: its `version` is odd (2i+1) while being written
+ *     and 2i+2 once complete. A reader accepts a copy only if it read the same even version
+ *     before and after the copy and that version equals 2i+2 for the index it expected. A larger
+ *     version means the record was overwritten (lost to that reader); an odd one means torn.
+ *  3. A writer never waits: if it finds the slot it claimed still being written by a slower
+ *     writer it drops its record and counts it in `records_dropped`.
+ *  4. Writers count records that overwrite an index the reader has not consumed yet
+ *     (`reader_cursor`, published by the single active reader) in `records_lost`.
+ *  5. Comm entries are written under their own `state` word: kFalconCommWriting while the
+ *     identity is filled in, then kFalconCommLive; `destroy_*` are written before
+ *     kFalconCommDestroyed. `calls` is the per-communicator sequence counter.
+ *  6. The control block's agent→shim words are written by the agent only, the shim→agent words
+ *     by the shim only; all are naturally aligned atomics.
+ *
+ * Nothing in this file depends on NCCL or CUDA: enum values mirror nccl.h where they must.
+ * C and C++ may both include it. */
+#ifndef FALCON_SHM_ABI_H_
+#define FALCON_SHM_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
+#define FALCON_SHM_ABI_VERSION 1u
+#define FALCON_SHM_PREFIX "falcon."
+#define FALCON_SHM_DEFAULT_DIR "/dev/shm"
+#define FALCON_NO_COMM 0xFFFFFFFFu
+#define FALCON_NAME_LEN 64
+#define FALCON_HOST_LEN 64
+
+/* Every function of nccl.h 2.28 has an op code; collectives come first. The order is ABI. */
+typedef enum {
+  kFalconOpNone = 0,
+  kFalconOpAllReduce = 1,
+  kFalconOpBroadcast = 2,
+  kFalconOpBcast = 3,
+  kFalconOpReduce = 4,
+  kFalconOpAllGather = 5,
+  kFalconOpReduceScatter = 6,
+  kFalconOpAlltoAll = 7,
+  kFalconOpGather = 8,
+  kFalconOpScatter = 9,
+  kFalconOpSend = 10,
+  kFalconOpRecv = 11,
+  kFalconOpGroupStart = 12,
+  kFalconOpGroupEnd = 13,
+  kFalconOpGroupSimulateEnd = 14,
+  kFalconOpCommInitRank = 15,
+  kFalconOpCommInitRankConfig = 16,
+  kFalconOpCommInitRankScalable = 17,
+  kFalconOpCommInitAll = 18,
+  kFalconOpCommSplit = 19,
+  kFalconOpCommShrink = 20,
+  kFalconOpCommFinalize = 21,
+  kFalconOpCommDestroy = 22,
+  kFalconOpCommAbort = 23,
+  kFalconOpCommRevoke = 24,
+  kFalconOpCommRegister = 25,
+  kFalconOpCommDeregister = 26,
+  kFalconOpCommWindowRegister = 27,
+  kFalconOpCommWindowDeregister = 28,
+  kFalconOpRedOpCreatePreMulSum = 29,
+  kFalconOpRedOpDestroy = 30,
+  kFalconOpGetUniqueId = 31,
+  kFalconOpGetVersion = 32,
+  kFalconOpGetErrorString = 33,
+  kFalconOpGetLastError = 34,
+  kFalconOpCommGetAsyncError = 35,
+  kFalconOpCommCount = 36,
+  kFalconOpCommCuDevice = 37,
+  kFalconOpCommUserRank = 38,
+  kFalconOpMemAlloc = 39,
+  kFalconOpMemFree = 40,
+  /* Not an NCCL call: GPU timing of record `ref_seq` completed (see FalconRecord). */
+  kFalconOpGpuTiming = 100,
+  /* Not an NCCL call: a phase annotation from the C API (falcon.h). */
+  kFalconOpAnnotation = 101,
+  kFalconOpCount_ = 102
+} FalconOp;
+
+/* Record flags. */
+enum {
+  kFalconFlagInGroup = 1u << 0,      /* issued between ncclGroupStart and ncclGroupEnd */
+  kFalconFlagGraphCapture = 1u << 1, /* the stream was being captured into a CUDA graph */
+  kFalconFlagBenchmark = 1u << 2,    /* issued by Falcon's benchmark executor, not training */
+  kFalconFlagGpuPending = 1u << 3,   /* a kFalconOpGpuTiming record for this call will follow */
+  kFalconFlagHostEnd = 1u << 4,      /* t_end_mono_ns holds the host time the call returned */
+  kFalconFlagInPlace = 1u << 5       /* sendbuff == recvbuff */
+};
+
+/* One NCCL call, 128 bytes. Times are nanoseconds. `seq` is the global call sequence of the
+ * process (the ring index). For kFalconOpGpuTiming records: ref_seq is the seq of the timed call,
+ * gpu_start_ns / gpu_end_ns are the event times on the host CLOCK_MONOTONIC scale (anchored by a
+ * reference event) and result is 0 on success, 1 if the events failed. */
+typedef struct FalconRecord {
+  uint64_t version;       /* seqlock, see contract 2 */
+  uint64_t seq;           /* global call sequence (ring index) */
+  uint64_t comm_seq;      /* per-communicator sequence; 0-based; ~0 if no communicator */
+  uint64_t count;         /* element count as passed (sendcount for AllGather) */
+  uint64_t stream;        /* cudaStream_t value, process-local, informational */
+  int64_t t_start_mono_ns; /* CLOCK_MONOTONIC at entry */
+  int64_t t_start_real_ns; /* CLOCK_REALTIME at entry */
+  int64_t t_end_mono_ns;   /* CLOCK_MONOTONIC at return, when kFalconFlagHostEnd */
+  uint64_t ref_seq;        /* kFalconOpGpuTiming: the timed call's seq */
+  int64_t gpu_start_ns;    /* kFalconOpGpuTiming only */
+  int64_t gpu_end_ns;      /* kFalconOpGpuTiming only */
+  uint32_t comm_slot;      /* index into the comm table, FALCON_NO_COMM if none */
+  int32_t peer;            /* peer (Send/Recv) or root (Bcast/Reduce/Gather/Scatter), else -1 */
+  int32_t redop;           /* ncclRedOp_t value, -1 if none */
+  uint16_t op;             /* FalconOp */
+  uint8_t dtype;           /* ncclDataType_t value, 0xFF if none */
+  uint8_t group_depth;     /* ncclGroupStart nesting depth at entry */
+  uint16_t flags;          /* kFalconFlag* */
+  uint16_t thread_slot;    /* index into the thread table, 0xFFFF if none */
+  int32_t result;          /* ncclResult_t returned to the caller */
+  uint32_t iteration;      /* iteration tag from the trap/annotation machinery, 0 if unknown */
+  uint8_t reserved[12];
+} FalconRecord;
+
+typedef enum {
+  kFalconCommFree = 0,
+  kFalconCommWriting = 1,
+  kFalconCommLive = 2,
+  kFalconCommDestroyed = 3
+} FalconCommState;
+
+typedef enum {
+  kFalconCommByInitRank = 1,
+  kFalconCommByInitRankConfig = 2,
+  kFalconCommByInitRankScalable = 3,
+  kFalconCommByInitAll = 4,
+  kFalconCommBySplit = 5,
+  kFalconCommByShrink = 6
+} FalconCommOrigin;
+
+/* One communicator this process is a member of. comm_id is computed alike by every member:
+ * FNV-1a 64 of the ncclUniqueId for InitRank*; for Split/Shrink a hash of (parent comm_id, how
+ * many splits/shrinks the parent had before this one, color or sorted excluded ranks); for
+ * InitAll a hash of (host, pid, InitAll call index, device list). */
+typedef struct FalconCommEntry {
+  uint32_t state;          /* FalconCommState, atomic */
+  uint32_t origin;         /* FalconCommOrigin */
+  uint64_t comm_id;
+  uint64_t parent_id;      /* 0 if none */
+  int32_t rank;
+  int32_t nranks;
+  int32_t device;          /* CUDA device ordinal, -1 if unknown */
+  int32_t color;           /* Split color, or number of excluded ranks for Shrink; -1 otherwise */
+  uint32_t split_index;    /* n-th split/shrink of the parent (0-based) */
+  uint32_t reserved0;
+  uint64_t handle;         /* ncclComm_t value, process-local, informational */
+  int64_t create_real_ns;
+  int64_t create_mono_ns;
+  int64_t destroy_real_ns; /* 0 while live */
+  int64_t destroy_mono_ns;
+  uint64_t calls;          /* per-communicator call counter (next comm_seq), atomic */
+  char name[FALCON_NAME_LEN]; /* commName from ncclConfig_t, NUL-terminated, may be empty */
+  uint8_t reserved[32];
+} FalconCommEntry;
+
+/* One calling thread; lets a reader see calls that have not returned (hangs). */
+typedef struct FalconThreadSlot {
+  uint64_t tid;            /* gettid() of the owner, 0 if free */
+  uint64_t inflight_seq;   /* atomic: 0 = idle, else 1 + comm_seq of the call in flight */
+  int64_t inflight_since_mono_ns;
+  uint32_t inflight_comm_slot;
+  uint16_t inflight_op;
+  uint16_t reserved0;
+  uint64_t calls;          /* calls this thread made */
+  uint8_t reserved[24];
+} FalconThreadSlot;
+
+typedef enum {
+  kFalconModeTrack = 0,   /* host timestamps only (default) */
+  kFalconModeProfile = 1, /* GPU events on every call (host end time where there is no GPU) */
+  kFalconModeSample = 2,  /* like profile on one call in `sample_every` */
+  kFalconModeOff = 3      /* record nothing; calls pass through */
+} FalconMode;
+
+typedef enum {
+  kFalconTimingHost = 0,  /* no usable CUDA driver: host timing only */
+  kFalconTimingCudaEvents = 1
+} FalconTimingSource;
+
+/* The control block. agent→shim words: written by the agent, read by the shim.
+ * shim→agent words: written by the shim. Pause and benchmark words are reserved for the trap
+ * and the benchmark executor; a shim that does not implement them leaves the acks at 0. */
+typedef struct FalconControl {
+  /* agent → shim */
+  uint32_t mode;              /* FalconMode */
+  uint32_t sample_every;      /* for kFalconModeSample; 0 is treated as 1 */
+  uint64_t command_seq;       /* bumped by the agent after changing any agent→shim word */
+  uint64_t pause_request;     /* reserved: trap generation requested */
+  uint64_t pause_at_iteration;/* reserved */
+  int64_t pause_deadline_real_ns; /* reserved */
+  uint64_t task_seq;          /* reserved: benchmark task generation */
+  uint8_t task[256];          /* reserved: benchmark task description */
+  /* shim → agent */
+  uint64_t command_ack;       /* last command_seq the shim applied */
+  uint32_t active_mode;       /* the mode the shim is actually using */
+  uint32_t timing_source;     /* FalconTimingSource */
+  int64_t heartbeat_mono_ns;  /* refreshed by the shim's service thread (~every 100 ms) */
+  int64_t heartbeat_real_ns;
+  uint64_t pause_ack;         /* reserved */
+  uint64_t task_ack;          /* reserved */
+  uint8_t task_result[256];   /* reserved */
+  uint8_t reserved[128];
+} FalconControl;
+
+typedef enum {
+  kFalconProcRunning = 1,
+  kFalconProcExited = 2 /* the process ran its exit handlers; the segment is complete */
+} FalconProcState;
+
+typedef struct FalconShmHeader {
+  uint64_t magic;            /* FALCON_SHM_MAGIC, published last (release) */
+  uint32_t abi_version;      /* FALCON_SHM_ABI_VERSION */
+  uint32_t header_size;      /* sizeof(FalconShmHeader) */
+  uint32_t control_size;     /* sizeof(FalconControl) */
+  uint32_t comm_entry_size;  /* sizeof(FalconCommEntry) */
+  uint32_t thread_slot_size; /* sizeof(FalconThreadSlot) */
+  uint32_t record_size;      /* sizeof(FalconRecord) */
+  uint32_t comm_capacity;
+  uint32_t thread_capacity;
+  uint64_t ring_capacity;    /* a power of two */
+  uint64_t control_offset;
+  uint64_t comm_offset;
+  uint64_t thread_offset;
+  uint64_t ring_offset;
+  uint64_t segment_size;
+  int32_t pid;
+  uint32_t uid;
+  uint64_t pid_start_ticks;  /* field 22 of /proc/pid/stat: tells a reused pid apart */
+  int64_t created_real_ns;
+  int64_t created_mono_ns;
+  int64_t real_minus_mono_ns;/* CLOCK_REALTIME - CLOCK_MONOTONIC, refreshed by the shim */
+  int32_t rank_hint;         /* from RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID, -1 if none */
+  int32_t local_rank_hint;   /* from LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK, -1 if none */
+  uint32_t state;            /* FalconProcState, atomic */
+  uint32_t shim_flags;       /* reserved */
+  char host[FALCON_HOST_LEN];
+  char job[FALCON_NAME_LEN]; /* $FALCON_JOB, may be empty */
+  char exe[FALCON_NAME_LEN]; /* basename of /proc/self/exe */
+  /* shim → reader counters, atomics */
+  uint64_t ring_head;        /* next ring index to claim */
+  uint64_t records_lost;     /* overwrote a record the reader had not consumed */
+  uint64_t records_dropped;  /* could not be written (slot busy) */
+  uint64_t comm_overflow;    /* communicators beyond comm_capacity (recorded with FALCON_NO_COMM) */
+  uint64_t internal_errors;  /* internal failures that made the shim pass through */
+  /* reader → shim */
+  uint64_t reader_cursor;    /* next index the active reader will consume */
+  uint8_t reserved[256];
+} FalconShmHeader;
+
+#ifdef __cplusplus
+} /* extern "C" */
+
+static_assert(sizeof(FalconRecord) == 128, "FalconRecord is ABI: 128 bytes");
+static_assert(sizeof(FalconCommEntry) == 192, "FalconCommEntry is ABI: 192 bytes");
+static_assert(sizeof(FalconThreadSlot) == 64, "FalconThreadSlot is ABI: 64 bytes");
+static_assert(sizeof(FalconControl) == 736, "FalconControl is ABI");
+static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");
+static_assert(offsetof(FalconShmHeader, magic) == 0, "magic leads the header");
+static_assert(sizeof(FalconShmHeader) % 64 == 0, "header keeps 64-byte alignment");
+#endif
+
+#endif /* FALCON_SHM_ABI_H_ */
