@@ -109,7 +109,10 @@ enum {
 };
 
 /* One NCCL call, 128 bytes. Times are nanoseconds. `seq` is the global call sequence of the
- * process (the ring index). For kFalconOpGpuTiming records: ref_seq is the seq of the timed call,
+ * process (the ring index). comm_slot names the communicator the call is on: for InitRank* the
+ * new communicator, for Split/Shrink the parent (a collective on it) with the child's slot in
+ * ref_seq (FALCON_NO_COMM when the rank got no child) and the color in peer; for InitAll the
+ * first new communicator, count = ndev. For kFalconOpGpuTiming records: ref_seq is the seq of the timed call,
  * gpu_start_ns / gpu_end_ns are the event times on the host CLOCK_MONOTONIC scale (anchored by a
  * reference event) and result is 0 on success, 1 if the events failed. */
 typedef struct FalconRecord {
@@ -167,7 +170,7 @@ typedef struct FalconCommEntry {
   int32_t device;          /* CUDA device ordinal, -1 if unknown */
   int32_t color;           /* Split color, or number of excluded ranks for Shrink; -1 otherwise */
   uint32_t split_index;    /* n-th split/shrink of the parent (0-based) */
-  uint32_t reserved0;
+  uint32_t children;       /* splits/shrinks made from this communicator so far, atomic */
   uint64_t handle;         /* ncclComm_t value, process-local, informational */
   int64_t create_real_ns;
   int64_t create_mono_ns;
@@ -267,9 +270,11 @@ typedef struct FalconShmHeader {
   uint64_t records_dropped;  /* could not be written (slot busy) */
   uint64_t comm_overflow;    /* communicators beyond comm_capacity (recorded with FALCON_NO_COMM) */
   uint64_t internal_errors;  /* internal failures that made the shim pass through */
+  uint32_t comm_used;        /* comm entries handed out so far (may exceed comm_capacity) */
+  uint32_t thread_used;      /* thread slots handed out so far (may exceed thread_capacity) */
   /* reader → shim */
   uint64_t reader_cursor;    /* next index the active reader will consume */
-  uint8_t reserved[256];
+  uint8_t reserved[248];
 } FalconShmHeader;
 
 #ifdef __cplusplus

@@ -1,2 +1,0 @@
-// Placeholder translation unit until the detection core lands; removed by it.
-namespace falcon::analyzer {}

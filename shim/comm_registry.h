@@ -1,0 +1,75 @@
+// The shim's communicator registry: ncclComm_t → comm-table slot, and communicator identity.
+//
+// Identity is what every member computes alike (see FalconCommEntry in shm_abi.h). The shared
+// comm table lives in the segment; the pointer map lives in process memory.
+// Thread-safety:
+//  1. Lookup() is lock-free and may run concurrently with Register()/Forget() of OTHER
+//     communicators; NCCL forbids using a communicator while it is being destroyed, so a lookup
+//     never races with Forget() of the same handle.
+//  2. Register()/Forget() may run concurrently from several threads (one communicator each).
+//  3. Slots in the shared table are never reused; a table overflow yields FALCON_NO_COMM and is
+//     counted in the header.
+// Never allocates, never blocks, never logs on the Lookup path.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "falcon/shm_abi.h"
+
+namespace falcon::shim {
+
+// FNV-1a 64-bit over `len` bytes, continuing from `h` (start with kFnvOffset).
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+uint64_t Fnv1a(const void* data, size_t len, uint64_t h = kFnvOffset);
+
+struct CommIdentity {
+  uint64_t comm_id = 0;
+  uint64_t parent_id = 0;
+  FalconCommOrigin origin = kFalconCommByInitRank;
+  int32_t rank = -1;
+  int32_t nranks = -1;
+  int32_t device = -1;
+  int32_t color = -1;
+  uint32_t split_index = 0;
+  const char* name = nullptr;  // may be null
+};
+
+class CommRegistry {
+ public:
+  // Binds the registry to a segment's comm table. Not thread-safe; called at shim init.
+  void Attach(FalconShmHeader* header, FalconCommEntry* table, uint32_t capacity);
+  // Drops every mapping (after fork: the child owns no communicator).
+  void Reset();
+
+  // HOT PATH helper: slot of `comm`, or FALCON_NO_COMM if it is not registered.
+  uint32_t Lookup(const void* comm) const;
+
+  // Fills a new table entry and maps `comm` to it; returns the slot or FALCON_NO_COMM.
+  uint32_t Register(const void* comm, const CommIdentity& id);
+  // Marks the communicator destroyed and unmaps its handle.
+  void Forget(const void* comm);
+
+  // Claims the next split/shrink index of `parent_slot` (0-based).
+  uint32_t NextChildIndex(uint32_t parent_slot);
+  uint64_t IdOf(uint32_t slot) const;
+  // Per-communicator sequence number for the next call on `slot`.
+  uint64_t NextCallSeq(uint32_t slot);
+
+ private:
+  static constexpr uint32_t kMapSize = 8192;  // power of two, > any sane live-communicator count
+  static constexpr uintptr_t kTombstone = 1;
+  struct MapEntry {
+    std::atomic<uintptr_t> key{0};
+    std::atomic<uint32_t> slot{FALCON_NO_COMM};
+  };
+  static uint32_t HashPointer(uintptr_t p);
+
+  FalconShmHeader* header_ = nullptr;  // fixed after Attach
+  FalconCommEntry* table_ = nullptr;   // fixed after Attach
+  uint32_t capacity_ = 0;              // fixed after Attach
+  MapEntry map_[kMapSize];
+};
+
+}  // namespace falcon::shim
