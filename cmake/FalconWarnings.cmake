@@ -4,7 +4,7 @@
 
 set(FALCON_WARNING_FLAGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
     -Wcast-align -Wunused -Woverloaded-virtual -Wconversion -Wno-sign-conversion
-    -Wnull-dereference -Wdouble-promotion -Wformat=2 -Wimplicit-fallthrough)
+    -Wdouble-promotion -Wformat=2 -Wimplicit-fallthrough)
 set(FALCON_C_WARNING_FLAGS -Wall -Wextra -Wpedantic -Wshadow -Wformat=2)
 
 set(FALCON_SANITIZER_FLAGS "")

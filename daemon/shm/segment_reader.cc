@@ -1,0 +1,240 @@
+// SegmentReader: see segment_reader.h.
+#include "daemon/shm/segment_reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace falcon::daemon {
+namespace {
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool InBounds(uint64_t offset, uint64_t count, uint64_t elem, uint64_t limit) {
+  if (offset > limit || elem == 0) return false;
+  if (count > (limit - offset) / elem) return false;
+  return offset % 8 == 0;
+}
+
+template <typename T>
+T LoadRelaxed(const T& field) {
+  return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+Status ValidateHeader(const FalconShmHeader& h, uint64_t file_size) {
+  if (h.magic != FALCON_SHM_MAGIC) return Status::Corrupt("bad magic (not a Falcon segment, or not initialised yet)");
+  if (h.abi_version != FALCON_SHM_ABI_VERSION) {
+    return Status::Corrupt("unsupported ABI version " + std::to_string(h.abi_version) + " (this reader knows " +
+                           std::to_string(FALCON_SHM_ABI_VERSION) + "); use a matching falcon-ctl/agent");
+  }
+  if (h.header_size != sizeof(FalconShmHeader) || h.control_size != sizeof(FalconControl) ||
+      h.comm_entry_size != sizeof(FalconCommEntry) || h.thread_slot_size != sizeof(FalconThreadSlot) ||
+      h.record_size != sizeof(FalconRecord)) {
+    return Status::Corrupt("struct sizes differ from this reader's ABI");
+  }
+  if (h.segment_size > file_size) {
+    return Status::Corrupt("segment_size " + std::to_string(h.segment_size) + " exceeds the file (" +
+                           std::to_string(file_size) + " bytes)");
+  }
+  if (h.ring_capacity == 0 || (h.ring_capacity & (h.ring_capacity - 1)) != 0) {
+    return Status::Corrupt("ring capacity is not a power of two");
+  }
+  const uint64_t lim = h.segment_size;
+  if (!InBounds(h.control_offset, 1, sizeof(FalconControl), lim) ||
+      !InBounds(h.comm_offset, h.comm_capacity, sizeof(FalconCommEntry), lim) ||
+      !InBounds(h.thread_offset, h.thread_capacity, sizeof(FalconThreadSlot), lim) ||
+      !InBounds(h.ring_offset, h.ring_capacity, sizeof(FalconRecord), lim)) {
+    return Status::Corrupt("a table lies outside the segment");
+  }
+  return Status::Ok();
+}
+
+Result<SegmentReader> SegmentReader::Open(const std::string& path, Access access) {
+  const bool rw = access == Access::kReadWrite;
+  int fd = open(path.c_str(), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    return errno == ENOENT ? Status::NotFound(Errno("cannot open " + path)) : Status::IoError(Errno("cannot open " + path));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    Status s = Status::IoError(Errno("cannot stat " + path));
+    close(fd);
+    return s;
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < sizeof(FalconShmHeader)) {
+    close(fd);
+    return Status::Corrupt(path + ": too small for a Falcon segment (" + std::to_string(file_size) + " bytes)");
+  }
+  void* base = mmap(nullptr, file_size, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return Status::IoError(Errno("cannot map " + path));
+  auto* h = static_cast<FalconShmHeader*>(base);
+  FalconShmHeader copy;
+  std::memcpy(&copy, h, sizeof(copy));
+  copy.magic = std::atomic_ref<uint64_t>(h->magic).load(std::memory_order_acquire);
+  Status s = ValidateHeader(copy, file_size);
+  if (!s.ok()) {
+    munmap(base, file_size);
+    return Status::Corrupt(path + ": " + s.message());
+  }
+  SegmentReader r;
+  r.path_ = path;
+  r.base_ = base;
+  r.size_ = file_size;
+  auto* bytes = static_cast<unsigned char*>(base);
+  r.header_ = h;
+  r.control_ = reinterpret_cast<FalconControl*>(bytes + copy.control_offset);
+  r.comms_ = reinterpret_cast<FalconCommEntry*>(bytes + copy.comm_offset);
+  r.threads_ = reinterpret_cast<FalconThreadSlot*>(bytes + copy.thread_offset);
+  r.ring_ = reinterpret_cast<FalconRecord*>(bytes + copy.ring_offset);
+  r.writable_ = rw;
+  return r;
+}
+
+SegmentReader::SegmentReader(SegmentReader&& o) noexcept { *this = std::move(o); }
+
+SegmentReader& SegmentReader::operator=(SegmentReader&& o) noexcept {
+  if (this != &o) {
+    if (base_ != nullptr) munmap(base_, size_);
+    path_ = std::move(o.path_);
+    base_ = std::exchange(o.base_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    header_ = std::exchange(o.header_, nullptr);
+    control_ = std::exchange(o.control_, nullptr);
+    comms_ = std::exchange(o.comms_, nullptr);
+    threads_ = std::exchange(o.threads_, nullptr);
+    ring_ = std::exchange(o.ring_, nullptr);
+    writable_ = std::exchange(o.writable_, false);
+  }
+  return *this;
+}
+
+SegmentReader::~SegmentReader() {
+  if (base_ != nullptr) munmap(base_, size_);
+}
+
+uint64_t SegmentReader::head() const {
+  return std::atomic_ref<uint64_t>(header_->ring_head).load(std::memory_order_acquire);
+}
+
+uint64_t SegmentReader::oldest() const {
+  const uint64_t h = head();
+  return h > header_->ring_capacity ? h - header_->ring_capacity : 0;
+}
+
+uint64_t SegmentReader::records_lost() const { return LoadRelaxed(header_->records_lost); }
+uint64_t SegmentReader::records_dropped() const { return LoadRelaxed(header_->records_dropped); }
+
+bool SegmentReader::exited() const {
+  return std::atomic_ref<uint32_t>(header_->state).load(std::memory_order_acquire) == kFalconProcExited;
+}
+
+std::vector<CommInfo> SegmentReader::Comms() const {
+  std::vector<CommInfo> out;
+  uint32_t used = LoadRelaxed(header_->comm_used);
+  if (used > header_->comm_capacity) used = header_->comm_capacity;
+  for (uint32_t i = 0; i < used; ++i) {
+    std::atomic_ref<uint32_t> state(comms_[i].state);
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const uint32_t before = state.load(std::memory_order_acquire);
+      if (before != kFalconCommLive && before != kFalconCommDestroyed) break;
+      CommInfo info;
+      info.slot = i;
+      std::memcpy(&info.entry, &comms_[i], sizeof(FalconCommEntry));
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (state.load(std::memory_order_relaxed) == before) {
+        info.entry.state = before;
+        out.push_back(info);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<ThreadInfo> SegmentReader::Threads() const {
+  std::vector<ThreadInfo> out;
+  uint32_t used = LoadRelaxed(header_->thread_used);
+  if (used > header_->thread_capacity) used = header_->thread_capacity;
+  for (uint32_t i = 0; i < used; ++i) {
+    ThreadInfo t;
+    t.slot = i;
+    // Fields are independent words; a slightly stale mix is acceptable for a status view.
+    t.entry.tid = LoadRelaxed(threads_[i].tid);
+    t.entry.inflight_seq = std::atomic_ref<uint64_t>(threads_[i].inflight_seq).load(std::memory_order_acquire);
+    t.entry.inflight_since_mono_ns = LoadRelaxed(threads_[i].inflight_since_mono_ns);
+    t.entry.inflight_comm_slot = LoadRelaxed(threads_[i].inflight_comm_slot);
+    t.entry.inflight_op = LoadRelaxed(threads_[i].inflight_op);
+    t.entry.calls = LoadRelaxed(threads_[i].calls);
+    out.push_back(t);
+  }
+  return out;
+}
+
+ReadStats SegmentReader::Read(uint64_t* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const {
+  ReadStats stats;
+  const uint64_t cap = header_->ring_capacity;
+  const uint64_t end = head();
+  if (end > cap && *cursor < end - cap) {
+    stats.lost += (end - cap) - *cursor;
+    *cursor = end - cap;
+  }
+  while (*cursor < end && stats.read < max) {
+    const uint64_t idx = *cursor;
+    FalconRecord* slot = &ring_[idx & (cap - 1)];
+    std::atomic_ref<uint64_t> version(slot->version);
+    const uint64_t want = 2 * idx + 2;
+    const uint64_t v1 = version.load(std::memory_order_acquire);
+    if (v1 > want) {  // already overwritten by a newer lap
+      ++stats.lost;
+      ++*cursor;
+      continue;
+    }
+    if (v1 != want) {  // claimed but not complete (or not even claimed yet)
+      if (mode == ReadMode::kLive) break;
+      ++stats.torn;
+      ++*cursor;
+      continue;
+    }
+    FalconRecord rec;
+    auto* dst = reinterpret_cast<uint64_t*>(&rec);
+    auto* src = reinterpret_cast<uint64_t*>(slot);
+    for (size_t w = 0; w < sizeof(FalconRecord) / sizeof(uint64_t); ++w) {
+      dst[w] = std::atomic_ref<uint64_t>(src[w]).load(std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const uint64_t v2 = version.load(std::memory_order_relaxed);
+    if (v2 != v1) {  // a writer lapped us while we copied
+      ++stats.lost;
+      ++*cursor;
+      continue;
+    }
+    out->push_back(rec);
+    ++stats.read;
+    ++*cursor;
+  }
+  return stats;
+}
+
+void SegmentReader::PublishCursor(uint64_t cursor) {
+  if (!writable_) return;
+  std::atomic_ref<uint64_t>(header_->reader_cursor).store(cursor, std::memory_order_relaxed);
+}
+
+void SegmentReader::RequestMode(FalconMode mode, uint32_t sample_every) {
+  if (!writable_) return;
+  std::atomic_ref<uint32_t>(control_->mode).store(static_cast<uint32_t>(mode), std::memory_order_relaxed);
+  std::atomic_ref<uint32_t>(control_->sample_every).store(sample_every, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(control_->command_seq).fetch_add(1, std::memory_order_release);
+}
+
+}  // namespace falcon::daemon

@@ -1,0 +1,93 @@
+// SegmentReader: read-side view of one shim segment (shm_abi.h).
+//
+// Opens <dir>/falcon.<uid>.<pid>, validates everything a reader relies on (magic, ABI version,
+// struct sizes, offsets and capacities inside the file) and refuses a segment that fails any
+// check with a Status that says which. Reads records with the seqlock protocol: a record is
+// returned only if it was read whole; overwritten records are counted as lost and torn ones
+// (a writer died mid-record) as torn.
+// Thread-compatible: one SegmentReader per thread; many readers may map one segment.
+// Never writes to the segment except PublishCursor(), which only an "active" reader (the agent)
+// may call, on a reader opened with Access::kReadWrite.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "falcon/shm_abi.h"
+#include "falcon/status.h"
+
+namespace falcon::daemon {
+
+struct CommInfo {
+  uint32_t slot = 0;
+  FalconCommEntry entry{};  // a consistent copy
+};
+
+struct ThreadInfo {
+  uint32_t slot = 0;
+  FalconThreadSlot entry{};
+};
+
+struct ReadStats {
+  uint64_t read = 0;   // records returned
+  uint64_t lost = 0;   // overwritten before this reader got to them
+  uint64_t torn = 0;   // half-written records skipped (final reads only)
+};
+
+class SegmentReader {
+ public:
+  enum class Access { kReadOnly, kReadWrite };
+  // kLive: stop at a record still being written (retry later). kFinal: the writer is gone or the
+  // caller wants a snapshot: a half-written record is skipped and counted as torn.
+  enum class ReadMode { kLive, kFinal };
+
+  static Result<SegmentReader> Open(const std::string& path, Access access = Access::kReadOnly);
+
+  SegmentReader(SegmentReader&& other) noexcept;
+  SegmentReader& operator=(SegmentReader&& other) noexcept;
+  SegmentReader(const SegmentReader&) = delete;
+  SegmentReader& operator=(const SegmentReader&) = delete;
+  ~SegmentReader();
+
+  const std::string& path() const { return path_; }
+  const FalconShmHeader& header() const { return *header_; }
+  const FalconControl& control() const { return *control_; }
+  // Index the next record will be written at (records [head - capacity, head) may be readable).
+  uint64_t head() const;
+  // Oldest index still in the ring.
+  uint64_t oldest() const;
+  uint64_t records_lost() const;    // writer-side count (shm_abi.h contract 4)
+  uint64_t records_dropped() const;
+  bool exited() const;              // the process ran its exit handlers
+
+  std::vector<CommInfo> Comms() const;
+  std::vector<ThreadInfo> Threads() const;
+
+  // Appends records [*cursor, head) (at most `max`) to `out` and advances *cursor past what it
+  // consumed. A cursor older than the ring's oldest index jumps forward; the gap counts as lost.
+  ReadStats Read(uint64_t* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const;
+
+  // REQUIRES: opened kReadWrite. Tells the writer what this reader has consumed.
+  void PublishCursor(uint64_t cursor);
+
+  // REQUIRES: opened kReadWrite. Agent → shim command (sets mode, bumps command_seq).
+  void RequestMode(FalconMode mode, uint32_t sample_every);
+
+ private:
+  SegmentReader() = default;
+  std::string path_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  FalconShmHeader* header_ = nullptr;
+  FalconControl* control_ = nullptr;
+  FalconCommEntry* comms_ = nullptr;
+  FalconThreadSlot* threads_ = nullptr;
+  FalconRecord* ring_ = nullptr;
+  bool writable_ = false;
+};
+
+// Checks a header copy against the ABI and a file size; the message names the failed check.
+Status ValidateHeader(const FalconShmHeader& h, uint64_t file_size);
+
+}  // namespace falcon::daemon
