@@ -1,0 +1,406 @@
+// Exported NCCL entry points for communicator management and queries (init, split, shrink,
+// finalize/destroy/abort/revoke, errors, registration, memory, version), plus the falconEmu*
+// extras of falcon_emu.h.
+//
+// ncclUniqueId layout (128 bytes): [0,8) magic "FALCEMU1", [8,16) random 64-bit key from
+// getrandom(2), [16,20) creator uid, [20,24) creator pid, rest zero. The key names the
+// rendezvous segment (shm_segment.h).
+//
+// Thread-safety: as NCCL (one thread per communicator). Must never: throw across the C ABI,
+// crash on a null or destroyed communicator (IsLiveComm guards every handle).
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include "api_util.h"
+#include "emu_config.h"
+#include "falcon_emu.h"
+#include "group.h"
+#include "init_op.h"
+
+struct ncclWindow_vidmem {
+  uint64_t magic;
+  void* buff;
+  size_t size;
+  ncclComm* comm;
+};
+
+namespace falcon::emu {
+namespace {
+
+constexpr uint64_t kIdMagic = 0x31554D45434C4146ull;  // "FALCEMU1" little-endian
+constexpr uint64_t kWindowMagic = 0x57494E444F57454Dull;
+
+struct Handles {
+  std::mutex mu;
+  std::unordered_set<void*> live;  // registration and window handles
+};
+Handles& Hs() {
+  static auto* h = new Handles;
+  return *h;
+}
+
+ncclResult_t ConfigError(const char* name) {
+  if (Config().error.empty()) return ncclSuccess;
+  return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": bad emulator configuration: " + Config().error,
+              Loud::kYes);
+}
+
+ncclResult_t CheckConfigStruct(const char* name, const ncclConfig_t* config) {
+  if (config && (config->magic != 0xcafebeefu || config->size < offsetof(ncclConfig_t, blocking))) {
+    return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": config not initialised with NCCL_CONFIG_INITIALIZER");
+  }
+  return ncclSuccess;
+}
+
+int DefaultDevice(int global) {
+  if (Config().device) return *Config().device;
+  if (Config().local_rank) return *Config().local_rank;
+  return global % Config().ranks_per_node;
+}
+
+ncclResult_t InitRank(const char* name, ncclComm_t* out, int nranks, const ncclUniqueId* id, int rank,
+                      const ncclConfig_t* config) {
+  if (!out) return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": comm pointer is null");
+  *out = nullptr;
+  ncclResult_t rc = ConfigError(name);
+  if (rc == ncclSuccess) rc = CheckConfigStruct(name, config);
+  if (rc != ncclSuccess) return rc;
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": invalid rank " + std::to_string(rank) +
+                                                  " for nranks " + std::to_string(nranks));
+  }
+  uint64_t magic = 0, key = 0;
+  std::memcpy(&magic, id->internal, 8);
+  std::memcpy(&key, id->internal + 8, 8);
+  if (magic != kIdMagic) {
+    return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": unique id was not made by ncclGetUniqueId");
+  }
+  int global = rank;
+  if (Config().global_rank) {
+    global = *Config().global_rank;
+  } else {
+    OfferProcessRank(rank);
+    global = ProcessGlobalRank(rank);
+  }
+  ncclComm* c = NewComm(rank, nranks, key, DefaultDevice(global));
+  *out = c;
+  const bool grouped = InGroup();
+  rc = Submit(MakeInitOp(c, global));
+  if (rc != ncclSuccess && !grouped) {
+    DeleteComm(c);
+    *out = nullptr;
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace falcon::emu
+
+using namespace falcon::emu;  // NOLINT: entry points below are the C ABI of this module
+
+FALCON_EMU_EXPORT ncclResult_t pncclGetVersion(int* version) {
+  if (!version) return Fail(ncclInvalidArgument, nullptr, "ncclGetVersion: null pointer");
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) {
+  return Guarded("ncclGetUniqueId", [&] {
+    if (!uniqueId) return Fail(ncclInvalidArgument, nullptr, "ncclGetUniqueId: null pointer");
+    uint64_t key = 0;
+    if (getrandom(&key, sizeof key, 0) != static_cast<ssize_t>(sizeof key)) {
+      return Fail(ncclSystemError, nullptr, "ncclGetUniqueId: getrandom failed");
+    }
+    std::memset(uniqueId->internal, 0, sizeof uniqueId->internal);
+    const uint32_t uid = getuid();
+    const int32_t pid = getpid();
+    std::memcpy(uniqueId->internal, &kIdMagic, 8);
+    std::memcpy(uniqueId->internal + 8, &key, 8);
+    std::memcpy(uniqueId->internal + 16, &uid, 4);
+    std::memcpy(uniqueId->internal + 20, &pid, 4);
+    return ncclSuccess;
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                                       int rank, ncclConfig_t* config) {
+  return Guarded("ncclCommInitRankConfig",
+                 [&] { return InitRank("ncclCommInitRankConfig", comm, nranks, &commId, rank, config); });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return Guarded("ncclCommInitRank", [&] { return InitRank("ncclCommInitRank", comm, nranks, &commId, rank, nullptr); });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                         ncclUniqueId* commIds, ncclConfig_t* config) {
+  return Guarded("ncclCommInitRankScalable", [&] {
+    if (nId < 1 || !commIds) return Fail(ncclInvalidArgument, nullptr, "ncclCommInitRankScalable: need nId >= 1 ids");
+    return InitRank("ncclCommInitRankScalable", newcomm, nranks, &commIds[0], myrank, config);
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return Guarded("ncclCommInitAll", [&] {
+    if (!comms || ndev < 1) return Fail(ncclInvalidArgument, nullptr, "ncclCommInitAll: need comms and ndev >= 1");
+    ncclResult_t rc = ConfigError("ncclCommInitAll");
+    if (rc != ncclSuccess) return rc;
+    ncclUniqueId id;
+    rc = pncclGetUniqueId(&id);
+    if (rc != ncclSuccess) return rc;
+    uint64_t key = 0;
+    std::memcpy(&key, id.internal + 8, 8);
+    std::vector<std::unique_ptr<Op>> ops;
+    for (int i = 0; i < ndev; ++i) {
+      comms[i] = NewComm(i, ndev, key, devlist ? devlist[i] : i);
+      ops.push_back(MakeInitOp(comms[i], i));
+    }
+    rc = RunOps(ops);
+    if (rc != ncclSuccess) {
+      for (int i = 0; i < ndev; ++i) {
+        DeleteComm(comms[i]);
+        comms[i] = nullptr;
+      }
+    }
+    return rc;
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
+  return Guarded("ncclCommFinalize", [&] {
+    if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, "ncclCommFinalize: invalid communicator");
+    if (comm->revoked) return Fail(ncclInvalidUsage, comm, "ncclCommFinalize: communicator was revoked");
+    comm->finalized = true;
+    return ncclSuccess;
+  });
+}
+
+static ncclResult_t DestroyImpl(const char* name, ncclComm_t comm) {
+  if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": invalid communicator");
+  if (GroupHasOpsOn(comm)) {
+    return Fail(ncclInvalidUsage, comm, std::string(name) + ": operations on this communicator are queued in an open group");
+  }
+  DeleteComm(comm);
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
+  return Guarded("ncclCommDestroy", [&] { return DestroyImpl("ncclCommDestroy", comm); });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
+  return Guarded("ncclCommAbort", [&] { return DestroyImpl("ncclCommAbort", comm); });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  return Guarded("ncclCommRevoke", [&] {
+    if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, "ncclCommRevoke: invalid communicator");
+    if (revokeFlags != NCCL_REVOKE_DEFAULT) return Fail(ncclInvalidArgument, comm, "ncclCommRevoke: revokeFlags must be 0");
+    comm->revoked = true;  // nothing is in flight outside GroupEnd, so it is quiescent at once
+    return ncclSuccess;
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                              ncclConfig_t* config) {
+  return Guarded("ncclCommSplit", [&] {
+    ncclResult_t rc = CheckUsable(comm, "ncclCommSplit");
+    if (rc == ncclSuccess) rc = CheckConfigStruct("ncclCommSplit", config);
+    if (rc == ncclSuccess && !newcomm) rc = Fail(ncclInvalidArgument, comm, "ncclCommSplit: newcomm is null");
+    if (rc == ncclSuccess && color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+      rc = Fail(ncclInvalidArgument, comm, "ncclCommSplit: color must be >= 0 or NCCL_SPLIT_NOCOLOR");
+    }
+    if (rc != ncclSuccess) {
+      NoteGroupError(rc);
+      return rc;
+    }
+    *newcomm = nullptr;
+    const bool grouped = InGroup();
+    rc = Submit(MakeSplitOp(comm, color, key, newcomm));
+    if (rc != ncclSuccess && !grouped && *newcomm) {
+      DeleteComm(*newcomm);
+      *newcomm = nullptr;
+    }
+    return rc;
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                               ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  return Guarded("ncclCommShrink", [&] {
+    ncclResult_t rc = CheckUsable(comm, "ncclCommShrink");
+    if (rc == ncclSuccess) rc = CheckConfigStruct("ncclCommShrink", config);
+    if (rc != ncclSuccess) return rc;
+    if (!newcomm) return Fail(ncclInvalidArgument, comm, "ncclCommShrink: newcomm is null");
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT) {
+      return Fail(ncclInvalidArgument, comm, "ncclCommShrink: invalid shrinkFlags");
+    }
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList) || excludeRanksCount >= comm->nranks) {
+      return Fail(ncclInvalidArgument, comm, "ncclCommShrink: invalid excludeRanksList/excludeRanksCount");
+    }
+    std::vector<int> exclude(excludeRanksList, excludeRanksList + excludeRanksCount);
+    std::unordered_set<int> seen;
+    for (int r : exclude) {
+      if (r < 0 || r >= comm->nranks || !seen.insert(r).second) {
+        return Fail(ncclInvalidArgument, comm, "ncclCommShrink: excluded rank " + std::to_string(r) +
+                                                   " is out of range or repeated");
+      }
+      if (r == comm->rank) {
+        return Fail(ncclInvalidArgument, comm, "ncclCommShrink: rank " + std::to_string(r) +
+                                                   " is excluded; excluded ranks must not call ncclCommShrink");
+      }
+    }
+    *newcomm = nullptr;
+    const bool grouped = InGroup();
+    rc = Submit(MakeShrinkOp(comm, std::move(exclude), newcomm));
+    if (rc != ncclSuccess && !grouped && *newcomm) {
+      DeleteComm(*newcomm);
+      *newcomm = nullptr;
+    }
+    return rc;
+  });
+}
+
+FALCON_EMU_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+FALCON_EMU_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
+  try {
+    return LastErrorText(comm);
+  } catch (...) {
+    return "";  // Not swallowed: only allocation can fail here and the text is advisory.
+  }
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  if (!IsLiveComm(comm) || !asyncError) return Fail(ncclInvalidArgument, nullptr, "ncclCommGetAsyncError: invalid argument");
+  *asyncError = static_cast<ncclResult_t>(comm->async_error.load());
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
+  if (!IsLiveComm(comm) || !count) return Fail(ncclInvalidArgument, nullptr, "ncclCommCount: invalid argument");
+  *count = comm->nranks;
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
+  if (!IsLiveComm(comm) || !device) return Fail(ncclInvalidArgument, nullptr, "ncclCommCuDevice: invalid argument");
+  *device = comm->device;
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (!IsLiveComm(comm) || !rank) return Fail(ncclInvalidArgument, nullptr, "ncclCommUserRank: invalid argument");
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  return Guarded("ncclCommRegister", [&] {
+    if (!IsLiveComm(comm) || !handle) return Fail(ncclInvalidArgument, nullptr, "ncclCommRegister: invalid argument");
+    auto* w = new ncclWindow_vidmem{kWindowMagic, buff, size, comm};
+    std::lock_guard<std::mutex> lock(Hs().mu);
+    Hs().live.insert(w);
+    *handle = w;
+    return ncclSuccess;
+  });
+}
+
+static ncclResult_t DropHandle(const char* name, ncclComm_t comm, void* handle) {
+  if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": invalid communicator");
+  {
+    std::lock_guard<std::mutex> lock(Hs().mu);
+    if (!handle || Hs().live.erase(handle) == 0) {
+      return Fail(ncclInvalidArgument, comm, std::string(name) + ": unknown handle");
+    }
+  }
+  delete static_cast<ncclWindow_vidmem*>(handle);
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
+  return Guarded("ncclCommDeregister", [&] { return DropHandle("ncclCommDeregister", comm, handle); });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                                       int) {
+  return Guarded("ncclCommWindowRegister", [&] {
+    if (!IsLiveComm(comm) || !win) return Fail(ncclInvalidArgument, nullptr, "ncclCommWindowRegister: invalid argument");
+    auto* w = new ncclWindow_vidmem{kWindowMagic, buff, size, comm};
+    std::lock_guard<std::mutex> lock(Hs().mu);
+    Hs().live.insert(w);
+    *win = w;
+    return ncclSuccess;
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  return Guarded("ncclCommWindowDeregister", [&] { return DropHandle("ncclCommWindowDeregister", comm, win); });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
+  return Guarded("ncclMemAlloc", [&] {
+    if (!ptr) return Fail(ncclInvalidArgument, nullptr, "ncclMemAlloc: null pointer");
+    const size_t rounded = ((size == 0 ? 1 : size) + 4095) & ~size_t{4095};
+    *ptr = std::aligned_alloc(4096, rounded);
+    if (!*ptr) return Fail(ncclSystemError, nullptr, "ncclMemAlloc: out of memory");
+    return ncclSuccess;
+  });
+}
+
+FALCON_EMU_EXPORT ncclResult_t pncclMemFree(void* ptr) {
+  std::free(ptr);
+  return ncclSuccess;
+}
+
+FALCON_EMU_EXPORT double falconEmuComputeFactor(int globalRank, double t_s) {
+  return Config().error.empty() ? Config().plan.ComputeFactor(globalRank, t_s) : 1.0;
+}
+
+FALCON_EMU_EXPORT double falconEmuJobSeconds(void) {
+  return EpochNs() == 0 ? -1.0 : JobSeconds(NowNs());
+}
+
+FALCON_EMU_EXPORT int falconEmuNodeOf(int globalRank) { return Config().NodeOf(globalRank); }
+
+FALCON_EMU_ALIAS(ncclResult_t, ncclGetVersion, (int*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclGetUniqueId, (ncclUniqueId*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommInitRankConfig, (ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommInitRank, (ncclComm_t*, int, ncclUniqueId, int));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommInitRankScalable, (ncclComm_t*, int, int, int, ncclUniqueId*, ncclConfig_t*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommInitAll, (ncclComm_t*, int, const int*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommFinalize, (ncclComm_t));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommDestroy, (ncclComm_t));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommAbort, (ncclComm_t));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommRevoke, (ncclComm_t, int));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommSplit, (ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommShrink, (ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int));
+FALCON_EMU_ALIAS(const char*, ncclGetErrorString, (ncclResult_t));
+FALCON_EMU_ALIAS(const char*, ncclGetLastError, (ncclComm_t));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t, ncclResult_t*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommCount, (const ncclComm_t, int*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommCuDevice, (const ncclComm_t, int*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommUserRank, (const ncclComm_t, int*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommRegister, (const ncclComm_t, void*, size_t, void**));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommDeregister, (const ncclComm_t, void*));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommWindowRegister, (ncclComm_t, void*, size_t, ncclWindow_t*, int));
+FALCON_EMU_ALIAS(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t, ncclWindow_t));
+FALCON_EMU_ALIAS(ncclResult_t, ncclMemAlloc, (void**, size_t));
+FALCON_EMU_ALIAS(ncclResult_t, ncclMemFree, (void*));

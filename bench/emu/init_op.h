@@ -1,0 +1,31 @@
+// Communicator creation as progress-engine state machines: rendezvous on a fresh segment
+// (InitRank, InitAll, and the second half of Split/Shrink), Split (an internal all-gather of
+// color/key on the parent, then a child rendezvous) and Shrink (membership computed locally from
+// the exclude list; only surviving ranks call it, as NCCL specifies).
+//
+// Thread-safety: owned by the submitting thread. Invariants:
+//  1. A child communicator's key is derived deterministically from the parent key, the parent's
+//     split/shrink counter and the color (or exclude list), so all members meet on one segment.
+//  2. *newcomm is written only by the owner thread: at submission for InitRank, when the
+//     membership is known for Split/Shrink; it is valid after the outermost GroupEnd returns.
+// Must never: block, or leave a half-initialised communicator usable (state stays kInitializing
+// or becomes kFailed).
+#ifndef FALCON_BENCH_EMU_INIT_OP_H_
+#define FALCON_BENCH_EMU_INIT_OP_H_
+
+#include <memory>
+#include <vector>
+
+#include "op.h"
+
+namespace falcon::emu {
+
+// Joins `comm` (state kInitializing, rank/nranks/key set) to its segment. `global_rank` is this
+// member's global rank.
+[[nodiscard]] std::unique_ptr<Op> MakeInitOp(ncclComm* comm, int global_rank);
+[[nodiscard]] std::unique_ptr<Op> MakeSplitOp(ncclComm* parent, int color, int key, ncclComm** newcomm);
+[[nodiscard]] std::unique_ptr<Op> MakeShrinkOp(ncclComm* parent, std::vector<int> exclude, ncclComm** newcomm);
+
+}  // namespace falcon::emu
+
+#endif  // FALCON_BENCH_EMU_INIT_OP_H_

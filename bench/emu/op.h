@@ -1,0 +1,72 @@
+// The unit of work of the emulator's progress engine: every NCCL call that communicates (init,
+// collectives, send/recv, split, shrink) becomes an Op, a non-blocking state machine. GroupEnd (or
+// an ungrouped call) launches its ops in submission order and polls them until all finish, so
+// ops of several communicators and of several ranks in one thread progress together.
+//
+// Thread-safety: an Op is owned and driven by the thread that submitted it.
+// Must never: block or sleep inside Launch/Step (waiting is the engine's job), throw.
+#ifndef FALCON_BENCH_EMU_OP_H_
+#define FALCON_BENCH_EMU_OP_H_
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+
+namespace falcon::emu {
+
+enum class Progress { kPending, kAdvanced, kDone, kFailed };
+
+class Op {
+ public:
+  explicit Op(ncclComm* comm) : comm_(comm) {}
+  virtual ~Op() = default;
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  // Called once, in submission order, when the op is about to run: takes sequence numbers.
+  virtual void Launch() {}
+  // One non-blocking attempt to advance. kFailed: result() holds the error (already recorded).
+  virtual Progress Step(int64_t now_ns) = 0;
+  // Modelled seconds of this op if it started now (ncclGroupSimulateEnd).
+  [[nodiscard]] virtual double ModelSeconds() const { return 0; }
+
+  [[nodiscard]] ncclResult_t result() const { return result_; }
+  [[nodiscard]] ncclComm* comm() const { return comm_; }
+  // Non-zero while the op only waits for a point in time (model or hang), not for peers.
+  [[nodiscard]] int64_t wake_at_ns() const { return wake_at_ns_; }
+
+ protected:
+  ncclComm* comm_;
+  ncclResult_t result_ = ncclSuccess;
+  int64_t wake_at_ns_ = 0;
+};
+
+// Peer-wait bookkeeping shared by the collective and p2p state machines.
+class PeerWait {
+ public:
+  void Reset(int64_t now_ns) { last_progress_ns_ = now_ns; next_liveness_ns_ = now_ns; }
+  // True once no progress was made for the configured timeout.
+  [[nodiscard]] bool Expired(int64_t now_ns) const;
+  // True at most every 100 ms: time to check whether missing peers' processes are alive.
+  [[nodiscard]] bool LivenessDue(int64_t now_ns);
+  [[nodiscard]] double WaitedSeconds(int64_t now_ns) const {
+    return static_cast<double>(now_ns - last_progress_ns_) * 1e-9;
+  }
+
+ private:
+  int64_t last_progress_ns_ = 0;
+  int64_t next_liveness_ns_ = 0;
+};
+
+// "1,3,5" for error messages.
+[[nodiscard]] std::string RankList(const std::vector<int>& ranks);
+// True if the process `pid` no longer exists.
+[[nodiscard]] bool ProcessGone(int pid);
+
+}  // namespace falcon::emu
+
+#endif  // FALCON_BENCH_EMU_OP_H_

@@ -1,0 +1,36 @@
+// Point-to-point send/recv of the emulator as progress-engine state machines over the
+// per-ordered-pair channels of the communicator segment (shm_segment.h, invariant 4).
+//
+// A message of B bytes travels as max(1, ceil(B / p2p_chunk_bytes)) chunks through a
+// double-buffered channel; each chunk header names the message index and total size so the
+// receiver detects a count/datatype mismatch (ncclInvalidUsage) instead of corrupting memory.
+// Messages between a pair are matched in order, as in NCCL. Both sides leave at
+// max(send arrival, recv arrival) + modelled p2p time.
+//
+// Thread-safety: owned by the submitting thread. Invariant: a rank runs its sends to one peer
+// (and its receives from one peer) strictly in launch order (sends_done[peer] == msg index).
+// Must never: block, or copy more than the receiver's count into its buffer.
+#ifndef FALCON_BENCH_EMU_P2P_OP_H_
+#define FALCON_BENCH_EMU_P2P_OP_H_
+
+#include <memory>
+
+#include "datatypes.h"
+#include "op.h"
+
+namespace falcon::emu {
+
+struct P2pArgs {
+  bool is_send = true;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  int peer = 0;
+};
+
+[[nodiscard]] std::unique_ptr<Op> MakeP2pOp(ncclComm* comm, const P2pArgs& args);
+
+}  // namespace falcon::emu
+
+#endif  // FALCON_BENCH_EMU_P2P_OP_H_
