@@ -1,0 +1,221 @@
+// BOCD + verification. See detector.h for the contract.
+#include "analyzer/detector.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "analyzer/robust.h"
+
+namespace falcon::analyzer {
+namespace {
+
+constexpr std::size_t kHistory = 256;    // kept samples remembered (>= window + kPreSamples)
+constexpr std::size_t kDiffs = 64;       // successive differences for the noise estimate
+constexpr std::size_t kLevelSamples = 16;  // recent regime samples for the current level
+constexpr std::size_t kPreSamples = 64;    // samples before a change point for verification
+
+}  // namespace
+
+FailSlowDetector::FailSlowDetector(const DetectorOptions& options)
+    : options_(options), bocd_(options.bocd) {
+  options_.window = std::clamp<std::size_t>(options_.window, 2, kHistory - kPreSamples);
+  options_.warmup = std::max<std::size_t>(options_.warmup, 3);
+  options_.min_post = std::clamp<std::size_t>(options_.min_post, 1, options_.window);
+}
+
+double FailSlowDetector::baseline_seconds() const { return warm_ ? std::exp(baseline_) : 0.0; }
+
+std::size_t FailSlowDetector::MemoryBytes() const {
+  return sizeof(*this) + bocd_.MemoryBytes() + kHistory * sizeof(Sample) +
+         kDiffs * sizeof(double) + (pending_.capacity() + scratch_.capacity() +
+                                    scratch2_.capacity()) * sizeof(double) * 2;
+}
+
+double FailSlowDetector::Level() {
+  const std::size_t n = static_cast<std::size_t>(
+      std::min<std::uint64_t>({regime_kept_, kLevelSamples, kept_.size()}));
+  scratch2_.clear();
+  for (std::size_t i = kept_.size() - std::max<std::size_t>(n, 1); i < kept_.size(); ++i) {
+    scratch2_.push_back(kept_[i].y);
+  }
+  std::vector<double> values(scratch2_);
+  return Median(values, scratch_);
+}
+
+double FailSlowDetector::Sigma() {
+  if (abs_diffs_.empty()) {
+    return options_.noise_floor;
+  }
+  std::vector<double> values(abs_diffs_.begin(), abs_diffs_.end());
+  // |y_i - y_{i-1}| ~ |N(0, 2 sigma^2)|: median = 0.6745 * sqrt(2) * sigma.
+  const double sigma = Median(values, scratch_) / (0.6745 * std::sqrt(2.0));
+  return std::max(sigma, options_.noise_floor);
+}
+
+void FailSlowDetector::Warm() {
+  std::vector<Sample> initial(kept_.begin(), kept_.end());
+  kept_.clear();
+  abs_diffs_.clear();
+  for (std::size_t i = 1; i < initial.size(); ++i) {
+    abs_diffs_.push_back(std::fabs(initial[i].y - initial[i - 1].y));
+  }
+  std::vector<double> ys;
+  for (const Sample& s : initial) {
+    ys.push_back(s.y);
+  }
+  baseline_ = Median(ys, scratch_);
+  baseline_n_ = 1;
+  warm_ = true;
+  regime_kept_ = 0;
+  for (const Sample& s : initial) {  // warm-up samples seed BOCD; no alarms from them
+    if (options_.verify) {
+      const double sigma = Sigma();
+      if (std::fabs(s.y - baseline_) > options_.outlier_z * sigma) {
+        continue;
+      }
+    }
+    (void)Feed(s, s.index);  // result ignored: no alarm may come from warm-up data
+  }
+}
+
+DetectorStep FailSlowDetector::Push(double seconds) {
+  DetectorStep step;
+  const std::uint64_t index = next_index_++;
+  if (!(seconds > 0.0) || !std::isfinite(seconds)) {
+    step.status = SampleStatus::kInvalid;
+    return step;
+  }
+  const Sample sample{index, std::log(seconds)};
+  if (!warm_) {
+    kept_.push_back(sample);
+    if (kept_.size() >= options_.warmup) {
+      Warm();
+    }
+    return step;
+  }
+  if (!options_.verify) {
+    step.alarm = Feed(sample, index);
+    return step;
+  }
+  const bool suspect = std::fabs(sample.y - Level()) > options_.outlier_z * Sigma();
+  if (!suspect) {
+    pending_.clear();  // a short suspect run followed by a normal sample: spikes, dropped
+    step.alarm = Feed(sample, index);
+    return step;
+  }
+  pending_.push_back(sample);
+  if (pending_.size() <= options_.max_outlier_run) {
+    return step;
+  }
+  for (const Sample& s : pending_) {  // persistent: a real change, release in order
+    auto alarm = Feed(s, index);
+    if (alarm && !step.alarm) {
+      step.alarm = alarm;
+    }
+  }
+  pending_.clear();
+  return step;
+}
+
+std::optional<Alarm> FailSlowDetector::Feed(const Sample& s, std::uint64_t at) {
+  if (!kept_.empty()) {
+    abs_diffs_.push_back(std::fabs(s.y - kept_.back().y));
+    if (abs_diffs_.size() > kDiffs) {
+      abs_diffs_.pop_front();
+    }
+  }
+  const double sigma = Sigma();
+  NormalGammaPrior prior;
+  prior.mu = kept_.empty() ? s.y : Level();
+  prior.alpha = 2.0;
+  prior.beta = sigma * sigma;  // prior mean variance beta / (alpha - 1) = sigma^2
+  prior.kappa = 0.05;
+  bocd_.SetPrior(prior);
+  bocd_.Update(s.y);
+  kept_.push_back(s);
+  if (kept_.size() > kHistory) {
+    kept_.pop_front();
+  }
+  ++regime_kept_;
+  if (warm_) {
+    UpdateBaseline(s.y);
+  }
+  return Verify(at);
+}
+
+std::optional<Alarm> FailSlowDetector::Verify(std::uint64_t at) {
+  if (regime_kept_ < options_.min_post + 1) {
+    return std::nullopt;
+  }
+  const std::uint64_t limit = std::min<std::uint64_t>(options_.window, regime_kept_);
+  const double probability = bocd_.ProbRunShorterThan(limit);
+  if (probability <= options_.cp_threshold) {
+    return std::nullopt;
+  }
+  const std::uint64_t run = bocd_.MapRunLengthBelow(limit);
+  if (run < options_.min_post || run >= limit || run > kept_.size()) {
+    return std::nullopt;
+  }
+  const std::size_t first_post = kept_.size() - static_cast<std::size_t>(run);
+  const std::size_t pre_count = static_cast<std::size_t>(
+      std::min<std::uint64_t>({regime_kept_ - run, kPreSamples, first_post}));
+  if (pre_count == 0) {
+    return std::nullopt;
+  }
+  std::vector<double> post, pre;
+  for (std::size_t i = first_post; i < kept_.size(); ++i) {
+    post.push_back(kept_[i].y);
+  }
+  for (std::size_t i = first_post - pre_count; i < first_post; ++i) {
+    pre.push_back(kept_[i].y);
+  }
+  const double post_level = Median(post, scratch_);
+  const double pre_level = Median(pre, scratch_);
+  return Decide(at, kept_[first_post].index, post_level, pre_level, probability);
+}
+
+std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t onset, double post,
+                                              double pre, double probability) {
+  Alarm alarm{AlarmType::kSlow, at, onset, std::exp(post - baseline_), probability,
+              std::exp(post)};
+  const auto first = std::find_if(kept_.begin(), kept_.end(),
+                                  [&](const Sample& s) { return s.index >= onset; });
+  const auto run = static_cast<std::uint64_t>(kept_.end() - first);
+  if (!options_.verify) {  // plain BOCD: every change point is an alarm
+    regime_kept_ = run;
+    alarm.type = post > pre ? AlarmType::kSlow : AlarmType::kRecovered;
+    slow_ = post > baseline_;
+    return alarm;
+  }
+  const double margin = options_.confidence_z * 1.2533 * Sigma() /
+                        std::sqrt(static_cast<double>(std::max<std::uint64_t>(run, 1)));
+  const double threshold = std::log1p(options_.min_change) + margin;
+  const double reference = slow_ ? slow_level_ : baseline_;
+  if (post - reference > threshold) {  // onset of a fail-slow, or a further step of a ladder
+    regime_kept_ = run;
+    slow_ = true;
+    slow_level_ = post;
+    return alarm;
+  }
+  if (slow_ && post - baseline_ < std::log1p(options_.min_change) - margin) {
+    regime_kept_ = run;
+    slow_ = false;
+    alarm.type = AlarmType::kRecovered;
+    return alarm;
+  }
+  if (slow_ && slow_level_ - post > threshold) {
+    regime_kept_ = run;
+    slow_level_ = post;  // eased but still slow: the new reference for further steps
+  }
+  return std::nullopt;
+}
+
+void FailSlowDetector::UpdateBaseline(double y) {
+  if (slow_) {
+    return;
+  }
+  baseline_n_ = std::min<std::uint64_t>(baseline_n_ + 1, options_.baseline_horizon);
+  baseline_ += (y - baseline_) / static_cast<double>(baseline_n_);
+}
+
+}  // namespace falcon::analyzer

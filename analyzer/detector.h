@@ -1,0 +1,104 @@
+// The online fail-slow detector (FALCON §4.2, "BOCD+V"): one iteration time in, at most one alarm
+// out. Pipeline per sample: log-time -> persistence filter (a run of at most `max_outlier_run`
+// samples far from the current level is a spike or a checkpoint/evaluation pause and is dropped;
+// a longer run is a change and is released) -> BOCD on the kept samples -> verification (the
+// median after the change point differs from the median before by more than `min_change`).
+// Alarms: `kSlow` when the level rises more than `min_change` above the healthy baseline (or, when
+// already slow, above the previous slow level: ladders), `kRecovered` when a slow level falls back
+// within `min_change` of the baseline. With verify = false the detector is plain BOCD: every
+// change point with posterior > threshold is an alarm (up = slow, down = recovered).
+// Everything is online: an alarm raised while pushing sample `at` used samples 0..at only.
+// Memory per detector is bounded (see MemoryBytes); time per sample is O(max_hypotheses + 64).
+// Thread-safety: plain value object; one owner at a time, no internal locking.
+// Must never: read clocks, do I/O, throw on bad samples (they are reported as invalid).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "analyzer/bocd.h"
+
+namespace falcon::analyzer {
+
+struct DetectorOptions {
+  BocdOptions bocd;                 // hazard 1/250, 64 run lengths kept
+  double cp_threshold = 0.9;        // posterior probability of a change within `window` samples
+  double min_change = 0.10;         // verification: |after / before - 1| must exceed this
+  std::size_t window = 64;          // a change point is sought among the last `window` samples
+  std::size_t warmup = 16;          // samples used to estimate the first level and noise
+  double outlier_z = 4.0;           // robust sigmas from the level that make a sample suspect
+  std::size_t max_outlier_run = 2;  // suspect runs this long or shorter are dropped as spikes
+  std::size_t min_post = 3;         // samples after the change point before it may be verified
+  double noise_floor = 1e-4;        // lower bound on the log-time noise sigma (0.01 %)
+  // Verification is one-sided at this many standard errors: the change must exceed min_change
+  // by z * 1.2533 * sigma / sqrt(samples after the change point) (standard error of a median).
+  double confidence_z = 1.0;
+  std::size_t baseline_horizon = 256;  // healthy baseline: running mean of log time over this
+  bool verify = true;               // false: plain BOCD, no persistence filter, no 10 % test
+};
+
+enum class AlarmType : std::uint8_t { kSlow, kRecovered };
+
+struct Alarm {
+  AlarmType type = AlarmType::kSlow;
+  std::uint64_t at = 0;      // index of the sample whose arrival raised the alarm
+  std::uint64_t onset = 0;   // estimated first sample of the new level
+  double ratio = 1.0;        // new level / healthy baseline (slowdown ratio)
+  double probability = 0.0;  // BOCD posterior of a change within the window
+  double level_seconds = 0.0;  // new level (median of the samples after the onset), seconds
+};
+
+enum class SampleStatus : std::uint8_t { kOk, kInvalid };
+
+struct DetectorStep {
+  SampleStatus status = SampleStatus::kOk;
+  std::optional<Alarm> alarm;
+};
+
+class FailSlowDetector {
+ public:
+  explicit FailSlowDetector(const DetectorOptions& options = {});
+
+  // Feeds the next iteration time (seconds, finite and > 0; others are reported as kInvalid and
+  // still consume an index so that alarm indices stay aligned with the caller's series).
+  [[nodiscard]] DetectorStep Push(double seconds);
+
+  [[nodiscard]] bool slow() const { return slow_; }
+  [[nodiscard]] std::uint64_t samples() const { return next_index_; }
+  // Healthy baseline (seconds); 0 until warm-up completes.
+  [[nodiscard]] double baseline_seconds() const;
+  [[nodiscard]] std::size_t MemoryBytes() const;
+
+ private:
+  struct Sample {
+    std::uint64_t index;
+    double y;  // log seconds
+  };
+  std::optional<Alarm> Feed(const Sample& s, std::uint64_t at);
+  std::optional<Alarm> Verify(std::uint64_t at);
+  std::optional<Alarm> Decide(std::uint64_t at, std::uint64_t onset, double post, double pre,
+                              double probability);
+  void Warm();
+  void UpdateBaseline(double y);
+  double Level();
+  double Sigma();
+
+  DetectorOptions options_;
+  Bocd bocd_;
+  std::uint64_t next_index_ = 0;
+  bool warm_ = false;
+  bool slow_ = false;
+  double baseline_ = 0.0;              // healthy log level (running mean of healthy samples)
+  std::uint64_t baseline_n_ = 0;       // healthy samples averaged into baseline_
+  double slow_level_ = 0.0;            // current slow log level when slow_
+  std::deque<Sample> kept_;            // kept samples, newest last (bounded by kHistory)
+  std::uint64_t regime_kept_ = 0;      // kept samples since the current regime began
+  std::vector<Sample> pending_;        // suspect samples held back (<= max_outlier_run + 1)
+  std::deque<double> abs_diffs_;       // |y_i - y_{i-1}| of kept samples (bounded by kDiffs)
+  std::vector<double> scratch_, scratch2_;
+};
+
+}  // namespace falcon::analyzer

@@ -1,0 +1,130 @@
+// Tests for the BOCD + verification detector on constructed series with known answers.
+#include "analyzer/detector.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "analyzer/test_util.h"
+
+namespace falcon::analyzer {
+namespace {
+
+struct Segment {
+  std::size_t length;
+  double factor;  // multiple of the base time
+};
+
+std::vector<double> Series(const std::vector<Segment>& segments, double base, double cov,
+                           std::uint64_t seed) {
+  testing::Rng rng(seed);
+  std::vector<double> out;
+  for (const Segment& s : segments) {
+    for (std::size_t i = 0; i < s.length; ++i) {
+      out.push_back(base * s.factor * (1.0 + cov * rng.Gauss()));
+    }
+  }
+  return out;
+}
+
+std::vector<Alarm> Detect(const std::vector<double>& xs, const DetectorOptions& options = {}) {
+  FailSlowDetector d(options);
+  std::vector<Alarm> alarms;
+  for (double x : xs) {
+    const DetectorStep step = d.Push(x);
+    EXPECT_EQ(step.status, SampleStatus::kOk);
+    if (step.alarm) alarms.push_back(*step.alarm);
+  }
+  return alarms;
+}
+
+TEST(DetectorTest, StepChangeRaisesSlowThenRecovered) {
+  struct Case {
+    double base, cov, factor;
+  };
+  const Case cases[] = {{0.3, 0.005, 1.5}, {5.0, 0.02, 1.25}, {20.0, 0.01, 3.0},
+                        {1.0, 0.04, 1.3}};
+  for (const Case& c : cases) {
+    const auto xs = Series({{300, 1.0}, {150, c.factor}, {200, 1.0}}, c.base, c.cov, 7);
+    const auto alarms = Detect(xs);
+    ASSERT_EQ(alarms.size(), 2U) << c.base << " x" << c.factor;
+    EXPECT_EQ(alarms[0].type, AlarmType::kSlow);
+    EXPECT_GE(alarms[0].at, 300U);
+    EXPECT_LE(alarms[0].at, 310U);
+    EXPECT_NEAR(static_cast<double>(alarms[0].onset), 300.0, 2.0);
+    EXPECT_NEAR(alarms[0].ratio, c.factor, 0.05 * c.factor);
+    EXPECT_EQ(alarms[1].type, AlarmType::kRecovered);
+    EXPECT_GE(alarms[1].at, 450U);
+    EXPECT_LE(alarms[1].at, 465U);
+  }
+}
+
+TEST(DetectorTest, LadderRaisesFurtherSlowAlarms) {
+  const auto xs = Series({{300, 1.0}, {80, 1.2}, {80, 1.45}, {80, 1.75}, {200, 1.0}}, 2.0, 0.01, 3);
+  const auto alarms = Detect(xs);
+  ASSERT_EQ(alarms.size(), 4U);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(alarms[i].type, AlarmType::kSlow);
+    EXPECT_NEAR(static_cast<double>(alarms[i].onset), 300.0 + 80.0 * i, 3.0);
+  }
+  EXPECT_NEAR(alarms[2].ratio, 1.75, 0.05);
+  EXPECT_EQ(alarms[3].type, AlarmType::kRecovered);
+}
+
+TEST(DetectorTest, SpikesPausesAndSmallDriftDoNotAlarm) {
+  auto xs = Series({{3000, 1.0}}, 4.0, 0.02, 11);
+  testing::Rng rng(12);
+  for (std::size_t i = 50; i < xs.size(); ++i) {
+    if (rng.Uniform() < 0.01) xs[i] *= 1.3 + 1.7 * rng.Uniform();  // GC, slow batch
+    if (i % 200 == 0) xs[i] *= 8.0;                              // checkpoint pause
+    if (i % 500 == 0) { xs[i] *= 12.0; xs[i + 1] *= 5.0; }       // two-iteration evaluation
+    if (i >= 1000 && i < 1060) xs[i] *= 1.05;                    // benign 5 % drift
+  }
+  EXPECT_TRUE(Detect(xs).empty());
+}
+
+TEST(DetectorTest, PlainBocdAlarmsOnWhatVerificationRejects) {
+  auto xs = Series({{1000, 1.0}}, 1.0, 0.01, 5);
+  for (std::size_t i = 200; i < 1000; i += 100) {
+    xs[i] *= 6.0;
+    xs[i + 1] *= 6.0;
+    xs[i + 2] *= 6.0;  // three-iteration pause: one persistent block, but short-lived
+  }
+  DetectorOptions plain;
+  plain.verify = false;
+  EXPECT_FALSE(Detect(xs, plain).empty());
+}
+
+TEST(DetectorTest, OnlineAlarmUsesOnlyPastSamples) {
+  const auto xs = Series({{200, 1.0}, {100, 1.5}}, 1.0, 0.01, 9);
+  const auto full = Detect(xs);
+  ASSERT_FALSE(full.empty());
+  // Truncating the series right after the alarm must give the same alarm.
+  const std::vector<double> prefix(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(full[0].at + 1));
+  const auto cut = Detect(prefix);
+  ASSERT_EQ(cut.size(), 1U);
+  EXPECT_EQ(cut[0].at, full[0].at);
+  EXPECT_EQ(cut[0].onset, full[0].onset);
+}
+
+TEST(DetectorTest, InvalidSamplesAreReportedAndKeepIndices) {
+  FailSlowDetector d;
+  EXPECT_EQ(d.Push(0.0).status, SampleStatus::kInvalid);
+  EXPECT_EQ(d.Push(-1.0).status, SampleStatus::kInvalid);
+  EXPECT_EQ(d.Push(1.0).status, SampleStatus::kOk);
+  EXPECT_EQ(d.samples(), 3U);
+}
+
+TEST(DetectorTest, MemoryStaysBounded) {
+  FailSlowDetector d;
+  const auto xs = Series({{2000, 1.0}, {2000, 1.5}, {2000, 1.0}}, 1.0, 0.02, 21);
+  std::size_t peak = 0;
+  for (double x : xs) {
+    (void)d.Push(x);
+    peak = std::max(peak, d.MemoryBytes());
+  }
+  EXPECT_LT(peak, 64U * 1024U);
+}
+
+}  // namespace
+}  // namespace falcon::analyzer

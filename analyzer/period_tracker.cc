@@ -1,0 +1,96 @@
+// Online period lock / re-lock. See period_tracker.h for the contract.
+#include "analyzer/period_tracker.h"
+
+#include <algorithm>
+
+namespace falcon::analyzer {
+
+PeriodTracker::PeriodTracker(const PeriodTrackerOptions& options)
+    : options_(options), next_attempt_(std::max<std::size_t>(options.min_calls, 4)) {
+  options_.window = std::max(options_.window, next_attempt_);
+}
+
+bool PeriodTracker::Ignored(std::uint32_t symbol) const {
+  return symbol < ignored_.size() && ignored_[symbol];
+}
+
+TrackerEvent PeriodTracker::Push(std::uint32_t symbol, std::uint64_t index) {
+  if (locked() && Ignored(symbol)) {
+    return TrackerEvent::kNone;
+  }
+  buf_.push_back({symbol, index});
+  if (buf_.size() > options_.window) {
+    buf_.pop_front();
+  }
+  if (!locked()) {
+    return buf_.size() >= next_attempt_ ? TryLock() : TrackerEvent::kNone;
+  }
+  if (++since_check_ >= std::max<std::size_t>(period_, 64)) {
+    since_check_ = 0;
+    return Check();
+  }
+  return TrackerEvent::kNone;
+}
+
+TrackerEvent PeriodTracker::TryLock() {
+  std::vector<std::uint32_t> symbols;
+  symbols.reserve(buf_.size());
+  for (const Entry& e : buf_) {
+    symbols.push_back(e.symbol);
+  }
+  PeriodResult r = FindPeriod(symbols, options_.period);
+  // Next attempt when the buffer has doubled, or a quarter window later once it is full.
+  next_attempt_ = buf_.size() < options_.window
+                      ? std::min(buf_.size() * 2, options_.window)
+                      : options_.window;
+  if (!r.found) {
+    if (buf_.size() >= options_.window) {
+      const std::size_t drop = options_.window / 4;
+      buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(drop));
+    }
+    return TrackerEvent::kNone;
+  }
+  period_ = r.period;
+  acf_ = r.acf;
+  ignored_ = std::move(r.ignored);
+  if (!ignored_.empty()) {
+    std::erase_if(buf_, [&](const Entry& e) { return Ignored(e.symbol); });
+  }
+  locked_from_ = buf_.front().index;
+  since_check_ = 0;
+  return TrackerEvent::kLocked;
+}
+
+TrackerEvent PeriodTracker::Check() {
+  const std::size_t span = std::min(buf_.size(), (options_.check_cycles + 1) * period_);
+  if (span <= period_) {
+    return TrackerEvent::kNone;
+  }
+  std::size_t same = 0;
+  const std::size_t begin = buf_.size() - span;
+  std::uint64_t last_match = buf_[begin + period_].index;
+  for (std::size_t i = begin + period_; i < buf_.size(); ++i) {
+    if (buf_[i].symbol == buf_[i - period_].symbol) {
+      ++same;
+      last_match = buf_[i].index;
+    }
+  }
+  acf_ = static_cast<double>(same) / static_cast<double>(span - period_);
+  if (acf_ >= options_.lost_rate) {
+    return TrackerEvent::kNone;
+  }
+  // Lost: keep the most recent period's calls (likely the new pattern) and search again.
+  lost_at_ = std::min(last_match, buf_.back().index);
+  const std::size_t keep = std::min(buf_.size(), period_);
+  buf_.erase(buf_.begin(), buf_.end() - static_cast<std::ptrdiff_t>(keep));
+  period_ = 0;
+  ignored_.clear();
+  next_attempt_ = std::max<std::size_t>(options_.min_calls, keep * 2);
+  return TrackerEvent::kLost;
+}
+
+std::size_t PeriodTracker::MemoryBytes() const {
+  return sizeof(*this) + buf_.size() * sizeof(Entry) + ignored_.capacity() / 8;
+}
+
+}  // namespace falcon::analyzer

@@ -1,0 +1,67 @@
+// Online period tracking for one rank: signatures arrive one call at a time; the tracker locks
+// onto the iteration period (FindPeriod on a bounded window), keeps checking that the sequence
+// still repeats at that lag, and re-locks when the pattern changes (a mitigation changed the
+// micro-batch count, a topology change, an elastic resize).
+// Memory: O(window) symbols (16 bytes per call: symbol + index), bounded by options.window.
+// Thread-safety: plain value object; one owner at a time, no internal locking.
+// Must never: read clocks or do I/O; block (a detection attempt costs O(window log window)).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "analyzer/period.h"
+
+namespace falcon::analyzer {
+
+struct PeriodTrackerOptions {
+  PeriodOptions period;
+  std::size_t window = 100000;   // calls kept for detection
+  std::size_t min_calls = 64;    // first detection attempt
+  std::size_t check_cycles = 16; // periods compared at each health check while locked
+  double lost_rate = 0.8;        // match rate below which the lock is lost
+};
+
+enum class TrackerEvent : std::uint8_t { kNone, kLocked, kLost };
+
+class PeriodTracker {
+ public:
+  explicit PeriodTracker(const PeriodTrackerOptions& options = {});
+
+  // Feeds the signature id of call number `index` (the caller's own, increasing numbering).
+  TrackerEvent Push(std::uint32_t symbol, std::uint64_t index);
+
+  [[nodiscard]] bool locked() const { return period_ != 0; }
+  [[nodiscard]] std::size_t period() const { return period_; }
+  [[nodiscard]] double acf() const { return acf_; }
+  // Caller index of the first call covered by the current lock (valid when locked()).
+  [[nodiscard]] std::uint64_t locked_from() const { return locked_from_; }
+  // Caller index of the last call that still matched when the lock was lost (after kLost).
+  [[nodiscard]] std::uint64_t lost_at() const { return lost_at_; }
+  // Symbols ignored as occasional by the current lock (indexed by symbol id).
+  [[nodiscard]] const std::vector<bool>& ignored() const { return ignored_; }
+  [[nodiscard]] std::size_t MemoryBytes() const;
+
+ private:
+  struct Entry {
+    std::uint32_t symbol;
+    std::uint64_t index;
+  };
+  TrackerEvent TryLock();
+  TrackerEvent Check();
+  [[nodiscard]] bool Ignored(std::uint32_t symbol) const;
+
+  PeriodTrackerOptions options_;
+  std::deque<Entry> buf_;
+  std::size_t next_attempt_;
+  std::size_t since_check_ = 0;
+  std::size_t period_ = 0;
+  double acf_ = 0.0;
+  std::uint64_t locked_from_ = 0;
+  std::uint64_t lost_at_ = 0;
+  std::vector<bool> ignored_;
+};
+
+}  // namespace falcon::analyzer
