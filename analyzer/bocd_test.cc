@@ -49,7 +49,7 @@ TEST(BocdTest, PruningBoundsHypothesesAndMemory) {
   std::size_t memory_after_warmup = 0;
   for (int i = 0; i < 20000; ++i) {
     (void)bocd.Update(0.05 * rng.Gauss() + (i / 500 % 2 == 0 ? 0.0 : 0.3));
-    ASSERT_LE(bocd.hypotheses(), 40U);
+    ASSERT_LE(bocd.hypotheses(), 50U);  // amortised pruning: at most 1.25 x max
     if (i == 100) memory_after_warmup = bocd.MemoryBytes();
   }
   EXPECT_EQ(bocd.MemoryBytes(), memory_after_warmup);  // no growth once warm
