@@ -46,9 +46,9 @@ uint32_t CommRegistry::Lookup(const void* comm) const {
   for (uint32_t probes = 0; probes < kMapSize; ++probes, i = (i + 1) & (kMapSize - 1)) {
     uintptr_t k = map_[i].key.load(std::memory_order_acquire);
     if (k == key) return map_[i].slot.load(std::memory_order_relaxed);
-    if (k == 0) return FALCON_NO_COMM;
+    if (k == 0) return kNotMapped;
   }
-  return FALCON_NO_COMM;
+  return kNotMapped;
 }
 
 uint64_t CommRegistry::NextCallSeq(uint32_t slot) {
@@ -64,9 +64,15 @@ uint32_t CommRegistry::Register(const void* comm, const CommIdentity& id) {
     LogOnce(OnceKey::kCommTableFull, LogLevel::kWarn,
             "communicator table full (%u entries); further communicators are recorded without "
             "identity (raise FALCON_COMM_CAPACITY)", capacity_);
+    Map(comm, FALCON_NO_COMM);
     return FALCON_NO_COMM;
   }
-  FalconCommEntry& e = table_[slot];
+  FillEntry(table_[slot], comm, id);
+  Map(comm, slot);
+  return slot;
+}
+
+void CommRegistry::FillEntry(FalconCommEntry& e, const void* comm, const CommIdentity& id) {
   std::atomic_ref<uint32_t> state(e.state);
   state.store(kFalconCommWriting, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -87,24 +93,26 @@ uint32_t CommRegistry::Register(const void* comm, const CommIdentity& id) {
     e.name[n] = '\0';
   }
   state.store(kFalconCommLive, std::memory_order_release);
+}
 
+void CommRegistry::Map(const void* comm, uint32_t slot) {
   const auto key = reinterpret_cast<uintptr_t>(comm);
   uint32_t i = HashPointer(key);
   for (uint32_t probes = 0; probes < kMapSize; ++probes, i = (i + 1) & (kMapSize - 1)) {
     uintptr_t k = map_[i].key.load(std::memory_order_acquire);
     if (k == key) {  // handle reused without a destroy we saw: the new communicator wins
       map_[i].slot.store(slot, std::memory_order_relaxed);
-      return slot;
+      return;
     }
     if (k == 0 || k == kTombstone) {
       if (map_[i].key.compare_exchange_strong(k, key, std::memory_order_acq_rel)) {
         // No reader can look this handle up before Register returns it to the caller.
         map_[i].slot.store(slot, std::memory_order_release);
-        return slot;
+        return;
       }
     }
   }
-  return slot;  // map full: the entry exists but calls on it record no slot
+  // Map full: the entry exists but calls on this handle will record no slot.
 }
 
 void CommRegistry::Forget(const void* comm) {

@@ -43,10 +43,15 @@ class CommRegistry {
   // Drops every mapping (after fork: the child owns no communicator).
   void Reset();
 
-  // HOT PATH helper: slot of `comm`, or FALCON_NO_COMM if it is not registered.
+  // Lookup() result for a handle the registry has never seen.
+  static constexpr uint32_t kNotMapped = 0xFFFFFFFEu;
+
+  // HOT PATH helper: slot of `comm`; FALCON_NO_COMM if it is known but has no table entry
+  // (table full); kNotMapped if it was never registered.
   uint32_t Lookup(const void* comm) const;
 
-  // Fills a new table entry and maps `comm` to it; returns the slot or FALCON_NO_COMM.
+  // Fills a new table entry and maps `comm` to it; returns the slot, or FALCON_NO_COMM when the
+  // table is full (the handle is then mapped to FALCON_NO_COMM so it is not retried).
   uint32_t Register(const void* comm, const CommIdentity& id);
   // Marks the communicator destroyed and unmaps its handle.
   void Forget(const void* comm);
@@ -65,6 +70,8 @@ class CommRegistry {
     std::atomic<uint32_t> slot{FALCON_NO_COMM};
   };
   static uint32_t HashPointer(uintptr_t p);
+  void FillEntry(FalconCommEntry& e, const void* comm, const CommIdentity& id);
+  void Map(const void* comm, uint32_t slot);
 
   FalconShmHeader* header_ = nullptr;  // fixed after Attach
   FalconCommEntry* table_ = nullptr;   // fixed after Attach

@@ -120,7 +120,7 @@ CallToken Tracer::Begin(const CallDesc& d, ThreadState& ts) {
   if (ts.generation != generation()) AcquireThreadSlot(ts);  // first call of this thread
   if (d.comm != nullptr) {
     t.comm_slot = comms_.Lookup(d.comm);
-    if (t.comm_slot == FALCON_NO_COMM) t.comm_slot = RegisterUnknownComm(d.comm);  // rare
+    if (t.comm_slot == CommRegistry::kNotMapped) t.comm_slot = RegisterUnknownComm(d.comm);  // once
     if (t.comm_slot != FALCON_NO_COMM) t.comm_seq = comms_.NextCallSeq(t.comm_slot);
   }
   t.group_depth = static_cast<uint8_t>(ts.group_depth > 255 ? 255 : ts.group_depth);

@@ -93,7 +93,8 @@ inline uint64_t HashRankSet(const int* ranks, int n) {
 inline void RegisterChild(ncclResult_t r, ncclComm_t parent, ncclComm_t* child, FalconCommOrigin origin,
                    int32_t color, uint64_t discriminator, const ncclConfig_t* config, CallOutcome& out) {
   CommRegistry& reg = g_tracer.comms();
-  const uint32_t parent_slot = reg.Lookup(parent);
+  uint32_t parent_slot = reg.Lookup(parent);
+  if (parent_slot == CommRegistry::kNotMapped) parent_slot = FALCON_NO_COMM;
   const uint32_t index = reg.NextChildIndex(parent_slot);
   out.peer = color;
   out.ref = FALCON_NO_COMM;

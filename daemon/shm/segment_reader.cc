@@ -230,7 +230,7 @@ void SegmentReader::PublishCursor(uint64_t cursor) {
   std::atomic_ref<uint64_t>(header_->reader_cursor).store(cursor, std::memory_order_relaxed);
 }
 
-void SegmentReader::RequestMode(FalconMode mode, uint32_t sample_every) {
+void SegmentReader::RequestMode(uint32_t mode, uint32_t sample_every) {
   if (!writable_) return;
   std::atomic_ref<uint32_t>(control_->mode).store(static_cast<uint32_t>(mode), std::memory_order_relaxed);
   std::atomic_ref<uint32_t>(control_->sample_every).store(sample_every, std::memory_order_relaxed);

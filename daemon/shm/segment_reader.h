@@ -71,8 +71,9 @@ class SegmentReader {
   // REQUIRES: opened kReadWrite. Tells the writer what this reader has consumed.
   void PublishCursor(uint64_t cursor);
 
-  // REQUIRES: opened kReadWrite. Agent → shim command (sets mode, bumps command_seq).
-  void RequestMode(FalconMode mode, uint32_t sample_every);
+  // REQUIRES: opened kReadWrite. Agent → shim command: `mode` is a FalconMode value (the shim
+  // ignores values it does not know); bumps command_seq.
+  void RequestMode(uint32_t mode, uint32_t sample_every);
 
  private:
   SegmentReader() = default;
