@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace falcon::emu {
 namespace {
@@ -225,7 +226,14 @@ const char* DTypeName(DType t) {
   return IsValidDType(static_cast<int>(t)) ? kNames[static_cast<int>(t)] : "invalid";
 }
 
-float HalfToFloat(uint16_t h) { return DecodeSmall(h, kHalf); }
+float HalfToFloat(uint16_t h) {
+  static const std::vector<float>* table = [] {
+    auto* t = new std::vector<float>(65536);  // leaked on purpose: used until exit
+    for (uint32_t i = 0; i < 65536; ++i) (*t)[i] = DecodeSmall(i, kHalf);
+    return t;
+  }();
+  return (*table)[h];
+}
 uint16_t FloatToHalf(float f) { return static_cast<uint16_t>(EncodeSmall(f, kHalf)); }
 float Bf16ToFloat(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
