@@ -21,6 +21,18 @@ constexpr int64_t kUnsizedStaleNs = 2'000'000'000;
 
 bool PidDead(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
+// Unlinks `name` only if it still names the object open as `fd`: two ranks that both found the
+// same stale segment must not unlink the fresh one the faster of them created meanwhile.
+void UnlinkIfSame(const std::string& name, int fd) {
+  struct stat mine{}, now{};
+  const int fd2 = shm_open(name.c_str(), O_RDONLY, 0600);
+  if (fd2 < 0) return;
+  const bool same = fstat(fd, &mine) == 0 && fstat(fd2, &now) == 0 && mine.st_ino == now.st_ino &&
+                    mine.st_dev == now.st_dev;
+  close(fd2);
+  if (same) shm_unlink(name.c_str());
+}
+
 size_t SlotStride(size_t slot_bytes) { return sizeof(SlotHeader) + slot_bytes; }
 
 }  // namespace
@@ -101,19 +113,19 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
   }
   struct stat st{};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(SegHeader)) {
-    close(fd);
     const int64_t now = NowNs();
     if (unsized_since_ns_ == 0) unsized_since_ns_ = now;
     if (now - unsized_since_ns_ > kUnsizedStaleNs) {
-      shm_unlink(name.c_str());  // creator died between O_EXCL and ftruncate
+      UnlinkIfSame(name, fd);  // creator died between O_EXCL and ftruncate
       unsized_since_ns_ = 0;
     }
+    close(fd);
     return Status::kPending;
   }
   const auto size = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
+    close(fd);
     *err = "mmap(" + name + "): " + std::strerror(errno);
     return Status::kError;
   }
@@ -123,9 +135,11 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
   if (PidDead(creator)) {
     // A segment left by a dead job (or a creator that crashed during init): start fresh.
     munmap(p, size);
-    shm_unlink(name.c_str());
+    UnlinkIfSame(name, fd);
+    close(fd);
     return Status::kPending;
   }
+  close(fd);
   if (!published) {
     munmap(p, size);
     return Status::kPending;
