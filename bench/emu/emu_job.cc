@@ -1,0 +1,150 @@
+// falcon-emu-job: a small multi-rank training-like job over NCCL (run it under falcon-emu-run,
+// optionally with the Falcon shim preloaded). World communicator, split into tensor-parallel
+// ("TP", consecutive pairs) and data-parallel ("DP") groups; each iteration runs a few
+// all-reduces / an all-gather / a reduce-scatter on TP, a grouped send/recv ring on the world, one
+// all-reduce on DP and a broadcast, with sleeps standing for compute.
+//
+//   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check]
+//
+// --check fills buffers with small integers (exact in float) and verifies every result; a wrong
+// value exits 1. Prints one summary line per rank.
+// Thread-safety: single-threaded. Must never: hang without bound (the emulator's deadline fails
+// the job) or ignore an NCCL error (any error exits 2).
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bootstrap.h"
+
+namespace {
+
+struct Options {
+  int iters = 10;
+  double compute_ms = 5;
+  size_t bytes = 1 << 20;
+  bool check = false;
+};
+
+double Now() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+#define NCCL_OK(call)                                                                          \
+  do {                                                                                         \
+    const ncclResult_t rc_ = (call);                                                           \
+    if (rc_ != ncclSuccess) {                                                                  \
+      std::fprintf(stderr, "falcon-emu-job: %s failed: %s (%s)\n", #call, ncclGetErrorString(rc_), \
+                   ncclGetLastError(nullptr));                                                 \
+      std::exit(2);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+void Compute(double ms) {
+  if (ms <= 0) return;
+  const double s = ms * 1e-3;
+  timespec ts{static_cast<time_t>(s), static_cast<long>((s - static_cast<double>(static_cast<time_t>(s))) * 1e9)};
+  nanosleep(&ts, nullptr);
+}
+
+int Verify(const std::vector<float>& v, size_t n, float expect, const char* what, int* wrong) {
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] != expect) {
+      std::fprintf(stderr, "falcon-emu-job: %s: element %zu = %g, expected %g\n", what, i,
+                   static_cast<double>(v[i]), static_cast<double>(expect));
+      ++*wrong;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--iters" && i + 1 < argc) o.iters = std::atoi(argv[++i]);
+    else if (a == "--compute-ms" && i + 1 < argc) o.compute_ms = std::atof(argv[++i]);
+    else if (a == "--bytes" && i + 1 < argc) o.bytes = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--check") o.check = true;
+    else if (a == "-h" || a == "--help") {
+      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check]\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const falcon::emu::JobEnv env = falcon::emu::ReadJobEnv();
+  const int rank = env.rank, world = env.world_size;
+  ncclUniqueId id;
+  std::string err;
+  if (falcon::emu::BootstrapUniqueId(rank, &id, {}, &err) != ncclSuccess) {
+    std::fprintf(stderr, "falcon-emu-job: %s\n", err.c_str());
+    return 2;
+  }
+  ncclComm_t comm, tp, dp;
+  NCCL_OK(ncclCommInitRank(&comm, world, id, rank));
+  const int tp_size = world % 2 == 0 ? 2 : 1;
+  NCCL_OK(ncclCommSplit(comm, rank / tp_size, rank, &tp, nullptr));
+  NCCL_OK(ncclCommSplit(comm, rank % tp_size, rank, &dp, nullptr));
+  int tp_n = 1, dp_n = 1, tp_rank = 0;
+  ncclCommCount(tp, &tp_n);
+  ncclCommCount(dp, &dp_n);
+  ncclCommUserRank(tp, &tp_rank);
+  const size_t count = std::max<size_t>(o.bytes / sizeof(float), static_cast<size_t>(tp_n));
+  const size_t shard = count / static_cast<size_t>(tp_n);
+  std::vector<float> a(count), g(shard * static_cast<size_t>(tp_n)), s(shard), ring_in(count), ring_out(count);
+  int wrong = 0;
+  const double t0 = Now();
+  for (int it = 0; it < o.iters; ++it) {
+    Compute(o.compute_ms);
+    for (int k = 0; k < 3; ++k) {
+      std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
+      NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, tp, nullptr));
+      if (o.check) {
+        // TP group = consecutive ranks base..base+tp_n-1
+        const int base = rank - tp_rank;
+        float expect = 0;
+        for (int r = 0; r < tp_n; ++r) expect += static_cast<float>(base + r + k);
+        Verify(a, count, expect, "tp allreduce", &wrong);
+      }
+    }
+    std::fill(s.begin(), s.end(), static_cast<float>(rank));
+    NCCL_OK(ncclAllGather(s.data(), g.data(), shard, ncclFloat, tp, nullptr));
+    NCCL_OK(ncclReduceScatter(g.data(), s.data(), shard, ncclFloat, ncclSum, tp, nullptr));
+    if (o.check) {
+      // Every member's gathered block tp_rank holds `rank`; the reduce-scatter sums tp_n of them.
+      Verify(s, shard, static_cast<float>(tp_n * rank), "tp gather+scatter", &wrong);
+    }
+    std::fill(ring_in.begin(), ring_in.end(), static_cast<float>(rank * 1000 + it));
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (rank + 1) % world, comm, nullptr));
+    NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (rank + world - 1) % world, comm, nullptr));
+    NCCL_OK(ncclGroupEnd());
+    if (o.check) Verify(ring_out, count, static_cast<float>(((rank + world - 1) % world) * 1000 + it), "ring", &wrong);
+    Compute(o.compute_ms);
+    std::fill(a.begin(), a.end(), 1.0f);
+    NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, nullptr));
+    if (o.check) Verify(a, count, static_cast<float>(dp_n), "dp allreduce", &wrong);
+    std::fill(a.begin(), a.end(), static_cast<float>(rank == 0 ? it : -1));
+    NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, nullptr));
+    if (o.check) Verify(a, count, static_cast<float>(it), "broadcast", &wrong);
+  }
+  const double took = Now() - t0;
+  std::printf("falcon-emu-job rank %d/%d: iters=%d bytes=%zu tp=%d dp=%d time=%.1f ms iter=%.2f ms check=%s\n",
+              rank, world, o.iters, count * sizeof(float), tp_n, dp_n, took * 1e3,
+              o.iters ? took * 1e3 / o.iters : 0.0, !o.check ? "off" : (wrong ? "WRONG" : "ok"));
+  NCCL_OK(ncclCommDestroy(dp));
+  NCCL_OK(ncclCommDestroy(tp));
+  NCCL_OK(ncclCommDestroy(comm));
+  return wrong ? 1 : 0;
+}
