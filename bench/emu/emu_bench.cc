@@ -68,14 +68,18 @@ std::string CpuModel() {
 
 // One timed case; returns the row with the slowest rank's average time.
 Row RunCase(const char* op, size_t bytes, ncclComm_t comm, int rank, int n, const Options& o) {
+  enum class Kind { kAllReduce, kAllGather, kSendRecv };
+  const std::string name = op;
+  const Kind kind = name == "all_reduce" ? Kind::kAllReduce : name == "all_gather" ? Kind::kAllGather : Kind::kSendRecv;
+  const bool ag = kind == Kind::kAllGather;
   const size_t count = std::max<size_t>(bytes / sizeof(float), 1);
   const auto un = static_cast<size_t>(n);
-  const size_t per = op[4] == 'g' ? std::max<size_t>(count / un, 1) : count;  // all_gather: per-rank share
-  std::vector<float> send(per, static_cast<float>(rank + 1)), recv(op[4] == 'g' ? per * un : count);
+  const size_t per = ag ? std::max<size_t>(count / un, 1) : count;  // all_gather: per-rank share
+  std::vector<float> send(per, static_cast<float>(rank + 1)), recv(ag ? per * un : count);
   auto once = [&] {
-    if (op[4] == 'r') {
+    if (kind == Kind::kAllReduce) {
       CK(ncclAllReduce(send.data(), recv.data(), count, ncclFloat, ncclSum, comm, nullptr));
-    } else if (op[4] == 'g') {
+    } else if (ag) {
       CK(ncclAllGather(send.data(), recv.data(), per, ncclFloat, comm, nullptr));
     } else {
       CK(ncclGroupStart());
@@ -92,17 +96,17 @@ Row RunCase(const char* op, size_t bytes, ncclComm_t comm, int rank, int n, cons
   long wrong = 0;
   for (size_t i = 0; i < recv.size(); ++i) {
     float expect;
-    if (op[4] == 'r') expect = static_cast<float>(n * (n + 1) / 2);
-    else if (op[4] == 'g') expect = static_cast<float>(i / per + 1);
+    if (kind == Kind::kAllReduce) expect = static_cast<float>(n * (n + 1) / 2);
+    else if (ag) expect = static_cast<float>(i / per + 1);
     else expect = static_cast<float>((rank + n - 1) % n + 1);
     if (recv[i] != expect) ++wrong;
   }
   double wrong_d = static_cast<double>(wrong);
   CK(ncclAllReduce(&t, &t, 1, ncclDouble, ncclMax, comm, nullptr));
   CK(ncclAllReduce(&wrong_d, &wrong_d, 1, ncclDouble, ncclSum, comm, nullptr));
-  const double total = static_cast<double>(op[4] == 'g' ? per * un * sizeof(float) : count * sizeof(float));
+  const double total = static_cast<double>(ag ? per * un * sizeof(float) : count * sizeof(float));
   const double algbw = total / t / 1e9;
-  const double factor = op[4] == 'r' ? 2.0 * (n - 1) / n : (op[4] == 'g' ? static_cast<double>(n - 1) / n : 1.0);
+  const double factor = kind == Kind::kAllReduce ? 2.0 * (n - 1) / n : (ag ? static_cast<double>(n - 1) / n : 1.0);
   return Row{op, static_cast<size_t>(total), t * 1e6, algbw, algbw * factor, static_cast<long>(wrong_d)};
 }
 
