@@ -51,9 +51,6 @@ uint32_t CommRegistry::Lookup(const void* comm) const {
   return kNotMapped;
 }
 
-uint64_t CommRegistry::NextCallSeq(uint32_t slot) {
-  return std::atomic_ref<uint64_t>(table_[slot].calls).fetch_add(1, std::memory_order_relaxed);
-}
 // END HOT PATH
 
 uint32_t CommRegistry::Register(const void* comm, const CommIdentity& id) {

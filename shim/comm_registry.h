@@ -59,8 +59,15 @@ class CommRegistry {
   // Claims the next split/shrink index of `parent_slot` (0-based).
   uint32_t NextChildIndex(uint32_t parent_slot);
   uint64_t IdOf(uint32_t slot) const;
-  // Per-communicator sequence number for the next call on `slot`.
-  uint64_t NextCallSeq(uint32_t slot);
+  // HOT PATH helper: per-communicator sequence number for the next call on `slot`.
+  // NCCL requires calls on one communicator to be serialised by the caller, so a plain
+  // load/store pair suffices (no locked instruction). Atomic so readers see a defined value.
+  uint64_t NextCallSeq(uint32_t slot) {
+    std::atomic_ref<uint64_t> calls(table_[slot].calls);
+    const uint64_t seq = calls.load(std::memory_order_relaxed);
+    calls.store(seq + 1, std::memory_order_relaxed);
+    return seq;
+  }
 
  private:
   static constexpr uint32_t kMapSize = 8192;  // power of two, > any sane live-communicator count

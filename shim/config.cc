@@ -95,12 +95,15 @@ ShimConfig LoadShimConfig() {
     else CopyString(c.shm_dir, sizeof(c.shm_dir), v);
   }
   u = c.ring_records;
-  ReadUnsigned("FALCON_RING_RECORDS", 64, 1ull << 26, &u);
+  ReadUnsigned("FALCON_RING_RECORDS", 64, 1ull << 24, &u);
   if ((u & (u - 1)) != 0) {
     Warn("FALCON_RING_RECORDS", std::getenv("FALCON_RING_RECORDS"), "not a power of two");
   } else {
     c.ring_records = u;
   }
+  u = c.lanes;
+  ReadUnsigned("FALCON_LANES", 2, 64, &u);
+  c.lanes = static_cast<uint32_t>(u);
   u = c.comm_capacity;
   ReadUnsigned("FALCON_COMM_CAPACITY", 16, 65536, &u);
   c.comm_capacity = static_cast<uint32_t>(u);

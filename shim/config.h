@@ -8,7 +8,10 @@
 //   FALCON_MODE               track | profile | sample | off        (default track)
 //   FALCON_SAMPLE_EVERY       1..1000000, for sample mode           (default 100)
 //   FALCON_SHM_DIR            directory for the segment             (default /dev/shm)
-//   FALCON_RING_RECORDS       power of two, 64..67108864            (default 65536 = 8 MiB)
+//   FALCON_RING_RECORDS       records per lane, power of two, 64..16777216 (default 32768)
+//   FALCON_LANES              lanes, 2..64: each of the first LANES-1 threads that call NCCL
+//                             gets its own lane; later threads share the last (default 4;
+//                             default segment: 4 x 32768 x 128 B = 16 MiB)
 //   FALCON_COMM_CAPACITY      16..65536 communicator entries        (default 1024)
 //   FALCON_THREAD_CAPACITY    4..4096 calling-thread slots          (default 256)
 //   FALCON_KEEP_SEGMENT=1     keep the segment after a normal exit  (default: removed)
@@ -31,7 +34,8 @@ struct ShimConfig {
   FalconMode mode = kFalconModeTrack;
   uint32_t sample_every = 100;
   char shm_dir[256] = FALCON_SHM_DEFAULT_DIR;
-  uint64_t ring_records = 65536;
+  uint64_t ring_records = 32768;  // per lane
+  uint32_t lanes = 4;
   uint32_t comm_capacity = 1024;
   uint32_t thread_capacity = 256;
   bool keep_segment = false;

@@ -101,9 +101,10 @@ int32_t GpuTimer::Start(void* stream, bool* capturing) {
   return -1;  // pool busy: this call gets host timing
 }
 
-void GpuTimer::Stop(int32_t ticket, void* stream, uint64_t seq) {
+void GpuTimer::Stop(int32_t ticket, void* stream, uint64_t seq, uint32_t lane) {
   Pair& p = pairs_[ticket];
   p.seq = seq;
+  p.lane = lane;
   if (g_cu.event_record(p.end, stream) != kCudaSuccess) {
     p.state.store(kFree, std::memory_order_release);
     return;
@@ -126,14 +127,13 @@ void GpuTimer::Poll(Tracer& tracer) {
     if (q == kCudaNotReady) continue;
     FalconRecord r{};
     r.op = kFalconOpGpuTiming;
-    r.ref_seq = p.seq;
+    r.comm_seq = p.seq;
     r.comm_slot = FALCON_NO_COMM;
-    r.peer = -1;
+    r.peer = static_cast<int32_t>(p.lane);
     r.redop = -1;
     r.dtype = 0xFF;
-    r.thread_slot = 0xFFFF;
     r.result = 1;
-    const int64_t now = MonoNowNs();
+    const int64_t now = SystemMonoNs();
     if (q == kCudaSuccess) {
       // Anchor: an event known to have completed at a known host time, per context, refreshed so
       // float milliseconds keep sub-microsecond resolution.
@@ -151,19 +151,19 @@ void GpuTimer::Poll(Tracer& tracer) {
           continue;
         }
         anchor_ctx_ = p.ctx;
-        anchor_host_ns_ = MonoNowNs();
+        anchor_host_ns_ = SystemMonoNs();
         anchor_set_at_ns_ = anchor_host_ns_;
       }
       float start_ms = 0, end_ms = 0;
       if (g_cu.event_elapsed(&start_ms, anchor_event_, p.start) == kCudaSuccess &&
           g_cu.event_elapsed(&end_ms, anchor_event_, p.end) == kCudaSuccess) {
-        r.gpu_start_ns = anchor_host_ns_ + static_cast<int64_t>(static_cast<double>(start_ms) * 1e6);
-        r.gpu_end_ns = anchor_host_ns_ + static_cast<int64_t>(static_cast<double>(end_ms) * 1e6);
+        r.t_start_ns = anchor_host_ns_ + static_cast<int64_t>(static_cast<double>(start_ms) * 1e6);
+        r.t_end_ns = anchor_host_ns_ + static_cast<int64_t>(static_cast<double>(end_ms) * 1e6);
         r.result = 0;
       }
     }
-    r.t_start_mono_ns = now;
-    tracer.Publish(r);
+    if (r.result != 0) r.t_start_ns = now;
+    tracer.Publish(r, tracer.SharedLane());
     p.state.store(kFree, std::memory_order_release);
   }
 }

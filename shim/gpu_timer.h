@@ -25,7 +25,8 @@ class GpuTimer {
   // HOT PATH helpers. Start returns a ticket (>= 0) or -1 when the call gets host timing only;
   // *capturing is set when the stream is being captured into a CUDA graph.
   int32_t Start(void* stream, bool* capturing);
-  void Stop(int32_t ticket, void* stream, uint64_t seq);
+  // `seq`/`lane`: where the timed call's record lives, for the kFalconOpGpuTiming record.
+  void Stop(int32_t ticket, void* stream, uint64_t seq, uint32_t lane);
   // Releases a ticket whose call failed before Stop.
   void Cancel(int32_t ticket);
 
@@ -41,6 +42,7 @@ class GpuTimer {
     void* start = nullptr;
     void* end = nullptr;
     uint64_t seq = 0;
+    uint32_t lane = 0;
   };
   void Disable(const char* what, int code);
 

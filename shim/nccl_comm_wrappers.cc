@@ -183,7 +183,7 @@ FALCON_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scala
   d.peer = static_cast<int32_t>(residence);
   return Intercept(d, [&] { return real(op, scalar, datatype, residence, comm); },
                    [&](ncclResult_t r, CallOutcome& out) {
-                     if (r == ncclSuccess && op != nullptr) out.ref = static_cast<uint64_t>(static_cast<uint32_t>(*op));
+                     if (r == ncclSuccess && op != nullptr) out.aux = static_cast<uint64_t>(static_cast<uint32_t>(*op));
                    });
 }
 

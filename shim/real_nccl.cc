@@ -9,6 +9,9 @@
 #include "shim/log.h"
 
 namespace falcon::shim {
+
+std::atomic<void*> g_real_symbols[kRealSymbolSlots];
+
 namespace {
 
 struct OpName {
@@ -60,10 +63,6 @@ constexpr OpName kNames[] = {
     {kFalconOpMemFree, "ncclMemFree"},
 };
 
-constexpr int kSlots = 64;
-static_assert(kFalconOpMemFree < kSlots, "one slot per NCCL function");
-
-std::atomic<void*> g_slots[kSlots];
 char g_fallback_library[256];
 
 void* LookupIn(void* handle, const char* name) {
@@ -97,11 +96,6 @@ const char* NcclFunctionName(FalconOp op) {
 
 void SetFallbackLibrary(const char* path) {
   std::snprintf(g_fallback_library, sizeof(g_fallback_library), "%s", path);
-}
-
-std::atomic<void*>* RealSymbolSlot(FalconOp op) {
-  int i = static_cast<int>(op);
-  return &g_slots[(i >= 0 && i < kSlots) ? i : 0];
 }
 
 void* ResolveRealSymbol(FalconOp op, std::atomic<void*>* slot) {

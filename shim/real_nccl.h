@@ -26,14 +26,17 @@ void* ResolveRealSymbol(FalconOp op, std::atomic<void*>* slot);
 // Library to search when RTLD_NEXT finds nothing (from FALCON_NCCL_LIBRARY); may be empty.
 void SetFallbackLibrary(const char* path);
 
-std::atomic<void*>* RealSymbolSlot(FalconOp op);
+// One cached pointer per FalconOp that is an NCCL function (index = op).
+inline constexpr int kRealSymbolSlots = 64;
+extern std::atomic<void*> g_real_symbols[kRealSymbolSlots];
 
 // Marker stored in a slot when resolution failed, so failures are not retried on every call.
 inline void* const kUnresolved = reinterpret_cast<void*>(uintptr_t{1});
 
 template <typename Fn>
 inline Fn RealSymbol(FalconOp op) {
-  std::atomic<void*>* slot = RealSymbolSlot(op);
+  static_assert(kFalconOpMemFree < kRealSymbolSlots, "one slot per NCCL function");
+  std::atomic<void*>* slot = &g_real_symbols[static_cast<int>(op) & (kRealSymbolSlots - 1)];
   void* p = slot->load(std::memory_order_acquire);
   if (p == nullptr) p = ResolveRealSymbol(op, slot);
   if (p == nullptr || p == kUnresolved) return nullptr;

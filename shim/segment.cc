@@ -55,30 +55,19 @@ void ReadExeName(char* out, size_t cap) {
 
 }  // namespace
 
-int64_t MonoNowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
-int64_t RealNowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
-SegmentLayout ComputeLayout(uint32_t comm_capacity, uint32_t thread_capacity, uint64_t ring_records) {
+SegmentLayout ComputeLayout(const ShimConfig& c) {
   SegmentLayout l{};
   l.control_offset = AlignUp(sizeof(FalconShmHeader));
   l.comm_offset = AlignUp(l.control_offset + sizeof(FalconControl));
-  l.thread_offset = AlignUp(l.comm_offset + uint64_t{comm_capacity} * sizeof(FalconCommEntry));
-  l.ring_offset = AlignUp(l.thread_offset + uint64_t{thread_capacity} * sizeof(FalconThreadSlot));
-  l.size = AlignUp(l.ring_offset + ring_records * sizeof(FalconRecord));
+  l.thread_offset = AlignUp(l.comm_offset + uint64_t{c.comm_capacity} * sizeof(FalconCommEntry));
+  l.lane_offset = AlignUp(l.thread_offset + uint64_t{c.thread_capacity} * sizeof(FalconThreadSlot));
+  l.ring_offset = AlignUp(l.lane_offset + uint64_t{c.lanes} * sizeof(FalconLane));
+  l.size = AlignUp(l.ring_offset + uint64_t{c.lanes} * c.ring_records * sizeof(FalconRecord));
   return l;
 }
 
 bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
-  const SegmentLayout layout = ComputeLayout(config.comm_capacity, config.thread_capacity, config.ring_records);
+  const SegmentLayout layout = ComputeLayout(config);
   std::snprintf(path_, sizeof(path_), "%s/%s%u.%d", config.shm_dir, FALCON_SHM_PREFIX,
                 static_cast<unsigned>(getuid()), static_cast<int>(getpid()));
   int fd = open(path_, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -103,7 +92,8 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
     Unlink();
     return false;
   }
-  void* base = mmap(nullptr, layout.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: take the page faults now, not on the first lap of the ring.
+  void* base = mmap(nullptr, layout.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
     std::snprintf(error, error_len, "cannot map %s: %s", path_, std::strerror(errno));
@@ -115,7 +105,13 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   control_ = reinterpret_cast<FalconControl*>(bytes + layout.control_offset);
   comms_ = reinterpret_cast<FalconCommEntry*>(bytes + layout.comm_offset);
   threads_ = reinterpret_cast<FalconThreadSlot*>(bytes + layout.thread_offset);
+  lanes_ = reinterpret_cast<FalconLane*>(bytes + layout.lane_offset);
   ring_ = reinterpret_cast<FalconRecord*>(bytes + layout.ring_offset);
+  lane_capacity_ = config.ring_records;
+  for (uint32_t i = 0; i < config.lanes; ++i) {
+    lanes_[i].owner_thread = 0xFFFFFFFFu;
+    lanes_[i].shared = i + 1 == config.lanes ? 1 : 0;
+  }
 
   FalconShmHeader* h = header_;  // fresh file: already zero-filled
   h->abi_version = FALCON_SHM_ABI_VERSION;
@@ -126,10 +122,13 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   h->record_size = sizeof(FalconRecord);
   h->comm_capacity = config.comm_capacity;
   h->thread_capacity = config.thread_capacity;
-  h->ring_capacity = config.ring_records;
+  h->lane_count = config.lanes;
+  h->lane_size = sizeof(FalconLane);
+  h->lane_capacity = config.ring_records;
   h->control_offset = layout.control_offset;
   h->comm_offset = layout.comm_offset;
   h->thread_offset = layout.thread_offset;
+  h->lane_offset = layout.lane_offset;
   h->ring_offset = layout.ring_offset;
   h->segment_size = layout.size;
   h->pid = static_cast<int32_t>(getpid());

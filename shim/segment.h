@@ -9,11 +9,14 @@
 // Unlink() only removes the name.
 #pragma once
 
+#include <time.h>
+
 #include <cstddef>
 #include <cstdint>
 
 #include "falcon/shm_abi.h"
 #include "shim/config.h"
+#include "shim/fast_clock.h"
 
 namespace falcon::shim {
 
@@ -21,12 +24,13 @@ struct SegmentLayout {
   uint64_t control_offset;
   uint64_t comm_offset;
   uint64_t thread_offset;
+  uint64_t lane_offset;
   uint64_t ring_offset;
   uint64_t size;
 };
 
 // Computes offsets (each 64-byte aligned) for the given capacities.
-SegmentLayout ComputeLayout(uint32_t comm_capacity, uint32_t thread_capacity, uint64_t ring_records);
+SegmentLayout ComputeLayout(const ShimConfig& config);
 
 class Segment {
  public:
@@ -40,7 +44,9 @@ class Segment {
   FalconControl* control() const { return control_; }
   FalconCommEntry* comms() const { return comms_; }
   FalconThreadSlot* threads() const { return threads_; }
-  FalconRecord* ring() const { return ring_; }
+  FalconLane* lanes() const { return lanes_; }
+  // First record slot of lane `lane`.
+  FalconRecord* lane_ring(uint32_t lane) const { return ring_ + uint64_t{lane} * lane_capacity_; }
   const char* path() const { return path_; }
 
  private:
@@ -48,13 +54,19 @@ class Segment {
   FalconControl* control_ = nullptr;
   FalconCommEntry* comms_ = nullptr;
   FalconThreadSlot* threads_ = nullptr;
+  FalconLane* lanes_ = nullptr;
   FalconRecord* ring_ = nullptr;
+  uint64_t lane_capacity_ = 0;
   char path_[320] = {};
   bool linked_ = false;
 };
 
-// CLOCK_MONOTONIC / CLOCK_REALTIME in nanoseconds.
-int64_t MonoNowNs();
-int64_t RealNowNs();
+// CLOCK_MONOTONIC / CLOCK_REALTIME in nanoseconds (vDSO: no syscall).
+inline int64_t MonoNowNs() { return SystemMonoNs(); }
+inline int64_t RealNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
 
 }  // namespace falcon::shim

@@ -1,4 +1,5 @@
-// Tracer: lazy initialisation, per-call recording, fork and exit handling. See tracer.h.
+// Tracer: lazy initialisation, the out-of-line recording paths, thread binding, fork and exit
+// handling. The inline hot path is in tracer.h.
 #include "shim/tracer.h"
 
 #include <pthread.h>
@@ -21,10 +22,27 @@ namespace {
 // initial-exec: the shim is preloaded, so its TLS sits in the static block (no __tls_get_addr).
 __attribute__((tls_model("initial-exec"))) thread_local ThreadState t_thread;
 
+// Returns this thread's thread slot and lane to the pool when the thread exits, so that
+// threads that come and go do not exhaust the tables.
+struct ThreadExitRelease {
+  ~ThreadExitRelease() { g_tracer.ReleaseThreadSlot(t_thread); }
+};
+__attribute__((tls_model("initial-exec"))) thread_local ThreadExitRelease t_release;
+
 void ForkChildHandler() { g_tracer.OnForkChild(); }
 
 __attribute__((destructor)) void ShimDestructor() {
   if (g_init_state.load(std::memory_order_acquire) == Tracer::kReady) g_tracer.OnExit();
+}
+
+bool ClockAllowsTsc() {
+  const char* v = std::getenv("FALCON_CLOCK");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "tsc") == 0) return true;
+  if (std::strcmp(v, "system") != 0) {
+    Log(LogLevel::kWarn, "ignoring FALCON_CLOCK=\"%.32s\": expected auto, tsc or system; using auto", v);
+    return true;
+  }
+  return false;
 }
 }  // namespace
 
@@ -52,6 +70,7 @@ Tracer* Tracer::InitSlow() {
     return nullptr;
   }
   t.comms_.Attach(t.segment_.header(), t.segment_.comms(), t.config_.comm_capacity);
+  t.clock_.Init(ClockAllowsTsc());
   t.mode_.store(static_cast<uint32_t>(t.config_.mode), std::memory_order_relaxed);
   t.sample_every_.store(t.config_.sample_every, std::memory_order_relaxed);
   if (t.gpu_.Init()) t.segment_.control()->timing_source = kFalconTimingCudaEvents;
@@ -60,7 +79,8 @@ Tracer* Tracer::InitSlow() {
     LogOnce(OnceKey::kServiceThread, LogLevel::kWarn,
             "cannot start the service thread: no heartbeat, mode changes or GPU timing");
   }
-  Log(LogLevel::kInfo, "recording NCCL calls to %s", t.segment_.path());
+  Log(LogLevel::kInfo, "recording NCCL calls to %s (clock: %s)", t.segment_.path(),
+      t.clock_.source() == FastClock::Source::kTsc ? "tsc" : "system");
   g_init_state.store(kReady, std::memory_order_release);
   return &t;
 }
@@ -73,8 +93,8 @@ void Tracer::OnExit() {
 }
 
 void Tracer::OnForkChild() {
-  // The child is a new process: it must not write into the parent's segment. Drop the mapping's
-  // use (leave it mapped; it is the parent's) and initialise afresh on the child's first call.
+  // The child is a new process: it must not write into the parent's segment. Leave the mapping
+  // (it is the parent's) and initialise afresh on the child's first call.
   g_init_state.store(kUninit, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_relaxed);
   comms_.Reset();
@@ -83,25 +103,68 @@ void Tracer::OnForkChild() {
   ResetLogOnce();
 }
 
-void Tracer::CountInternalError() {
-  std::atomic_ref<uint64_t>(segment_.header()->internal_errors).fetch_add(1, std::memory_order_relaxed);
-}
-
-void Tracer::AcquireThreadSlot(ThreadState& ts) {
+void Tracer::BindThread(ThreadState& ts) {
   ts.generation = generation();
   ts.slot = nullptr;
   ts.slot_index = 0xFFFF;
-  FalconShmHeader* h = segment_.header();
-  uint32_t i = std::atomic_ref<uint32_t>(h->thread_used).fetch_add(1, std::memory_order_relaxed);
-  if (i >= config_.thread_capacity) {
-    LogOnce(OnceKey::kThreadTableFull, LogLevel::kInfo,
-            "more than %u threads call NCCL; later threads are recorded without in-flight state",
-            config_.thread_capacity);
-    return;
+  ts.cached_comm = nullptr;
+  ts.cached_slot = FALCON_NO_COMM;
+  (void)&t_release;  // odr-use: registers the exit hook for this thread
+  const uint64_t tid = static_cast<uint64_t>(syscall(SYS_gettid));  // once per thread
+  FalconThreadSlot* slots = segment_.threads();
+  for (uint32_t i = 0; i < config_.thread_capacity; ++i) {
+    uint64_t free_tid = 0;
+    if (std::atomic_ref<uint64_t>(slots[i].tid).compare_exchange_strong(free_tid, tid, std::memory_order_acq_rel)) {
+      ts.slot = &slots[i];
+      ts.slot_index = static_cast<uint16_t>(i);
+      std::atomic_ref<uint32_t> used(segment_.header()->thread_used);
+      uint32_t seen = used.load(std::memory_order_relaxed);
+      while (seen < i + 1 && !used.compare_exchange_weak(seen, i + 1, std::memory_order_relaxed)) {
+      }
+      break;
+    }
   }
-  ts.slot = &segment_.threads()[i];
-  ts.slot_index = static_cast<uint16_t>(i);
-  ts.slot->tid = static_cast<uint64_t>(syscall(SYS_gettid));  // once per thread, off the hot path
+  if (ts.slot == nullptr) {
+    LogOnce(OnceKey::kThreadTableFull, LogLevel::kInfo,
+            "more than %u threads call NCCL at once; later threads are recorded without in-flight state",
+            config_.thread_capacity);
+  }
+  // The first lanes-1 concurrent threads each own a lane; the rest share the last one.
+  uint32_t lane = SharedLane();
+  const uint32_t owner = ts.slot != nullptr ? ts.slot_index : 0xFFFEu;
+  for (uint32_t l = 0; l < SharedLane(); ++l) {
+    uint32_t free_owner = 0xFFFFFFFFu;
+    if (std::atomic_ref<uint32_t>(segment_.lanes()[l].owner_thread)
+            .compare_exchange_strong(free_owner, owner, std::memory_order_acq_rel)) {
+      lane = l;
+      break;
+    }
+  }
+  ts.lane_index = static_cast<uint8_t>(lane);
+  ts.lane = &segment_.lanes()[lane];
+  ts.ring = segment_.lane_ring(lane);
+  ts.lane_shared = lane == SharedLane();
+}
+
+void Tracer::ReleaseThreadSlot(ThreadState& ts) {
+  if (g_init_state.load(std::memory_order_acquire) != kReady || ts.generation != generation()) return;
+  if (!ts.lane_shared) {
+    std::atomic_ref<uint32_t>(ts.lane->owner_thread).store(0xFFFFFFFFu, std::memory_order_release);
+  }
+  if (ts.slot != nullptr) {
+    std::atomic_ref<uint64_t>(ts.slot->inflight_seq).store(0, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(ts.slot->tid).store(0, std::memory_order_release);
+  }
+  ts.generation = 0;
+  ts.slot = nullptr;
+}
+
+uint32_t Tracer::SlotOf(const void* comm, ThreadState& ts) {
+  uint32_t slot = comms_.Lookup(comm);
+  if (slot == CommRegistry::kNotMapped) slot = RegisterUnknownComm(comm);
+  ts.cached_comm = comm;
+  ts.cached_slot = slot;
+  return slot;
 }
 
 uint32_t Tracer::RegisterUnknownComm(const void* comm) {
@@ -113,111 +176,101 @@ uint32_t Tracer::RegisterUnknownComm(const void* comm) {
   return comms_.Register(comm, id);
 }
 
-// HOT PATH BEGIN (Begin, End, Publish): no lock, no allocation, no syscall, no getenv, no log.
-CallToken Tracer::Begin(const CallDesc& d, ThreadState& ts) {
-  CallToken t;
-  t.t0 = MonoNowNs();
-  if (ts.generation != generation()) AcquireThreadSlot(ts);  // first call of this thread
-  if (d.comm != nullptr) {
-    t.comm_slot = comms_.Lookup(d.comm);
-    if (t.comm_slot == CommRegistry::kNotMapped) t.comm_slot = RegisterUnknownComm(d.comm);  // once
-    if (t.comm_slot != FALCON_NO_COMM) t.comm_seq = comms_.NextCallSeq(t.comm_slot);
-  }
-  t.group_depth = static_cast<uint8_t>(ts.group_depth > 255 ? 255 : ts.group_depth);
-  t.flags = d.flags;
-  if (ts.group_depth > 0) t.flags |= kFalconFlagInGroup;
-  const uint32_t mode = mode_.load(std::memory_order_relaxed);
-  if (mode == kFalconModeProfile) {
-    t.host_end = true;
-  } else if (mode == kFalconModeSample) {
-    uint32_t every = sample_every_.load(std::memory_order_relaxed);
-    t.host_end = (ts.sample_counter++ % (every == 0 ? 1 : every)) == 0;
-  }
-  if (t.host_end && d.gpu_work && gpu_.available()) {
-    bool capturing = false;
-    t.gpu_ticket = gpu_.Start(d.stream, &capturing);
-    if (capturing) t.flags |= kFalconFlagGraphCapture;
-  }
-  if (ts.slot != nullptr) {
-    FalconThreadSlot* s = ts.slot;
-    std::atomic_ref<int64_t>(s->inflight_since_mono_ns).store(t.t0, std::memory_order_relaxed);
-    std::atomic_ref<uint32_t>(s->inflight_comm_slot).store(t.comm_slot, std::memory_order_relaxed);
-    std::atomic_ref<uint16_t>(s->inflight_op).store(static_cast<uint16_t>(d.op), std::memory_order_relaxed);
-    std::atomic_ref<uint64_t>(s->inflight_seq).store(t.comm_seq + 1, std::memory_order_release);
-  }
-  return t;
+GpuTicket Tracer::GpuBegin(const CallDesc& d, const ThreadState& ts) {
+  GpuTicket g;
+  // Events bracket work enqueued outside a group; inside one, NCCL launches at GroupEnd.
+  if (d.gpu_work && ts.group_depth == 0 && gpu_.available()) g.ticket = gpu_.Start(d.stream, &g.capturing);
+  return g;
 }
 
-void Tracer::End(const CallToken& t, const CallDesc& d, const CallOutcome& out, int result, ThreadState& ts) {
+void Tracer::Record(const CallDesc& d, const CallOutcome& out, ThreadState& ts, int64_t t0, int64_t t1,
+                    uint64_t comm_seq, uint32_t comm_slot, int result, bool timed, GpuTicket gpu) {
   FalconRecord r;
   std::memset(&r, 0, sizeof(r));
-  r.comm_slot = out.comm_slot != FALCON_NO_COMM ? out.comm_slot : t.comm_slot;
-  r.comm_seq = t.comm_seq;
-  if (t.comm_slot == FALCON_NO_COMM && r.comm_slot != FALCON_NO_COMM) r.comm_seq = comms_.NextCallSeq(r.comm_slot);
-  r.count = out.count != ~uint64_t{0} ? out.count : d.count;
-  r.stream = reinterpret_cast<uintptr_t>(d.stream);
-  r.t_start_mono_ns = t.t0;
-  r.t_start_real_ns = t.t0 + std::atomic_ref<int64_t>(segment_.header()->real_minus_mono_ns).load(std::memory_order_relaxed);
-  r.ref_seq = out.ref;
+  r.comm_slot = out.comm_slot != FALCON_NO_COMM ? out.comm_slot : comm_slot;
+  if (comm_slot == FALCON_NO_COMM && r.comm_slot != FALCON_NO_COMM) comm_seq = comms_.NextCallSeq(r.comm_slot);
+  r.comm_seq = comm_seq;
+  r.count = d.count;
+  r.aux = out.aux != ~uint64_t{0} ? out.aux : reinterpret_cast<uintptr_t>(d.stream);
+  r.t_start_ns = t0;
   r.peer = out.peer >= -1 ? out.peer : d.peer;
-  r.redop = d.redop;
-  r.op = static_cast<uint16_t>(d.op);
-  r.dtype = static_cast<uint8_t>(d.dtype < 0 ? 0xFF : d.dtype);
-  r.group_depth = t.group_depth;
-  r.flags = t.flags;
-  r.thread_slot = ts.slot_index;
-  r.result = result;
-  if (t.host_end) {
-    r.t_end_mono_ns = MonoNowNs();
+  r.redop = static_cast<int16_t>(d.redop > 32767 ? 32767 : d.redop);
+  r.op = static_cast<uint8_t>(d.op);
+  r.dtype = static_cast<uint8_t>(d.dtype);
+  r.group_depth = static_cast<uint8_t>(ts.group_depth > 255 ? 255 : ts.group_depth);
+  r.flags = d.flags;
+  if (ts.group_depth > 0) r.flags |= kFalconFlagInGroup;
+  r.result = static_cast<uint8_t>(result);
+  if (timed) {
+    r.t_end_ns = t1;
     r.flags |= kFalconFlagHostEnd;
   }
-  if (t.gpu_ticket >= 0) {
-    if (result == 0) r.flags |= kFalconFlagGpuPending;
-    else gpu_.Cancel(t.gpu_ticket);
+  if (gpu.capturing) r.flags |= kFalconFlagGraphCapture;
+  int32_t ticket = gpu.ticket;
+  if (ticket >= 0 && result != 0) {
+    gpu_.Cancel(ticket);
+    ticket = -1;
   }
-  Publish(r);
-  if (t.gpu_ticket >= 0 && result == 0) gpu_.Stop(t.gpu_ticket, d.stream, r.seq);
-  if (ts.slot != nullptr) {
-    std::atomic_ref<uint64_t>(ts.slot->inflight_seq).store(0, std::memory_order_release);
-    std::atomic_ref<uint64_t>(ts.slot->calls).fetch_add(1, std::memory_order_relaxed);
+  if (ticket >= 0) r.flags |= kFalconFlagGpuPending;
+  Publish(r, ts.lane_index);
+  if (ticket >= 0) {
+    if (r.version == 0) gpu_.Cancel(ticket);  // the record was dropped: nothing to attach to
+    else gpu_.Stop(ticket, d.stream, r.version / 2 - 1, ts.lane_index);
   }
+  if (ts.slot != nullptr) std::atomic_ref<uint64_t>(ts.slot->inflight_seq).store(0, std::memory_order_release);
 }
 
-void Tracer::Publish(FalconRecord& r) {
-  FalconShmHeader* h = segment_.header();
-  const uint64_t cap = h->ring_capacity;
-  const uint64_t idx = std::atomic_ref<uint64_t>(h->ring_head).fetch_add(1, std::memory_order_relaxed);
-  r.seq = idx;
-  FalconRecord* slot = &segment_.ring()[idx & (cap - 1)];
-  std::atomic_ref<uint64_t> version(slot->version);
-  const uint64_t writing = 2 * idx + 1;
-  uint64_t cur = version.load(std::memory_order_relaxed);
-  // Claim the slot: it must hold an older, complete record (or nothing). A slower writer still
-  // inside it means we would tear its record: drop ours instead (contract 3 of shm_abi.h).
-  if ((cur & 1) != 0 || cur >= writing ||
-      !version.compare_exchange_strong(cur, writing, std::memory_order_relaxed)) {
-    std::atomic_ref<uint64_t>(h->records_dropped).fetch_add(1, std::memory_order_relaxed);
-    return;
+void Tracer::Publish(FalconRecord& r, uint32_t lane_index) {
+  FalconLane* lane = &segment_.lanes()[lane_index];
+  const uint64_t cap = config_.ring_records;
+  std::atomic_ref<uint64_t> head(lane->head);
+  FalconRecord* ring = segment_.lane_ring(lane_index);
+  const bool shared = lane_index == SharedLane();
+  uint64_t idx;
+  FalconRecord* slot;
+  if (!shared) {
+    idx = head.load(std::memory_order_relaxed);
+    head.store(idx + 1, std::memory_order_relaxed);
+    slot = &ring[idx & (cap - 1)];
+    std::atomic_ref<uint64_t>(slot->version).store(2 * idx + 1, std::memory_order_relaxed);
+  } else {
+    idx = head.fetch_add(1, std::memory_order_relaxed);
+    slot = &ring[idx & (cap - 1)];
+    std::atomic_ref<uint64_t> version(slot->version);
+    uint64_t cur = version.load(std::memory_order_relaxed);
+    // Claim the slot: it must hold an older, complete record (or nothing). A slower writer
+    // still inside it means we would tear its record: drop ours instead (contract 3).
+    if ((cur & 1) != 0 || cur >= 2 * idx + 1 ||
+        !version.compare_exchange_strong(cur, 2 * idx + 1, std::memory_order_relaxed)) {
+      std::atomic_ref<uint64_t>(lane->records_dropped).fetch_add(1, std::memory_order_relaxed);
+      r.version = 0;
+      return;
+    }
   }
   std::atomic_thread_fence(std::memory_order_release);
-  if (idx >= cap && idx - cap >= std::atomic_ref<uint64_t>(h->reader_cursor).load(std::memory_order_relaxed)) {
-    std::atomic_ref<uint64_t>(h->records_lost).fetch_add(1, std::memory_order_relaxed);
+  if (idx >= cap && idx - cap >= std::atomic_ref<uint64_t>(lane->reader_cursor).load(std::memory_order_relaxed)) {
+    std::atomic_ref<uint64_t> lost(lane->records_lost);
+    if (shared) lost.fetch_add(1, std::memory_order_relaxed);
+    else lost.store(lost.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
+  r.version = 2 * idx + 2;
+  r.lane = static_cast<uint8_t>(lane_index);
   // Word-wise relaxed atomic stores: a concurrent reader may copy the slot (seqlock).
   const auto* src = reinterpret_cast<const uint64_t*>(&r);
   auto* dst = reinterpret_cast<uint64_t*>(slot);
   for (size_t w = 1; w < sizeof(FalconRecord) / sizeof(uint64_t); ++w) {
     std::atomic_ref<uint64_t>(dst[w]).store(src[w], std::memory_order_relaxed);
   }
-  version.store(writing + 1, std::memory_order_release);
+  std::atomic_ref<uint64_t>(slot->version).store(2 * idx + 2, std::memory_order_release);
 }
-// HOT PATH END
 
 void Tracer::ServiceTick() {
   FalconShmHeader* h = segment_.header();
   FalconControl* c = segment_.control();
-  std::atomic_ref<int64_t>(h->real_minus_mono_ns).store(RealNowNs() - MonoNowNs(), std::memory_order_relaxed);
-  std::atomic_ref<int64_t>(c->heartbeat_mono_ns).store(MonoNowNs(), std::memory_order_relaxed);
+  clock_.Calibrate();
+  const int64_t mono = SystemMonoNs();
+  std::atomic_ref<int64_t>(h->real_minus_mono_ns).store(RealNowNs() - mono, std::memory_order_relaxed);
+  std::atomic_ref<int64_t>(c->heartbeat_mono_ns).store(mono, std::memory_order_relaxed);
   std::atomic_ref<int64_t>(c->heartbeat_real_ns).store(RealNowNs(), std::memory_order_relaxed);
   const uint64_t cmd = std::atomic_ref<uint64_t>(c->command_seq).load(std::memory_order_acquire);
   if (cmd != applied_command_) {

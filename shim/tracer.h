@@ -1,17 +1,19 @@
 // The shim's one process-wide state object and the interception hot path.
 //
-// Tracer owns the segment, the communicator registry and the GPU timer. It is a process-wide
-// singleton (the one mutable global STYLE.md allows the shim), initialised lazily by the first
-// NCCL call of the process and reset in a fork child. Every exported NCCL function runs
-// Intercept(), which forwards to the real NCCL and, around it, records one FalconRecord.
+// Tracer owns the segment, the communicator registry, the clock and the GPU timer. It is a
+// process-wide singleton (the one mutable global STYLE.md allows the shim), initialised lazily
+// by the first NCCL call of the process and reset in a fork child. Every exported NCCL function
+// runs Intercept(), which forwards to the real NCCL and, around it, records one FalconRecord
+// into the calling thread's lane.
 //
 // Invariants:
 //  1. Initialisation is a CAS from kUninit to kIniting by exactly one thread; callers that see
-//     kIniting, kPassThrough or kUninit-after-failure forward without recording — nobody waits.
+//     kIniting or kPassThrough forward without recording — nobody waits.
 //  2. A thread-local depth counter makes calls that NCCL makes into its own public API (e.g.
 //     ncclBcast → ncclBroadcast) forward without recording: every user call is recorded once.
-//  3. Between the HOT PATH banners: no lock, no allocation, no syscall (clock_gettime is vDSO),
-//     no getenv, no logging, no exceptions.
+//  3. Between the HOT PATH banners: no lock, no locked instruction on an exclusive lane, no
+//     allocation, no syscall, no getenv, no logging, no exceptions. First-call-per-thread and
+//     first-call-per-communicator work happens out of line.
 //  4. The result of the real call is returned unchanged; the shim never alters user data.
 #pragma once
 
@@ -22,6 +24,7 @@
 #include "falcon/shm_abi.h"
 #include "shim/comm_registry.h"
 #include "shim/config.h"
+#include "shim/fast_clock.h"
 #include "shim/gpu_timer.h"
 #include "shim/segment.h"
 
@@ -36,35 +39,36 @@ struct CallDesc {
   int32_t redop = -1;
   int32_t peer = -1;
   void* stream = nullptr;
-  uint16_t flags = 0;
-  bool gpu_work = false;       // the call enqueues GPU work worth timing with events
+  uint8_t flags = 0;
+  bool gpu_work = false;  // the call enqueues GPU work worth timing with events
 };
 
 // Filled by the wrapper's post-call hook for calls that create communicators.
 struct CallOutcome {
   uint32_t comm_slot = FALCON_NO_COMM;  // overrides the slot found at entry, if set
-  uint64_t ref = ~uint64_t{0};          // FalconRecord::ref_seq
+  uint64_t aux = ~uint64_t{0};          // overrides FalconRecord::aux if set
   int32_t peer = -2;                    // overrides CallDesc::peer if >= -1
-  uint64_t count = ~uint64_t{0};        // overrides CallDesc::count if set
 };
 
-struct CallToken {
-  int64_t t0 = 0;
-  uint64_t comm_seq = ~uint64_t{0};
-  uint32_t comm_slot = FALCON_NO_COMM;
-  int32_t gpu_ticket = -1;
-  uint16_t flags = 0;
-  uint8_t group_depth = 0;
-  bool host_end = false;
+// GPU events started for a timed call (see GpuTimer).
+struct GpuTicket {
+  int32_t ticket = -1;
+  bool capturing = false;
 };
 
 struct ThreadState {
   uint32_t depth = 0;          // re-entrancy guard
   uint32_t group_depth = 0;    // ncclGroupStart nesting
-  uint32_t generation = 0;     // Tracer generation `slot` belongs to
+  uint32_t generation = 0;     // Tracer generation the fields below belong to
   uint32_t sample_counter = 0;
+  FalconThreadSlot* slot = nullptr;  // in-flight state, may be null (table full)
+  FalconLane* lane = nullptr;
+  FalconRecord* ring = nullptr;      // the lane's first record
   uint16_t slot_index = 0xFFFF;
-  FalconThreadSlot* slot = nullptr;
+  uint8_t lane_index = 0;
+  bool lane_shared = true;
+  const void* cached_comm = nullptr;  // one-entry communicator lookup cache
+  uint32_t cached_slot = FALCON_NO_COMM;
 };
 
 ThreadState& CurrentThread();
@@ -76,20 +80,33 @@ class Tracer {
   // The tracer if recording is possible now, else nullptr (see invariant 1).
   static Tracer* Active();
 
-  CallToken Begin(const CallDesc& d, ThreadState& ts);
-  void End(const CallToken& t, const CallDesc& d, const CallOutcome& out, int result, ThreadState& ts);
+  // Records a call that ran from t0 to t1 (t1 = 0: not measured). Out of line: the shared lane,
+  // GPU timing and every first-time case go through here too.
+  void Record(const CallDesc& d, const CallOutcome& out, ThreadState& ts, int64_t t0, int64_t t1,
+              uint64_t comm_seq, uint32_t comm_slot, int result, bool timed, GpuTicket gpu);
+  // Timed calls: records the GPU start event before the call is forwarded (if there is a GPU).
+  GpuTicket GpuBegin(const CallDesc& d, const ThreadState& ts);
 
-  // Publishes one record into the ring (seq and version are assigned here). Thread-safe.
-  void Publish(FalconRecord& r);
+  // Publishes one record into lane `lane` (version and lane are set here). REQUIRES: an
+  // exclusive lane is written only by the thread that owns it.
+  void Publish(FalconRecord& r, uint32_t lane);
+  uint32_t SharedLane() const { return config_.lanes - 1; }
+
+  // Slow paths of the hot path.
+  void BindThread(ThreadState& ts);  // first call of a thread (or after fork)
+  uint32_t SlotOf(const void* comm, ThreadState& ts);  // lookup with a one-entry cache
+  void ReleaseThreadSlot(ThreadState& ts);  // thread exit; safe in any state
 
   CommRegistry& comms() { return comms_; }
   Segment& segment() { return segment_; }
   GpuTimer& gpu() { return gpu_; }
+  const FastClock& clock() const { return clock_; }
   const ShimConfig& config() const { return config_; }
   uint32_t mode() const { return mode_.load(std::memory_order_relaxed); }
+  uint32_t sample_every() const { return sample_every_.load(std::memory_order_relaxed); }
   uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
-  // Service-thread entry points (service_thread.cc).
+  // Service-thread entry point (service_thread.cc).
   void ServiceTick();
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
 
@@ -99,14 +116,13 @@ class Tracer {
   void OnForkChild();
 
  private:
-  void AcquireThreadSlot(ThreadState& ts);
   uint32_t RegisterUnknownComm(const void* comm);
-  void CountInternalError();
 
   ShimConfig config_;
   Segment segment_;
   CommRegistry comms_;
   GpuTimer gpu_;
+  FastClock clock_;
   std::atomic<uint32_t> mode_{kFalconModeTrack};
   std::atomic<uint32_t> sample_every_{100};
   std::atomic<uint32_t> generation_{1};
@@ -144,22 +160,90 @@ inline void TrackGroupDepth(FalconOp op, int result, ThreadState& ts) {
 // result; `after(result, outcome)` runs after it, inside the guard, only when recording.
 template <typename Forward, typename After>
 inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> decltype(forward()) {
-  // HOT PATH BEGIN: no lock, no allocation, no syscall, no getenv, no logging.
+  // HOT PATH BEGIN: see invariant 3.
   ThreadState& ts = CurrentThread();
   if (ts.depth != 0) return forward();  // NCCL calling its own API: already recorded
   ts.depth = 1;
   Tracer* tracer = Tracer::Active();
-  if (tracer == nullptr || tracer->mode() == kFalconModeOff) {
+  const uint32_t mode = tracer != nullptr ? tracer->mode() : static_cast<uint32_t>(kFalconModeOff);
+  if (mode == kFalconModeOff) {
     auto r = forward();
     TrackGroupDepth(d.op, ResultCode(r), ts);
     ts.depth = 0;
     return r;
   }
-  CallToken token = tracer->Begin(d, ts);
+  if (__builtin_expect(ts.generation != tracer->generation(), 0)) tracer->BindThread(ts);
+  const int64_t t0 = tracer->clock().Now();
+  uint32_t comm_slot = FALCON_NO_COMM;
+  uint64_t comm_seq = ~uint64_t{0};
+  if (d.comm != nullptr) {
+    comm_slot = d.comm == ts.cached_comm ? ts.cached_slot : tracer->SlotOf(d.comm, ts);
+    if (comm_slot != FALCON_NO_COMM) comm_seq = tracer->comms().NextCallSeq(comm_slot);
+  }
+  if (FalconThreadSlot* s = ts.slot) {  // in-flight state, for hang diagnosis
+    std::atomic_ref<int64_t>(s->inflight_since_mono_ns).store(t0, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(s->inflight_comm_slot).store(comm_slot, std::memory_order_relaxed);
+    std::atomic_ref<uint16_t>(s->inflight_op).store(static_cast<uint16_t>(d.op), std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(s->inflight_seq).store(comm_seq + 1, std::memory_order_release);
+  }
+  const bool timed = mode == kFalconModeProfile ||
+                     (mode == kFalconModeSample && ts.sample_counter++ % tracer->sample_every() == 0);
+  if (__builtin_expect(timed || ts.lane_shared, 0)) {
+    // Profile/sample mode and threads on the shared lane take the out-of-line path.
+    const GpuTicket gpu = timed ? tracer->GpuBegin(d, ts) : GpuTicket{};
+    auto r = forward();
+    CallOutcome out;
+    after(r, out);
+    const int64_t t1 = timed ? tracer->clock().Now() : 0;
+    tracer->Record(d, out, ts, t0, t1, comm_seq, comm_slot, ResultCode(r), timed, gpu);
+    TrackGroupDepth(d.op, ResultCode(r), ts);
+    ts.depth = 0;
+    return r;
+  }
   auto r = forward();
   CallOutcome out;
   after(r, out);
-  tracer->End(token, d, out, ResultCode(r), ts);
+  // Exclusive lane (shm_abi.h contract 3): one writer, plain atomic stores, one cache line.
+  FalconLane* lane = ts.lane;
+  std::atomic_ref<uint64_t> head(lane->head);
+  const uint64_t idx = head.load(std::memory_order_relaxed);
+  head.store(idx + 1, std::memory_order_relaxed);
+  const uint64_t cap = tracer->config().ring_records;
+  FalconRecord* rec = &ts.ring[idx & (cap - 1)];
+  std::atomic_ref<uint64_t> version(rec->version);
+  version.store(2 * idx + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  if (__builtin_expect(idx >= cap, 1) &&
+      idx - cap >= std::atomic_ref<uint64_t>(lane->reader_cursor).load(std::memory_order_relaxed)) {
+    std::atomic_ref<uint64_t> lost(lane->records_lost);
+    lost.store(lost.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  uint32_t slot_out = comm_slot;
+  if (__builtin_expect(out.comm_slot != FALCON_NO_COMM, 0)) {  // the call created a communicator
+    slot_out = out.comm_slot;
+    if (comm_slot == FALCON_NO_COMM) comm_seq = tracer->comms().NextCallSeq(slot_out);
+  }
+  const int32_t peer = out.peer >= -1 ? out.peer : d.peer;
+  const int32_t redop = d.redop > 32767 ? 32767 : d.redop;
+  uint8_t flags = d.flags;
+  if (ts.group_depth > 0) flags |= kFalconFlagInGroup;
+  const uint64_t w6 = uint64_t{slot_out} | (uint64_t{static_cast<uint32_t>(peer)} << 32);
+  const uint64_t w7 = uint64_t{static_cast<uint16_t>(static_cast<int16_t>(redop))} |
+                      (uint64_t{static_cast<uint8_t>(d.op)} << 16) | (uint64_t{static_cast<uint8_t>(d.dtype)} << 24) |
+                      (uint64_t{static_cast<uint8_t>(ts.group_depth > 255 ? 255 : ts.group_depth)} << 32) |
+                      (uint64_t{flags} << 40) | (uint64_t{static_cast<uint8_t>(ResultCode(r))} << 48) |
+                      (uint64_t{ts.lane_index} << 56);
+  auto* w = reinterpret_cast<uint64_t*>(rec);
+  std::atomic_ref<uint64_t>(w[1]).store(comm_seq, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w[2]).store(d.count, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w[3]).store(out.aux != ~uint64_t{0} ? out.aux : reinterpret_cast<uintptr_t>(d.stream),
+                                        std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w[4]).store(static_cast<uint64_t>(t0), std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w[5]).store(0, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w[6]).store(w6, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w[7]).store(w7, std::memory_order_relaxed);
+  version.store(2 * idx + 2, std::memory_order_release);
+  if (FalconThreadSlot* s = ts.slot) std::atomic_ref<uint64_t>(s->inflight_seq).store(0, std::memory_order_release);
   TrackGroupDepth(d.op, ResultCode(r), ts);
   ts.depth = 0;
   return r;

@@ -97,7 +97,7 @@ inline void RegisterChild(ncclResult_t r, ncclComm_t parent, ncclComm_t* child, 
   if (parent_slot == CommRegistry::kNotMapped) parent_slot = FALCON_NO_COMM;
   const uint32_t index = reg.NextChildIndex(parent_slot);
   out.peer = color;
-  out.ref = FALCON_NO_COMM;
+  out.aux = FALCON_NO_COMM;
   if (!Created(r, child)) return;
   struct {
     uint64_t parent;
@@ -117,7 +117,7 @@ inline void RegisterChild(ncclResult_t r, ncclComm_t parent, ncclComm_t* child, 
   if (count != nullptr && count(*child, &ident.nranks) != ncclSuccess) ident.nranks = -1;
   ident.device = QueryDevice(*child);
   ident.name = ConfigName(config);
-  out.ref = reg.Register(*child, ident);
+  out.aux = reg.Register(*child, ident);
 }
 
 }  // namespace wrappers

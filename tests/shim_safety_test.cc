@@ -129,7 +129,7 @@ TEST(ShimSafetyTest, FullTablesDegradeToLessDetail) {
   ASSERT_TRUE(seg.ok());
   EXPECT_EQ(seg.value().header().comm_overflow, 24u - 16u);
   EXPECT_EQ(seg.value().Comms().size(), 16u);
-  EXPECT_EQ(seg.value().Threads().size(), 4u);
+  EXPECT_LE(seg.value().Threads().size(), 4u) << "thread slots are reused, never beyond capacity";
   unsigned long long calls = 0;
   ASSERT_EQ(std::sscanf(traced.out.c_str(), "calls %llu", &calls), 1);
   EXPECT_EQ(seg.value().head(), calls) << "calls on unrecorded communicators are still logged";
@@ -161,12 +161,12 @@ TEST(ShimSafetyTest, AgentCommandsApplyAndNonsenseIsIgnored) {
   { std::ofstream(gate) << "go"; }
   EXPECT_EQ(testing::WaitFor(pid, 60), 0);
   std::vector<FalconRecord> recs;
-  uint64_t cursor = 0;
+  daemon::ReadCursor cursor;
   seg.Read(&cursor, ~size_t{0}, SegmentReader::ReadMode::kFinal, &recs);
   ASSERT_GT(recs.size(), switch_at + 10);
   EXPECT_FALSE(recs.front().flags & kFalconFlagHostEnd) << "track mode records no end time";
   EXPECT_TRUE(recs.back().flags & kFalconFlagHostEnd) << "profile mode (host timing here) records the end time";
-  EXPECT_GE(recs.back().t_end_mono_ns, recs.back().t_start_mono_ns);
+  EXPECT_GE(recs.back().t_end_ns, recs.back().t_start_ns);
 }
 
 TEST(ShimSafetyTest, ReaderRejectsForeignOrDamagedSegments) {
@@ -195,7 +195,10 @@ TEST(ShimSafetyTest, ReaderRejectsForeignOrDamagedSegments) {
   h.thread_slot_size = sizeof(FalconThreadSlot);
   h.record_size = sizeof(FalconRecord);
   h.segment_size = 1 << 16;
-  h.ring_capacity = 1 << 20;  // far larger than the file
+  h.lane_size = sizeof(FalconLane);
+  h.lane_count = 4;
+  h.lane_capacity = 1 << 20;  // far larger than the file
+  h.lane_offset = 2048;
   h.ring_offset = 4096;
   h.control_offset = 640;
   h.comm_offset = 1472;

@@ -43,8 +43,8 @@ void PrintPreamble(const SegmentReader& seg, const daemon::CommTable& comms) {
               h.abi_version);
   std::printf("# segment %s  pid %d  exe %s  host %s  job %s  rank_hint %d  state %s\n", seg.path().c_str(), h.pid,
               h.exe, h.host, h.job[0] ? h.job : "-", h.rank_hint, seg.exited() ? "exited" : "running");
-  std::printf("# ring %llu records, head %llu, lost %llu, dropped %llu\n",
-              static_cast<unsigned long long>(h.ring_capacity), static_cast<unsigned long long>(seg.head()),
+  std::printf("# %u lanes x %llu records, %llu written, lost %llu, dropped %llu\n", h.lane_count,
+              static_cast<unsigned long long>(h.lane_capacity), static_cast<unsigned long long>(seg.head()),
               static_cast<unsigned long long>(seg.records_lost()), static_cast<unsigned long long>(seg.records_dropped()));
   for (const auto& [slot, c] : comms) {
     std::printf("# comm slot %u id %s rank %d/%d device %d parent %s name '%s' %s\n", slot,
@@ -52,7 +52,7 @@ void PrintPreamble(const SegmentReader& seg, const daemon::CommTable& comms) {
                 c.parent_id ? daemon::HexId(c.parent_id).c_str() : "-", c.name,
                 c.state == kFalconCommDestroyed ? "destroyed" : "live");
   }
-  std::printf("%10s %14s %-20s %-16s %8s %7s %12s %-10s %5s %10s %s\n", "seq", "t_ms", "op", "comm", "cseq", "rank",
+  std::printf("%4s %10s %14s %-20s %-16s %8s %7s %12s %-10s %5s %10s %s\n", "lane", "seq", "t_ms", "op", "comm", "cseq", "rank",
               "count", "dtype", "peer", "dur_us", "result");
 }
 
@@ -62,16 +62,17 @@ void PrintRow(const FalconRecord& r, const FalconShmHeader& h, const daemon::Com
   char rank[24] = "-";
   if (it != comms.end()) std::snprintf(rank, sizeof(rank), "%d/%d", it->second.rank, it->second.nranks);
   char dur[24] = "-";
-  if (r.flags & kFalconFlagHostEnd) {
-    std::snprintf(dur, sizeof(dur), "%.1f", static_cast<double>(r.t_end_mono_ns - r.t_start_mono_ns) / 1e3);
-  } else if (r.op == kFalconOpGpuTiming) {
-    std::snprintf(dur, sizeof(dur), "%.1fg", static_cast<double>(r.gpu_end_ns - r.gpu_start_ns) / 1e3);
+  if (r.op == kFalconOpGpuTiming) {
+    std::snprintf(dur, sizeof(dur), "%.1fg", static_cast<double>(r.t_end_ns - r.t_start_ns) / 1e3);
+  } else if (r.flags & kFalconFlagHostEnd) {
+    std::snprintf(dur, sizeof(dur), "%.1f", static_cast<double>(r.t_end_ns - r.t_start_ns) / 1e3);
   }
   const char* dt = daemon::DtypeName(r.dtype);
   char cseq[24] = "-";
   if (r.comm_seq != ~uint64_t{0}) std::snprintf(cseq, sizeof(cseq), "%llu", static_cast<unsigned long long>(r.comm_seq));
-  std::printf("%10llu %14.3f %-20s %-16s %8s %7s %12llu %-10s %5d %10s %s\n", static_cast<unsigned long long>(r.seq),
-              static_cast<double>(r.t_start_mono_ns - h.created_mono_ns) / 1e6, daemon::OpName(r.op), comm.c_str(),
+  std::printf("%4u %10llu %14.3f %-20s %-16s %8s %7s %12llu %-10s %5d %10s %s\n", r.lane,
+              static_cast<unsigned long long>(daemon::RecordIndex(r)),
+              static_cast<double>(r.t_start_ns - h.created_mono_ns) / 1e6, daemon::OpName(r.op), comm.c_str(),
               cseq, rank, static_cast<unsigned long long>(r.count), dt ? dt : "-", r.peer, dur,
               daemon::ResultName(r.result));
 }
@@ -92,7 +93,7 @@ int RunTrace(const TraceOptions& o) {
     return kExitInput;
   }
   SegmentReader& seg = opened.value();
-  uint64_t cursor = o.from == "now" ? seg.head() : seg.oldest();
+  daemon::ReadCursor cursor = o.from == "now" ? seg.HeadCursor() : seg.OldestCursor();
   daemon::CommTable comms = daemon::MakeCommTable(seg);
   if (!o.json) PrintPreamble(seg, comms);
   daemon::ReadStats total;

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdio>
 
 namespace falcon::daemon {
@@ -105,7 +106,8 @@ nlohmann::json RecordToJson(const FalconRecord& r, const FalconShmHeader& h, con
   using nlohmann::json;
   json j;
   j["v"] = kRecordSchemaVersion;
-  j["seq"] = r.seq;
+  j["lane"] = r.lane;
+  j["seq"] = RecordIndex(r);
   j["pid"] = h.pid;
   j["op"] = OpName(r.op);
   auto it = comms.find(r.comm_slot);
@@ -122,18 +124,21 @@ nlohmann::json RecordToJson(const FalconRecord& r, const FalconShmHeader& h, con
   const char* red = RedOpName(r.redop);
   j["redop"] = red != nullptr ? json(red) : json(nullptr);
   j["peer"] = r.peer;
-  j["t_start_ns"] = r.t_start_mono_ns;
-  j["t_real_ns"] = r.t_start_real_ns;
+  j["t_start_ns"] = r.t_start_ns;
+  j["t_real_ns"] = r.t_start_ns + std::atomic_ref<int64_t>(const_cast<int64_t&>(h.real_minus_mono_ns)).load(std::memory_order_relaxed);
   const bool host_end = (r.flags & kFalconFlagHostEnd) != 0;
-  j["t_end_ns"] = host_end ? json(r.t_end_mono_ns) : json(nullptr);
-  j["duration_ns"] = host_end ? json(r.t_end_mono_ns - r.t_start_mono_ns) : json(nullptr);
+  j["t_end_ns"] = host_end ? json(r.t_end_ns) : json(nullptr);
+  j["duration_ns"] = host_end ? json(r.t_end_ns - r.t_start_ns) : json(nullptr);
   if (r.op == kFalconOpGpuTiming) {
-    j["ref_seq"] = r.ref_seq;
-    j["gpu_start_ns"] = r.gpu_start_ns;
-    j["gpu_end_ns"] = r.gpu_end_ns;
+    j["ref_lane"] = r.peer;
+    j["ref_seq"] = r.comm_seq;
+    j["gpu_start_ns"] = r.t_start_ns;
+    j["gpu_end_ns"] = r.t_end_ns;
   } else if (r.op == kFalconOpCommSplit || r.op == kFalconOpCommShrink) {
-    auto child = comms.find(static_cast<uint32_t>(r.ref_seq));
+    auto child = comms.find(static_cast<uint32_t>(r.aux));
     j["child"] = child != comms.end() ? json(HexId(child->second.comm_id)) : json(nullptr);
+  } else {
+    j["stream"] = r.aux;
   }
   j["group_depth"] = r.group_depth;
   json flags = json::array();
@@ -143,8 +148,6 @@ nlohmann::json RecordToJson(const FalconRecord& r, const FalconShmHeader& h, con
   if (r.flags & kFalconFlagGpuPending) flags.push_back("gpu_pending");
   if (r.flags & kFalconFlagInPlace) flags.push_back("in_place");
   j["flags"] = flags;
-  j["thread"] = r.thread_slot != 0xFFFF ? json(r.thread_slot) : json(nullptr);
-  j["stream"] = r.stream;
   j["result"] = ResultName(r.result);
   return j;
 }

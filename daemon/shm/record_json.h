@@ -29,6 +29,9 @@ std::string HexId(uint64_t id);           // 16 lower-case hex digits
 using CommTable = std::map<uint32_t, FalconCommEntry>;
 CommTable MakeCommTable(const SegmentReader& seg);
 
+// A record's index in its lane (from its seqlock version).
+inline uint64_t RecordIndex(const FalconRecord& r) { return r.version / 2 - 1; }
+
 // One record as a JSON object (see README "Call-record dump").
 nlohmann::json RecordToJson(const FalconRecord& r, const FalconShmHeader& h, const CommTable& comms);
 

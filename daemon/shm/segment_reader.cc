@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -44,14 +45,18 @@ Status ValidateHeader(const FalconShmHeader& h, uint64_t file_size) {
     return Status::Corrupt("segment_size " + std::to_string(h.segment_size) + " exceeds the file (" +
                            std::to_string(file_size) + " bytes)");
   }
-  if (h.ring_capacity == 0 || (h.ring_capacity & (h.ring_capacity - 1)) != 0) {
-    return Status::Corrupt("ring capacity is not a power of two");
+  if (h.lane_size != sizeof(FalconLane)) return Status::Corrupt("lane size differs from this reader's ABI");
+  if (h.lane_capacity == 0 || (h.lane_capacity & (h.lane_capacity - 1)) != 0) {
+    return Status::Corrupt("lane capacity is not a power of two");
   }
+  if (h.lane_count < 2 || h.lane_count > 1024) return Status::Corrupt("implausible lane count");
   const uint64_t lim = h.segment_size;
+  const uint64_t records = h.lane_capacity > (uint64_t{1} << 40) ? ~uint64_t{0} : h.lane_capacity * h.lane_count;
   if (!InBounds(h.control_offset, 1, sizeof(FalconControl), lim) ||
       !InBounds(h.comm_offset, h.comm_capacity, sizeof(FalconCommEntry), lim) ||
       !InBounds(h.thread_offset, h.thread_capacity, sizeof(FalconThreadSlot), lim) ||
-      !InBounds(h.ring_offset, h.ring_capacity, sizeof(FalconRecord), lim)) {
+      !InBounds(h.lane_offset, h.lane_count, sizeof(FalconLane), lim) ||
+      !InBounds(h.ring_offset, records, sizeof(FalconRecord), lim)) {
     return Status::Corrupt("a table lies outside the segment");
   }
   return Status::Ok();
@@ -95,6 +100,7 @@ Result<SegmentReader> SegmentReader::Open(const std::string& path, Access access
   r.control_ = reinterpret_cast<FalconControl*>(bytes + copy.control_offset);
   r.comms_ = reinterpret_cast<FalconCommEntry*>(bytes + copy.comm_offset);
   r.threads_ = reinterpret_cast<FalconThreadSlot*>(bytes + copy.thread_offset);
+  r.lanes_ = reinterpret_cast<FalconLane*>(bytes + copy.lane_offset);
   r.ring_ = reinterpret_cast<FalconRecord*>(bytes + copy.ring_offset);
   r.writable_ = rw;
   return r;
@@ -112,6 +118,7 @@ SegmentReader& SegmentReader::operator=(SegmentReader&& o) noexcept {
     control_ = std::exchange(o.control_, nullptr);
     comms_ = std::exchange(o.comms_, nullptr);
     threads_ = std::exchange(o.threads_, nullptr);
+    lanes_ = std::exchange(o.lanes_, nullptr);
     ring_ = std::exchange(o.ring_, nullptr);
     writable_ = std::exchange(o.writable_, false);
   }
@@ -123,16 +130,42 @@ SegmentReader::~SegmentReader() {
 }
 
 uint64_t SegmentReader::head() const {
-  return std::atomic_ref<uint64_t>(header_->ring_head).load(std::memory_order_acquire);
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+    total += std::atomic_ref<uint64_t>(lanes_[l].head).load(std::memory_order_acquire);
+  }
+  return total;
 }
 
-uint64_t SegmentReader::oldest() const {
-  const uint64_t h = head();
-  return h > header_->ring_capacity ? h - header_->ring_capacity : 0;
+ReadCursor SegmentReader::OldestCursor() const {
+  ReadCursor c;
+  const uint64_t cap = header_->lane_capacity;
+  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+    const uint64_t h = std::atomic_ref<uint64_t>(lanes_[l].head).load(std::memory_order_acquire);
+    c.next.push_back(h > cap ? h - cap : 0);
+  }
+  return c;
 }
 
-uint64_t SegmentReader::records_lost() const { return LoadRelaxed(header_->records_lost); }
-uint64_t SegmentReader::records_dropped() const { return LoadRelaxed(header_->records_dropped); }
+ReadCursor SegmentReader::HeadCursor() const {
+  ReadCursor c;
+  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+    c.next.push_back(std::atomic_ref<uint64_t>(lanes_[l].head).load(std::memory_order_acquire));
+  }
+  return c;
+}
+
+uint64_t SegmentReader::records_lost() const {
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < header_->lane_count; ++l) total += LoadRelaxed(lanes_[l].records_lost);
+  return total;
+}
+
+uint64_t SegmentReader::records_dropped() const {
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < header_->lane_count; ++l) total += LoadRelaxed(lanes_[l].records_dropped);
+  return total;
+}
 
 bool SegmentReader::exited() const {
   return std::atomic_ref<uint32_t>(header_->state).load(std::memory_order_acquire) == kFalconProcExited;
@@ -174,35 +207,36 @@ std::vector<ThreadInfo> SegmentReader::Threads() const {
     t.entry.inflight_since_mono_ns = LoadRelaxed(threads_[i].inflight_since_mono_ns);
     t.entry.inflight_comm_slot = LoadRelaxed(threads_[i].inflight_comm_slot);
     t.entry.inflight_op = LoadRelaxed(threads_[i].inflight_op);
-    t.entry.calls = LoadRelaxed(threads_[i].calls);
     out.push_back(t);
   }
   return out;
 }
 
-ReadStats SegmentReader::Read(uint64_t* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const {
+ReadStats SegmentReader::ReadLane(uint32_t lane, uint64_t* next, size_t max, ReadMode mode,
+                                  std::vector<FalconRecord>* out) const {
   ReadStats stats;
-  const uint64_t cap = header_->ring_capacity;
-  const uint64_t end = head();
-  if (end > cap && *cursor < end - cap) {
-    stats.lost += (end - cap) - *cursor;
-    *cursor = end - cap;
+  const uint64_t cap = header_->lane_capacity;
+  FalconRecord* ring = ring_ + uint64_t{lane} * cap;
+  const uint64_t end = std::atomic_ref<uint64_t>(lanes_[lane].head).load(std::memory_order_acquire);
+  if (end > cap && *next < end - cap) {
+    stats.lost += (end - cap) - *next;
+    *next = end - cap;
   }
-  while (*cursor < end && stats.read < max) {
-    const uint64_t idx = *cursor;
-    FalconRecord* slot = &ring_[idx & (cap - 1)];
+  while (*next < end && stats.read < max) {
+    const uint64_t idx = *next;
+    FalconRecord* slot = &ring[idx & (cap - 1)];
     std::atomic_ref<uint64_t> version(slot->version);
     const uint64_t want = 2 * idx + 2;
     const uint64_t v1 = version.load(std::memory_order_acquire);
     if (v1 > want) {  // already overwritten by a newer lap
       ++stats.lost;
-      ++*cursor;
+      ++*next;
       continue;
     }
     if (v1 != want) {  // claimed but not complete (or not even claimed yet)
       if (mode == ReadMode::kLive) break;
       ++stats.torn;
-      ++*cursor;
+      ++*next;
       continue;
     }
     FalconRecord rec;
@@ -212,22 +246,42 @@ ReadStats SegmentReader::Read(uint64_t* cursor, size_t max, ReadMode mode, std::
       dst[w] = std::atomic_ref<uint64_t>(src[w]).load(std::memory_order_relaxed);
     }
     std::atomic_thread_fence(std::memory_order_acquire);
-    const uint64_t v2 = version.load(std::memory_order_relaxed);
-    if (v2 != v1) {  // a writer lapped us while we copied
+    if (version.load(std::memory_order_relaxed) != v1) {  // a writer lapped us while we copied
       ++stats.lost;
-      ++*cursor;
+      ++*next;
       continue;
     }
     out->push_back(rec);
     ++stats.read;
-    ++*cursor;
+    ++*next;
   }
   return stats;
 }
 
-void SegmentReader::PublishCursor(uint64_t cursor) {
+ReadStats SegmentReader::Read(ReadCursor* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const {
+  ReadStats total;
+  cursor->next.resize(header_->lane_count, 0);
+  const size_t first = out->size();
+  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+    ReadStats s = ReadLane(l, &cursor->next[l], max, mode, out);
+    total.read += s.read;
+    total.lost += s.lost;
+    total.torn += s.torn;
+  }
+  std::stable_sort(out->begin() + static_cast<std::ptrdiff_t>(first), out->end(),
+                   [](const FalconRecord& a, const FalconRecord& b) {
+                     if (a.t_start_ns != b.t_start_ns) return a.t_start_ns < b.t_start_ns;
+                     if (a.lane != b.lane) return a.lane < b.lane;
+                     return a.version < b.version;
+                   });
+  return total;
+}
+
+void SegmentReader::PublishCursor(const ReadCursor& cursor) {
   if (!writable_) return;
-  std::atomic_ref<uint64_t>(header_->reader_cursor).store(cursor, std::memory_order_relaxed);
+  for (uint32_t l = 0; l < header_->lane_count && l < cursor.next.size(); ++l) {
+    std::atomic_ref<uint64_t>(lanes_[l].reader_cursor).store(cursor.next[l], std::memory_order_relaxed);
+  }
 }
 
 void SegmentReader::RequestMode(uint32_t mode, uint32_t sample_every) {

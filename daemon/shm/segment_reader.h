@@ -29,6 +29,11 @@ struct ThreadInfo {
   FalconThreadSlot entry{};
 };
 
+// Where a reader is in each lane: next[l] is the next index of lane l it will read.
+struct ReadCursor {
+  std::vector<uint64_t> next;
+};
+
 struct ReadStats {
   uint64_t read = 0;   // records returned
   uint64_t lost = 0;   // overwritten before this reader got to them
@@ -53,23 +58,27 @@ class SegmentReader {
   const std::string& path() const { return path_; }
   const FalconShmHeader& header() const { return *header_; }
   const FalconControl& control() const { return *control_; }
-  // Index the next record will be written at (records [head - capacity, head) may be readable).
+  uint32_t lane_count() const { return header_->lane_count; }
+  // Records written so far, all lanes together.
   uint64_t head() const;
-  // Oldest index still in the ring.
-  uint64_t oldest() const;
-  uint64_t records_lost() const;    // writer-side count (shm_abi.h contract 4)
+  // Cursors at the oldest record still held in every lane, or at every lane's head.
+  ReadCursor OldestCursor() const;
+  ReadCursor HeadCursor() const;
+  uint64_t records_lost() const;    // writer-side count, all lanes (shm_abi.h contract 4)
   uint64_t records_dropped() const;
   bool exited() const;              // the process ran its exit handlers
 
   std::vector<CommInfo> Comms() const;
   std::vector<ThreadInfo> Threads() const;
 
-  // Appends records [*cursor, head) (at most `max`) to `out` and advances *cursor past what it
-  // consumed. A cursor older than the ring's oldest index jumps forward; the gap counts as lost.
-  ReadStats Read(uint64_t* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const;
+  // Appends the records between *cursor and the lanes' heads (at most `max` per lane) to `out`,
+  // merged in time order (t_start_mono_ns, lane, seq), and advances *cursor past what it
+  // consumed. A cursor older than a lane's oldest index jumps forward; the gap counts as lost.
+  // A default-constructed cursor starts at index 0 of every lane.
+  ReadStats Read(ReadCursor* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const;
 
   // REQUIRES: opened kReadWrite. Tells the writer what this reader has consumed.
-  void PublishCursor(uint64_t cursor);
+  void PublishCursor(const ReadCursor& cursor);
 
   // REQUIRES: opened kReadWrite. Agent → shim command: `mode` is a FalconMode value (the shim
   // ignores values it does not know); bumps command_seq.
@@ -77,6 +86,7 @@ class SegmentReader {
 
  private:
   SegmentReader() = default;
+  ReadStats ReadLane(uint32_t lane, uint64_t* next, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const;
   std::string path_;
   void* base_ = nullptr;
   size_t size_ = 0;
@@ -84,6 +94,7 @@ class SegmentReader {
   FalconControl* control_ = nullptr;
   FalconCommEntry* comms_ = nullptr;
   FalconThreadSlot* threads_ = nullptr;
+  FalconLane* lanes_ = nullptr;
   FalconRecord* ring_ = nullptr;
   bool writable_ = false;
 };

@@ -5,23 +5,32 @@
  * the process exits normally. A crashed process leaves its segment behind; readers recognise it
  * (owner pid gone or reused: compare FalconShmHeader::pid_start_ticks) and reap it.
  *
- * Layout (all offsets from the segment start, all sizes in bytes, all fields little-endian
- * native layout of x86_64/aarch64 Linux):
+ * Layout (all offsets from the segment start, all sizes in bytes, native layout of x86_64 /
+ * aarch64 Linux):
  *   [FalconShmHeader][FalconControl][FalconCommEntry x comm_capacity]
- *   [FalconThreadSlot x thread_capacity][FalconRecord x ring_capacity]
+ *   [FalconThreadSlot x thread_capacity][FalconLane x lane_count]
+ *   [FalconRecord x lane_capacity] x lane_count            (lane l's ring follows lane l-1's)
+ *
+ * Records go to per-thread lanes so that the hot path needs no locked instruction: thread
+ * slot t (in order of each thread's first NCCL call) owns lane t exclusively while
+ * t < lane_count - 1; the last lane is shared by all further threads and by the shim's own
+ * service thread. A process's calls in time order are the lanes merged by t_start_mono_ns.
  *
  * Concurrency contract (writer = the traced process, reader = agent / falcon-ctl):
  *  1. The header's identity fields are written once, before `magic` is published with release
  *     order; a reader that sees the magic sees the rest.
- *  2. Ring slots are claimed with one fetch_add on `ring_head`; the claimed index `i` lands in
- *     slot i % ring_capacity. A slot is a seqlock: its `version` is odd (2i+1) while being written
- *     and 2i+2 once complete. A reader accepts a copy only if it read the same even version
- *     before and after the copy and that version equals 2i+2 for the index it expected. A larger
- *     version means the record was overwritten (lost to that reader); an odd one means torn.
- *  3. A writer never waits: if it finds the slot it claimed still being written by a slower
- *     writer it drops its record and counts it in `records_dropped`.
- *  4. Writers count records that overwrite an index the reader has not consumed yet
- *     (`reader_cursor`, published by the single active reader) in `records_lost`.
+ *  2. Lane index i of lane l lives in ring slot l * lane_capacity + i % lane_capacity. A slot is
+ *     a seqlock: its `version` is odd (2i+1) while being written and 2i+2 once complete. A
+ *     reader accepts a copy only if it read the same even version before and after the copy and
+ *     that version equals 2i+2 for the index it expected. A larger version means the record was
+ *     overwritten (lost to that reader); a smaller or odd one that it is not complete yet (or
+ *     torn, if the writer is gone).
+ *  3. An exclusive lane has one writer: it advances `head` with a plain atomic store. A shared
+ *     lane's writers claim indices with fetch_add on `head` and the slot with a CAS on
+ *     `version`; a writer never waits: if the slot is still being written by a slower writer it
+ *     drops its record and counts it in the lane's `records_dropped`.
+ *  4. Writers count records that overwrite an index the lane's reader has not consumed yet
+ *     (`reader_cursor`, published by the single active reader) in the lane's `records_lost`.
  *  5. Comm entries are written under their own `state` word: kFalconCommWriting while the
  *     identity is filled in, then kFalconCommLive; `destroy_*` are written before
  *     kFalconCommDestroyed. `calls` is the per-communicator sequence counter.
@@ -41,7 +50,7 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 1u
+#define FALCON_SHM_ABI_VERSION 2u
 #define FALCON_SHM_PREFIX "falcon."
 #define FALCON_SHM_DEFAULT_DIR "/dev/shm"
 #define FALCON_NO_COMM 0xFFFFFFFFu
@@ -95,7 +104,7 @@ typedef enum {
   kFalconOpGpuTiming = 100,
   /* Not an NCCL call: a phase annotation from the C API (falcon.h). */
   kFalconOpAnnotation = 101,
-  kFalconOpCount_ = 102
+  kFalconOpCount_ = 102  /* op codes fit in a byte */
 } FalconOp;
 
 /* Record flags. */
@@ -108,36 +117,32 @@ enum {
   kFalconFlagInPlace = 1u << 5       /* sendbuff == recvbuff */
 };
 
-/* One NCCL call, 128 bytes. Times are nanoseconds. `seq` is the global call sequence of the
- * process (the ring index). comm_slot names the communicator the call is on: for InitRank* the
- * new communicator, for Split/Shrink the parent (a collective on it) with the child's slot in
- * ref_seq (FALCON_NO_COMM when the rank got no child) and the color in peer; for InitAll the
- * first new communicator, count = ndev. For kFalconOpGpuTiming records: ref_seq is the seq of the timed call,
- * gpu_start_ns / gpu_end_ns are the event times on the host CLOCK_MONOTONIC scale (anchored by a
- * reference event) and result is 0 on success, 1 if the events failed. */
+/* One NCCL call: 64 bytes, one cache line. Times are CLOCK_MONOTONIC nanoseconds; the wall
+ * clock time is t_start_ns + FalconShmHeader::real_minus_mono_ns. The record's index in its
+ * lane is version / 2 - 1; (t_start_ns, lane, index) orders a process's records globally.
+ * comm_slot names the communicator the call is on: for InitRank* the new communicator, for
+ * Split/Shrink the parent (a collective on it), for InitAll the first new one (count = ndev).
+ * `aux` holds the stream for calls that take one; for Split/Shrink the child's comm slot
+ * (FALCON_NO_COMM if the rank got none, and peer = color / number excluded); for
+ * RedOpCreatePreMulSum the created op. For kFalconOpGpuTiming records: t_start_ns/t_end_ns
+ * are the GPU start/end of the call whose lane index is comm_seq in lane `peer`; result 0 on
+ * success, 1 if the events failed. */
 typedef struct FalconRecord {
-  uint64_t version;       /* seqlock, see contract 2 */
-  uint64_t seq;           /* global call sequence (ring index) */
-  uint64_t comm_seq;      /* per-communicator sequence; 0-based; ~0 if no communicator */
-  uint64_t count;         /* element count as passed (sendcount for AllGather) */
-  uint64_t stream;        /* cudaStream_t value, process-local, informational */
-  int64_t t_start_mono_ns; /* CLOCK_MONOTONIC at entry */
-  int64_t t_start_real_ns; /* CLOCK_REALTIME at entry */
-  int64_t t_end_mono_ns;   /* CLOCK_MONOTONIC at return, when kFalconFlagHostEnd */
-  uint64_t ref_seq;        /* kFalconOpGpuTiming: the timed call's seq */
-  int64_t gpu_start_ns;    /* kFalconOpGpuTiming only */
-  int64_t gpu_end_ns;      /* kFalconOpGpuTiming only */
-  uint32_t comm_slot;      /* index into the comm table, FALCON_NO_COMM if none */
-  int32_t peer;            /* peer (Send/Recv) or root (Bcast/Reduce/Gather/Scatter), else -1 */
-  int32_t redop;           /* ncclRedOp_t value, -1 if none */
-  uint16_t op;             /* FalconOp */
-  uint8_t dtype;           /* ncclDataType_t value, 0xFF if none */
-  uint8_t group_depth;     /* ncclGroupStart nesting depth at entry */
-  uint16_t flags;          /* kFalconFlag* */
-  uint16_t thread_slot;    /* index into the thread table, 0xFFFF if none */
-  int32_t result;          /* ncclResult_t returned to the caller */
-  uint32_t iteration;      /* iteration tag from the trap/annotation machinery, 0 if unknown */
-  uint8_t reserved[12];
+  uint64_t version;     /* seqlock, see contract 2 */
+  uint64_t comm_seq;    /* per-communicator sequence, 0-based; ~0 if no communicator */
+  uint64_t count;       /* element count as passed (sendcount for AllGather) */
+  uint64_t aux;         /* stream, child comm slot or created op (see above) */
+  int64_t t_start_ns;   /* at entry */
+  int64_t t_end_ns;     /* at return, when kFalconFlagHostEnd; else 0 */
+  uint32_t comm_slot;   /* index into the comm table, FALCON_NO_COMM if none */
+  int32_t peer;         /* peer (Send/Recv) or root (Bcast/Reduce/Gather/Scatter), else -1 */
+  int16_t redop;        /* ncclRedOp_t (32767 if larger), -1 if none */
+  uint8_t op;           /* FalconOp */
+  uint8_t dtype;        /* ncclDataType_t, 0xFF if none */
+  uint8_t group_depth;  /* ncclGroupStart nesting depth at entry (saturates at 255) */
+  uint8_t flags;        /* kFalconFlag* */
+  uint8_t result;       /* ncclResult_t returned to the caller */
+  uint8_t lane;         /* the lane this record was written to */
 } FalconRecord;
 
 typedef enum {
@@ -183,15 +188,25 @@ typedef struct FalconCommEntry {
 
 /* One calling thread; lets a reader see calls that have not returned (hangs). */
 typedef struct FalconThreadSlot {
-  uint64_t tid;            /* gettid() of the owner, 0 if free */
+  uint64_t tid;            /* gettid() of the owner, 0 if free (slots are reused after a thread exits) */
   uint64_t inflight_seq;   /* atomic: 0 = idle, else 1 + comm_seq of the call in flight */
   int64_t inflight_since_mono_ns;
   uint32_t inflight_comm_slot;
   uint16_t inflight_op;
   uint16_t reserved0;
-  uint64_t calls;          /* calls this thread made */
-  uint8_t reserved[24];
+  uint8_t reserved[32];
 } FalconThreadSlot;
+
+/* One lane's indices and counters (64 bytes). */
+typedef struct FalconLane {
+  uint64_t head;            /* next lane index to write, atomic */
+  uint64_t reader_cursor;   /* reader → shim: next index the active reader will consume */
+  uint64_t records_lost;    /* overwrote a record the reader had not consumed, atomic */
+  uint64_t records_dropped; /* could not be written (slot still busy; shared lane only), atomic */
+  uint32_t shared;          /* 1 for the shared (multi-writer) lane */
+  uint32_t owner_thread;    /* thread slot that owns an exclusive lane, 0xFFFFFFFF if none yet */
+  uint8_t reserved[24];
+} FalconLane;
 
 typedef enum {
   kFalconModeTrack = 0,   /* host timestamps only (default) */
@@ -245,10 +260,13 @@ typedef struct FalconShmHeader {
   uint32_t record_size;      /* sizeof(FalconRecord) */
   uint32_t comm_capacity;
   uint32_t thread_capacity;
-  uint64_t ring_capacity;    /* a power of two */
+  uint32_t lane_count;       /* >= 2; the last lane is shared */
+  uint32_t lane_size;        /* sizeof(FalconLane) */
+  uint64_t lane_capacity;    /* records per lane, a power of two */
   uint64_t control_offset;
   uint64_t comm_offset;
   uint64_t thread_offset;
+  uint64_t lane_offset;
   uint64_t ring_offset;
   uint64_t segment_size;
   int32_t pid;
@@ -256,7 +274,7 @@ typedef struct FalconShmHeader {
   uint64_t pid_start_ticks;  /* field 22 of /proc/pid/stat: tells a reused pid apart */
   int64_t created_real_ns;
   int64_t created_mono_ns;
-  int64_t real_minus_mono_ns;/* CLOCK_REALTIME - CLOCK_MONOTONIC, refreshed by the shim */
+  int64_t real_minus_mono_ns;/* CLOCK_REALTIME - CLOCK_MONOTONIC, refreshed by the shim, atomic */
   int32_t rank_hint;         /* from RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID, -1 if none */
   int32_t local_rank_hint;   /* from LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK, -1 if none */
   uint32_t state;            /* FalconProcState, atomic */
@@ -265,24 +283,20 @@ typedef struct FalconShmHeader {
   char job[FALCON_NAME_LEN]; /* $FALCON_JOB, may be empty */
   char exe[FALCON_NAME_LEN]; /* basename of /proc/self/exe */
   /* shim → reader counters, atomics */
-  uint64_t ring_head;        /* next ring index to claim */
-  uint64_t records_lost;     /* overwrote a record the reader had not consumed */
-  uint64_t records_dropped;  /* could not be written (slot busy) */
   uint64_t comm_overflow;    /* communicators beyond comm_capacity (recorded with FALCON_NO_COMM) */
   uint64_t internal_errors;  /* internal failures that made the shim pass through */
   uint32_t comm_used;        /* comm entries handed out so far (may exceed comm_capacity) */
   uint32_t thread_used;      /* thread slots handed out so far (may exceed thread_capacity) */
-  /* reader → shim */
-  uint64_t reader_cursor;    /* next index the active reader will consume */
-  uint8_t reserved[248];
+  uint8_t reserved[264];
 } FalconShmHeader;
 
 #ifdef __cplusplus
 } /* extern "C" */
 
-static_assert(sizeof(FalconRecord) == 128, "FalconRecord is ABI: 128 bytes");
+static_assert(sizeof(FalconRecord) == 64, "FalconRecord is ABI: one 64-byte cache line");
 static_assert(sizeof(FalconCommEntry) == 192, "FalconCommEntry is ABI: 192 bytes");
 static_assert(sizeof(FalconThreadSlot) == 64, "FalconThreadSlot is ABI: 64 bytes");
+static_assert(sizeof(FalconLane) == 64, "FalconLane is ABI: 64 bytes");
 static_assert(sizeof(FalconControl) == 736, "FalconControl is ABI");
 static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");
 static_assert(offsetof(FalconShmHeader, magic) == 0, "magic leads the header");
