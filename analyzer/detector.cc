@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "analyzer/robust.h"
 
@@ -13,6 +14,18 @@ constexpr std::size_t kHistory = 256;    // kept samples remembered (>= window +
 constexpr std::size_t kDiffs = 64;       // successive differences for the noise estimate
 constexpr std::size_t kLevelSamples = 16;  // recent regime samples for the current level
 constexpr std::size_t kPreSamples = 64;    // samples before a change point for verification
+constexpr std::size_t kSmallPost = 5;      // up to this many post samples, spread = half range
+
+// Spread of the samples after a change point, in the units of a noise sigma: for a handful of
+// samples the half range (a median-based scale of 3 or 4 values ignores the disagreeing ones),
+// then 1.4826 x MAD, which tolerates a minority of spikes inside a real level.
+double LevelSpread(std::span<const double> post, std::vector<double>& scratch) {
+  if (post.size() <= kSmallPost) {
+    const auto [lo, hi] = std::minmax_element(post.begin(), post.end());
+    return 0.5 * (*hi - *lo);
+  }
+  return RobustSigma(post, scratch);
+}
 
 }  // namespace
 
@@ -97,8 +110,13 @@ DetectorStep FailSlowDetector::Push(double seconds) {
     step.alarm = Feed(sample, index);
     return step;
   }
-  const bool suspect = std::fabs(sample.y - Level()) > options_.outlier_z * Sigma();
-  if (!suspect) {
+  const double band = options_.outlier_z * Sigma();
+  const bool near_level = std::fabs(sample.y - Level()) <= band;
+  const bool near_released = released_level_ && std::fabs(sample.y - *released_level_) <= band;
+  if (near_level) {
+    released_level_.reset();  // back at the current level: any released run was transient
+  }
+  if (near_level || near_released) {
     pending_.clear();  // a short suspect run followed by a normal sample: spikes, dropped
     step.alarm = Feed(sample, index);
     return step;
@@ -107,17 +125,27 @@ DetectorStep FailSlowDetector::Push(double seconds) {
   if (pending_.size() <= options_.max_outlier_run) {
     return step;
   }
-  for (const Sample& s : pending_) {  // persistent: a real change, release in order
-    auto alarm = Feed(s, index);
-    if (alarm && !step.alarm) {
-      step.alarm = alarm;
-    }
+  // Persistent: a real change. Release in order, then verify once with all the evidence (an
+  // intermediate verdict would ignore samples already seen). Later samples near the released
+  // run are not held again while verification waits for more of them.
+  scratch2_.clear();
+  for (const Sample& s : pending_) {
+    Absorb(s);
+    scratch2_.push_back(s.y);
   }
+  std::vector<double> released(scratch2_);
+  released_level_ = Median(released, scratch_);
   pending_.clear();
+  step.alarm = Verify(index);
   return step;
 }
 
 std::optional<Alarm> FailSlowDetector::Feed(const Sample& s, std::uint64_t at) {
+  Absorb(s);
+  return Verify(at);
+}
+
+void FailSlowDetector::Absorb(const Sample& s) {
   if (!kept_.empty()) {
     abs_diffs_.push_back(std::fabs(s.y - kept_.back().y));
     if (abs_diffs_.size() > kDiffs) {
@@ -140,7 +168,6 @@ std::optional<Alarm> FailSlowDetector::Feed(const Sample& s, std::uint64_t at) {
   if (warm_) {
     UpdateBaseline(s.y);
   }
-  return Verify(at);
 }
 
 std::optional<Alarm> FailSlowDetector::Verify(std::uint64_t at) {
@@ -156,21 +183,37 @@ std::optional<Alarm> FailSlowDetector::Verify(std::uint64_t at) {
   if (run < options_.min_post || run >= limit || run > kept_.size()) {
     return std::nullopt;
   }
-  const std::size_t first_post = kept_.size() - static_cast<std::size_t>(run);
+  std::size_t first_post = kept_.size() - static_cast<std::size_t>(run);
   const std::size_t pre_count = static_cast<std::size_t>(
       std::min<std::uint64_t>({regime_kept_ - run, kPreSamples, first_post}));
   if (pre_count == 0) {
     return std::nullopt;
   }
-  std::vector<double> post, pre;
-  for (std::size_t i = first_post; i < kept_.size(); ++i) {
-    post.push_back(kept_[i].y);
-  }
+  std::vector<double> pre, post;
   for (std::size_t i = first_post - pre_count; i < first_post; ++i) {
     pre.push_back(kept_[i].y);
   }
-  const double post_level = Median(post, scratch_);
   const double pre_level = Median(pre, scratch_);
+  // Onset refinement: with a handful of samples the MAP run length is often one too long; a
+  // leading sample nearer the old level than the new one belongs before the change.
+  for (std::size_t i = first_post + 1; i < kept_.size(); ++i) {
+    post.push_back(kept_[i].y);
+  }
+  while (post.size() >= options_.min_post) {
+    const double rest = Median(post, scratch_);
+    const double lead = kept_[first_post].y;
+    if (std::fabs(lead - pre_level) >= std::fabs(lead - rest)) {
+      break;
+    }
+    ++first_post;
+    post.erase(post.begin());
+  }
+  post.insert(post.begin(), kept_[first_post].y);
+  const double post_level = Median(post, scratch_);
+  if (options_.verify && options_.level_spread_z > 0.0 && post_level > pre_level &&
+      LevelSpread(post, scratch_) > options_.level_spread_z * Sigma()) {
+    return std::nullopt;  // not (yet) one level: a burst of spikes of varying size, wait it out
+  }
   return Decide(at, kept_[first_post].index, post_level, pre_level, probability);
 }
 
@@ -183,6 +226,7 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
   const auto run = static_cast<std::uint64_t>(kept_.end() - first);
   if (!options_.verify) {  // plain BOCD: every change point is an alarm
     regime_kept_ = run;
+    released_level_.reset();
     alarm.type = post > pre ? AlarmType::kSlow : AlarmType::kRecovered;
     slow_ = post > baseline_;
     return alarm;
@@ -193,18 +237,21 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
   const double reference = slow_ ? slow_level_ : baseline_;
   if (post - reference > threshold) {  // onset of a fail-slow, or a further step of a ladder
     regime_kept_ = run;
+    released_level_.reset();
     slow_ = true;
     slow_level_ = post;
     return alarm;
   }
   if (slow_ && post - baseline_ < std::log1p(options_.min_change) - margin) {
     regime_kept_ = run;
+    released_level_.reset();
     slow_ = false;
     alarm.type = AlarmType::kRecovered;
     return alarm;
   }
   if (slow_ && slow_level_ - post > threshold) {
     regime_kept_ = run;
+    released_level_.reset();
     slow_level_ = post;  // eased but still slow: the new reference for further steps
   }
   return std::nullopt;

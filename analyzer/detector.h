@@ -30,12 +30,19 @@ struct DetectorOptions {
   std::size_t window = 64;          // a change point is sought among the last `window` samples
   std::size_t warmup = 16;          // samples used to estimate the first level and noise
   double outlier_z = 4.0;           // robust sigmas from the level that make a sample suspect
-  std::size_t max_outlier_run = 2;  // suspect runs this long or shorter are dropped as spikes
-  std::size_t min_post = 3;         // samples after the change point before it may be verified
+  // Suspect runs this long or shorter are dropped as transients: single spikes, checkpoint or
+  // evaluation pauses (1-2 iterations) and short bursts of slow iterations (a noisy neighbour).
+  // A fail-slow made of outliers is therefore reported max_outlier_run samples after its onset.
+  std::size_t max_outlier_run = 4;
+  std::size_t min_post = 4;         // samples after the change point before it may be verified
   double noise_floor = 1e-4;        // lower bound on the log-time noise sigma (0.01 %)
   // Verification is one-sided at this many standard errors: the change must exceed min_change
   // by z * 1.2533 * sigma / sqrt(samples after the change point) (standard error of a median).
   double confidence_z = 1.0;
+  // A rise is verified only when the samples after the change point look like one level: their
+  // robust spread (1.4826 x MAD) is at most this many noise sigmas. Bursts of spikes, whose sizes
+  // vary far more than the noise, are waited out; a real level is not delayed. 0 disables.
+  double level_spread_z = 3.0;
   std::size_t baseline_horizon = 256;  // healthy baseline: running mean of log time over this
   bool verify = true;               // false: plain BOCD, no persistence filter, no 10 % test
 };
@@ -77,7 +84,10 @@ class FailSlowDetector {
     std::uint64_t index;
     double y;  // log seconds
   };
+  // Absorb: the sample joins BOCD, the history, the noise estimate and the baseline.
+  // Feed: Absorb, then Verify as of sample index `at`.
   std::optional<Alarm> Feed(const Sample& s, std::uint64_t at);
+  void Absorb(const Sample& s);
   std::optional<Alarm> Verify(std::uint64_t at);
   std::optional<Alarm> Decide(std::uint64_t at, std::uint64_t onset, double post, double pre,
                               double probability);
@@ -97,6 +107,7 @@ class FailSlowDetector {
   std::deque<Sample> kept_;            // kept samples, newest last (bounded by kHistory)
   std::uint64_t regime_kept_ = 0;      // kept samples since the current regime began
   std::vector<Sample> pending_;        // suspect samples held back (<= max_outlier_run + 1)
+  std::optional<double> released_level_;  // median of the last released run until resolved
   std::deque<double> abs_diffs_;       // |y_i - y_{i-1}| of kept samples (bounded by kDiffs)
   std::vector<double> scratch_, scratch2_;
 };

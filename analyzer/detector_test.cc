@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "analyzer/test_util.h"
@@ -81,6 +82,38 @@ TEST(DetectorTest, SpikesPausesAndSmallDriftDoNotAlarm) {
     if (i >= 1000 && i < 1060) xs[i] *= 1.05;                    // benign 5 % drift
   }
   EXPECT_TRUE(Detect(xs).empty());
+}
+
+// Heavy-tailed jitter (Student-t, 3 degrees of freedom), 3 % spikes and bursts of 3-4 slow
+// iterations of varying size: none is a fail-slow. A real 1.3x step in the same noise is found.
+TEST(DetectorTest, HeavyTailsAndSpikeBurstsDoNotAlarmButStepsDo) {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    testing::Rng rng(seed);
+    auto student_t3 = [&] {
+      double chi2 = 0.0;
+      for (int k = 0; k < 3; ++k) {
+        const double g = rng.Gauss();
+        chi2 += g * g;
+      }
+      return rng.Gauss() / std::sqrt(chi2 / 3.0);
+    };
+    std::vector<double> xs;
+    for (std::size_t i = 0; i < 3000; ++i) {
+      double x = 2.0 * std::exp(0.02 * student_t3());
+      if (rng.Uniform() < 0.03) x *= 1.3 + 2.7 * rng.Uniform();
+      xs.push_back(x);
+    }
+    for (std::size_t b = 300; b + 4 < xs.size(); b += 400) {  // bursts of 3-4 slow iterations
+      for (std::size_t i = b; i < b + 3 + b % 2; ++i) xs[i] *= 1.5 + rng.Uniform();
+    }
+    EXPECT_TRUE(Detect(xs).empty()) << "seed " << seed;
+    for (std::size_t i = 2000; i < 2300; ++i) xs[i] *= 1.3;
+    const auto alarms = Detect(xs);
+    ASSERT_FALSE(alarms.empty()) << "seed " << seed;
+    EXPECT_EQ(alarms[0].type, AlarmType::kSlow);
+    EXPECT_GE(alarms[0].at, 2000U);
+    EXPECT_LE(alarms[0].at, 2012U) << "seed " << seed;
+  }
 }
 
 TEST(DetectorTest, PlainBocdAlarmsOnWhatVerificationRejects) {

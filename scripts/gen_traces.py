@@ -78,12 +78,14 @@ def benign_effects(rng, n):
             f[i] *= rng.uniform(3.0, 15.0)
             if rng.random() < 0.3 and i + 1 < n:  # evaluation: a second slow iteration
                 f[i + 1] *= rng.uniform(1.5, 5.0)
-    if rng.random() < 0.4:  # short benign drift, below the 10 % fail-slow bar
+    drift = rng.random()
+    if drift < 0.4:  # short benign drift, below the 10 % fail-slow bar
         s, length, amp = rng.randrange(20, n - 100), rng.randint(20, 80), rng.uniform(0.02, 0.07)
         for i in range(s, s + length):
             f[i] *= 1.0 + amp
-    if rng.random() < 0.4:  # slow drift over the whole trace (dataset shards, thermal)
-        amp, waves = rng.uniform(0.03, 0.08) * rng.choice([-1, 1]), rng.uniform(0.3, 1.5)
+    elif drift < 0.8:  # slow drift (dataset shards, thermal): periods of >= 2000 iterations
+        amp = rng.uniform(0.03, 0.08) * rng.choice([-1, 1])
+        waves = rng.uniform(0.3, max(0.3, n / 2000.0))
         for i in range(n):
             f[i] *= 1.0 + amp * 0.5 * (1.0 - math.cos(2.0 * math.pi * waves * i / n))
     return f, every

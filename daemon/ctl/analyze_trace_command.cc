@@ -270,6 +270,11 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--confidence-z", d.confidence_z,
                   "verification margin in standard errors of the post-change median")
       ->capture_default_str()->check(CLI::Range(0.0, 10.0));
+  cmd->add_option("--min-post", d.min_post, "samples after a change point before it is verified")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--spread-z", d.level_spread_z,
+                  "a rise is verified when the post-change spread is <= this many sigmas (0: off)")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--max-hypotheses", d.bocd.max_hypotheses, "BOCD run lengths kept")
       ->capture_default_str()->check(CLI::Range(4, 4096));
   cmd->add_option("--acf-threshold", opts->tracker.period.acf_threshold,
