@@ -26,6 +26,7 @@ void* ServiceMain(void* arg) {
 }  // namespace
 
 bool StartServiceThread(Tracer& tracer) {
+  tracer.ServiceTick();  // first heartbeat before the first record, before the thread exists
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -39,7 +40,6 @@ bool StartServiceThread(Tracer& tracer) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (rc != 0) return false;
   pthread_setname_np(thread, "falcon-shim");
-  tracer.ServiceTick();  // first heartbeat before the first record
   return true;
 }
 
