@@ -24,7 +24,7 @@
 namespace falcon::analyzer {
 
 struct DetectorOptions {
-  BocdOptions bocd;                 // hazard 1/250, 64 run lengths kept
+  BocdOptions bocd;                 // hazard 1/250, 16 run lengths kept
   double cp_threshold = 0.9;        // posterior probability of a change within `window` samples
   double min_change = 0.10;         // verification: |after / before - 1| must exceed this
   std::size_t window = 64;          // a change point is sought among the last `window` samples

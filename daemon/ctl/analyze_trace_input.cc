@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -107,6 +108,14 @@ bool ReadRecordDump(std::istream& in, RecordDump& out, std::string& error) {
   if (out.lines == 0) {
     error = "no call records in the input";
     return false;
+  }
+  // A process's records come from several per-thread lanes ("seq" counts within a lane); its
+  // global call order is by start time. Stable: equal times keep file order.
+  for (auto& [pid, calls] : out.by_pid) {
+    std::stable_sort(calls.begin(), calls.end(),
+                     [](const analyzer::CallRecord& a, const analyzer::CallRecord& b) {
+                       return a.t_ns < b.t_ns;
+                     });
   }
   return true;
 }

@@ -19,7 +19,8 @@ struct CsvTrace {
 };
 
 struct RecordDump {
-  // Calls per process (key: "pid", or -1 when absent), in file order.
+  // Calls per process (key: "pid", or -1 when absent), ordered by start time ("t_start_ns"; the
+  // records of one process come from several per-thread lanes).
   std::map<std::int64_t, std::vector<analyzer::CallRecord>> by_pid;
   std::size_t lines = 0;
 };
