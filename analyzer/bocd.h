@@ -26,7 +26,7 @@ struct NormalGammaPrior {
 
 struct BocdOptions {
   double hazard = 1.0 / 250.0;       // P(change) before each observation, constant
-  // Run lengths kept after pruning. 16 scores the same as 32 and 64 on the shared and generated
+  // Run lengths kept after pruning. 16 scores as well as 32 on the shared and generated
   // trace sets (docs/detection.md) at twice the speed of 32.
   std::size_t max_hypotheses = 16;
   double prune_log_ratio = -30.0;    // drop run lengths whose log mass is this far below the max
