@@ -1,0 +1,33 @@
+// The run loop of one falcon-train-emu rank: builds the communicators and the trainer, runs
+// iterations until rank 0 decides to stop, agrees on stop and micro-batch plans through the
+// per-iteration control all-reduce (mb_plan.h), records the ground truth and writes the report.
+//
+// Thread-safety: one thread per process. Must never: let ranks disagree on the iteration at
+// which they stop or switch plans (only the control word decides), or skip the report on an
+// error that happens after the options were accepted.
+#ifndef FALCON_BENCH_TRAIN_JOB_H_
+#define FALCON_BENCH_TRAIN_JOB_H_
+
+#include <string>
+
+#include "falcon/status.h"
+#include "options.h"
+
+namespace falcon::train {
+
+// What main() read from the environment (falcon-emu-run sets it).
+struct JobEnvironment {
+  int rank = 0;
+  int world_size = 1;
+  std::string fault_plan;   // FALCON_EMU_FAULT_PLAN (file or inline JSON); empty = none
+  double id_timeout_s = 60; // wait for rank 0's unique id
+};
+
+// Runs the job. Returns Ok; Corrupt when --check found wrong data; another error (NCCL failure,
+// bad fault plan, report I/O) otherwise. Messages are not printed here; main() prints them.
+// REQUIRES: ValidateShape(options.shape, env.world_size) is Ok.
+[[nodiscard]] Status RunJob(const Options& options, const JobEnvironment& env);
+
+}  // namespace falcon::train
+
+#endif  // FALCON_BENCH_TRAIN_JOB_H_

@@ -1,0 +1,167 @@
+// Option table, parser and --help of falcon-train-emu; see options.h. Pure.
+#include "options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+
+namespace falcon::train {
+namespace {
+
+// One row of the option table. `set` parses `value` into the options, returning "" or an error.
+struct OptionSpec {
+  const char* name;
+  const char* arg;  // nullptr: a switch without a value
+  const char* help;
+  std::function<std::string(Options*, const std::string& value)> set;
+};
+
+std::string ParseInt(const std::string& v, long lo, long hi, int* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || errno != 0 || *end != '\0') return "'" + v + "' is not an integer";
+  if (x < lo || x > hi) return std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  *out = static_cast<int>(x);
+  return "";
+}
+
+std::string ParseDouble(const std::string& v, double lo, double hi, double* out) {
+  errno = 0;
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || errno != 0 || *end != '\0' || !std::isfinite(x)) return "'" + v + "' is not a number";
+  if (x < lo || x > hi) return v + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  *out = x;
+  return "";
+}
+
+std::string ParseSize(const std::string& v, std::size_t hi, std::size_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v[0] == '-' || errno != 0 || *end != '\0') return "'" + v + "' is not a byte count";
+  if (x > hi) return v + " is larger than " + std::to_string(hi);
+  *out = static_cast<std::size_t>(x);
+  return "";
+}
+
+const std::vector<OptionSpec>& Table() {
+  static const std::vector<OptionSpec> kTable = {
+      {"--tp", "N", "tensor-parallel size (default 1)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 4096, &o->shape.tp); }},
+      {"--dp", "N", "data-parallel size (default 1)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 4096, &o->shape.dp); }},
+      {"--pp", "N", "pipeline-parallel size (default 1); tp*dp*pp must equal the world size",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 4096, &o->shape.pp); }},
+      {"--micro-batches", "M", "micro-batches per DP replica per iteration (default 4)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 4096, &o->micro_batches); }},
+      {"--layers", "L", "layers per pipeline stage (default 2)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 1024, &o->layers); }},
+      {"--hidden", "H", "hidden size (default 128)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 1 << 16, &o->hidden); }},
+      {"--seq", "S", "sequence length (default 64)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 1 << 20, &o->seq); }},
+      {"--micro-batch-size", "b", "samples per micro-batch (default 2); activations are b*S*H*2 bytes",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 1 << 16, &o->micro_batch_size); }},
+      {"--compute-ms", "MS", "modelled forward time of one layer for one micro-batch (default 2; "
+       "backward is 2x), times the fault plan's compute factor",
+       [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e6, &o->compute_ms); }},
+      {"--optimizer-ms", "MS", "modelled optimizer step per iteration (default 1)",
+       [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e6, &o->optimizer_ms); }},
+      {"--grad-bytes", "B", "DP gradient bytes per rank (default layers*12*H*H/tp*2)",
+       [](Options* o, const std::string& v) { return ParseSize(v, std::size_t{1} << 32, &o->grad_bytes); }},
+      {"--dp-mode", "MODE", "allreduce (default) or rs-ag (reduce-scatter + all-gather)",
+       [](Options* o, const std::string& v) -> std::string {
+         if (v == "allreduce") o->dp_mode = DpMode::kAllReduce;
+         else if (v == "rs-ag") o->dp_mode = DpMode::kReduceScatterAllGather;
+         else return "'" + v + "' is not allreduce or rs-ag";
+         return "";
+       }},
+      {"--iters", "N", "iterations to run (default 10 when --duration-s is not given either)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 1 << 30, &o->iters); }},
+      {"--duration-s", "S", "stop at the first iteration boundary S seconds after the job epoch",
+       [](Options* o, const std::string& v) { return ParseDouble(v, 1e-3, 1e7, &o->duration_s); }},
+      {"--check", nullptr, "fill buffers with predictable values and verify every result (exit 1 if wrong)",
+       [](Options* o, const std::string&) { o->check = true; return std::string(); }},
+      {"--report", "FILE", "write the ground-truth JSON report; \"{rank}\" in FILE becomes the rank "
+       "(else \".rank<R>\" is appended when world > 1); \"-\" prints it on stdout",
+       [](Options* o, const std::string& v) { o->report = v; return v.empty() ? std::string("empty path") : ""; }},
+      {"--progress-every", "N", "rank 0 prints a progress line on stderr every N iterations (default 10; 0 = off)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->progress_every); }},
+      {"--plan-file", "PATH", "micro-batch plan JSON {\"version\": V, \"micro_batches\": [m per DP replica]}, "
+       "polled by rank 0 at iteration boundaries and applied by all ranks at the next iteration",
+       [](Options* o, const std::string& v) { o->plan_file = v; return v.empty() ? std::string("empty path") : ""; }},
+      {"--inject-corruption", "ITER", "test hook for --check: in iteration ITER every rank perturbs one element of "
+       "each buffer it sends or contributes, so the receivers' checks must fail (exit 1)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->inject_corruption); }},
+      {"--help", nullptr, "this text",
+       [](Options* o, const std::string&) { o->help = true; return std::string(); }},
+  };
+  return kTable;
+}
+
+}  // namespace
+
+std::size_t Options::ActivationBytes() const {
+  return static_cast<std::size_t>(micro_batch_size) * static_cast<std::size_t>(seq) *
+         static_cast<std::size_t>(hidden) * 2;
+}
+
+std::size_t Options::GradBytes() const {
+  if (grad_bytes > 0) return grad_bytes;
+  const std::size_t h = static_cast<std::size_t>(hidden);
+  return static_cast<std::size_t>(layers) * 12 * h * h / static_cast<std::size_t>(shape.tp) * 2;
+}
+
+Result<Options> ParseOptions(int argc, const char* const* argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::string value;
+    bool has_inline = false;
+    if (const auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_inline = true;
+    }
+    if (flag == "-h") flag = "--help";
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& s : Table()) {
+      if (flag == s.name) spec = &s;
+    }
+    if (!spec) return Status::InvalidArgument("unknown option " + flag + " (see --help)");
+    if (spec->arg && !has_inline) {
+      if (i + 1 >= argc) return Status::InvalidArgument(flag + " needs a value " + spec->arg);
+      value = argv[++i];
+    } else if (!spec->arg && has_inline) {
+      return Status::InvalidArgument(flag + " takes no value");
+    }
+    if (std::string err = spec->set(&o, value); !err.empty()) {
+      return Status::InvalidArgument(flag + ": " + err);
+    }
+  }
+  if (o.iters == 0 && o.duration_s == 0) o.iters = Options::kDefaultIters;
+  return o;
+}
+
+std::string UsageText() {
+  std::string out =
+      "usage: falcon-emu-run -n N [launcher options] -- falcon-train-emu [options]\n"
+      "Emulated TP x DP x PP trainer: 1F1B micro-batches, modelled compute, real NCCL calls.\n";
+  for (const OptionSpec& s : Table()) {
+    std::string left = std::string("  ") + s.name + (s.arg ? std::string(" ") + s.arg : "");
+    if (left.size() < 24) left.resize(24, ' ');
+    else left += "\n" + std::string(24, ' ');
+    out += left + s.help + "\n";
+  }
+  out += "Exit status: 0 ok, 1 a --check verification failed, 2 usage, setup or NCCL error.\n";
+  return out;
+}
+
+const char* DpModeName(DpMode mode) {
+  return mode == DpMode::kAllReduce ? "allreduce" : "rs-ag";
+}
+
+}  // namespace falcon::train

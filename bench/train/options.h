@@ -1,0 +1,60 @@
+// Command-line options of falcon-train-emu: one typed table (name, argument, bounds, default,
+// meaning) from which both the parser and --help are generated.
+//
+// Thread-safety: pure; ParseOptions touches nothing but its arguments. Must never: exit, print
+// or read the environment (main() does that with the Result).
+#ifndef FALCON_BENCH_TRAIN_OPTIONS_H_
+#define FALCON_BENCH_TRAIN_OPTIONS_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "falcon/status.h"
+#include "layout.h"
+
+namespace falcon::train {
+
+enum class DpMode { kAllReduce, kReduceScatterAllGather };
+
+struct Options {
+  Shape shape;                    // --tp --dp --pp
+  int micro_batches = 4;          // --micro-batches: per DP replica per iteration (before plans)
+  int layers = 2;                 // --layers: transformer layers per pipeline stage
+  int hidden = 128;               // --hidden H
+  int seq = 64;                   // --seq S
+  int micro_batch_size = 2;       // --micro-batch-size b
+  double compute_ms = 2;          // --compute-ms: forward of one layer for one micro-batch
+  double optimizer_ms = 1;        // --optimizer-ms: optimizer step per iteration
+  std::size_t grad_bytes = 0;     // --grad-bytes: DP gradient bytes; 0 = derived (GradBytes)
+  DpMode dp_mode = DpMode::kAllReduce;  // --dp-mode allreduce|rs-ag
+  int iters = 0;                  // --iters: 0 = not given
+  double duration_s = 0;          // --duration-s: 0 = not given
+  bool check = false;             // --check
+  std::string report;             // --report FILE ("{rank}" substituted) or "-" for stdout
+  int progress_every = 10;        // --progress-every: rank 0 progress line period; 0 = off
+  std::string plan_file;          // --plan-file: micro-batch plan (mb_plan.h)
+  int inject_corruption = -1;     // --inject-corruption ITER: test hook (with --check), -1 = off
+  bool help = false;              // --help / -h
+
+  // Activation (and activation-gradient) message bytes: b * S * H * 2 (bf16-sized payload).
+  [[nodiscard]] std::size_t ActivationBytes() const;
+  // DP gradient bytes: --grad-bytes, else layers * 12 * H^2 / tp parameters at 2 bytes each.
+  [[nodiscard]] std::size_t GradBytes() const;
+  // Iterations to run when neither --iters nor --duration-s is given.
+  static constexpr int kDefaultIters = 10;
+};
+
+// Parses argv[1..argc). Returns InvalidArgument naming the flag on an unknown flag, a missing or
+// malformed value, or a value out of bounds. Does not check the shape against the world size
+// (ValidateShape does, once WORLD_SIZE is known).
+[[nodiscard]] Result<Options> ParseOptions(int argc, const char* const* argv);
+
+// The --help text, generated from the option table.
+[[nodiscard]] std::string UsageText();
+
+[[nodiscard]] const char* DpModeName(DpMode mode);
+
+}  // namespace falcon::train
+
+#endif  // FALCON_BENCH_TRAIN_OPTIONS_H_

@@ -1,0 +1,67 @@
+// Tests of the option table: parsing, bounds, defaults and --help.
+#include "options.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace falcon::train {
+namespace {
+
+Result<Options> Parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "falcon-train-emu");
+  return ParseOptions(static_cast<int>(args.size()), args.data());
+}
+
+TEST(OptionsTest, Defaults) {
+  const Result<Options> o = Parse({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o.value().micro_batches, 4);
+  EXPECT_EQ(o.value().layers, 2);
+  EXPECT_EQ(o.value().iters, Options::kDefaultIters);
+  EXPECT_EQ(o.value().ActivationBytes(), 2u * 64 * 128 * 2);
+  EXPECT_EQ(o.value().GradBytes(), 2u * 12 * 128 * 128 * 2);
+}
+
+TEST(OptionsTest, ParsesEveryKind) {
+  const Result<Options> o = Parse({"--tp", "2", "--dp=3", "--pp", "4", "--compute-ms", "0.5", "--dp-mode", "rs-ag",
+                                   "--check", "--report", "r-{rank}.json", "--duration-s", "3", "--grad-bytes",
+                                   "4096", "--plan-file", "/tmp/p.json"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o.value().shape.tp, 2);
+  EXPECT_EQ(o.value().shape.dp, 3);
+  EXPECT_EQ(o.value().shape.pp, 4);
+  EXPECT_DOUBLE_EQ(o.value().compute_ms, 0.5);
+  EXPECT_EQ(o.value().dp_mode, DpMode::kReduceScatterAllGather);
+  EXPECT_TRUE(o.value().check);
+  EXPECT_EQ(o.value().iters, 0);  // --duration-s alone: run by time
+  EXPECT_EQ(o.value().GradBytes(), 4096u);
+  EXPECT_EQ(o.value().plan_file, "/tmp/p.json");
+}
+
+TEST(OptionsTest, RejectsBadInput) {
+  struct Case { std::vector<const char*> args; const char* says; };
+  for (const Case& c : {Case{{"--bogus"}, "unknown option --bogus"}, Case{{"--tp"}, "needs a value"},
+                        Case{{"--tp", "0"}, "--tp: 0 is outside"}, Case{{"--tp", "two"}, "not an integer"},
+                        Case{{"--dp-mode", "ring"}, "not allreduce or rs-ag"}, Case{{"--check=1"}, "takes no value"},
+                        Case{{"--compute-ms", "-1"}, "outside"}, Case{{"--grad-bytes", "-5"}, "not a byte count"}}) {
+    const Result<Options> o = Parse(c.args);
+    ASSERT_FALSE(o.ok()) << c.says;
+    EXPECT_NE(o.status().message().find(c.says), std::string::npos) << o.status().message();
+  }
+}
+
+TEST(OptionsTest, HelpListsEveryOption) {
+  const std::string help = UsageText();
+  for (const char* flag : {"--tp", "--dp", "--pp", "--micro-batches", "--layers", "--hidden", "--seq",
+                           "--micro-batch-size", "--compute-ms", "--optimizer-ms", "--grad-bytes", "--dp-mode",
+                           "--iters", "--duration-s", "--check", "--report", "--progress-every", "--plan-file"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+  const Result<Options> o = Parse({"-h"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o.value().help);
+}
+
+}  // namespace
+}  // namespace falcon::train

@@ -1,0 +1,141 @@
+// Ground-truth report; see report.h.
+#include "report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace falcon::train {
+namespace {
+
+using nlohmann::json;
+
+// Quantile q of sorted values, nearest-rank with linear interpolation.
+double Quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const std::size_t lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+json FaultJson(const AffectingFault& f) {
+  return {{"index", f.index}, {"kind", emu::FaultKindName(f.fault.kind)}, {"scope", f.scope},
+          {"ranks", f.fault.ranks}, {"nodes", f.fault.nodes}, {"start_s", f.fault.start_s},
+          {"duration_s", f.fault.duration_s}, {"factor", f.fault.factor}};
+}
+
+json ConfigJson(const Options& o) {
+  return {{"micro_batches", o.micro_batches}, {"layers", o.layers}, {"hidden", o.hidden}, {"seq", o.seq},
+          {"micro_batch_size", o.micro_batch_size}, {"compute_ms", o.compute_ms},
+          {"optimizer_ms", o.optimizer_ms}, {"dp_mode", DpModeName(o.dp_mode)}, {"check", o.check},
+          {"activation_bytes", o.ActivationBytes()}, {"grad_bytes", o.GradBytes()},
+          {"iters", o.iters}, {"duration_s", o.duration_s}, {"plan_file", o.plan_file}};
+}
+
+}  // namespace
+
+std::vector<AffectingFault> FaultsAffecting(const emu::FaultPlan& plan, int rank, int node) {
+  std::vector<AffectingFault> out;
+  for (std::size_t i = 0; i < plan.faults().size(); ++i) {
+    const emu::Fault& f = plan.faults()[i];
+    const auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+    std::string scope;
+    if ((f.kind == emu::FaultKind::kCompute || f.kind == emu::FaultKind::kHang) && has(f.ranks, rank)) scope = "rank";
+    if ((f.kind == emu::FaultKind::kLink || f.kind == emu::FaultKind::kNic) && has(f.nodes, node)) scope = "node";
+    if (!scope.empty()) out.push_back({static_cast<int>(i), f, scope});
+  }
+  return out;
+}
+
+Summary Summarize(const std::vector<IterationRecord>& iterations) {
+  Summary s;
+  s.iterations = static_cast<int>(iterations.size());
+  if (iterations.empty()) return s;
+  std::vector<double> d;
+  for (const IterationRecord& r : iterations) d.push_back(r.duration_s);
+  std::sort(d.begin(), d.end());
+  for (double x : d) s.total_s += x;
+  s.mean_s = s.total_s / static_cast<double>(d.size());
+  s.min_s = d.front();
+  s.max_s = d.back();
+  s.median_s = Quantile(d, 0.5);
+  s.p95_s = Quantile(d, 0.95);
+  return s;
+}
+
+std::string ReportJson(const ReportData& r, int indent) {
+  json iters = json::array();
+  for (const IterationRecord& it : r.iterations) {
+    iters.push_back({{"iter", it.iter}, {"start_s", it.start_s}, {"duration_s", it.duration_s},
+                     {"micro_batches", it.micro_batches}, {"plan_version", it.plan_version},
+                     {"compute_factor", it.compute_factor}});
+  }
+  json changes = json::array();
+  for (const PlanChange& c : r.plan_changes) {
+    changes.push_back({{"iter", c.iter}, {"version", c.version}, {"micro_batches", c.micro_batches}});
+  }
+  json faults = json::array();
+  for (const AffectingFault& f : r.faults) faults.push_back(FaultJson(f));
+  const Summary s = Summarize(r.iterations);
+  const json j = {
+      {"schema", "falcon.train.report"}, {"schema_version", kReportSchemaVersion}, {"status", r.status},
+      {"rank", r.rank}, {"world_size", r.world_size}, {"pid", r.pid}, {"node", r.node},
+      {"shape", {{"tp", r.options.shape.tp}, {"dp", r.options.shape.dp}, {"pp", r.options.shape.pp}}},
+      {"coords", {{"tp", r.coords.tp}, {"dp", r.coords.dp}, {"pp", r.coords.pp}}},
+      {"config", ConfigJson(r.options)}, {"iterations", iters}, {"plan_changes", changes}, {"faults", faults},
+      {"summary", {{"iterations", s.iterations}, {"median_s", s.median_s}, {"mean_s", s.mean_s},
+                   {"min_s", s.min_s}, {"max_s", s.max_s}, {"p95_s", s.p95_s}, {"total_s", s.total_s}}}};
+  // Strings here are ours or come from UTF-8 clean messages; replace keeps dump() exception-free.
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
+std::string ReportPath(const std::string& spec, int rank, int world) {
+  if (spec == "-") return spec;
+  const std::string token = "{rank}";
+  if (const auto pos = spec.find(token); pos != std::string::npos) {
+    return spec.substr(0, pos) + std::to_string(rank) + spec.substr(pos + token.size());
+  }
+  return world > 1 ? spec + ".rank" + std::to_string(rank) : spec;
+}
+
+Status WriteReport(const std::string& spec, const ReportData& data) {
+  const std::string path = ReportPath(spec, data.rank, data.world_size);
+  if (path == "-") {
+    std::printf("%s\n", ReportJson(data, -1).c_str());
+    std::fflush(stdout);
+    return Status::Ok();
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return Status::IoError("cannot create " + tmp + ": " + std::strerror(errno));
+  const std::string text = ReportJson(data, 1) + "\n";
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!wrote || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot write " + path + ": " + why);
+  }
+  return Status::Ok();
+}
+
+std::string SummaryLine(const ReportData& r) {
+  const Summary s = Summarize(r.iterations);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "falcon-train-emu: %d ranks %s M=%d L=%d act=%zuB grad=%zuB dp-mode=%s: %d iterations, "
+                "iteration median %.2f ms min %.2f ms max %.2f ms p95 %.2f ms, check=%s, status=%s",
+                r.world_size, ToString(r.options.shape).c_str(), r.options.micro_batches, r.options.layers,
+                r.options.ActivationBytes(), r.options.GradBytes(), DpModeName(r.options.dp_mode), s.iterations,
+                s.median_s * 1e3, s.min_s * 1e3, s.max_s * 1e3, s.p95_s * 1e3, r.options.check ? "on" : "off",
+                r.status.c_str());
+  return buf;
+}
+
+}  // namespace falcon::train

@@ -1,0 +1,121 @@
+// Tests of the 1F1B schedule: shape of each stage's sequence, and a simulation over all stages
+// proving that the point-to-point exchanges pair up (no deadlock) for every pp <= 8, M <= 12.
+#include "schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace falcon::train {
+namespace {
+
+TEST(ScheduleTest, SingleStageIsForwardBackwardPairs) {
+  EXPECT_EQ(ToString(Build1F1B(1, 0, 3)), "F0 B0 F1 B1 F2 B2");
+}
+
+TEST(ScheduleTest, TwoStagesMegatronOrder) {
+  EXPECT_EQ(ToString(Build1F1B(2, 0, 3)), "F0 x[sf0] F1 x[sf1rb0] B0 F2 x[sf2rb1] B1 x[rb2] B2");
+  EXPECT_EQ(ToString(Build1F1B(2, 1, 3)), "x[rf0] F0 B0 x[rf1sb0] F1 B1 x[rf2sb1] F2 B2 x[sb2]");
+}
+
+TEST(ScheduleTest, WarmupCounts) {
+  EXPECT_EQ(WarmupCount(4, 0, 8), 3);
+  EXPECT_EQ(WarmupCount(4, 3, 8), 0);
+  EXPECT_EQ(WarmupCount(4, 0, 2), 2);  // fewer micro-batches than stages
+}
+
+// Every stage runs each micro-batch forward once and backward once, backward after forward.
+TEST(ScheduleTest, EachMicroBatchOnceForwardThenBackward) {
+  for (int pp = 1; pp <= 8; ++pp) {
+    for (int m = 1; m <= 12; ++m) {
+      for (int s = 0; s < pp; ++s) {
+        std::vector<int> f(static_cast<std::size_t>(m), -1), b(static_cast<std::size_t>(m), -1);
+        const auto steps = Build1F1B(pp, s, m);
+        int in_flight = 0, peak = 0;
+        for (std::size_t i = 0; i < steps.size(); ++i) {
+          const Step& st = steps[i];
+          if (st.kind == StepKind::kForward) {
+            EXPECT_EQ(f[static_cast<std::size_t>(st.mb)], -1);
+            f[static_cast<std::size_t>(st.mb)] = static_cast<int>(i);
+            peak = std::max(peak, ++in_flight);
+          } else if (st.kind == StepKind::kBackward) {
+            EXPECT_EQ(b[static_cast<std::size_t>(st.mb)], -1);
+            b[static_cast<std::size_t>(st.mb)] = static_cast<int>(i);
+            --in_flight;
+          } else {
+            EXPECT_FALSE(s == 0 && (st.xchg.recv_fwd_from_prev || st.xchg.send_bwd_to_prev));
+            EXPECT_FALSE(s == pp - 1 && (st.xchg.send_fwd_to_next || st.xchg.recv_bwd_from_next));
+          }
+        }
+        for (int mb = 0; mb < m; ++mb) {
+          ASSERT_GE(f[static_cast<std::size_t>(mb)], 0) << pp << " " << s << " " << m;
+          ASSERT_GT(b[static_cast<std::size_t>(mb)], f[static_cast<std::size_t>(mb)]);
+        }
+        // 1F1B bounds the activations in flight by the warm-up depth + 1.
+        EXPECT_LE(peak, WarmupCount(pp, s, m) + 1);
+      }
+    }
+  }
+}
+
+// Does exchange `a` of stage s with its neighbour (direction +1 = next) match exchange `b` of
+// that neighbour with s? Each send must meet a receive of the same micro-batch and vice versa.
+bool Matches(const Exchange& a, const Exchange& b, int dir) {
+  if (dir > 0) {
+    return a.send_fwd_to_next == b.recv_fwd_from_prev && a.recv_bwd_from_next == b.send_bwd_to_prev &&
+           (!a.send_fwd_to_next || a.send_fwd_mb == b.recv_fwd_mb) &&
+           (!a.recv_bwd_from_next || a.recv_bwd_mb == b.send_bwd_mb);
+  }
+  return Matches(b, a, 1);
+}
+
+int NeighbourDir(const Exchange& x) {
+  const bool prev = x.recv_fwd_from_prev || x.send_bwd_to_prev;
+  const bool next = x.send_fwd_to_next || x.recv_bwd_from_next;
+  EXPECT_FALSE(prev && next) << "an exchange talks to one neighbour only";
+  return next ? 1 : -1;
+}
+
+// Runs all stages in lock-step: a stage at an exchange waits until its neighbour sits at the
+// matching exchange; compute steps always proceed. Deadlock = no stage can move.
+TEST(ScheduleTest, AllStagesPairWithoutDeadlock) {
+  for (int pp = 1; pp <= 8; ++pp) {
+    for (int m = 1; m <= 12; ++m) {
+      std::vector<std::vector<Step>> plan;
+      for (int s = 0; s < pp; ++s) plan.push_back(Build1F1B(pp, s, m));
+      std::vector<std::size_t> pc(static_cast<std::size_t>(pp), 0);
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < pp; ++s) {
+          auto& i = pc[static_cast<std::size_t>(s)];
+          const auto& steps = plan[static_cast<std::size_t>(s)];
+          if (i >= steps.size()) continue;
+          if (steps[i].kind != StepKind::kExchange) {
+            ++i;
+            moved = true;
+            continue;
+          }
+          const int dir = NeighbourDir(steps[i].xchg);
+          const int n = s + dir;
+          ASSERT_TRUE(n >= 0 && n < pp);
+          auto& j = pc[static_cast<std::size_t>(n)];
+          const auto& other = plan[static_cast<std::size_t>(n)];
+          if (j < other.size() && other[j].kind == StepKind::kExchange && NeighbourDir(other[j].xchg) == -dir &&
+              Matches(steps[i].xchg, other[j].xchg, dir)) {
+            ++i;
+            ++j;
+            moved = true;
+          }
+        }
+      }
+      for (int s = 0; s < pp; ++s) {
+        EXPECT_EQ(pc[static_cast<std::size_t>(s)], plan[static_cast<std::size_t>(s)].size())
+            << "deadlock: pp=" << pp << " m=" << m << " stage " << s << " stuck at "
+            << ToString({plan[static_cast<std::size_t>(s)][pc[static_cast<std::size_t>(s)]]});
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace falcon::train
