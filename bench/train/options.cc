@@ -102,6 +102,31 @@ const std::vector<OptionSpec>& Table() {
   return kTable;
 }
 
+// Word-wraps `text` to `width` columns, indenting continuation lines by `indent`.
+std::string Wrap(const std::string& text, std::size_t indent, std::size_t width) {
+  std::string out, word;
+  std::size_t col = indent;
+  auto flush = [&] {
+    if (word.empty()) return;
+    if (col > indent && col + 1 + word.size() > width) {
+      out += "\n" + std::string(indent, ' ');
+      col = indent;
+    } else if (col > indent) {
+      out += ' ';
+      ++col;
+    }
+    out += word;
+    col += word.size();
+    word.clear();
+  };
+  for (char c : text) {
+    if (c == ' ') flush();
+    else word += c;
+  }
+  flush();
+  return out;
+}
+
 }  // namespace
 
 std::size_t Options::ActivationBytes() const {
@@ -154,7 +179,7 @@ std::string UsageText() {
     std::string left = std::string("  ") + s.name + (s.arg ? std::string(" ") + s.arg : "");
     if (left.size() < 24) left.resize(24, ' ');
     else left += "\n" + std::string(24, ' ');
-    out += left + s.help + "\n";
+    out += left + Wrap(s.help, 24, 100) + "\n";
   }
   out += "Exit status: 0 ok, 1 a --check verification failed, 2 usage, setup or NCCL error.\n";
   return out;

@@ -224,6 +224,22 @@ TEST_F(TrainEmuTest, PlanWrittenMidRunSwitchesAllRanksAtOneIteration) {
   EXPECT_LT(at, 40) << "the plan was never applied";
 }
 
+TEST_F(TrainEmuTest, DurationStopsAllRanksAtTheSameIteration) {
+  const JobResult r = RunJob({"-n", "4"}, {"--tp", "2", "--pp", "2", "--duration-s", "0.5", "--compute-ms", "0.5",
+                                          "--report", ReportSpec()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json first = Report(0);
+  const std::size_t n = first["iterations"].size();
+  ASSERT_GE(n, 1u);
+  const json& last = first["iterations"][n - 1];
+  // Rank 0 decided to stop at the first boundary at or after 0.5 s since the job epoch.
+  EXPECT_GE(last["start_s"].get<double>() + last["duration_s"].get<double>(), 0.5);
+  if (n >= 2) {
+    EXPECT_LT(first["iterations"][n - 2]["start_s"].get<double>(), 0.5);
+  }
+  for (int rank = 1; rank < 4; ++rank) EXPECT_EQ(Report(rank)["iterations"].size(), n) << rank;
+}
+
 TEST_F(TrainEmuTest, SixteenRanksTwoPerNodeSmoke) {
   const JobResult r = RunJob({"-n", "16", "--ranks-per-node", "2"},
                              {"--tp", "2", "--dp", "4", "--pp", "2", "--iters", "3", "--check", "--report", ReportSpec()});
