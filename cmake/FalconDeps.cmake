@@ -32,4 +32,8 @@ if(FALCON_BUILD_DAEMONS)
   find_package(nlohmann_json 3.10 REQUIRED)
   find_package(CLI11 REQUIRED)
   find_package(spdlog REQUIRED)
+  # The agent and controller: hiredis (Redis client), Boost.Asio/Beast (event loop, HTTP metrics).
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis>=0.14)
+  find_package(Boost 1.74 REQUIRED COMPONENTS system)
 endif()

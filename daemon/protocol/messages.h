@@ -1,0 +1,169 @@
+// Typed protocol messages and their JSON forms (include/falcon/protocol.h is the schema).
+//
+// Writers fill a struct and call ToJson; nothing else in Falcon assembles protocol JSON. Readers
+// get structs only through Parse* functions, which validate first (validate.h): a struct that
+// came from Redis has passed its schema. A unit test checks that every ToJson output validates
+// against its own spec.
+// Thread-safety: value types and pure functions. Must never: throw.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "falcon/protocol.h"
+#include "falcon/status.h"
+
+namespace falcon::protocol {
+
+// Fields shared by every agent report.
+struct ReportHeader {
+  std::string job;
+  std::string host;
+  std::int64_t at_ns = 0;  // wall clock
+};
+
+struct CommSummary {
+  std::uint64_t id = 0;
+  std::int32_t rank = -1;
+  std::int32_t nranks = 0;
+  std::string name;
+};
+
+struct RankRegistration {
+  ReportHeader header;
+  std::int64_t rank = -1;
+  std::int64_t pid = 0;
+  std::int64_t local_rank = -1;
+  std::string exe;
+  std::string state = "live";  // live | exited | orphaned
+  std::int64_t started_ns = 0;
+  std::string mode = "track";
+  std::vector<CommSummary> comms;
+  std::uint64_t records = 0;
+  std::uint64_t lost = 0;
+  std::optional<std::uint64_t> period;
+  std::uint64_t iterations = 0;
+  bool slow = false;
+};
+
+struct AgentHeartbeat {
+  ReportHeader header;
+  std::int64_t pid = 0;
+  std::string version;
+  std::int64_t started_ns = 0;
+  std::vector<std::int64_t> ranks;
+  double cpu_seconds = 0;
+  std::uint64_t outbox = 0;
+  std::uint64_t dropped = 0;
+};
+
+struct IterationBatch {
+  ReportHeader header;
+  std::int64_t rank = -1;
+  std::int64_t pid = 0;
+  std::uint64_t period = 0;
+  std::uint64_t first = 0;
+  std::vector<std::int64_t> start_ns;  // same length as seconds
+  std::vector<double> seconds;
+};
+
+struct AlarmReport {
+  ReportHeader header;
+  std::int64_t rank = -1;
+  std::int64_t pid = 0;
+  std::string kind;  // slow | recovered
+  std::uint64_t onset = 0;
+  std::uint64_t at = 0;
+  std::optional<std::int64_t> onset_ns;
+  double ratio = 1;
+  double probability = 0;
+  double level_s = 0;
+  double baseline_s = 0;
+};
+
+struct SignatureProfile {
+  std::string op;
+  std::uint64_t bytes = 0;
+  std::int32_t peer = -1;
+  std::uint64_t count = 0;
+  std::optional<double> mean_us;    // host duration, only with end times (profile/sample)
+  std::optional<double> median_us;
+};
+
+struct CommProfile {
+  std::uint64_t id = 0;
+  std::int32_t rank = -1;
+  std::int32_t nranks = 0;
+  std::vector<SignatureProfile> sigs;
+};
+
+struct CommProfileReport {
+  ReportHeader header;
+  std::int64_t rank = -1;
+  std::int64_t pid = 0;
+  std::int64_t since_ns = 0;
+  std::string mode = "track";
+  std::vector<CommProfile> comms;
+};
+
+// A controller command, validated. Which fields mean something depends on `type`.
+struct Command {
+  std::string type;  // set_mode | pause | resume | validate
+  std::string id;
+  std::int64_t issued_ns = 0;
+  std::optional<std::int64_t> deadline_ns;
+  std::optional<std::vector<std::int64_t>> ranks;  // absent: all ranks of the agent
+  // set_mode
+  std::string mode;
+  std::uint32_t sample_every = 100;
+  // pause
+  std::uint64_t at_iteration = 0;
+  double max_pause_s = 0;
+  // validate
+  std::string task;
+  std::optional<std::string> comm;
+  std::optional<std::int64_t> peer, bytes, size, repeats;
+};
+
+struct Ack {
+  ReportHeader header;
+  std::string command;
+  std::string command_type;
+  std::string status;  // ok | unsupported | rejected | failed | expired
+  std::string detail;
+  std::vector<std::int64_t> ranks;
+};
+
+struct Alert {
+  std::string job;
+  std::int64_t at_ns = 0;
+  std::string severity;  // info | warning | critical
+  std::string source;    // agent | controller
+  std::string summary;
+  std::optional<std::string> host;
+  std::optional<std::int64_t> rank;
+  std::optional<std::string> incident;
+};
+
+nlohmann::json ToJson(const RankRegistration& m);
+nlohmann::json ToJson(const AgentHeartbeat& m);
+nlohmann::json ToJson(const IterationBatch& m);
+nlohmann::json ToJson(const AlarmReport& m);
+nlohmann::json ToJson(const CommProfileReport& m);
+nlohmann::json ToJson(const Command& m);  // for the controller and tests
+nlohmann::json ToJson(const Ack& m);
+nlohmann::json ToJson(const Alert& m);
+
+// Validates `text` as any command type and extracts it.
+[[nodiscard]] Result<Command> ParseCommand(std::string_view text);
+
+// 16 lower-case hex digits, and back (nullopt unless exactly 16 hex digits).
+std::string CommIdHex(std::uint64_t id);
+std::optional<std::uint64_t> ParseCommIdHex(std::string_view hex);
+
+}  // namespace falcon::protocol

@@ -1,0 +1,84 @@
+// Typed Redis commands over a RedisConnection: streams, hashes, expiry, pub/sub publishing.
+//
+// Each function sends one command (or returns its argv for pipelining) and turns the reply into
+// plain values; an unexpected reply shape is a Corrupt status, never a crash. Stream fields are
+// (name, value) pairs. Blocking reads (block_ms > 0) wait on the calling thread: call them only
+// from a worker thread (STYLE rule 9), never from an event loop.
+// Thread-safety: as RedisConnection (one thread per connection). Must never: throw.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/redis/redis_connection.h"
+#include "falcon/status.h"
+
+namespace falcon::redis {
+
+using FieldList = std::vector<std::pair<std::string, std::string>>;
+
+struct StreamEntry {
+  std::string id;
+  FieldList fields;
+  // Value of field `name`, or nullptr.
+  const std::string* Field(const std::string& name) const;
+};
+
+struct StreamRead {
+  std::string stream;
+  std::vector<StreamEntry> entries;
+};
+
+// XADD stream MAXLEN ~ maxlen * field value ... (maxlen 0: no trimming).
+std::vector<std::string> XAddArgs(const std::string& stream, std::uint64_t maxlen,
+                                  const FieldList& fields);
+[[nodiscard]] Result<std::string> XAdd(RedisConnection& c, const std::string& stream,
+                                       std::uint64_t maxlen, const FieldList& fields);
+
+// XREAD [COUNT n] [BLOCK ms] STREAMS s... id... ; block_ms < 0: no BLOCK. Empty on timeout.
+[[nodiscard]] Result<std::vector<StreamRead>> XRead(
+    RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
+    std::uint64_t count, int block_ms);
+
+// XREADGROUP GROUP g consumer [COUNT n] [BLOCK ms] STREAMS stream id ('>' = new entries).
+[[nodiscard]] Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c,
+                                                         const std::string& group,
+                                                         const std::string& consumer,
+                                                         const std::string& stream,
+                                                         const std::string& id,
+                                                         std::uint64_t count, int block_ms);
+
+// XGROUP CREATE stream group id MKSTREAM; a group that already exists is OK.
+[[nodiscard]] Status XGroupCreate(RedisConnection& c, const std::string& stream,
+                                  const std::string& group, const std::string& id);
+[[nodiscard]] Status XAck(RedisConnection& c, const std::string& stream, const std::string& group,
+                          const std::vector<std::string>& ids);
+// XRANGE stream start end [COUNT n] (count 0: all).
+[[nodiscard]] Result<std::vector<StreamEntry>> XRange(RedisConnection& c, const std::string& stream,
+                                                      const std::string& start,
+                                                      const std::string& end, std::uint64_t count);
+[[nodiscard]] Result<std::uint64_t> XLen(RedisConnection& c, const std::string& stream);
+
+std::vector<std::string> HSetArgs(const std::string& key, const FieldList& fields);
+[[nodiscard]] Status HSet(RedisConnection& c, const std::string& key, const FieldList& fields);
+[[nodiscard]] Result<std::map<std::string, std::string>> HGetAll(RedisConnection& c,
+                                                                 const std::string& key);
+std::vector<std::string> ExpireArgs(const std::string& key, std::int64_t seconds);
+[[nodiscard]] Status Expire(RedisConnection& c, const std::string& key, std::int64_t seconds);
+// Remaining TTL in seconds (-1 none, -2 no key).
+[[nodiscard]] Result<std::int64_t> Ttl(RedisConnection& c, const std::string& key);
+[[nodiscard]] Status Del(RedisConnection& c, const std::string& key);
+
+std::vector<std::string> PublishArgs(const std::string& channel, const std::string& message);
+// Returns the number of subscribers that received it.
+[[nodiscard]] Result<std::int64_t> Publish(RedisConnection& c, const std::string& channel,
+                                           const std::string& message);
+[[nodiscard]] Status Ping(RedisConnection& c);
+
+// Parses an XREAD/XREADGROUP reply.
+[[nodiscard]] Result<std::vector<StreamRead>> ParseStreamReads(const RedisReply& reply);
+
+}  // namespace falcon::redis

@@ -1,0 +1,309 @@
+// Falcon's Redis protocol: every key, stream and channel Falcon uses and every message that
+// travels through them, declared once as data (STYLE.md rule 10). docs/protocol.md is the
+// reader's guide; this header is the contract.
+//
+// Names are patterns over a small set of variables, all namespaced by job:
+//   {job}  the job name (FALCON_JOB / agent config `job`)   {host}  the agent's node name
+//   {rank} a global rank (decimal)
+// A variable's value must be 1..128 characters of [A-Za-z0-9._-] (no ':', braces or spaces), so
+// a key names exactly one thing. Build keys with falcon::protocol::FormatKey (daemon/protocol/).
+//
+// Payloads are JSON objects. Every message carries "v" (kSchemaVersion) and "type" (one of the
+// MessageSpec types below); fields not listed are ignored by readers (a newer minor writer may add
+// them), listed fields must have the declared JSON type and, where given, lie in the declared
+// choices or bounds. Readers validate every message before use and log and drop the bad ones;
+// nothing taken from Redis is ever used as a handle, pointer, path or code.
+// Stream entries hold one field, kPayloadField ("msg"), whose value is the JSON text; hashes hold
+// the same field plus plain mirror fields for people reading with redis-cli.
+//
+// Thread-safety: constants only. Standard library only (no hiredis, Boost or JSON types here).
+// Must never: hold mutable state, or change a name or field meaning without bumping kSchemaVersion.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string_view>
+
+namespace falcon::protocol {
+
+inline constexpr int kSchemaVersion = 1;
+inline constexpr std::string_view kPayloadField = "msg";  // stream entry / hash field with JSON
+inline constexpr std::string_view kCommandGroup = "falcon-agent";  // consumer group on commands
+
+// ---- Keys, streams, channels ------------------------------------------------------------------
+
+enum class KeyKind : std::uint8_t { kStream, kHash, kChannel };
+enum class Direction : std::uint8_t { kAgentToController, kControllerToAgent, kControllerToAll };
+
+struct KeySpec {
+  std::string_view name;      // short name used in docs, logs and FindKey()
+  std::string_view pattern;   // with {job}, {host}, {rank}
+  KeyKind kind;
+  Direction direction;
+  std::string_view messages;  // message type(s) it holds, '|'-separated
+  std::string_view meaning;
+};
+
+inline constexpr KeySpec kRankKey{
+    "rank", "falcon:{job}:rank:{rank}", KeyKind::kHash, Direction::kAgentToController,
+    "rank_register",
+    "one traced rank: identity and communicators; refreshed every heartbeat, expires (TTL) when "
+    "its agent stops refreshing it"};
+inline constexpr KeySpec kAgentKey{
+    "agent", "falcon:{job}:agent:{host}", KeyKind::kHash, Direction::kAgentToController,
+    "agent_heartbeat", "one agent: liveness, ranks followed, counters; expires (TTL)"};
+inline constexpr KeySpec kIterationsStream{
+    "iterations", "falcon:{job}:iterations", KeyKind::kStream, Direction::kAgentToController,
+    "iterations", "iteration-time samples, batched per rank (MAXLEN ~)"};
+inline constexpr KeySpec kAlarmsStream{
+    "alarms", "falcon:{job}:alarms", KeyKind::kStream, Direction::kAgentToController, "alarm",
+    "detector alarms per rank: slow / recovered"};
+inline constexpr KeySpec kProfilesStream{
+    "profiles", "falcon:{job}:profiles", KeyKind::kStream, Direction::kAgentToController,
+    "comm_profile", "per-communicator call profiles per rank (op/size signature, count, timing)"};
+inline constexpr KeySpec kCommandsStream{
+    "commands", "falcon:{job}:commands:{host}", KeyKind::kStream, Direction::kControllerToAgent,
+    "set_mode|pause|resume|validate",
+    "commands for one agent; read with XREADGROUP (group kCommandGroup), acknowledged with XACK "
+    "after an ack message is queued"};
+inline constexpr KeySpec kAcksStream{
+    "acks", "falcon:{job}:acks", KeyKind::kStream, Direction::kAgentToController, "ack",
+    "one ack per command and agent"};
+inline constexpr KeySpec kIncidentsStream{
+    "incidents", "falcon:{job}:incidents", KeyKind::kStream, Direction::kControllerToAll,
+    "incident", "detection, localisation, decision, resolution: the durable record of alerts"};
+inline constexpr KeySpec kAlertsChannel{
+    "alerts", "falcon:{job}:alerts", KeyKind::kChannel, Direction::kControllerToAll, "alert",
+    "live alerts (pub/sub; lost while nobody subscribes: read incidents for history)"};
+
+inline constexpr KeySpec kAllKeys[] = {kRankKey,      kAgentKey,        kIterationsStream,
+                                       kAlarmsStream, kProfilesStream,  kCommandsStream,
+                                       kAcksStream,   kIncidentsStream, kAlertsChannel};
+
+// ---- Messages -----------------------------------------------------------------------------------
+
+enum class JsonType : std::uint8_t { kString, kInteger, kNumber, kBoolean, kObject, kArray };
+
+struct FieldSpec {
+  std::string_view name;
+  JsonType type;
+  bool required;
+  std::string_view meaning;
+  // kString: '|'-separated allowed values ("" = any string of 0..max characters).
+  std::string_view choices = {};
+  // kInteger/kNumber: inclusive bounds; kString/kArray: max length in characters/elements.
+  double min = std::numeric_limits<double>::lowest();
+  double max = std::numeric_limits<double>::max();
+  JsonType items = JsonType::kObject;  // kArray: element type (objects are not checked deeper)
+};
+
+struct MessageSpec {
+  std::string_view type;
+  std::span<const FieldSpec> fields;  // besides "v" and "type"
+  std::string_view meaning;
+};
+
+inline constexpr double kMaxI64 = 9.2e18;
+inline constexpr double kMaxRank = 16777216;  // 2^24 ranks
+inline constexpr double kMaxText = 4096;
+
+// Fields every agent report carries.
+#define FALCON_PROTOCOL_REPORT_FIELDS                                                         \
+  {"job", JsonType::kString, true, "job name", "", 1, 128},                                    \
+      {"host", JsonType::kString, true, "agent's node name", "", 1, 128},                      \
+      {"at_ns", JsonType::kInteger, true, "wall-clock time of the report, ns since epoch", "", \
+       0, kMaxI64}
+
+#define FALCON_PROTOCOL_RANK_FIELDS                                                          \
+  {"rank", JsonType::kInteger, true, "global rank (-1 if unknown)", "", -1, kMaxRank},       \
+      {"pid", JsonType::kInteger, true, "process id on host", "", 1, 4194304}
+
+inline constexpr FieldSpec kRankRegisterFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    FALCON_PROTOCOL_RANK_FIELDS,
+    {"local_rank", JsonType::kInteger, false, "rank on the node", "", -1, kMaxRank},
+    {"exe", JsonType::kString, false, "program name", "", 0, 128},
+    {"state", JsonType::kString, true, "process state", "live|exited|orphaned"},
+    {"started_ns", JsonType::kInteger, true, "segment creation, wall ns", "", 0, kMaxI64},
+    {"mode", JsonType::kString, true, "shim recording mode now", "track|profile|sample|off"},
+    {"comms", JsonType::kArray, true,
+     "communicators: {id: 16 hex digits, rank, nranks, name}", "", 0, 65536, JsonType::kObject},
+    {"records", JsonType::kInteger, true, "call records read so far", "", 0, kMaxI64},
+    {"lost", JsonType::kInteger, true, "records the shim overwrote before they were read", "", 0,
+     kMaxI64},
+    {"period", JsonType::kInteger, false, "calls per iteration (absent until locked)", "", 1,
+     kMaxI64},
+    {"iterations", JsonType::kInteger, true, "iteration samples so far", "", 0, kMaxI64},
+    {"slow", JsonType::kBoolean, true, "the detector's current verdict"},
+};
+inline constexpr MessageSpec kRankRegister{"rank_register", kRankRegisterFields,
+                                           "rank registration and heartbeat (kRankKey)"};
+
+inline constexpr FieldSpec kAgentHeartbeatFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    {"pid", JsonType::kInteger, true, "agent pid", "", 1, 4194304},
+    {"version", JsonType::kString, true, "agent version", "", 1, 64},
+    {"started_ns", JsonType::kInteger, true, "agent start, wall ns", "", 0, kMaxI64},
+    {"ranks", JsonType::kArray, true, "ranks followed", "", 0, kMaxRank, JsonType::kInteger},
+    {"cpu_seconds", JsonType::kNumber, true, "agent CPU time (user + system)", "", 0, 1e12},
+    {"outbox", JsonType::kInteger, true, "messages waiting for Redis", "", 0, kMaxI64},
+    {"dropped", JsonType::kInteger, true, "messages dropped from a full outbox", "", 0, kMaxI64},
+};
+inline constexpr MessageSpec kAgentHeartbeat{"agent_heartbeat", kAgentHeartbeatFields,
+                                             "agent liveness (kAgentKey)"};
+
+inline constexpr FieldSpec kIterationsFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    FALCON_PROTOCOL_RANK_FIELDS,
+    {"period", JsonType::kInteger, true, "calls per iteration of the current lock", "", 1,
+     kMaxI64},
+    {"first", JsonType::kInteger, true, "index of the first sample in this rank's series", "", 0,
+     kMaxI64},
+    {"start_ns", JsonType::kArray, true, "wall-clock start of each sample, ns", "", 1, 100000,
+     JsonType::kInteger},
+    {"seconds", JsonType::kArray, true, "iteration time of each sample, s", "", 1, 100000,
+     JsonType::kNumber},
+};
+inline constexpr MessageSpec kIterations{"iterations", kIterationsFields,
+                                         "a batch of consecutive iteration samples of one rank"};
+
+inline constexpr FieldSpec kAlarmFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    FALCON_PROTOCOL_RANK_FIELDS,
+    {"kind", JsonType::kString, true, "what changed", "slow|recovered"},
+    {"onset", JsonType::kInteger, true, "first sample (series index) of the new level", "", 0,
+     kMaxI64},
+    {"at", JsonType::kInteger, true, "sample (series index) whose arrival raised it", "", 0,
+     kMaxI64},
+    {"onset_ns", JsonType::kInteger, false, "wall-clock start of the onset sample", "", 0,
+     kMaxI64},
+    {"ratio", JsonType::kNumber, true, "new level / healthy baseline", "", 0, 1e9},
+    {"probability", JsonType::kNumber, true, "change-point posterior", "", 0, 1},
+    {"level_s", JsonType::kNumber, true, "new level, seconds per iteration", "", 0, 1e9},
+    {"baseline_s", JsonType::kNumber, true, "healthy baseline, seconds per iteration", "", 0,
+     1e9},
+};
+inline constexpr MessageSpec kAlarm{"alarm", kAlarmFields, "a detector alarm for one rank"};
+
+inline constexpr FieldSpec kCommProfileFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    FALCON_PROTOCOL_RANK_FIELDS,
+    {"since_ns", JsonType::kInteger, true, "wall-clock start of the window", "", 0, kMaxI64},
+    {"mode", JsonType::kString, true, "recording mode during the window",
+     "track|profile|sample|off"},
+    {"comms", JsonType::kArray, true,
+     "per communicator: {id, rank, nranks, sigs: [{op, bytes, peer, count, mean_us?, "
+     "median_us?}]}; mean/median only for calls with a host end time (profile/sample)",
+     "", 0, 65536, JsonType::kObject},
+};
+inline constexpr MessageSpec kCommProfile{"comm_profile", kCommProfileFields,
+                                          "per-communicator profile of one rank over a window"};
+
+// Controller → agent commands. Common fields first; `ranks` absent = every rank the agent has.
+#define FALCON_PROTOCOL_COMMAND_FIELDS                                                         \
+  {"id", JsonType::kString, true, "command id, unique per job (echoed in the ack)", "", 1, 64}, \
+      {"issued_ns", JsonType::kInteger, true, "wall-clock issue time", "", 0, kMaxI64},         \
+      {"deadline_ns", JsonType::kInteger, false, "not executed after this (ack expired)", "", 0, \
+       kMaxI64},                                                                                \
+      {"ranks", JsonType::kArray, false, "target ranks (absent: all of the agent's)", "", 0,    \
+       kMaxRank, JsonType::kInteger}
+
+inline constexpr FieldSpec kSetModeFields[] = {
+    FALCON_PROTOCOL_COMMAND_FIELDS,
+    {"mode", JsonType::kString, true, "recording mode", "track|profile|sample|off"},
+    {"sample_every", JsonType::kInteger, false, "N for sample mode (default 100)", "", 1, 1000000},
+};
+inline constexpr MessageSpec kSetMode{"set_mode", kSetModeFields, "change the shim's mode"};
+
+inline constexpr FieldSpec kPauseFields[] = {
+    FALCON_PROTOCOL_COMMAND_FIELDS,
+    {"at_iteration", JsonType::kInteger, true, "pause at this iteration boundary", "", 0, kMaxI64},
+    {"max_pause_s", JsonType::kNumber, true, "resume by itself after this long", "", 0.001, 3600},
+};
+inline constexpr MessageSpec kPause{"pause", kPauseFields,
+                                    "trap the ranks at an agreed iteration boundary"};
+
+inline constexpr FieldSpec kResumeFields[] = {FALCON_PROTOCOL_COMMAND_FIELDS};
+inline constexpr MessageSpec kResume{"resume", kResumeFields, "release a pause"};
+
+inline constexpr FieldSpec kValidateFields[] = {
+    FALCON_PROTOCOL_COMMAND_FIELDS,
+    {"task", JsonType::kString, true, "benchmark kind", "gemm|p2p"},
+    {"comm", JsonType::kString, false, "p2p: communicator id, 16 hex digits", "", 16, 16},
+    {"peer", JsonType::kInteger, false, "p2p: peer rank in comm", "", 0, kMaxRank},
+    {"bytes", JsonType::kInteger, false, "p2p message size", "", 1, 1e10},
+    {"size", JsonType::kInteger, false, "gemm: matrix dimension", "", 1, 65536},
+    {"repeats", JsonType::kInteger, false, "timed repetitions (default 5)", "", 1, 1000},
+};
+inline constexpr MessageSpec kValidate{"validate", kValidateFields,
+                                       "run a validation benchmark while paused"};
+
+inline constexpr MessageSpec kCommands[] = {kSetMode, kPause, kResume, kValidate};
+
+inline constexpr FieldSpec kAckFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    {"command", JsonType::kString, true, "the command's id", "", 1, 64},
+    {"command_type", JsonType::kString, true, "the command's type", "", 1, 32},
+    {"status", JsonType::kString, true, "outcome", "ok|unsupported|rejected|failed|expired"},
+    {"detail", JsonType::kString, false, "human-readable reason", "", 0, kMaxText},
+    {"ranks", JsonType::kArray, true, "ranks the command was applied to", "", 0, kMaxRank,
+     JsonType::kInteger},
+};
+inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one command"};
+
+inline constexpr FieldSpec kIncidentFields[] = {
+    {"id", JsonType::kString, true, "incident id", "", 1, 64},
+    {"job", JsonType::kString, true, "job name", "", 1, 128},
+    {"stage", JsonType::kString, true, "what this entry records",
+     "detection|localisation|decision|resolution"},
+    {"at_ns", JsonType::kInteger, true, "wall-clock time", "", 0, kMaxI64},
+    {"summary", JsonType::kString, true, "one line for people", "", 1, kMaxText},
+    {"ranks", JsonType::kArray, false, "ranks involved", "", 0, kMaxRank, JsonType::kInteger},
+    {"comms", JsonType::kArray, false, "communicator ids involved", "", 0, 65536,
+     JsonType::kString},
+    {"cause", JsonType::kString, false, "root cause", "compute|link|nic|unknown"},
+    {"strategy", JsonType::kString, false, "mitigation chosen", "S1|S2|S3|S4"},
+    {"detail", JsonType::kObject, false, "stage-specific data"},
+};
+inline constexpr MessageSpec kIncident{"incident", kIncidentFields,
+                                       "one stage of an incident (kIncidentsStream)"};
+
+inline constexpr FieldSpec kAlertFields[] = {
+    {"job", JsonType::kString, true, "job name", "", 1, 128},
+    {"at_ns", JsonType::kInteger, true, "wall-clock time", "", 0, kMaxI64},
+    {"severity", JsonType::kString, true, "how urgent", "info|warning|critical"},
+    {"source", JsonType::kString, true, "who raised it", "agent|controller"},
+    {"summary", JsonType::kString, true, "one line for people", "", 1, kMaxText},
+    {"host", JsonType::kString, false, "node concerned", "", 1, 128},
+    {"rank", JsonType::kInteger, false, "rank concerned", "", -1, kMaxRank},
+    {"incident", JsonType::kString, false, "incident id, if any", "", 1, 64},
+};
+inline constexpr MessageSpec kAlert{"alert", kAlertFields, "a live alert (kAlertsChannel)"};
+
+inline constexpr MessageSpec kAllMessages[] = {kRankRegister, kAgentHeartbeat, kIterations,
+                                               kAlarm,        kCommProfile,    kSetMode,
+                                               kPause,        kResume,         kValidate,
+                                               kAck,          kIncident,       kAlert};
+
+#undef FALCON_PROTOCOL_REPORT_FIELDS
+#undef FALCON_PROTOCOL_RANK_FIELDS
+#undef FALCON_PROTOCOL_COMMAND_FIELDS
+
+// The spec of `type`, or nullptr.
+constexpr const MessageSpec* FindMessage(std::string_view type) {
+  for (const MessageSpec& m : kAllMessages) {
+    if (m.type == type) return &m;
+  }
+  return nullptr;
+}
+
+// The spec of command `type` (set_mode, pause, resume, validate), or nullptr.
+constexpr const MessageSpec* FindCommand(std::string_view type) {
+  for (const MessageSpec& m : kCommands) {
+    if (m.type == type) return &m;
+  }
+  return nullptr;
+}
+
+}  // namespace falcon::protocol
