@@ -1,0 +1,125 @@
+// Agent: falcon-agent's event loop state (DESIGN.md "The agent"). One Boost.Asio loop thread
+// owns everything here; a fixed-rate tick (poll_ms, like Redis's cron) discovers shim segments,
+// reads new call records of every followed rank, runs the per-rank analysis, resolves pending
+// command acks and, when due, queues heartbeats, iteration batches and profiles. Redis I/O runs
+// on two named workers (ReportPublisher "redis-pub", CommandReader "redis-cmd") whose results
+// come back as posted events; the metrics endpoint is asynchronous on the same loop. When Redis
+// is down the agent keeps reading and analysing; reports wait in the bounded outbox.
+// Thread-safety: construct, Start(), Stop() and every handler on the loop thread
+// (io_context::run() in one thread). Invariants:
+//  1. followers_, pending batches, counters: loop thread only.
+//  2. Workers never touch Agent state; their results arrive through boost::asio::post.
+//  3. Stop() joins the workers before members are destroyed; posted results after that are
+//     ignored (alive flags in the publisher and reader).
+// Must never: block the loop (no Redis call, no sleep), trust data read from Redis, or write to a
+// segment anything but cursors and mode requests.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <spdlog/logger.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/agent/agent_config.h"
+#include "daemon/agent/command_executor.h"
+#include "daemon/agent/command_reader.h"
+#include "daemon/agent/http_server.h"
+#include "daemon/agent/metrics.h"
+#include "daemon/agent/rank_follower.h"
+#include "daemon/agent/report_publisher.h"
+
+namespace falcon::agent {
+
+inline constexpr const char* kAgentVersion = "0.1.0";
+
+// What main() resolves before building the agent (no environment reads inside).
+struct AgentEnvironment {
+  std::string host;     // node name (config host, else hostname)
+  std::string shm_dir;  // config shm_dir, else $FALCON_SHM_DIR, else /dev/shm
+  std::uint32_t uid = 0;
+  std::int32_t pid = 0;
+};
+
+class Agent {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Agent(boost::asio::io_context& io, const AgentConfig& config, const AgentEnvironment& env,
+        std::shared_ptr<spdlog::logger> log);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Validates names, starts the metrics endpoint and the Redis workers, schedules the first tick.
+  [[nodiscard]] Status Start();
+  // Stops timers, the endpoint and the workers (joined). Idempotent.
+  void Stop();
+
+  int metrics_port() const { return http_ ? http_->port() : 0; }
+  AgentMetrics Snapshot() const;
+
+ private:
+  struct Followed {
+    std::unique_ptr<RankFollower> follower;
+    std::vector<RankSample> batch;  // samples not yet queued
+    double last_seconds = 0;
+  };
+
+  void Tick();
+  void Discover();
+  void Follow(const daemon::SegmentInfo& info);
+  void Unfollow(const std::string& path, const char* state);
+  void Poll(Followed& f, daemon::SegmentReader::ReadMode mode);
+  std::vector<RankFollower*> Followers() const;
+
+  // agent_reports.cc: what goes to Redis.
+  void QueueBatch(Followed& f);
+  void QueueAlarm(const RankFollower& f, const RankAlarm& a);
+  void QueueRegistration(const RankFollower& f);
+  void Heartbeat();
+  void QueueProfiles();
+  void OnCommand(const std::string& entry_id, const Result<protocol::Command>& command);
+  void OnAck(const std::string& entry_id, const protocol::Command& c, const CommandOutcome& o);
+  protocol::ReportHeader Header() const;
+  std::string Key(const protocol::KeySpec& spec, std::int64_t rank = -1) const;
+
+  boost::asio::io_context& io_;
+  const AgentConfig config_;
+  const AgentEnvironment env_;
+  std::shared_ptr<spdlog::logger> log_;
+  boost::asio::steady_timer timer_;
+  std::unique_ptr<ReportPublisher> publisher_;
+  std::unique_ptr<CommandReader> reader_;
+  std::unique_ptr<CommandExecutor> executor_;
+  std::unique_ptr<HttpServer> http_;
+  FollowerOptions follower_options_;
+
+  std::map<std::string, Followed> followers_;  // by segment path
+  std::set<std::string> ignored_;     // paths not followed (other job, open failed)
+  std::set<std::string> unreadable_;  // paths listed as unreadable (logged once, retried)
+  std::map<std::string, std::uint64_t> segment_counts_;
+  Clock::time_point next_tick_{};
+  Clock::time_point next_heartbeat_{}, next_flush_{}, next_profile_{};
+  std::int64_t started_real_ns_ = 0;
+  std::int64_t profile_since_ns_ = 0;
+  bool started_ = false;
+  bool stopped_ = false;
+  // Counters (invariant 1).
+  std::uint64_t records_read_ = 0, records_lost_ = 0, records_torn_ = 0;
+  std::uint64_t alarms_slow_ = 0, alarms_recovered_ = 0;
+  std::uint64_t invalid_messages_ = 0, polls_ = 0;
+  std::map<std::string, std::uint64_t> commands_;
+  double last_poll_seconds_ = 0;
+};
+
+// Wall clock now, ns since the epoch; process CPU seconds (user + system, all threads).
+std::int64_t RealNowNs();
+double ProcessCpuSeconds();
+
+}  // namespace falcon::agent

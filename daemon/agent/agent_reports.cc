@@ -1,0 +1,157 @@
+// Agent: what goes to Redis (registrations, heartbeats, iteration batches, alarms, profiles,
+// acks, alerts) and what comes from it (commands). Every message is built from the typed
+// protocol structs (daemon/protocol/messages.h); every key from FormatKey. See agent.h.
+#include <cmath>
+#include <unistd.h>
+
+#include "daemon/agent/agent.h"
+#include "daemon/protocol/keys.h"
+
+namespace falcon::agent {
+namespace {
+constexpr std::size_t kMaxBatch = 4096;  // samples per iterations message
+}
+
+protocol::ReportHeader Agent::Header() const { return {config_.job, env_.host, RealNowNs()}; }
+
+void Agent::QueueBatch(Followed& f) {
+  if (f.batch.empty()) return;
+  const RankFollower& r = *f.follower;
+  const std::int64_t offset = r.real_minus_mono_ns();
+  for (std::size_t begin = 0; begin < f.batch.size(); begin += kMaxBatch) {
+    const std::size_t end = std::min(f.batch.size(), begin + kMaxBatch);
+    protocol::IterationBatch b;
+    b.header = Header();
+    b.rank = r.rank();
+    b.pid = r.pid();
+    b.period = std::max<std::uint64_t>(1, f.batch[begin].period);
+    b.first = f.batch[begin].index;
+    for (std::size_t i = begin; i < end; ++i) {
+      b.start_ns.push_back(f.batch[i].start_ns + offset);
+      b.seconds.push_back(f.batch[i].seconds);
+    }
+    publisher_->Queue(Key(protocol::kIterationsStream), protocol::ToJson(b));
+  }
+  f.batch.clear();
+}
+
+void Agent::QueueAlarm(const RankFollower& r, const RankAlarm& a) {
+  const bool slow = a.alarm.type == analyzer::AlarmType::kSlow;
+  ++(slow ? alarms_slow_ : alarms_recovered_);
+  protocol::AlarmReport m;
+  m.header = Header();
+  m.rank = r.rank();
+  m.pid = r.pid();
+  m.kind = slow ? "slow" : "recovered";
+  m.onset = a.alarm.onset;
+  m.at = a.alarm.at;
+  if (a.onset_ns) m.onset_ns = *a.onset_ns + r.real_minus_mono_ns();
+  m.ratio = std::isfinite(a.alarm.ratio) ? a.alarm.ratio : 0;
+  m.probability = std::isfinite(a.alarm.probability) ? std::clamp(a.alarm.probability, 0.0, 1.0) : 0;
+  m.level_s = a.alarm.level_seconds;
+  m.baseline_s = a.baseline_seconds;
+  publisher_->Queue(Key(protocol::kAlarmsStream), protocol::ToJson(m));
+  log_->warn("event=alarm kind={} pid={} rank={} onset={} at={} ratio={:.3f} level_s={:.6f} "
+             "baseline_s={:.6f}", m.kind, m.pid, m.rank, m.onset, m.at, m.ratio, m.level_s,
+             m.baseline_s);
+  protocol::Alert alert;
+  alert.job = config_.job;
+  alert.at_ns = m.header.at_ns;
+  alert.severity = slow ? "warning" : "info";
+  alert.source = "agent";
+  char summary[160];
+  std::snprintf(summary, sizeof summary, "rank %lld on %s %s: %.2fx its healthy iteration time",
+                static_cast<long long>(m.rank), env_.host.c_str(),
+                slow ? "is slow" : "recovered", m.ratio);
+  alert.summary = summary;
+  alert.host = env_.host;
+  alert.rank = m.rank;
+  publisher_->Publish(Key(protocol::kAlertsChannel), protocol::ToJson(alert));
+}
+
+void Agent::QueueRegistration(const RankFollower& r) {
+  if (r.rank() < 0) return;  // no rank yet: registered once a communicator names it
+  protocol::RankRegistration m = r.Registration();
+  m.header = Header();
+  publisher_->SetHash(Key(protocol::kRankKey, r.rank()),
+                      {{std::string(protocol::kPayloadField), protocol::ToJson(m).dump()},
+                       {"host", env_.host},
+                       {"pid", std::to_string(m.pid)},
+                       {"state", m.state}},
+                      config_.key_ttl_s);
+}
+
+void Agent::Heartbeat() {
+  for (const auto& [path, f] : followers_) QueueRegistration(*f.follower);
+  protocol::AgentHeartbeat h;
+  h.header = Header();
+  h.pid = env_.pid;
+  h.version = kAgentVersion;
+  h.started_ns = started_real_ns_;
+  for (const auto& [path, f] : followers_) h.ranks.push_back(f.follower->rank());
+  h.cpu_seconds = ProcessCpuSeconds();
+  h.outbox = publisher_->outbox_size();
+  h.dropped = publisher_->dropped();
+  publisher_->SetHash(Key(protocol::kAgentKey),
+                      {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
+                       {"pid", std::to_string(env_.pid)}},
+                      config_.key_ttl_s);
+}
+
+void Agent::QueueProfiles() {
+  const std::int64_t now = RealNowNs();
+  for (auto& [path, f] : followers_) {
+    std::vector<CommStats> comms = f.follower->TakeProfile();
+    if (comms.empty()) continue;
+    protocol::CommProfileReport m;
+    m.header = Header();
+    m.rank = f.follower->rank();
+    m.pid = f.follower->pid();
+    m.since_ns = profile_since_ns_;
+    m.mode = f.follower->mode_name();
+    for (const CommStats& c : comms) {
+      protocol::CommProfile p{c.id, c.rank, c.nranks, {}};
+      for (const SignatureStats& s : c.sigs) {
+        protocol::SignatureProfile sp{s.op, s.bytes, s.peer, s.count, {}, {}};
+        if (s.timed > 0) {
+          sp.mean_us = s.mean_us;
+          sp.median_us = s.median_us;
+        }
+        p.sigs.push_back(std::move(sp));
+      }
+      m.comms.push_back(std::move(p));
+    }
+    publisher_->Queue(Key(protocol::kProfilesStream), protocol::ToJson(m));
+  }
+  profile_since_ns_ = now;
+}
+
+void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Command>& command) {
+  if (!command.ok()) {
+    ++invalid_messages_;
+    log_->warn("event=command_dropped entry={} reason=\"{}\"", entry_id, command.status().message());
+    reader_->Done(entry_id);  // acknowledged in Redis so it is not delivered again
+    return;
+  }
+  const protocol::Command& c = command.value();
+  log_->info("event=command entry={} id={} type={}", entry_id, c.id, c.type);
+  const std::vector<RankFollower*> followers = Followers();
+  executor_->Execute(entry_id, c, followers, RealNowNs(), Clock::now());
+}
+
+void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const CommandOutcome& o) {
+  ++commands_[o.status];
+  protocol::Ack a;
+  a.header = Header();
+  a.command = c.id;
+  a.command_type = c.type;
+  a.status = o.status;
+  a.detail = o.detail;
+  a.ranks = o.ranks;
+  publisher_->Queue(Key(protocol::kAcksStream), protocol::ToJson(a));
+  reader_->Done(entry_id);
+  log_->info("event=ack id={} type={} status={} ranks={} detail=\"{}\"", c.id, c.type, o.status,
+             o.ranks.size(), o.detail);
+}
+
+}  // namespace falcon::agent

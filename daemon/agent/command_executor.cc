@@ -1,0 +1,113 @@
+// CommandExecutor. See command_executor.h for the contract.
+#include "daemon/agent/command_executor.h"
+
+#include <algorithm>
+
+namespace falcon::agent {
+namespace {
+
+CommandOutcome NotYet(const protocol::Command& c) {
+  return {"unsupported",
+          "'" + c.type + "' needs the shim's trap / benchmark executor, which this build lacks",
+          {}};
+}
+
+std::string RankList(const std::vector<std::int64_t>& ranks) {
+  std::string s;
+  for (std::int64_t r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+CommandOutcome UnsupportedTrap::Pause(const protocol::Command& c, std::span<RankFollower* const>) {
+  return NotYet(c);
+}
+CommandOutcome UnsupportedTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>) {
+  return NotYet(c);
+}
+CommandOutcome UnsupportedTrap::Validate(const protocol::Command& c, std::span<RankFollower* const>) {
+  return NotYet(c);
+}
+
+CommandExecutor::CommandExecutor(std::unique_ptr<TrapController> trap,
+                                 std::chrono::milliseconds mode_timeout, AckFn ack)
+    : trap_(std::move(trap)), mode_timeout_(mode_timeout), ack_(std::move(ack)) {}
+
+void CommandExecutor::Execute(const std::string& entry_id, const protocol::Command& c,
+                              std::span<RankFollower* const> followers, std::int64_t now_real_ns,
+                              Clock::time_point now) {
+  if (c.deadline_ns && *c.deadline_ns < now_real_ns) {
+    ack_(entry_id, c, {"expired", "deadline passed before the agent read it", {}});
+    return;
+  }
+  std::vector<RankFollower*> targets;
+  for (RankFollower* f : followers) {
+    if (!c.ranks || std::find(c.ranks->begin(), c.ranks->end(), f->rank()) != c.ranks->end()) {
+      targets.push_back(f);
+    }
+  }
+  if (targets.empty()) {
+    ack_(entry_id, c, {"rejected",
+                       c.ranks ? "none of ranks [" + RankList(*c.ranks) + "] runs on this host"
+                               : "this agent follows no rank",
+                       {}});
+    return;
+  }
+  if (c.type == protocol::kPause.type) {
+    ack_(entry_id, c, trap_->Pause(c, targets));
+  } else if (c.type == protocol::kResume.type) {
+    ack_(entry_id, c, trap_->Resume(c, targets));
+  } else if (c.type == protocol::kValidate.type) {
+    ack_(entry_id, c, trap_->Validate(c, targets));
+  } else if (c.type == protocol::kSetMode.type) {
+    const auto mode = ModeFromName(c.mode);
+    if (!mode) {
+      ack_(entry_id, c, {"rejected", "unknown mode " + c.mode, {}});
+      return;
+    }
+    PendingMode p{entry_id, c, {}, now + mode_timeout_};
+    for (RankFollower* f : targets) p.waits.push_back({f, f->rank(), f->RequestMode(*mode, c.sample_every)});
+    pending_.push_back(std::move(p));
+    Check(now);
+  } else {
+    ack_(entry_id, c, {"rejected", "unknown command type " + c.type, {}});
+  }
+}
+
+void CommandExecutor::Check(Clock::time_point now) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    CommandOutcome out;
+    std::vector<std::int64_t> missing;
+    for (const Wait& w : it->waits) {
+      if (w.follower != nullptr && w.follower->ModeApplied(w.seq)) {
+        out.ranks.push_back(w.rank);
+      } else {
+        missing.push_back(w.rank);
+      }
+    }
+    if (!missing.empty() && now < it->deadline) {
+      ++it;
+      continue;
+    }
+    if (missing.empty()) {
+      out.status = "ok";
+    } else {
+      out.status = "failed";
+      out.detail = "not applied by rank(s) " + RankList(missing) +
+                   " in time (process exited, read-only segment or shim not polling)";
+    }
+    ack_(it->entry_id, it->command, out);
+    it = pending_.erase(it);
+  }
+}
+
+void CommandExecutor::Forget(const RankFollower* follower) {
+  for (PendingMode& p : pending_) {
+    for (Wait& w : p.waits) {
+      if (w.follower == follower) w.follower = nullptr;
+    }
+  }
+}
+
+}  // namespace falcon::agent

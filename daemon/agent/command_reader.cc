@@ -1,0 +1,109 @@
+// CommandReader. See command_reader.h for the contract.
+#include "daemon/agent/command_reader.h"
+
+#include <boost/asio/post.hpp>
+
+#include "daemon/redis/redis_commands.h"
+#include "falcon/protocol.h"
+
+namespace falcon::agent {
+namespace {
+constexpr std::size_t kPendingCount = 10000;
+}  // namespace
+
+CommandReader::CommandReader(boost::asio::io_context& io, const redis::RedisOptions& redis,
+                             CommandReaderOptions options, OnCommand on_command,
+                             std::shared_ptr<spdlog::logger> log)
+    : io_(io),
+      options_(std::move(options)),
+      on_command_(std::move(on_command)),
+      log_(std::move(log)),
+      worker_("redis-cmd", redis,
+              [this, alive = alive_](bool up, const Status& why) {
+                boost::asio::post(io_, [this, alive, up, why] {
+                  if (!*alive) return;
+                  if (up && !connected_) log_->info("event=redis_up role=commands");
+                  if (!up && connected_) {
+                    log_->warn("event=redis_down role=commands reason=\"{}\"", why.message());
+                  }
+                  connected_ = up;
+                });
+              }),
+      retry_(io) {}
+
+CommandReader::~CommandReader() { Stop(); }
+
+void CommandReader::Start() {
+  worker_.Start();
+  Read();
+}
+
+void CommandReader::Stop() {
+  stopped_ = true;
+  *alive_ = false;
+  retry_.cancel();
+  worker_.Stop();
+}
+
+void CommandReader::Done(const std::string& entry_id) { to_ack_.push_back(entry_id); }
+
+void CommandReader::Read() {
+  if (stopped_ || in_flight_) return;
+  in_flight_ = true;
+  std::vector<std::string> acks;
+  acks.swap(to_ack_);
+  const bool pending = pending_phase_;
+  auto job = [this, alive = alive_, acks = std::move(acks), pending,
+              o = options_](redis::RedisConnection& c) {
+    const std::string group(protocol::kCommandGroup);
+    ReadResult r;
+    r.pending_phase = pending;
+    r.status = redis::XGroupCreate(c, o.stream, group, "$");
+    if (r.status.ok()) r.status = redis::XAck(c, o.stream, group, acks);
+    // Pending phase: one non-blocking read of everything delivered to us but never acked.
+    Result<std::vector<redis::StreamRead>> read = Status::Unavailable("not read");
+    if (r.status.ok()) {
+      read = redis::XReadGroup(c, group, o.consumer, o.stream, pending ? "0" : ">",
+                               pending ? kPendingCount : o.count, pending ? -1 : o.block_ms);
+      if (!read.ok()) r.status = read.status();
+    }
+    if (r.status.ok()) {
+      for (const redis::StreamRead& s : read.value()) {
+        for (const redis::StreamEntry& e : s.entries) {
+          const std::string* msg = e.Field(std::string(protocol::kPayloadField));
+          if (msg == nullptr) {
+            r.entries.emplace_back(e.id, Status::InvalidArgument("entry has no \"msg\" field"));
+          } else {
+            r.entries.emplace_back(e.id, protocol::ParseCommand(*msg));
+          }
+        }
+      }
+    }
+    if (!r.status.ok()) {
+      // Not acknowledged: give the ids back so the next read retries them.
+      for (const std::string& id : acks) r.entries.emplace_back(id, Status::Unavailable("re-ack"));
+    }
+    boost::asio::post(io_, [this, alive, r = std::move(r)]() mutable {
+      if (*alive) OnRead(std::move(r));
+    });
+  };
+  if (!worker_.Submit(std::move(job))) in_flight_ = false;
+}
+
+void CommandReader::OnRead(ReadResult r) {
+  in_flight_ = false;
+  if (!r.status.ok()) {
+    for (const auto& [id, cmd] : r.entries) to_ack_.push_back(id);  // the unacked ids
+    log_->debug("event=command_read_failed reason=\"{}\"", r.status.message());
+    retry_.expires_after(std::chrono::milliseconds(options_.retry_ms));
+    retry_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+      if (!ec && *alive) Read();
+    });
+    return;
+  }
+  if (r.pending_phase) pending_phase_ = false;
+  for (const auto& [id, cmd] : r.entries) on_command_(id, cmd);
+  Read();
+}
+
+}  // namespace falcon::agent

@@ -1,0 +1,73 @@
+// CommandReader: receives controller commands from falcon:{job}:commands:{host} on a worker of
+// its own ("redis-cmd"), because XREADGROUP ... BLOCK waits. Each read job (re)creates the
+// consumer group if Redis lost it (a restarted server), reads this consumer's pending entries
+// first (delivered before a crash, never acknowledged), then new ones, and XACKs the entries the
+// loop has finished with. Entries come back to the loop as posted events, already validated:
+// on_command receives either a Command or the reason the entry was rejected.
+// The loop must call Done(entry_id) once it has handled an entry (after queuing the ack).
+// Thread-safety: public methods on the loop thread only; the worker runs job closures only.
+// Invariants: at most one read job in flight; after a failed read the next waits retry_ms.
+// Must never: block the loop; execute anything itself.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <spdlog/logger.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/protocol/messages.h"
+#include "daemon/redis/redis_worker.h"
+
+namespace falcon::agent {
+
+struct CommandReaderOptions {
+  std::string stream;    // falcon:{job}:commands:{host}
+  std::string consumer;  // the host
+  int block_ms = 1000;
+  int retry_ms = 250;
+  std::size_t count = 32;  // entries per read
+};
+
+class CommandReader {
+ public:
+  using OnCommand =
+      std::function<void(const std::string& entry_id, const Result<protocol::Command>& command)>;
+
+  CommandReader(boost::asio::io_context& io, const redis::RedisOptions& redis,
+                CommandReaderOptions options, OnCommand on_command,
+                std::shared_ptr<spdlog::logger> log);
+  ~CommandReader();
+
+  void Start();
+  void Stop();
+  void Done(const std::string& entry_id);
+  bool connected() const { return connected_; }
+
+ private:
+  struct ReadResult {
+    Status status;
+    std::vector<std::pair<std::string, Result<protocol::Command>>> entries;
+    bool pending_phase = false;
+  };
+  void Read();
+  void OnRead(ReadResult r);
+
+  boost::asio::io_context& io_;
+  CommandReaderOptions options_;
+  OnCommand on_command_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // before worker_ (captured)
+  redis::RedisWorker worker_;
+  boost::asio::steady_timer retry_;
+  std::vector<std::string> to_ack_;
+  bool pending_phase_ = true;  // the first read takes our pending entries ("0"), then new ones
+  bool in_flight_ = false;
+  bool connected_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace falcon::agent

@@ -1,0 +1,103 @@
+// falcon-agent: the per-node daemon (DESIGN.md "The agent"). main() only wires (STYLE rule 12):
+// flags and config (defaults < file < FALCON_AGENT_* < flags), logging, the event loop, the
+// Agent, signal handling. Exit status: 0 after SIGINT/SIGTERM, 1 if the agent cannot start,
+// 2 for bad flags or configuration.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+#include "daemon/agent/agent.h"
+#include "daemon/protocol/keys.h"
+#include "daemon/shm/segment_dir.h"
+
+namespace {
+
+constexpr int kExitStartFailed = 1;
+constexpr int kExitUsage = 2;
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using falcon::agent::AgentConfig;
+  CLI::App app{"falcon-agent: follows the node's Falcon shim segments, detects fail-slow ranks "
+               "and reports to Redis. Options below override FALCON_AGENT_<NAME> variables, "
+               "which override the config file."};
+  std::string config_file;
+  bool print_config = false;
+  app.add_option("-c,--config", config_file, "config file (default: $FALCON_AGENT_CONFIG)");
+  app.add_flag("--print-config", print_config, "print the effective configuration and exit");
+  std::map<std::string, std::string> raw;
+  std::vector<std::pair<std::string, CLI::Option*>> options;
+  for (const falcon::agent::ConfigEntry& e : falcon::agent::ConfigTable()) {
+    const std::string name(e.name);
+    options.emplace_back(name, app.add_option(falcon::agent::FlagName(e.name), raw[name],
+                                              std::string(e.meaning)));
+  }
+  CLI11_PARSE(app, argc, argv);
+
+  AgentConfig config;
+  if (config_file.empty() && std::getenv("FALCON_AGENT_CONFIG") != nullptr) {
+    config_file = std::getenv("FALCON_AGENT_CONFIG");
+  }
+  std::map<std::string, std::string> given;
+  for (const auto& [name, opt] : options) {
+    if (opt->count() > 0) given[name] = raw[name];
+  }
+  falcon::Status s = config_file.empty() ? falcon::Status::Ok()
+                                         : falcon::agent::LoadConfigFile(config, config_file);
+  if (s.ok()) s = falcon::agent::ApplyEnvironment(config, [](const char* n) { return std::getenv(n); });
+  if (s.ok()) s = falcon::agent::ApplyFlags(config, given);
+  if (s.ok()) s = falcon::agent::CheckConfig(config);
+  if (!s.ok()) {
+    std::fprintf(stderr, "falcon-agent: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  if (print_config) {
+    std::fputs(falcon::agent::RenderConfig(config, /*with_docs=*/false).c_str(), stdout);
+    return 0;
+  }
+
+  auto log = spdlog::stderr_logger_mt("falcon-agent");
+  log->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l falcon-agent[%P] %v");
+  log->set_level(spdlog::level::from_str(config.log_level));
+  log->flush_on(spdlog::level::info);
+
+  falcon::agent::AgentEnvironment env;
+  env.host = config.host.empty() ? falcon::protocol::SanitizeKeyPart(HostName()) : config.host;
+  env.shm_dir = config.shm_dir.empty() ? falcon::daemon::DefaultSegmentDir() : config.shm_dir;
+  env.uid = static_cast<std::uint32_t>(getuid());
+  env.pid = static_cast<std::int32_t>(getpid());
+
+  boost::asio::io_context io(1);
+  falcon::agent::Agent agent(io, config, env, log);
+  s = agent.Start();
+  if (!s.ok()) {
+    log->error("event=start_failed reason=\"{}\"", s.message());
+    return kExitStartFailed;
+  }
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    log->info("event=signal signal={}", sig);
+    agent.Stop();
+    io.stop();
+  });
+  io.run();
+  agent.Stop();
+  return 0;
+}

@@ -1,0 +1,100 @@
+// Prometheus text rendering. See metrics.h for the contract.
+#include "daemon/agent/metrics.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace falcon::agent {
+namespace {
+
+std::string Escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  explicit Writer(std::string base) : base_(std::move(base)) {}
+  void Head(const char* name, const char* type, const char* help) {
+    o_ << "# HELP falcon_agent_" << name << " " << help << "\n# TYPE falcon_agent_" << name << " "
+       << type << "\n";
+  }
+  void Line(const char* name, const std::string& labels, double v) {
+    char num[64];
+    std::snprintf(num, sizeof num, "%.17g", v);
+    o_ << "falcon_agent_" << name << "{" << base_ << (labels.empty() ? "" : "," + labels) << "} "
+       << num << "\n";
+  }
+  void One(const char* name, const char* type, const char* help, double v) {
+    Head(name, type, help);
+    Line(name, "", v);
+  }
+  std::string str() const { return o_.str(); }
+
+ private:
+  std::string base_;
+  std::ostringstream o_;
+};
+
+std::string RankLabels(const RankMetrics& r) {
+  return "rank=\"" + std::to_string(r.rank) + "\",pid=\"" + std::to_string(r.pid) + "\"";
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const AgentMetrics& m) {
+  Writer w("job=\"" + Escape(m.job) + "\",host=\"" + Escape(m.host) + "\"");
+  w.Head("iteration_seconds", "gauge", "Last iteration time per rank, seconds.");
+  for (const RankMetrics& r : m.ranks) w.Line("iteration_seconds", RankLabels(r), r.last_iteration_seconds);
+  w.Head("iterations_total", "counter", "Iteration samples per rank.");
+  for (const RankMetrics& r : m.ranks) w.Line("iterations_total", RankLabels(r), static_cast<double>(r.iterations));
+  w.Head("period_calls", "gauge", "Calls per iteration of the current period lock (0: none).");
+  for (const RankMetrics& r : m.ranks) w.Line("period_calls", RankLabels(r), static_cast<double>(r.period));
+  w.Head("rank_slow", "gauge", "1 while the detector considers the rank slow.");
+  for (const RankMetrics& r : m.ranks) w.Line("rank_slow", RankLabels(r), r.slow ? 1 : 0);
+  w.Head("alarms_total", "counter", "Detector alarms by kind.");
+  w.Line("alarms_total", "kind=\"slow\"", static_cast<double>(m.alarms_slow));
+  w.Line("alarms_total", "kind=\"recovered\"", static_cast<double>(m.alarms_recovered));
+  w.One("records_read_total", "counter", "Call records read.", static_cast<double>(m.records_read));
+  w.One("records_lost_total", "counter", "Call records overwritten before the agent read them.",
+        static_cast<double>(m.records_lost));
+  w.One("records_torn_total", "counter", "Half-written records skipped (writer died).",
+        static_cast<double>(m.records_torn));
+  w.Head("segments", "gauge", "Shim segments in the directory by state.");
+  for (const char* s : {"live", "exited", "orphaned", "unreadable"}) {
+    const auto it = m.segments.find(s);
+    w.Line("segments", std::string("state=\"") + s + "\"",
+           it == m.segments.end() ? 0 : static_cast<double>(it->second));
+  }
+  w.One("ranks", "gauge", "Ranks followed.", static_cast<double>(m.ranks.size()));
+  w.One("redis_connected", "gauge", "1 while the report connection to Redis is up.",
+        m.redis_connected ? 1 : 0);
+  w.One("outbox_messages", "gauge", "Reports waiting for Redis.", static_cast<double>(m.outbox));
+  w.One("outbox_dropped_total", "counter", "Reports dropped from a full outbox.",
+        static_cast<double>(m.outbox_dropped));
+  w.One("published_total", "counter", "Stream entries written to Redis.",
+        static_cast<double>(m.published));
+  w.Head("commands_total", "counter", "Controller commands by ack status.");
+  for (const char* s : {"ok", "unsupported", "rejected", "failed", "expired"}) {
+    const auto it = m.commands.find(s);
+    w.Line("commands_total", std::string("status=\"") + s + "\"",
+           it == m.commands.end() ? 0 : static_cast<double>(it->second));
+  }
+  w.One("invalid_messages_total", "counter", "Messages from Redis that failed validation.",
+        static_cast<double>(m.invalid_messages));
+  w.One("cpu_seconds_total", "counter", "Agent CPU time, user + system, all threads.",
+        m.cpu_seconds);
+  w.One("polls_total", "counter", "Poll ticks run.", static_cast<double>(m.polls));
+  w.One("last_poll_seconds", "gauge", "Wall time of the last poll tick.", m.last_poll_seconds);
+  return w.str();
+}
+
+}  // namespace falcon::agent
