@@ -74,6 +74,7 @@ Tracer* Tracer::InitSlow() {
   t.mode_.store(static_cast<uint32_t>(t.config_.mode), std::memory_order_relaxed);
   t.sample_every_.store(t.config_.sample_every, std::memory_order_relaxed);
   if (t.gpu_.Init()) t.segment_.control()->timing_source = kFalconTimingCudaEvents;
+  t.trap_.Attach(t.segment_.control(), t.config_.comm_capacity);
   t.stop_.store(false, std::memory_order_relaxed);
   if (!StartServiceThread(t)) {
     LogOnce(OnceKey::kServiceThread, LogLevel::kWarn,
@@ -98,6 +99,7 @@ void Tracer::OnForkChild() {
   g_init_state.store(kUninit, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_relaxed);
   comms_.Reset();
+  trap_.Reset();
   segment_ = Segment();
   t_thread = ThreadState();
   ResetLogOnce();
@@ -287,7 +289,22 @@ void Tracer::ServiceTick() {
     std::atomic_ref<uint32_t>(c->active_mode).store(mode_.load(std::memory_order_relaxed), std::memory_order_relaxed);
     std::atomic_ref<uint64_t>(c->command_ack).store(cmd, std::memory_order_release);
   }
+  trap_.ServiceTick(RealNowNs());
   if (gpu_.available()) gpu_.Poll(*this);
+}
+
+void Tracer::Annotate(uint64_t what, ThreadState& ts) {
+  FalconRecord r;
+  std::memset(&r, 0, sizeof(r));
+  r.comm_seq = ~uint64_t{0};
+  r.count = what;
+  r.t_start_ns = clock_.Now();
+  r.comm_slot = FALCON_NO_COMM;
+  r.peer = -1;
+  r.redop = -1;
+  r.op = static_cast<uint8_t>(kFalconOpAnnotation);
+  r.dtype = 0xFF;
+  Publish(r, ts.lane_index);
 }
 
 }  // namespace falcon::shim

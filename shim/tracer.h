@@ -27,6 +27,7 @@
 #include "shim/fast_clock.h"
 #include "shim/gpu_timer.h"
 #include "shim/segment.h"
+#include "shim/trap.h"
 
 namespace falcon::shim {
 
@@ -67,6 +68,7 @@ struct ThreadState {
   uint16_t slot_index = 0xFFFF;
   uint8_t lane_index = 0;
   bool lane_shared = true;
+  bool trap_deferred = false;         // stop at the end of the current group (trap.h)
   const void* cached_comm = nullptr;  // one-entry communicator lookup cache
   uint32_t cached_slot = FALCON_NO_COMM;
 };
@@ -92,6 +94,9 @@ class Tracer {
   void Publish(FalconRecord& r, uint32_t lane);
   uint32_t SharedLane() const { return config_.lanes - 1; }
 
+  // Writes a kFalconOpAnnotation record (count = what) into the thread's lane, stamped now.
+  void Annotate(uint64_t what, ThreadState& ts);
+
   // Slow paths of the hot path.
   void BindThread(ThreadState& ts);  // first call of a thread (or after fork)
   uint32_t SlotOf(const void* comm, ThreadState& ts);  // lookup with a one-entry cache
@@ -100,6 +105,7 @@ class Tracer {
   CommRegistry& comms() { return comms_; }
   Segment& segment() { return segment_; }
   GpuTimer& gpu() { return gpu_; }
+  Trap& trap() { return trap_; }
   const FastClock& clock() const { return clock_; }
   const ShimConfig& config() const { return config_; }
   uint32_t mode() const { return mode_.load(std::memory_order_relaxed); }
@@ -122,6 +128,7 @@ class Tracer {
   Segment segment_;
   CommRegistry comms_;
   GpuTimer gpu_;
+  Trap trap_;
   FastClock clock_;
   std::atomic<uint32_t> mode_{kFalconModeTrack};
   std::atomic<uint32_t> sample_every_{100};
@@ -173,12 +180,16 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     return r;
   }
   if (__builtin_expect(ts.generation != tracer->generation(), 0)) tracer->BindThread(ts);
-  const int64_t t0 = tracer->clock().Now();
+  int64_t t0 = tracer->clock().Now();
   uint32_t comm_slot = FALCON_NO_COMM;
   uint64_t comm_seq = ~uint64_t{0};
   if (d.comm != nullptr) {
     comm_slot = d.comm == ts.cached_comm ? ts.cached_slot : tracer->SlotOf(d.comm, ts);
     if (comm_slot != FALCON_NO_COMM) comm_seq = tracer->comms().NextCallSeq(comm_slot);
+  }
+  // A pause armed by the agent stops the thread here, before the target call (trap.h).
+  if (__builtin_expect(tracer->trap().armed(), 0) && tracer->trap().OnCall(comm_slot, comm_seq, *tracer, ts)) {
+    t0 = tracer->clock().Now();
   }
   if (FalconThreadSlot* s = ts.slot) {  // in-flight state, for hang diagnosis
     std::atomic_ref<int64_t>(s->inflight_since_mono_ns).store(t0, std::memory_order_relaxed);
@@ -197,6 +208,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     const int64_t t1 = timed ? tracer->clock().Now() : 0;
     tracer->Record(d, out, ts, t0, t1, comm_seq, comm_slot, ResultCode(r), timed, gpu);
     TrackGroupDepth(d.op, ResultCode(r), ts);
+    if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0) tracer->trap().AfterGroup(*tracer, ts);
     ts.depth = 0;
     return r;
   }
@@ -245,6 +257,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   version.store(2 * idx + 2, std::memory_order_release);
   if (FalconThreadSlot* s = ts.slot) std::atomic_ref<uint64_t>(s->inflight_seq).store(0, std::memory_order_release);
   TrackGroupDepth(d.op, ResultCode(r), ts);
+  if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0) tracer->trap().AfterGroup(*tracer, ts);
   ts.depth = 0;
   return r;
   // HOT PATH END

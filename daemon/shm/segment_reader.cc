@@ -292,3 +292,42 @@ void SegmentReader::RequestMode(uint32_t mode, uint32_t sample_every) {
 }
 
 }  // namespace falcon::daemon
+
+namespace falcon::daemon {
+
+uint64_t SegmentReader::RequestPause(uint32_t comm_slot, uint64_t comm_seq, int64_t deadline_real_ns) {
+  if (!writable_) return 0;
+  std::atomic_ref<uint32_t>(control_->pause_comm_slot).store(comm_slot, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(control_->pause_comm_seq).store(comm_seq, std::memory_order_relaxed);
+  std::atomic_ref<int64_t>(control_->pause_deadline_real_ns).store(deadline_real_ns, std::memory_order_relaxed);
+  return std::atomic_ref<uint64_t>(control_->pause_gen).fetch_add(1, std::memory_order_release) + 1;
+}
+
+void SegmentReader::RequestResume(uint64_t pause_gen) {
+  if (!writable_) return;
+  std::atomic_ref<uint64_t>(control_->resume_gen).store(pause_gen, std::memory_order_release);
+}
+
+FalconPauseState SegmentReader::pause_state(uint64_t* ack_gen) const {
+  *ack_gen = std::atomic_ref<uint64_t>(control_->pause_ack_gen).load(std::memory_order_acquire);
+  return static_cast<FalconPauseState>(LoadRelaxed(control_->pause_state));
+}
+
+uint64_t SegmentReader::PostTask(const FalconTask& task) {
+  if (!writable_) return 0;
+  std::memcpy(&control_->task, &task, sizeof(task));
+  return std::atomic_ref<uint64_t>(control_->task_seq).fetch_add(1, std::memory_order_release) + 1;
+}
+
+bool SegmentReader::TaskDone(uint64_t seq, FalconTaskResult* out) const {
+  if (std::atomic_ref<uint64_t>(control_->task_ack).load(std::memory_order_acquire) < seq) return false;
+  std::memcpy(out, &control_->task_result, sizeof(*out));
+  return out->task_seq == seq;
+}
+
+uint64_t SegmentReader::CommCalls(uint32_t slot) const {
+  if (slot >= header_->comm_capacity) return 0;
+  return LoadRelaxed(comms_[slot].calls);
+}
+
+}  // namespace falcon::daemon

@@ -84,6 +84,19 @@ class SegmentReader {
   // ignores values it does not know); bumps command_seq.
   void RequestMode(uint32_t mode, uint32_t sample_every);
 
+  // Pause protocol (FalconControl in shm_abi.h). REQUIRES: opened kReadWrite.
+  // Asks the shim to stop before call `comm_seq` on `comm_slot`; returns the pause generation.
+  uint64_t RequestPause(uint32_t comm_slot, uint64_t comm_seq, int64_t deadline_real_ns);
+  void RequestResume(uint64_t pause_gen);
+  // The shim's report: state and the generation it refers to.
+  FalconPauseState pause_state(uint64_t* ack_gen) const;
+  // Posts a benchmark task (the process must be trapped); returns its sequence number.
+  uint64_t PostTask(const FalconTask& task);
+  // True once the task `seq` has finished; *out is its result.
+  bool TaskDone(uint64_t seq, FalconTaskResult* out) const;
+  // Calls made so far on communicator `slot` (the next call's comm_seq); 0 if out of range.
+  uint64_t CommCalls(uint32_t slot) const;
+
  private:
   SegmentReader() = default;
   ReadStats ReadLane(uint32_t lane, uint64_t* next, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const;

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 2u
+#define FALCON_SHM_ABI_VERSION 3u
 #define FALCON_SHM_PREFIX "falcon."
 #define FALCON_SHM_DEFAULT_DIR "/dev/shm"
 #define FALCON_NO_COMM 0xFFFFFFFFu
@@ -102,10 +102,14 @@ typedef enum {
   kFalconOpMemFree = 40,
   /* Not an NCCL call: GPU timing of record `ref_seq` completed (see FalconRecord). */
   kFalconOpGpuTiming = 100,
-  /* Not an NCCL call: a phase annotation from the C API (falcon.h). */
+  /* Not an NCCL call: an annotation. count = kFalconAnnotatePause* (trap start/end), or a
+   * phase from the C API; t_start_ns is when it happened. */
   kFalconOpAnnotation = 101,
   kFalconOpCount_ = 102  /* op codes fit in a byte */
 } FalconOp;
+
+/* FalconRecord::count of kFalconOpAnnotation records written by the trap. */
+enum { kFalconAnnotatePauseBegin = 1, kFalconAnnotatePauseEnd = 2 };
 
 /* Record flags. */
 enum {
@@ -220,29 +224,98 @@ typedef enum {
   kFalconTimingCudaEvents = 1
 } FalconTimingSource;
 
-/* The control block. agent→shim words: written by the agent, read by the shim.
- * shim→agent words: written by the shim. Pause and benchmark words are reserved for the trap
- * and the benchmark executor; a shim that does not implement them leaves the acks at 0. */
+/* Benchmark tasks the executor runs while the process is trapped (paused). */
+typedef enum {
+  kFalconTaskNone = 0,
+  kFalconTaskGemm = 1, /* m x n x k single-precision GEMM on this rank's device (host GEMM without a GPU) */
+  kFalconTaskP2p = 2   /* one send and/or one receive of `bytes` on a training communicator */
+} FalconTaskKind;
+
+typedef enum {
+  kFalconTaskOk = 0,
+  kFalconTaskBadRequest = 1,  /* malformed task (unknown kind, bad slot, sizes out of range) */
+  kFalconTaskUnsupported = 2, /* not available in this process (e.g. GPU buffers not implemented) */
+  kFalconTaskFailed = 3       /* NCCL or memory error; detail is in the shim's log */
+} FalconTaskStatus;
+
+/* 64 bytes. P2P: ranks are ranks in the communicator at comm_slot of this process's table. */
+typedef struct FalconTask {
+  uint32_t kind;       /* FalconTaskKind */
+  uint32_t repeats;    /* timed repetitions, 1..1000 (after one untimed warm-up) */
+  uint32_t comm_slot;  /* P2P: the communicator */
+  int32_t send_peer;   /* P2P: rank to send to, -1 for none */
+  int32_t recv_peer;   /* P2P: rank to receive from, -1 for none */
+  uint32_t m, n, k;    /* GEMM dimensions, 1..8192 */
+  uint64_t bytes;      /* P2P message size, 1 B..1 GiB */
+  uint8_t reserved[24];
+} FalconTask;
+
+/* 64 bytes. Times in seconds over the timed repetitions. */
+typedef struct FalconTaskResult {
+  uint64_t task_seq;   /* which task this is the result of */
+  uint32_t kind;
+  int32_t status;      /* FalconTaskStatus */
+  double median_s;
+  double min_s;
+  double max_s;
+  double rate;         /* GEMM: GFLOP/s; P2P: GB/s (bytes moved per direction / median) */
+  uint32_t timing_source; /* FalconTimingSource */
+  uint8_t reserved[12];
+} FalconTaskResult;
+
+typedef enum {
+  kFalconPauseIdle = 0,    /* no pause requested, or the last one ended */
+  kFalconPauseArmed = 1,   /* waiting for the target call */
+  kFalconPauseTrapped = 2, /* stopped before the target call; tasks run now */
+  kFalconPauseMissed = 3,  /* the target call had already been issued: not trapped */
+  kFalconPauseExpired = 4, /* the deadline passed before the target call: not trapped */
+  kFalconPauseTimedOut = 5,/* trapped, but not resumed by the deadline: training went on */
+  kFalconPauseResumed = 6, /* trapped and resumed on request */
+  kFalconPauseRejected = 7 /* malformed request (bad comm slot, deadline in the past) */
+} FalconPauseState;
+
+/* The control block. agent→shim words: written by the agent, read by the shim. shim→agent
+ * words: written by the shim. Protocol:
+ *  - mode: write mode/sample_every, then increment command_seq; the shim applies it within a
+ *    service tick (~50 ms) and copies command_seq to command_ack.
+ *  - pause (a consistent cut): write pause_comm_slot, pause_comm_seq and pause_deadline_real_ns,
+ *    then increment pause_gen. The shim stops the thread that is about to issue call number
+ *    pause_comm_seq (0-based, as in FalconRecord::comm_seq) on communicator pause_comm_slot,
+ *    before issuing it. Choosing, on every rank, the same call of a communicator that spans the
+ *    job (or each rank's first call of the same iteration) makes the cut consistent: no rank
+ *    waits inside a collective that a paused peer has not issued. pause_state/pause_ack_gen
+ *    report progress. Resume: set resume_gen = pause_gen. Every wait has the deadline: armed
+ *    past it → Expired; trapped past it → TimedOut and training continues.
+ *  - tasks (only while trapped): write task, then increment task_seq; the shim runs it on the
+ *    trapped thread and writes task_result, then task_ack = task_seq. */
 typedef struct FalconControl {
   /* agent → shim */
   uint32_t mode;              /* FalconMode */
   uint32_t sample_every;      /* for kFalconModeSample; 0 is treated as 1 */
-  uint64_t command_seq;       /* bumped by the agent after changing any agent→shim word */
-  uint64_t pause_request;     /* reserved: trap generation requested */
-  uint64_t pause_at_iteration;/* reserved */
-  int64_t pause_deadline_real_ns; /* reserved */
-  uint64_t task_seq;          /* reserved: benchmark task generation */
-  uint8_t task[256];          /* reserved: benchmark task description */
+  uint64_t command_seq;       /* bumped by the agent after changing mode/sample_every */
+  uint64_t pause_gen;         /* bumped to request a pause */
+  uint32_t pause_comm_slot;
+  uint32_t reserved0;
+  uint64_t pause_comm_seq;
+  int64_t pause_deadline_real_ns; /* CLOCK_REALTIME */
+  uint64_t resume_gen;        /* = pause_gen to resume */
+  uint64_t task_seq;
+  FalconTask task;
+  uint8_t reserved1[64];
   /* shim → agent */
   uint64_t command_ack;       /* last command_seq the shim applied */
   uint32_t active_mode;       /* the mode the shim is actually using */
   uint32_t timing_source;     /* FalconTimingSource */
-  int64_t heartbeat_mono_ns;  /* refreshed by the shim's service thread (~every 100 ms) */
+  int64_t heartbeat_mono_ns;  /* refreshed by the shim's service thread (~every 50 ms) */
   int64_t heartbeat_real_ns;
-  uint64_t pause_ack;         /* reserved */
-  uint64_t task_ack;          /* reserved */
-  uint8_t task_result[256];   /* reserved */
-  uint8_t reserved[128];
+  uint64_t pause_ack_gen;     /* the pause_gen that pause_state refers to */
+  uint32_t pause_state;       /* FalconPauseState */
+  uint32_t reserved2;
+  int64_t trapped_real_ns;    /* when the thread stopped (0 if it did not) */
+  int64_t resumed_real_ns;    /* when it went on */
+  uint64_t task_ack;
+  FalconTaskResult task_result;
+  uint8_t reserved3[248];
 } FalconControl;
 
 typedef enum {
@@ -297,7 +370,9 @@ static_assert(sizeof(FalconRecord) == 64, "FalconRecord is ABI: one 64-byte cach
 static_assert(sizeof(FalconCommEntry) == 192, "FalconCommEntry is ABI: 192 bytes");
 static_assert(sizeof(FalconThreadSlot) == 64, "FalconThreadSlot is ABI: 64 bytes");
 static_assert(sizeof(FalconLane) == 64, "FalconLane is ABI: 64 bytes");
-static_assert(sizeof(FalconControl) == 736, "FalconControl is ABI");
+static_assert(sizeof(FalconTask) == 64, "FalconTask is ABI: 64 bytes");
+static_assert(sizeof(FalconTaskResult) == 64, "FalconTaskResult is ABI: 64 bytes");
+static_assert(sizeof(FalconControl) % 64 == 0, "FalconControl keeps 64-byte alignment");
 static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");
 static_assert(offsetof(FalconShmHeader, magic) == 0, "magic leads the header");
 static_assert(sizeof(FalconShmHeader) % 64 == 0, "header keeps 64-byte alignment");

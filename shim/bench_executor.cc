@@ -1,0 +1,202 @@
+// Benchmark executor: see bench_executor.h.
+#include "shim/bench_executor.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "shim/log.h"
+#include "shim/real_nccl.h"
+#include "shim/tracer.h"
+
+namespace falcon::shim {
+namespace {
+
+constexpr uint32_t kMaxRepeats = 1000;
+constexpr uint32_t kMaxDim = 8192;
+constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
+
+struct Timings {
+  double median = 0, min = 0, max = 0;
+};
+
+Timings Summarise(double* samples, uint32_t n) {
+  std::sort(samples, samples + n);
+  return Timings{samples[n / 2], samples[0], samples[n - 1]};
+}
+
+double Seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
+
+// Optional hook of the NCCL emulator: how much slower this rank's compute is now (>= 1).
+double EmulatedComputeFactor(int32_t rank) {
+  using FactorFn = double (*)(int, double);
+  using SecondsFn = double (*)();
+  static auto factor = reinterpret_cast<FactorFn>(dlsym(RTLD_DEFAULT, "falconEmuComputeFactor"));
+  static auto seconds = reinterpret_cast<SecondsFn>(dlsym(RTLD_DEFAULT, "falconEmuJobSeconds"));
+  if (factor == nullptr || seconds == nullptr || rank < 0) return 1.0;
+  const double f = factor(rank, seconds());
+  return f >= 1.0 ? f : 1.0;
+}
+
+void SleepNs(int64_t ns) {
+  if (ns <= 0) return;
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
+// C(m x n) += A(m x k) * B(k x n), row-major, i-k-j order (streams rows of B and C).
+void HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, uint32_t k) {
+  for (uint32_t i = 0; i < m; ++i) {
+    float* crow = c + uint64_t{i} * n;
+    for (uint32_t p = 0; p < k; ++p) {
+      const float av = a[uint64_t{i} * k + p];
+      const float* brow = b + uint64_t{p} * n;
+      for (uint32_t j = 0; j < n; ++j) crow[j] += av * brow[j];
+    }
+  }
+}
+
+FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer) {
+  if (t.m == 0 || t.n == 0 || t.k == 0 || t.m > kMaxDim || t.n > kMaxDim || t.k > kMaxDim) {
+    r.status = kFalconTaskBadRequest;
+    return r;
+  }
+  if (tracer.gpu().available()) {  // a GPU GEMM (cuBLAS via dlopen) is not implemented yet
+    r.status = kFalconTaskUnsupported;
+    return r;
+  }
+  const uint64_t a_n = uint64_t{t.m} * t.k, b_n = uint64_t{t.k} * t.n, c_n = uint64_t{t.m} * t.n;
+  auto* buf = static_cast<float*>(std::calloc(a_n + b_n + c_n, sizeof(float)));
+  if (buf == nullptr) {
+    r.status = kFalconTaskFailed;
+    return r;
+  }
+  for (uint64_t i = 0; i < a_n + b_n; ++i) buf[i] = static_cast<float>(i % 7) * 0.25f;
+  double samples[kMaxRepeats];
+  HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k);  // warm-up
+  for (uint32_t rep = 0; rep < t.repeats; ++rep) {
+    const int64_t t0 = SystemMonoNs();
+    HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k);
+    const int64_t elapsed = SystemMonoNs() - t0;
+    // Over the emulator, a slow-compute fault stretches this rank's compute, GEMM included.
+    const double factor = EmulatedComputeFactor(tracer.config().rank_hint);
+    SleepNs(static_cast<int64_t>(static_cast<double>(elapsed) * (factor - 1.0)));
+    samples[rep] = Seconds(SystemMonoNs() - t0);
+  }
+  std::free(buf);
+  const Timings s = Summarise(samples, t.repeats);
+  r.median_s = s.median;
+  r.min_s = s.min;
+  r.max_s = s.max;
+  r.rate = 2.0 * static_cast<double>(t.m) * t.n * t.k / s.median / 1e9;
+  r.status = kFalconTaskOk;
+  return r;
+}
+
+void LogBenchmarkCall(Tracer& tracer, ThreadState& ts, FalconOp op, uint32_t slot, uint64_t bytes, int32_t peer,
+                      int64_t t0, int64_t t1, int result) {
+  FalconRecord rec;
+  std::memset(&rec, 0, sizeof(rec));
+  rec.comm_seq = ~uint64_t{0};
+  rec.count = bytes;
+  rec.t_start_ns = t0;
+  rec.t_end_ns = t1;
+  rec.comm_slot = slot;
+  rec.peer = peer;
+  rec.redop = -1;
+  rec.op = static_cast<uint8_t>(op);
+  rec.dtype = static_cast<uint8_t>(ncclInt8);
+  rec.flags = kFalconFlagBenchmark | kFalconFlagHostEnd | kFalconFlagInGroup;
+  rec.result = static_cast<uint8_t>(result);
+  tracer.Publish(rec, ts.lane_index);
+}
+
+FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer, ThreadState& ts) {
+  const FalconShmHeader* h = tracer.segment().header();
+  if (t.comm_slot >= h->comm_capacity || t.bytes == 0 || t.bytes > kMaxBytes || (t.send_peer < 0 && t.recv_peer < 0)) {
+    r.status = kFalconTaskBadRequest;
+    return r;
+  }
+  const FalconCommEntry& entry = tracer.segment().comms()[t.comm_slot];
+  const uint32_t state = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(entry.state)).load(std::memory_order_acquire);
+  if (state != kFalconCommLive || t.send_peer >= entry.nranks || t.recv_peer >= entry.nranks) {
+    r.status = kFalconTaskBadRequest;
+    return r;
+  }
+  if (tracer.gpu().available()) {  // device buffers (cuMemAlloc) are not implemented yet
+    r.status = kFalconTaskUnsupported;
+    return r;
+  }
+  auto group_start = RealSymbol<decltype(&pncclGroupStart)>(kFalconOpGroupStart);
+  auto group_end = RealSymbol<decltype(&pncclGroupEnd)>(kFalconOpGroupEnd);
+  auto send = RealSymbol<decltype(&pncclSend)>(kFalconOpSend);
+  auto recv = RealSymbol<decltype(&pncclRecv)>(kFalconOpRecv);
+  auto* sendbuf = static_cast<char*>(std::malloc(t.bytes));
+  auto* recvbuf = static_cast<char*>(std::malloc(t.bytes));
+  if (group_start == nullptr || group_end == nullptr || send == nullptr || recv == nullptr || sendbuf == nullptr ||
+      recvbuf == nullptr) {
+    std::free(sendbuf);
+    std::free(recvbuf);
+    r.status = kFalconTaskFailed;
+    return r;
+  }
+  std::memset(sendbuf, 0x5a, t.bytes);
+  auto* comm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(entry.handle));
+  double samples[kMaxRepeats];
+  r.status = kFalconTaskOk;
+  for (uint32_t rep = 0; rep <= t.repeats && r.status == kFalconTaskOk; ++rep) {  // rep 0: warm-up
+    const int64_t t0 = SystemMonoNs();
+    ncclResult_t res = group_start();
+    if (res == ncclSuccess && t.send_peer >= 0) res = send(sendbuf, t.bytes, ncclInt8, t.send_peer, comm, nullptr);
+    if (res == ncclSuccess && t.recv_peer >= 0) res = recv(recvbuf, t.bytes, ncclInt8, t.recv_peer, comm, nullptr);
+    const ncclResult_t end = group_end();
+    if (res == ncclSuccess) res = end;
+    const int64_t t1 = SystemMonoNs();
+    if (t.send_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpSend, t.comm_slot, t.bytes, t.send_peer, t0, t1, res);
+    if (t.recv_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpRecv, t.comm_slot, t.bytes, t.recv_peer, t0, t1, res);
+    if (res != ncclSuccess) {
+      Log(LogLevel::kWarn, "benchmark p2p on comm slot %u failed: NCCL result %d", t.comm_slot, static_cast<int>(res));
+      r.status = kFalconTaskFailed;
+    } else if (rep > 0) {
+      samples[rep - 1] = Seconds(t1 - t0);
+    }
+  }
+  std::free(sendbuf);
+  std::free(recvbuf);
+  if (r.status != kFalconTaskOk) return r;
+  const Timings s = Summarise(samples, t.repeats);
+  r.median_s = s.median;
+  r.min_s = s.min;
+  r.max_s = s.max;
+  r.rate = static_cast<double>(t.bytes) / s.median / 1e9;
+  return r;
+}
+
+}  // namespace
+
+FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts) {
+  FalconTaskResult r;
+  std::memset(&r, 0, sizeof(r));
+  r.task_seq = task_seq;
+  r.kind = task.kind;
+  r.timing_source = tracer.gpu().available() ? kFalconTimingCudaEvents : kFalconTimingHost;
+  if (ts.group_depth > 0) {  // never nest validation traffic in the job's open group
+    r.status = kFalconTaskFailed;
+    return r;
+  }
+  if (task.repeats == 0 || task.repeats > kMaxRepeats) {
+    r.status = kFalconTaskBadRequest;
+    return r;
+  }
+  switch (task.kind) {
+    case kFalconTaskGemm: return RunGemm(task, r, tracer);
+    case kFalconTaskP2p: return RunP2p(task, r, tracer, ts);
+    default: r.status = kFalconTaskBadRequest; return r;
+  }
+}
+
+}  // namespace falcon::shim

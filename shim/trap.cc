@@ -1,0 +1,154 @@
+// Trap: see trap.h.
+#include "shim/trap.h"
+
+#include <time.h>
+
+#include <cstring>
+
+#include "shim/bench_executor.h"
+#include "shim/log.h"
+#include "shim/segment.h"
+#include "shim/tracer.h"
+
+namespace falcon::shim {
+namespace {
+
+template <typename T>
+T Load(const T& field, std::memory_order order = std::memory_order_acquire) {
+  return std::atomic_ref<T>(const_cast<T&>(field)).load(order);
+}
+template <typename T>
+void Store(T& field, T value, std::memory_order order = std::memory_order_release) {
+  std::atomic_ref<T>(field).store(value, order);
+}
+
+constexpr long kPollNs = 200 * 1000;
+
+}  // namespace
+
+void Trap::Attach(FalconControl* control, uint32_t comm_capacity) {
+  control_ = control;
+  comm_capacity_ = comm_capacity;
+  seen_gen_ = Load(control->pause_gen);  // a fresh segment: 0
+}
+
+void Trap::Reset() {
+  control_ = nullptr;
+  phase_.store(kIdle, std::memory_order_relaxed);
+  armed_.store(false, std::memory_order_relaxed);
+  seen_gen_ = 0;
+}
+
+void Trap::Report(FalconPauseState state, uint64_t gen) {
+  Store(control_->pause_state, static_cast<uint32_t>(state), std::memory_order_relaxed);
+  Store(control_->pause_ack_gen, gen);
+}
+
+void Trap::ServiceTick(int64_t real_now_ns) {
+  if (control_ == nullptr) return;
+  const int phase = phase_.load(std::memory_order_acquire);
+  if (phase == kArmed && real_now_ns > deadline_real_ns_.load(std::memory_order_relaxed)) {
+    int expected = kArmed;
+    if (phase_.compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel)) {
+      armed_.store(false, std::memory_order_relaxed);
+      const uint64_t gen = gen_.load(std::memory_order_relaxed);
+      Report(kFalconPauseExpired, gen);
+      Log(LogLevel::kInfo, "pause %llu expired before its target call", static_cast<unsigned long long>(gen));
+    }
+    return;
+  }
+  if (phase != kIdle) return;  // a request arriving while trapped waits for the trap to end
+  const uint64_t gen = Load(control_->pause_gen);
+  if (gen == seen_gen_) return;
+  seen_gen_ = gen;
+  const uint32_t slot = Load(control_->pause_comm_slot, std::memory_order_relaxed);
+  const uint64_t seq = Load(control_->pause_comm_seq, std::memory_order_relaxed);
+  const int64_t deadline = Load(control_->pause_deadline_real_ns, std::memory_order_relaxed);
+  if (slot >= comm_capacity_ || deadline <= real_now_ns) {
+    Report(kFalconPauseRejected, gen);
+    Log(LogLevel::kWarn, "rejected pause request %llu (comm slot %u, deadline %lld ns from now)",
+        static_cast<unsigned long long>(gen), slot, static_cast<long long>(deadline - real_now_ns));
+    return;
+  }
+  gen_.store(gen, std::memory_order_relaxed);
+  slot_.store(slot, std::memory_order_relaxed);
+  seq_.store(seq, std::memory_order_relaxed);
+  deadline_real_ns_.store(deadline, std::memory_order_relaxed);
+  Store(control_->trapped_real_ns, int64_t{0}, std::memory_order_relaxed);
+  Store(control_->resumed_real_ns, int64_t{0}, std::memory_order_relaxed);
+  Report(kFalconPauseArmed, gen);
+  phase_.store(kArmed, std::memory_order_release);
+  armed_.store(true, std::memory_order_release);
+}
+
+bool Trap::OnCall(uint32_t comm_slot, uint64_t comm_seq, Tracer& tracer, ThreadState& ts) {
+  if (phase_.load(std::memory_order_acquire) != kArmed) return false;
+  const uint64_t gen = gen_.load(std::memory_order_relaxed);
+  const uint64_t target = seq_.load(std::memory_order_relaxed);
+  if (comm_slot != slot_.load(std::memory_order_relaxed) || comm_seq < target) return false;
+  const int next = comm_seq > target ? kIdle : (ts.group_depth > 0 ? kDeferred : kTrapping);
+  int expected = kArmed;
+  if (!phase_.compare_exchange_strong(expected, next, std::memory_order_acq_rel)) return false;
+  if (gen_.load(std::memory_order_relaxed) != gen) {
+    // The service thread expired the request we read and armed a new one before our CAS: the
+    // fields we compared were stale. Give the new request back untouched.
+    phase_.store(kArmed, std::memory_order_release);
+    return false;
+  }
+  armed_.store(false, std::memory_order_relaxed);
+  if (next == kIdle) {  // the target call was issued before the request arrived
+    Report(kFalconPauseMissed, gen);
+    return false;
+  }
+  if (next == kDeferred) {  // stop after the enclosing group instead (see the file comment)
+    ts.trap_deferred = true;
+    return false;
+  }
+  Hold(tracer, ts);
+  phase_.store(kIdle, std::memory_order_release);
+  return true;
+}
+
+void Trap::AfterGroup(Tracer& tracer, ThreadState& ts) {
+  ts.trap_deferred = false;
+  int expected = kDeferred;
+  if (!phase_.compare_exchange_strong(expected, kTrapping, std::memory_order_acq_rel)) return;
+  Hold(tracer, ts);
+  phase_.store(kIdle, std::memory_order_release);
+}
+
+void Trap::Hold(Tracer& tracer, ThreadState& ts) {
+  const uint64_t gen = gen_.load(std::memory_order_relaxed);
+  const int64_t deadline = deadline_real_ns_.load(std::memory_order_relaxed);
+  Store(control_->trapped_real_ns, RealNowNs(), std::memory_order_relaxed);
+  Report(kFalconPauseTrapped, gen);
+  tracer.Annotate(kFalconAnnotatePauseBegin, ts);
+  FalconPauseState outcome = kFalconPauseTimedOut;
+  for (;;) {
+    if (Load(control_->resume_gen) >= gen) {
+      outcome = kFalconPauseResumed;
+      break;
+    }
+    if (RealNowNs() > deadline || tracer.stopping()) break;
+    const uint64_t task_seq = Load(control_->task_seq);
+    if (task_seq != Load(control_->task_ack, std::memory_order_relaxed)) {
+      FalconTask task;
+      std::memcpy(&task, &control_->task, sizeof(task));  // the agent wrote it before task_seq
+      const FalconTaskResult result = RunBenchmarkTask(task, task_seq, tracer, ts);
+      std::memcpy(&control_->task_result, &result, sizeof(result));
+      Store(control_->task_ack, task_seq);
+      continue;
+    }
+    timespec pause{0, kPollNs};
+    nanosleep(&pause, nullptr);
+  }
+  Store(control_->resumed_real_ns, RealNowNs(), std::memory_order_relaxed);
+  tracer.Annotate(kFalconAnnotatePauseEnd, ts);
+  Report(outcome, gen);
+  if (outcome == kFalconPauseTimedOut) {
+    Log(LogLevel::kWarn, "pause %llu reached its deadline without a resume; training goes on",
+        static_cast<unsigned long long>(gen));
+  }
+}
+
+}  // namespace falcon::shim

@@ -1,0 +1,72 @@
+// Trap: pausing the training thread at a consistent cut, with a deadline, and running
+// benchmark tasks while paused. The protocol is FalconControl's (shm_abi.h).
+//
+// The agent asks for a pause before call number `pause_comm_seq` on communicator
+// `pause_comm_slot`. The service thread validates the request and arms the trap; the hot path
+// then checks one relaxed flag per call. The thread that is about to issue the target call
+// stops there (before the call), reports Trapped, runs the tasks the agent posts, and goes on
+// when resumed or when the deadline passes — whichever comes first. A thread never stops inside
+// an NCCL group (its calls would complete only at the group's end, and tasks would nest in it):
+// if the target call is inside a group, the thread stops right after the outermost
+// ncclGroupEnd instead — every rank's group holds the same calls, so the cut stays consistent. A request whose target call
+// has already been issued is reported Missed, one whose deadline passes first Expired.
+//
+// Invariants:
+//  1. phase_ moves Idle → Armed only on the service thread, Armed → Trapping/Deferred/Idle by a
+//     CAS (the caller that hits the target, a caller that is past it, or the service thread at
+//     the deadline): exactly one of them wins. Deferred → Trapping only by the deferring thread.
+//  2. The target fields (slot_, seq_, deadline_, gen_) are written before phase_ becomes Armed
+//     (release) and read after observing Armed (acquire); they do not change until Idle.
+//  3. Only the thread in Trapping writes pause_state until it returns to Idle.
+//  4. No wait is unbounded: the trapped thread polls every 200 µs and leaves at the deadline.
+// Never blocks a thread that is not the target; never changes a call's arguments or result.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "falcon/shm_abi.h"
+
+namespace falcon::shim {
+
+class Tracer;
+struct ThreadState;
+
+class Trap {
+ public:
+  void Attach(FalconControl* control, uint32_t comm_capacity);
+  void Reset();  // after fork
+
+  // HOT PATH: true while a pause is armed (one relaxed load).
+  bool armed() const { return armed_.load(std::memory_order_relaxed); }
+
+  // Service thread: arms new requests, expires armed ones past their deadline.
+  void ServiceTick(int64_t real_now_ns);
+
+  // Caller thread, only when armed(): stops here if this is the target call. Returns true if
+  // the thread was stopped (the caller should re-read its clock). Inside a group it marks the
+  // thread (ThreadState::trap_deferred) to stop at AfterGroup instead.
+  bool OnCall(uint32_t comm_slot, uint64_t comm_seq, Tracer& tracer, ThreadState& ts);
+  // Caller thread, after a call, when ts.trap_deferred and the group has ended: stops now.
+  void AfterGroup(Tracer& tracer, ThreadState& ts);
+
+ private:
+  enum Phase : int { kIdle = 0, kArmed = 1, kTrapping = 2, kDeferred = 3 };
+  void Report(FalconPauseState state, uint64_t gen);
+  void Hold(Tracer& tracer, ThreadState& ts);
+
+  FalconControl* control_ = nullptr;  // fixed after Attach
+  uint32_t comm_capacity_ = 0;        // fixed after Attach
+  std::atomic<int> phase_{kIdle};
+  std::atomic<bool> armed_{false};
+  // Target, see invariant 2 (atomics: a caller may read them while the service thread re-arms
+  // after an expiry; OnCall re-checks them after winning the CAS).
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<uint32_t> slot_{FALCON_NO_COMM};
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> deadline_real_ns_{0};
+  // Service thread only.
+  uint64_t seen_gen_ = 0;
+};
+
+}  // namespace falcon::shim

@@ -1,0 +1,194 @@
+// The trap and the benchmark executor, end to end: a 4-rank emulated job under the real shim;
+// this test plays the agent through the segments' control blocks (SegmentReader). Pauses stop
+// every rank at the same call of the world communicator (a consistent cut), validation tasks
+// run on the paused ranks, training resumes, and the job's own --check proves no training data
+// was lost or corrupted. Deadlines: a pause nobody resumes ends by itself; a target already
+// passed is reported, not trapped.
+#include <gtest/gtest.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "daemon/shm/segment_dir.h"
+#include "daemon/shm/segment_reader.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon {
+namespace {
+
+using daemon::SegmentReader;
+using testing::TempDir;
+
+constexpr int kRanks = 4;
+constexpr uint32_t kWorldSlot = 0;  // falcon-emu-job creates its world communicator first
+
+int64_t RealNow() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+class ShimTrapTest : public ::testing::Test {
+ protected:
+  // Starts the job and opens every rank's segment read-write, ordered by world rank.
+  void StartJob(int iters) {
+    job_ = testing::Spawn({testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
+                           "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload",
+                           testing::PreloadValue(), "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
+                           std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check"},
+                          {"FALCON_SHM_DIR=" + dir_.path(), "FALCON_KEEP_SEGMENT=1", "FALCON_RING_RECORDS=131072"});
+    ASSERT_GT(job_, 0);
+    ASSERT_TRUE(testing::WaitUntil([&] { return OpenAll(); }, 60)) << "segments did not appear";
+  }
+
+  bool OpenAll() {
+    auto listed = daemon::ListSegments(dir_.path(), static_cast<uint32_t>(getuid()), false);
+    if (!listed.ok() || listed.value().size() != kRanks) return false;
+    std::vector<std::pair<int, SegmentReader>> found;
+    for (const auto& info : listed.value()) {
+      auto seg = SegmentReader::Open(info.path, SegmentReader::Access::kReadWrite);
+      if (!seg.ok()) return false;
+      auto comms = seg.value().Comms();
+      if (comms.empty() || comms[0].slot != kWorldSlot) return false;  // world not created yet
+      found.emplace_back(comms[0].entry.rank, std::move(seg.value()));
+    }
+    std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    segs_.clear();
+    for (auto& f : found) segs_.push_back(std::move(f.second));
+    return true;
+  }
+
+  // Requests a pause a few iterations ahead on every rank; returns the generations.
+  std::vector<uint64_t> PauseAll(int64_t deadline_ns, uint64_t ahead = 90) {
+    uint64_t target = 0;
+    for (auto& s : segs_) target = std::max(target, s.CommCalls(kWorldSlot));
+    std::vector<uint64_t> gens;
+    for (auto& s : segs_) gens.push_back(s.RequestPause(kWorldSlot, target + ahead, deadline_ns));
+    return gens;
+  }
+
+  bool AllIn(FalconPauseState want, const std::vector<uint64_t>& gens, double timeout_s) {
+    const bool ok = testing::WaitUntil([&] {
+      for (size_t r = 0; r < segs_.size(); ++r) {
+        uint64_t ack = 0;
+        if (segs_[r].pause_state(&ack) != want || ack != gens[r]) return false;
+      }
+      return true;
+    }, timeout_s);
+    for (size_t r = 0; !ok && r < segs_.size(); ++r) {
+      uint64_t ack = 0;
+      const FalconPauseState st = segs_[r].pause_state(&ack);
+      ADD_FAILURE() << "rank " << r << ": state " << st << " for pause " << ack << " (want " << want << " for "
+                    << gens[r] << "), world calls " << segs_[r].CommCalls(kWorldSlot);
+    }
+    return ok;
+  }
+
+  std::vector<FalconTaskResult> RunOnAll(const std::vector<FalconTask>& tasks) {
+    std::vector<uint64_t> seqs;
+    for (size_t r = 0; r < segs_.size(); ++r) seqs.push_back(segs_[r].PostTask(tasks[r]));
+    std::vector<FalconTaskResult> results(segs_.size());
+    EXPECT_TRUE(testing::WaitUntil([&] {
+      for (size_t r = 0; r < segs_.size(); ++r) {
+        if (!segs_[r].TaskDone(seqs[r], &results[r])) return false;
+      }
+      return true;
+    }, 30)) << "tasks did not finish";
+    return results;
+  }
+
+  TempDir dir_;
+  pid_t job_ = -1;
+  std::vector<SegmentReader> segs_;
+};
+
+TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
+  // FALCON_TEST_TRAP_CYCLES lowers the count for slow (sanitizer) builds; the default is 50.
+  const char* env = std::getenv("FALCON_TEST_TRAP_CYCLES");
+  const int cycles = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 50;
+  StartJob(/*iters=*/400 + 72 * cycles);
+  std::vector<double> pause_ms;
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    std::vector<uint64_t> gens = PauseAll(RealNow() + 20'000'000'000LL);
+    ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30)) << "cycle " << cycle << ": not every rank trapped";
+    // Every rank stopped before the same call of the world communicator: a consistent cut.
+    uint64_t cut = segs_[0].CommCalls(kWorldSlot);
+    for (auto& s : segs_) EXPECT_EQ(s.CommCalls(kWorldSlot), cut) << "cycle " << cycle;
+
+    std::vector<FalconTask> gemm(kRanks);
+    for (auto& t : gemm) t = FalconTask{kFalconTaskGemm, 3, 0, -1, -1, 48, 48, 48, 0, {}};
+    for (const FalconTaskResult& r : RunOnAll(gemm)) {
+      EXPECT_EQ(r.status, kFalconTaskOk);
+      EXPECT_GT(r.rate, 0.0);
+      EXPECT_LE(r.min_s, r.median_s);
+    }
+    // Ring pass on the training world communicator: r sends to r+1, receives from r-1.
+    std::vector<FalconTask> ring(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      ring[static_cast<size_t>(r)] =
+          FalconTask{kFalconTaskP2p, 3, kWorldSlot, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, 32768, {}};
+    }
+    for (const FalconTaskResult& r : RunOnAll(ring)) {
+      EXPECT_EQ(r.status, kFalconTaskOk);
+      EXPECT_GT(r.rate, 0.0);
+    }
+    for (size_t r = 0; r < segs_.size(); ++r) segs_[r].RequestResume(gens[r]);
+    ASSERT_TRUE(AllIn(kFalconPauseResumed, gens, 10));
+    int64_t first_trap = INT64_MAX, last_resume = 0;
+    for (auto& s : segs_) {
+      first_trap = std::min(first_trap, s.control().trapped_real_ns);
+      last_resume = std::max(last_resume, s.control().resumed_real_ns);
+    }
+    pause_ms.push_back(static_cast<double>(last_resume - first_trap) / 1e6);
+  }
+  std::sort(pause_ms.begin(), pause_ms.end());
+  std::printf("[ pauses   ] %zu cycles (trap -> GEMM x3 -> ring p2p x3 -> resume): p50 %.1f ms, max %.1f ms\n",
+              pause_ms.size(), pause_ms[pause_ms.size() / 2], pause_ms.back());
+  EXPECT_EQ(testing::WaitFor(job_, 180), 0) << "the job's --check found wrong data, or it failed";
+  // The benchmark traffic is flagged and takes no per-communicator sequence number.
+  std::vector<FalconRecord> recs;
+  daemon::ReadCursor cursor;
+  segs_[0].Read(&cursor, ~size_t{0}, SegmentReader::ReadMode::kFinal, &recs);
+  size_t bench = 0, annotations = 0;
+  for (const FalconRecord& r : recs) {
+    if (r.flags & kFalconFlagBenchmark) {
+      ++bench;
+      EXPECT_EQ(r.comm_seq, ~uint64_t{0});
+    }
+    if (r.op == kFalconOpAnnotation) ++annotations;
+  }
+  EXPECT_EQ(bench, static_cast<size_t>(cycles) * 4 * 2) << "4 ring passes (1 warm-up + 3) x send+recv per cycle";
+  EXPECT_EQ(annotations, static_cast<size_t>(cycles) * 2) << "a begin and an end per pause";
+}
+
+TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
+  StartJob(/*iters=*/1200);
+  // Nobody resumes: the trap lets training go on at the deadline.
+  std::vector<uint64_t> gens = PauseAll(RealNow() + 2'500'000'000LL);
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  ASSERT_TRUE(AllIn(kFalconPauseTimedOut, gens, 10));
+  // A target already issued is reported as missed, not trapped.
+  std::vector<uint64_t> missed;
+  for (auto& s : segs_) missed.push_back(s.RequestPause(kWorldSlot, 0, RealNow() + 20'000'000'000LL));
+  ASSERT_TRUE(AllIn(kFalconPauseMissed, missed, 10));
+  // A target that is never reached before the deadline expires.
+  std::vector<uint64_t> far = PauseAll(RealNow() + 500'000'000LL, /*ahead=*/1'000'000'000);
+  ASSERT_TRUE(AllIn(kFalconPauseExpired, far, 10));
+  // Nonsense is rejected: no such communicator slot, or a deadline in the past.
+  std::vector<uint64_t> bad;
+  for (auto& s : segs_) bad.push_back(s.RequestPause(1u << 30, 1, RealNow() + 20'000'000'000LL));
+  ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  bad.clear();
+  for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1, RealNow() - 1));
+  ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  EXPECT_EQ(testing::WaitFor(job_, 120), 0);
+}
+
+}  // namespace
+}  // namespace falcon
