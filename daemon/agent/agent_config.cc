@@ -243,7 +243,8 @@ Status CheckConfig(const AgentConfig& c) {
   return Status::Ok();
 }
 
-std::string RenderConfig(const AgentConfig& config, bool with_docs) {
+std::string RenderConfig(const AgentConfig& config, ConfigStyle style) {
+  const bool with_docs = style == ConfigStyle::kDocumented;
   std::ostringstream o;
   const AgentConfig defaults;
   for (const ConfigEntry& e : kTable) {

@@ -92,7 +92,8 @@ std::string ValueText(const AgentConfig& config, const ConfigEntry& entry);
 std::string EnvName(std::string_view name);   // FALCON_AGENT_POLL_MS
 std::string FlagName(std::string_view name);  // --poll-ms
 
-// The config in file syntax; with_docs adds each entry's meaning, type, bounds and default.
-std::string RenderConfig(const AgentConfig& config, bool with_docs);
+enum class ConfigStyle { kValues, kDocumented };
+// The config in file syntax; kDocumented adds each entry's meaning, type, bounds and default.
+std::string RenderConfig(const AgentConfig& config, ConfigStyle style);
 
 }  // namespace falcon::agent

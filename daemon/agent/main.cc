@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   std::string config_file;
   bool print_config = false;
   app.add_option("-c,--config", config_file, "config file (default: $FALCON_AGENT_CONFIG)");
-  app.add_flag("--print-config", print_config, "print the effective configuration and exit");
+  app.add_flag("--print-config", print_config,
+               "print the effective configuration, documented, in config-file syntax and exit");
   std::map<std::string, std::string> raw;
   std::vector<std::pair<std::string, CLI::Option*>> options;
   for (const falcon::agent::ConfigEntry& e : falcon::agent::ConfigTable()) {
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (print_config) {
-    std::fputs(falcon::agent::RenderConfig(config, /*with_docs=*/false).c_str(), stdout);
+    std::fputs(falcon::agent::RenderConfig(config, falcon::agent::ConfigStyle::kDocumented).c_str(), stdout);
     return 0;
   }
 

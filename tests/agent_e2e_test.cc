@@ -1,0 +1,330 @@
+// falcon-agent end to end: the real agent binary, a real redis-server, and an emulated 4-rank
+// job (falcon-emu-run + falcon-emu-job over the NCCL emulator) with the real shim preloaded.
+// One scenario, in job order: ranks register (keys with TTL); iteration times stream in with
+// the job's period; a malformed command is dropped with a log line while valid commands are
+// acked (set_mode applied by every shim; pause "unsupported"); Redis is killed and restarted
+// (empty) mid-run — the agent keeps analysing, buffers, and delivers the samples it made
+// meanwhile; a NIC fault from the emulator's fault plan slows the job and raises `slow` alarms.
+// Every message read back is validated against its schema. No fixed sleeps: every wait is a
+// condition with a deadline.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+#include "daemon/redis/redis_commands.h"
+#include "tests/support/redis_server.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon {
+namespace {
+
+using nlohmann::json;
+using testing::WaitUntil;
+
+constexpr const char* kJob = "e2e";
+constexpr const char* kHost = "node0";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::int64_t WallNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// GET http://127.0.0.1:port/path; "" on any failure.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// Value of the first metric line starting with `prefix` (name{labels...), or -1.
+double Metric(const std::string& text, const std::string& prefix) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+std::string Key(const protocol::KeySpec& spec, std::optional<std::int64_t> rank = {}) {
+  return protocol::FormatKey(spec, {kJob, kHost, rank}).value();
+}
+
+// Every entry of `stream`, validated; a failed validation fails the test.
+std::vector<json> ReadStream(redis::RedisConnection& c, const protocol::KeySpec& spec,
+                             const protocol::MessageSpec& message) {
+  std::vector<json> out;
+  Result<std::vector<redis::StreamEntry>> entries = redis::XRange(c, Key(spec), "-", "+", 0);
+  if (!entries.ok()) return out;
+  for (const redis::StreamEntry& e : entries.value()) {
+    const std::string* msg = e.Field("msg");
+    EXPECT_NE(msg, nullptr);
+    if (msg == nullptr) continue;
+    Result<json> j = protocol::ParseMessage(*msg, message);
+    EXPECT_TRUE(j.ok()) << j.status().ToString() << ": " << *msg;
+    if (j.ok()) out.push_back(std::move(j).value());
+  }
+  return out;
+}
+
+// Highest sample index per rank in the iterations stream, and whether the indices each rank
+// covers are contiguous from its first entry.
+std::map<std::int64_t, std::int64_t> MaxIndex(const std::vector<json>& batches) {
+  std::map<std::int64_t, std::int64_t> out;
+  for (const json& b : batches) {
+    const std::int64_t last = b["first"].get<std::int64_t>() +
+                              static_cast<std::int64_t>(b["seconds"].size()) - 1;
+    auto& m = out.try_emplace(b["rank"].get<std::int64_t>(), -1).first->second;
+    m = std::max(m, last);
+  }
+  return out;
+}
+
+class AgentEndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
+    metrics_port_ = testing::FreeLoopbackPort();
+    agent_log_ = dir_.path() + "/agent.log";
+    shm_ = dir_.path() + "/shm";
+    ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
+  }
+  void TearDown() override {
+    for (pid_t p : {job_, agent_}) {
+      if (p > 0) {
+        ::kill(p, SIGTERM);
+        testing::WaitFor(p, 10);
+      }
+    }
+  }
+
+  void StartAgent() {
+    const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
+    std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" +
+                      shm_ + "' --redis-port " + std::to_string(redis_.port()) +
+                      " --metrics-port " + std::to_string(metrics_port_) +
+                      " --poll-ms 50 --flush-ms 200 --heartbeat-ms 500 --key-ttl-s 5"
+                      " --profile-ms 1000 --command-block-ms 200 --redis-backoff-min-ms 50"
+                      " --redis-backoff-max-ms 200 --log-level debug 2>'" + agent_log_ + "'";
+    agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+    ASSERT_GT(agent_, 0);
+    ASSERT_TRUE(WaitUntil([&] { return HttpGet(metrics_port_, "/healthz").find("ok") != std::string::npos; }, 20))
+        << ReadFile(agent_log_);
+  }
+
+  // 4 ranks, 2 per emulated node; inter-node links slow enough that a NIC fault on node 1 from
+  // `fault_s` (job seconds) multiplies a good part of each iteration.
+  void StartJob(int iters, double fault_s) {
+    const std::string plan = R"({"faults":[{"kind":"nic","nodes":[1],"start_s":)" +
+                             std::to_string(fault_s) + R"(,"factor":6}]})";
+    job_start_ns_ = WallNs();
+    job_ = testing::Spawn(
+        {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", "4", "--ranks-per-node", "2",
+         "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload", testing::PreloadValue(),
+         "--fault-plan", plan, "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
+         std::to_string(iters), "--compute-ms", "3"},
+        {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=e2e", "FALCON_EMU_INTER_GBPS=0.5"});
+    ASSERT_GT(job_, 0);
+  }
+
+  testing::RedisServer redis_;
+  testing::TempDir dir_;
+  std::string shm_, agent_log_;
+  int metrics_port_ = 0;
+  pid_t agent_ = -1, job_ = -1;
+  std::int64_t job_start_ns_ = 0;
+};
+
+TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
+  StartAgent();
+  const double fault_s = 9.0;
+  StartJob(900, fault_s);
+  redis::RedisConnection c(redis_.ClientOptions());
+  ASSERT_TRUE(c.Connect().ok());
+
+  // 1. Every rank registers, with a TTL, its communicators and the job's period.
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int r = 0; r < 4; ++r) {
+      auto h = redis::HGetAll(c, Key(protocol::kRankKey, r));
+      if (!h.ok() || h.value().count("msg") == 0) return false;
+      auto m = protocol::ParseMessage(h.value()["msg"], protocol::kRankRegister);
+      if (!m.ok() || !m.value().contains("period")) return false;
+    }
+    return true;
+  }, 20)) << ReadFile(agent_log_);
+  for (int r = 0; r < 4; ++r) {
+    auto h = redis::HGetAll(c, Key(protocol::kRankKey, r)).value();
+    const json m = protocol::ParseMessage(h["msg"], protocol::kRankRegister).value();
+    EXPECT_EQ(m["rank"], r);
+    EXPECT_EQ(m["period"], 9) << "3 TP all-reduces, all-gather, reduce-scatter, send, recv, DP all-reduce, broadcast";
+    EXPECT_EQ(m["comms"].size(), 3u) << "world, TP pair, DP group";
+    EXPECT_EQ(m["state"], "live");
+    const auto ttl = redis::Ttl(c, Key(protocol::kRankKey, r)).value();
+    EXPECT_GT(ttl, 0);
+    EXPECT_LE(ttl, 5);
+  }
+  EXPECT_TRUE(WaitUntil([&] { return redis::HGetAll(c, Key(protocol::kAgentKey)).value().count("msg") == 1; }, 10));
+
+  // 2. Iteration times stream in, per rank, with the job's period and plausible values.
+  ASSERT_TRUE(WaitUntil([&] {
+    const auto m = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
+    return m.size() == 4 && std::all_of(m.begin(), m.end(), [](auto& kv) { return kv.second >= 30; });
+  }, 20)) << ReadFile(agent_log_);
+  for (const json& b : ReadStream(c, protocol::kIterationsStream, protocol::kIterations)) {
+    EXPECT_EQ(b["period"], 9);
+    EXPECT_EQ(b["start_ns"].size(), b["seconds"].size());
+    for (double s : b["seconds"]) {
+      EXPECT_GT(s, 0.004);
+      EXPECT_LT(s, 2.0);
+    }
+  }
+
+  // 3. Commands: garbage is dropped with a log line; the agent keeps serving valid ones.
+  const std::string commands = Key(protocol::kCommandsStream);
+  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", "{not json"}}).ok());
+  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", R"({"v":1,"type":"set_mode","id":"x"})"}}).ok());
+  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"other", "field"}}).ok());
+  protocol::Command mode;
+  mode.type = "set_mode";
+  mode.id = "mode-1";
+  mode.issued_ns = WallNs();
+  mode.mode = "profile";
+  protocol::Command pause = mode;
+  pause.type = "pause";
+  pause.id = "pause-1";
+  pause.at_iteration = 1000;
+  pause.max_pause_s = 5;
+  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", protocol::ToJson(mode).dump()}}).ok());
+  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", protocol::ToJson(pause).dump()}}).ok());
+  std::map<std::string, json> acks;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (const json& a : ReadStream(c, protocol::kAcksStream, protocol::kAck)) acks[a["command"]] = a;
+    return acks.size() == 2;
+  }, 15)) << ReadFile(agent_log_);
+  EXPECT_EQ(acks["mode-1"]["status"], "ok") << acks["mode-1"].dump();
+  EXPECT_EQ(acks["mode-1"]["ranks"].size(), 4u);
+  EXPECT_EQ(acks["pause-1"]["status"], "unsupported");
+  const std::string log = ReadFile(agent_log_);
+  std::size_t dropped = 0;
+  for (std::size_t p = 0; (p = log.find("event=command_dropped", p)) != std::string::npos; ++p) ++dropped;
+  EXPECT_EQ(dropped, 3u) << log;
+  EXPECT_TRUE(WaitUntil([&] {
+    auto h = redis::HGetAll(c, Key(protocol::kRankKey, 0)).value();
+    return h.count("msg") && json::parse(h["msg"])["mode"] == "profile";
+  }, 10)) << "the shims applied the mode";
+
+  // 4. Redis dies: the agent keeps analysing and queues; after a restart it delivers the backlog.
+  const auto before = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
+  redis_.Kill();
+  c.Close();
+  ASSERT_TRUE(WaitUntil([&] {
+    const std::string m = HttpGet(metrics_port_, "/metrics");
+    return Metric(m, "falcon_agent_redis_connected{") == 0 && Metric(m, "falcon_agent_outbox_messages{") >= 8;
+  }, 20)) << ReadFile(agent_log_);
+  const double iterations_during_outage = Metric(HttpGet(metrics_port_, "/metrics"), "falcon_agent_iterations_total{");
+  ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
+  ASSERT_TRUE(c.Connect().ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    const auto m = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
+    return m.size() == 4 && Metric(HttpGet(metrics_port_, "/metrics"), "falcon_agent_outbox_messages{") < 8;
+  }, 20)) << ReadFile(agent_log_);
+  // The restarted server holds what was queued while it was down: each rank's first batch there
+  // starts right after the last index the old server got.
+  std::map<std::int64_t, std::int64_t> first_after;
+  for (const json& b : ReadStream(c, protocol::kIterationsStream, protocol::kIterations)) {
+    auto [it, fresh] = first_after.try_emplace(b["rank"].get<std::int64_t>(), b["first"].get<std::int64_t>());
+    if (!fresh) it->second = std::min(it->second, b["first"].get<std::int64_t>());
+  }
+  for (const auto& [rank, max_before] : before) {
+    EXPECT_LE(first_after[rank], max_before + 1) << "rank " << rank << ": no gap across the outage";
+  }
+  EXPECT_GT(iterations_during_outage, 0);
+  EXPECT_EQ(Metric(HttpGet(metrics_port_, "/metrics"), "falcon_agent_outbox_dropped_total{"), 0);
+
+  // 5. The NIC fault slows every rank (they wait on each other): slow alarms after its onset.
+  const std::int64_t fault_ns = job_start_ns_ + static_cast<std::int64_t>(fault_s * 1e9);
+  std::vector<json> slow;
+  ASSERT_TRUE(WaitUntil([&] {
+    slow.clear();
+    for (const json& a : ReadStream(c, protocol::kAlarmsStream, protocol::kAlarm)) {
+      if (a["kind"] == "slow" && a.value("onset_ns", std::int64_t{0}) > fault_ns - 500000000 &&
+          a["ratio"].get<double>() > 1.5) {
+        slow.push_back(a);
+      }
+    }
+    return !slow.empty();
+  }, 40)) << ReadFile(agent_log_);
+  EXPECT_NE(ReadFile(agent_log_).find("event=alarm kind=slow"), std::string::npos);
+  std::printf("# first slow alarm after the fault (%.2f s after job start): %s\n",
+              static_cast<double>(slow[0]["onset_ns"].get<std::int64_t>() - job_start_ns_) * 1e-9,
+              slow[0].dump().c_str());
+
+  // 6. Profiles were published per communicator, with host durations once in profile mode.
+  bool timed = false;
+  for (const json& p : ReadStream(c, protocol::kProfilesStream, protocol::kCommProfile)) {
+    for (const json& comm : p["comms"]) {
+      for (const json& s : comm["sigs"]) timed = timed || s.contains("median_us");
+    }
+  }
+  EXPECT_TRUE(timed) << "profile mode gives host durations";
+  const std::string metrics = HttpGet(metrics_port_, "/metrics");
+  EXPECT_GT(Metric(metrics, "falcon_agent_records_read_total{"), 1000);
+  EXPECT_EQ(Metric(metrics, "falcon_agent_records_lost_total{"), 0);
+  EXPECT_GE(Metric(metrics, "falcon_agent_cpu_seconds_total{"), 0);
+  EXPECT_NE(HttpGet(metrics_port_, "/nope").find("404"), std::string::npos);
+}
+
+TEST(AgentCliTest, HelpPrintConfigAndBadFlags) {
+  const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
+  testing::ProcessResult r = testing::Run({agent, "--help"}, {});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--redis-password"), std::string::npos);
+  r = testing::Run({agent, "--print-config", "--poll-ms", "250"}, {"FALCON_AGENT_JOB=fromenv",
+                                                                  "FALCON_AGENT_REDIS_PASSWORD=pw"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\npoll_ms = 250\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\njob = fromenv\n"), std::string::npos);
+  EXPECT_EQ(r.out.find("pw\n"), std::string::npos) << "password never printed";
+  r = testing::Run({agent, "--poll-ms", "1"}, {});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("poll_ms"), std::string::npos);
+  r = testing::Run({agent}, {"FALCON_AGENT_LOG_LEVEL=loud"});
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+}  // namespace
+}  // namespace falcon

@@ -1,0 +1,267 @@
+// The Redis protocol (include/falcon/protocol.h): key formatting, and validation of every
+// message type — a valid example of each (built by the same ToJson the agent uses) passes, and
+// every mutation the schema forbids fails: each required field removed, each field given the
+// wrong JSON type, string choices and numeric bounds violated, wrong version or type, non-JSON.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+#include "falcon/protocol.h"
+
+namespace falcon::protocol {
+namespace {
+
+using nlohmann::json;
+
+ReportHeader H() { return {"job1", "node-a", 1700000000000000000}; }
+
+json Example(std::string_view type) {
+  if (type == kRankRegister.type) {
+    RankRegistration m;
+    m.header = H();
+    m.rank = 3;
+    m.pid = 4242;
+    m.exe = "train";
+    m.started_ns = 1;
+    m.comms = {{0xabcdef0123456789ull, 1, 4, "world"}};
+    m.period = 9;
+    return ToJson(m);
+  }
+  if (type == kAgentHeartbeat.type) {
+    AgentHeartbeat m;
+    m.header = H();
+    m.pid = 7;
+    m.version = "0.1.0";
+    m.ranks = {0, 1};
+    return ToJson(m);
+  }
+  if (type == kIterations.type) {
+    IterationBatch m;
+    m.header = H();
+    m.rank = 0;
+    m.pid = 9;
+    m.period = 9;
+    m.start_ns = {1, 2};
+    m.seconds = {0.5, 0.51};
+    return ToJson(m);
+  }
+  if (type == kAlarm.type) {
+    AlarmReport m;
+    m.header = H();
+    m.rank = 1;
+    m.pid = 9;
+    m.kind = "slow";
+    m.onset = 10;
+    m.at = 14;
+    m.onset_ns = 5;
+    m.ratio = 1.5;
+    m.probability = 0.99;
+    m.level_s = 0.3;
+    m.baseline_s = 0.2;
+    return ToJson(m);
+  }
+  if (type == kCommProfile.type) {
+    CommProfileReport m;
+    m.header = H();
+    m.rank = 1;
+    m.pid = 9;
+    m.comms = {{1, 0, 2, {{"AllReduce", 1024, -1, 10, 5.0, 4.5}}}};
+    return ToJson(m);
+  }
+  if (type == kAck.type) {
+    Ack m;
+    m.header = H();
+    m.command = "c1";
+    m.command_type = "set_mode";
+    m.status = "ok";
+    m.ranks = {1};
+    return ToJson(m);
+  }
+  if (type == kAlert.type) {
+    Alert m;
+    m.job = "job1";
+    m.at_ns = 1;
+    m.severity = "warning";
+    m.source = "agent";
+    m.summary = "rank 1 is slow";
+    m.rank = 1;
+    return ToJson(m);
+  }
+  if (type == kIncident.type) {  // the controller's writer does not exist yet
+    return {{"v", kSchemaVersion}, {"type", "incident"}, {"id", "i1"}, {"job", "job1"},
+            {"stage", "detection"}, {"at_ns", 1}, {"summary", "rank 3 slow"}, {"ranks", {3}},
+            {"comms", {"00000000000000ff"}}, {"cause", "compute"}, {"strategy", "S2"},
+            {"detail", {{"ratio", 1.4}}}};
+  }
+  Command c;
+  c.type = std::string(type);
+  c.id = "cmd-1";
+  c.issued_ns = 1;
+  c.ranks = std::vector<std::int64_t>{0, 1};
+  c.mode = "profile";
+  c.at_iteration = 100;
+  c.max_pause_s = 5;
+  c.task = "p2p";
+  c.comm = "00000000000000ff";
+  c.peer = 1;
+  c.bytes = 1 << 20;
+  return ToJson(c);
+}
+
+json WrongTypeValue(JsonType t) {
+  switch (t) {
+    case JsonType::kString: return 12;
+    case JsonType::kInteger: return 1.5;
+    case JsonType::kNumber: return "1.5";
+    case JsonType::kBoolean: return 1;
+    case JsonType::kObject: return json::array();
+    case JsonType::kArray: return json::object();
+  }
+  return nullptr;
+}
+
+class ProtocolTest : public ::testing::TestWithParam<MessageSpec> {};
+
+TEST_P(ProtocolTest, ExampleIsValidAndRoundTripsThroughText) {
+  const MessageSpec& spec = GetParam();
+  const json m = Example(spec.type);
+  EXPECT_TRUE(ValidateMessage(m, spec).ok()) << ValidateMessage(m, spec).ToString() << m.dump();
+  const Result<json> parsed = ParseMessage(m.dump(), spec);
+  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+  for (const FieldSpec& f : spec.fields) {
+    if (f.required) {
+      EXPECT_TRUE(m.contains(f.name)) << spec.type << " example lacks " << f.name;
+    }
+  }
+}
+
+TEST_P(ProtocolTest, EveryRequiredFieldIsRequired) {
+  const MessageSpec& spec = GetParam();
+  for (const FieldSpec& f : spec.fields) {
+    if (!f.required) continue;
+    json m = Example(spec.type);
+    m.erase(std::string(f.name));
+    EXPECT_FALSE(ValidateMessage(m, spec).ok()) << spec.type << " without " << f.name;
+    m[std::string(f.name)] = nullptr;
+    EXPECT_FALSE(ValidateMessage(m, spec).ok()) << spec.type << " with null " << f.name;
+  }
+}
+
+TEST_P(ProtocolTest, EveryFieldIsTypeChecked) {
+  const MessageSpec& spec = GetParam();
+  for (const FieldSpec& f : spec.fields) {
+    json m = Example(spec.type);
+    m[std::string(f.name)] = WrongTypeValue(f.type);
+    const Status s = ValidateMessage(m, spec);
+    EXPECT_FALSE(s.ok()) << spec.type << "." << f.name;
+    EXPECT_NE(s.message().find(std::string(f.name)), std::string::npos) << s.message();
+  }
+}
+
+TEST_P(ProtocolTest, ChoicesBoundsAndArrayElementsAreChecked) {
+  const MessageSpec& spec = GetParam();
+  for (const FieldSpec& f : spec.fields) {
+    json m = Example(spec.type);
+    if (f.type == JsonType::kString && !f.choices.empty()) {
+      m[std::string(f.name)] = "no-such-choice";
+    } else if ((f.type == JsonType::kInteger || f.type == JsonType::kNumber) && f.min > -1e18) {
+      m[std::string(f.name)] = f.type == JsonType::kInteger
+                                   ? json(static_cast<std::int64_t>(f.min) - 1)
+                                   : json(f.min - 1.0);
+    } else if (f.type == JsonType::kArray && f.items != JsonType::kObject) {
+      m[std::string(f.name)] = json::array({WrongTypeValue(f.items)});
+    } else {
+      continue;
+    }
+    EXPECT_FALSE(ValidateMessage(m, spec).ok()) << spec.type << "." << f.name << " = "
+                                                << m[std::string(f.name)].dump();
+  }
+}
+
+TEST_P(ProtocolTest, VersionTypeAndSyntaxAreChecked) {
+  const MessageSpec& spec = GetParam();
+  json m = Example(spec.type);
+  m["v"] = kSchemaVersion + 1;
+  EXPECT_FALSE(ValidateMessage(m, spec).ok());
+  m.erase("v");
+  EXPECT_FALSE(ValidateMessage(m, spec).ok());
+  m = Example(spec.type);
+  m["type"] = "something_else";
+  EXPECT_FALSE(ValidateMessage(m, spec).ok());
+  m = Example(spec.type);
+  m["unknown_future_field"] = 1;  // forward compatible
+  EXPECT_TRUE(ValidateMessage(m, spec).ok());
+  for (const char* bad : {"", "{", "[]", "42", "\"x\"", "{\"v\":1,", "null"}) {
+    EXPECT_FALSE(ParseMessage(bad, spec).ok()) << bad;
+  }
+  EXPECT_FALSE(ParseMessage(std::string(kMaxMessageBytes + 1, ' '), spec).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllMessages, ProtocolTest, ::testing::ValuesIn(kAllMessages),
+                         [](const auto& p) { return std::string(p.param.type); });
+
+TEST(ProtocolKeysTest, EveryPatternFormatsUnderTheJobNamespace) {
+  std::set<std::string> seen;
+  for (const KeySpec& k : kAllKeys) {
+    const Result<std::string> key = FormatKey(k, {"job1", "node-a", 3});
+    ASSERT_TRUE(key.ok()) << k.name << ": " << key.status().ToString();
+    EXPECT_EQ(key.value().rfind("falcon:job1:", 0), 0u) << key.value();
+    EXPECT_EQ(key.value().find('{'), std::string::npos);
+    EXPECT_TRUE(seen.insert(key.value()).second) << "two specs share " << key.value();
+    for (std::string_view type : {k.messages}) {
+      std::string_view rest = type;
+      while (!rest.empty()) {  // every message named by a key is declared
+        const auto bar = rest.find('|');
+        EXPECT_NE(FindMessage(rest.substr(0, bar)), nullptr) << rest.substr(0, bar);
+        rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+      }
+    }
+  }
+  EXPECT_EQ(FormatKey(kRankKey, {"j", "h", 12}).value(), "falcon:j:rank:12");
+  EXPECT_EQ(FormatKey(kCommandsStream, {"j", "h", {}}).value(), "falcon:j:commands:h");
+  EXPECT_EQ(FormatKey(kAlertsChannel, {"j", "", {}}).value(), "falcon:j:alerts");
+}
+
+TEST(ProtocolKeysTest, ValuesThatWouldChangeTheKeyAreRefused) {
+  for (const char* bad : {"", "a:b", "a{b}", "a b", "a\nb", "a*"}) {
+    EXPECT_FALSE(FormatKey(kAgentKey, {"job", bad, {}}).ok()) << bad;
+    EXPECT_FALSE(FormatKey(kAgentKey, {bad, "host", {}}).ok()) << bad;
+  }
+  EXPECT_FALSE(FormatKey(kAgentKey, {std::string(129, 'a'), "h", {}}).ok());
+  EXPECT_FALSE(FormatKey(kRankKey, {"j", "h", {}}).ok()) << "rank missing";
+  EXPECT_FALSE(FormatKey(kRankKey, {"j", "h", -1}).ok()) << "negative rank";
+  EXPECT_EQ(SanitizeKeyPart("node 1:a"), "node_1_a");
+  EXPECT_EQ(SanitizeKeyPart(""), "_");
+}
+
+TEST(ProtocolCommandTest, ParsesEachCommandTypeAndRejectsOthers) {
+  for (const MessageSpec& spec : kCommands) {
+    const Result<Command> c = ParseCommand(Example(spec.type).dump());
+    ASSERT_TRUE(c.ok()) << spec.type << ": " << c.status().ToString();
+    EXPECT_EQ(c.value().type, spec.type);
+    EXPECT_EQ(c.value().id, "cmd-1");
+    ASSERT_TRUE(c.value().ranks.has_value());
+    EXPECT_EQ(c.value().ranks->size(), 2u);
+  }
+  const Result<Command> mode = ParseCommand(Example("set_mode").dump());
+  EXPECT_EQ(mode.value().mode, "profile");
+  // A report is not a command; a validate with a malformed communicator id is refused.
+  EXPECT_FALSE(ParseCommand(Example("alarm").dump()).ok());
+  json v = Example("validate");
+  v["comm"] = "zzzzzzzzzzzzzzzz";
+  EXPECT_FALSE(ParseCommand(v.dump()).ok());
+  json big = Example("set_mode");
+  big["sample_every"] = 0;
+  EXPECT_FALSE(ParseCommand(big.dump()).ok());
+  EXPECT_EQ(ParseCommIdHex("00000000000000ff").value(), 255u);
+  EXPECT_EQ(CommIdHex(255), "00000000000000ff");
+  EXPECT_FALSE(ParseCommIdHex("ff").has_value());
+}
+
+}  // namespace
+}  // namespace falcon::protocol

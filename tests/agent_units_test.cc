@@ -1,0 +1,231 @@
+// The agent's pure parts, without processes: the config table (sources and precedence, bounds,
+// the sample config in sync with the table), the online iteration series (samples equal the
+// true iteration times, never overlap, whatever the poll boundaries), the outbox (bounded,
+// oldest dropped, confirmation by sequence), command outcomes that need no rank (expired,
+// rejected), and the Prometheus rendering.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "daemon/agent/agent_config.h"
+#include "daemon/agent/command_executor.h"
+#include "daemon/agent/metrics.h"
+#include "daemon/agent/online_series.h"
+#include "daemon/agent/outbox.h"
+
+namespace falcon::agent {
+namespace {
+
+TEST(AgentConfigTest, SourcesApplyInOrderDefaultsFileEnvironmentFlags) {
+  AgentConfig c;
+  ASSERT_TRUE(ApplyConfigText(c, "# comment\npoll_ms = 200\njob = a\nredis_port=7000 # trailing\n",
+                              "f").ok());
+  EXPECT_EQ(c.poll_ms, 200);
+  EXPECT_EQ(c.job, "a");
+  EXPECT_EQ(c.redis_port, 7000);
+  std::map<std::string, std::string> env{{"FALCON_AGENT_JOB", "b"}, {"FALCON_AGENT_MIN_CHANGE", "0.2"}};
+  ASSERT_TRUE(ApplyEnvironment(c, [&](const char* n) {
+                auto it = env.find(n);
+                return it == env.end() ? nullptr : it->second.c_str();
+              }).ok());
+  EXPECT_EQ(c.job, "b");
+  EXPECT_DOUBLE_EQ(c.min_change, 0.2);
+  ASSERT_TRUE(ApplyFlags(c, {{"job", "c"}, {"reap_orphans", "true"}}).ok());
+  EXPECT_EQ(c.job, "c");
+  EXPECT_TRUE(c.reap_orphans);
+  EXPECT_EQ(c.poll_ms, 200) << "untouched by later sources";
+  EXPECT_EQ(EnvName("poll_ms"), "FALCON_AGENT_POLL_MS");
+  EXPECT_EQ(FlagName("poll_ms"), "--poll-ms");
+}
+
+TEST(AgentConfigTest, BadValuesAreErrorsThatNameTheOption) {
+  struct Case {
+    const char* text;
+    const char* expect;
+  } cases[] = {{"poll_ms = 5", "poll_ms"},          {"poll_ms = 1.5", "integer"},
+               {"poll_ms = ten", "not a number"},   {"nope = 1", "unknown option"},
+               {"log_level = loud", "one of"},      {"reap_orphans = maybe", "boolean"},
+               {"job =", "length"},                 {"just words", "name = value"},
+               {"min_change = nan", "not a number"}};
+  for (const Case& k : cases) {
+    AgentConfig c;
+    const Status s = ApplyConfigText(c, k.text, "test.conf");
+    EXPECT_FALSE(s.ok()) << k.text;
+    EXPECT_NE(s.message().find(k.expect), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("test.conf:1"), std::string::npos) << s.message();
+  }
+  AgentConfig c;
+  c.redis_backoff_min_ms = 9000;
+  c.redis_backoff_max_ms = 100;
+  EXPECT_FALSE(CheckConfig(c).ok());
+  c = AgentConfig();
+  c.key_ttl_s = 1;
+  c.heartbeat_ms = 5000;
+  EXPECT_FALSE(CheckConfig(c).ok());
+  EXPECT_TRUE(CheckConfig(AgentConfig()).ok());
+}
+
+TEST(AgentConfigTest, SampleConfigDocumentsEveryOptionAtItsDefault) {
+  std::ifstream f(std::string(FALCON_TEST_SOURCE_DIR) + "/config/falcon-agent.conf");
+  ASSERT_TRUE(f.good());
+  std::stringstream buf;
+  buf << f.rdbuf();
+  const std::string text = buf.str();
+  AgentConfig parsed;
+  ASSERT_TRUE(ApplyConfigText(parsed, text, "falcon-agent.conf").ok());
+  for (const ConfigEntry& e : ConfigTable()) {
+    const std::string line = (e.secret ? "\n# " : "\n") + std::string(e.name) + " = ";
+    EXPECT_NE(text.find(line), std::string::npos) << e.name;
+    EXPECT_NE(text.find(std::string(e.meaning)), std::string::npos) << e.name;
+    EXPECT_EQ(ValueText(parsed, e), ValueText(AgentConfig(), e)) << e.name;
+  }
+  EXPECT_TRUE(text.ends_with(RenderConfig(AgentConfig(), ConfigStyle::kDocumented)))
+      << "regenerate config/falcon-agent.conf (see docs/agent.md)";
+}
+
+TEST(AgentConfigTest, PasswordIsNeverRendered) {
+  AgentConfig c;
+  c.redis_password = "hunter2";
+  for (ConfigStyle style : {ConfigStyle::kValues, ConfigStyle::kDocumented}) {
+    const std::string r = RenderConfig(c, style);
+    EXPECT_EQ(r.find("hunter2"), std::string::npos);
+    EXPECT_NE(r.find("# redis_password = <set>"), std::string::npos);
+  }
+}
+
+// A periodic call stream: `period` calls per iteration, iteration i lasting durations[i].
+struct Stream {
+  std::vector<std::uint32_t> symbols;
+  std::vector<std::int64_t> t;
+};
+Stream MakeStream(std::size_t period, const std::vector<double>& durations) {
+  Stream s;
+  std::int64_t now = 1000000000;
+  for (double d : durations) {
+    const auto iter_ns = static_cast<std::int64_t>(d * 1e9);
+    const std::int64_t gap = iter_ns / (4 * static_cast<std::int64_t>(period));
+    // A long gap before the first call (compute), then the calls close together.
+    std::int64_t t = now + iter_ns - gap * static_cast<std::int64_t>(period);
+    for (std::size_t j = 0; j < period; ++j) {
+      s.symbols.push_back(static_cast<std::uint32_t>(j));
+      s.t.push_back(t);
+      t += gap;
+    }
+    now += iter_ns;
+  }
+  return s;
+}
+
+TEST(OnlineSeriesTest, SamplesMatchTheIterationsAcrossArbitraryPollBoundaries) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> jitter(0.95, 1.05);
+  std::vector<double> durations;
+  for (int i = 0; i < 400; ++i) durations.push_back(0.02 * jitter(rng) * (i >= 250 ? 1.5 : 1.0));
+  const Stream s = MakeStream(9, durations);
+  OnlineSeriesOptions o;
+  o.keep_cycles = 8;
+  OnlineIterationSeries series(o);
+  series.Start(9);
+  std::vector<SeriesSample> out;
+  std::uniform_int_distribution<std::size_t> chunk(1, 60);
+  for (std::size_t i = 0; i < s.symbols.size();) {
+    const std::size_t end = std::min(s.symbols.size(), i + chunk(rng));
+    for (; i < end; ++i) series.Push(s.symbols[i], s.t[i]);
+    series.Drain(&out);
+    EXPECT_LE(series.buffered(), o.keep_cycles * 9 + 64 + 60 + 18) << "bounded buffer";
+  }
+  ASSERT_GE(out.size(), 390u);
+  for (std::size_t k = 1; k < out.size(); ++k) {
+    const std::int64_t prev_end = out[k - 1].start_ns + std::llround(out[k - 1].seconds * 1e9);
+    EXPECT_GE(out[k].start_ns + 2, prev_end) << "samples never overlap";
+  }
+  // Anchor-to-anchor times are the iteration durations (shifted by the anchor's phase).
+  std::size_t slow = 0;
+  for (const SeriesSample& x : out) slow += x.seconds > 0.025 ? 1 : 0;
+  EXPECT_NEAR(static_cast<double>(slow), 150.0, 3.0);
+}
+
+TEST(OnlineSeriesTest, StopForgetsAndNewLockDoesNotRepeatTime) {
+  const Stream s = MakeStream(5, std::vector<double>(60, 0.01));
+  OnlineIterationSeries series;
+  series.Start(5);
+  std::vector<SeriesSample> out;
+  for (std::size_t i = 0; i < 150; ++i) series.Push(s.symbols[i], s.t[i]);
+  series.Drain(&out);
+  const std::size_t first = out.size();
+  ASSERT_GT(first, 20u);
+  series.Stop();
+  EXPECT_EQ(series.buffered(), 0u);
+  series.Start(5);
+  for (std::size_t i = 0; i < s.symbols.size(); ++i) series.Push(s.symbols[i], s.t[i]);  // replay
+  series.Drain(&out);
+  ASSERT_GT(out.size(), first + 20);
+  EXPECT_LE(out.size(), 59u) << "60 iterations give at most 59 anchor-to-anchor samples";
+  const std::int64_t first_end = out[first - 1].start_ns + std::llround(out[first - 1].seconds * 1e9);
+  for (std::size_t k = first; k < out.size(); ++k) {
+    EXPECT_GE(out[k].start_ns + 2, first_end) << "only time after the last sample is new";
+  }
+}
+
+TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {
+  Outbox box(3);
+  for (int i = 0; i < 5; ++i) box.Push("s", std::to_string(i));
+  EXPECT_EQ(box.size(), 3u);
+  EXPECT_EQ(box.dropped(), 2u);
+  std::vector<OutEntry> peek = box.Peek(2);
+  ASSERT_EQ(peek.size(), 2u);
+  EXPECT_EQ(peek[0].payload, "2");
+  box.Push("s", "5");  // overflows while a flush of `peek` is in flight
+  box.ConfirmThrough(peek.back().seq);
+  ASSERT_EQ(box.size(), 2u);
+  EXPECT_EQ(box.Peek(10)[0].payload, "4");
+  EXPECT_EQ(box.confirmed(), 1u) << "entry 2 was dropped, only 3 was confirmed";
+}
+
+TEST(CommandExecutorTest, ExpiredAndUntargetedCommandsAreAnsweredAtOnce) {
+  std::vector<std::string> acks;
+  CommandExecutor ex(std::make_unique<UnsupportedTrap>(), std::chrono::milliseconds(100),
+                     [&](const std::string& id, const protocol::Command& c, const CommandOutcome& o) {
+                       acks.push_back(id + ":" + c.type + ":" + o.status);
+                     });
+  protocol::Command c;
+  c.type = "pause";
+  c.id = "p";
+  c.deadline_ns = 10;
+  ex.Execute("1-0", c, {}, 20, CommandExecutor::Clock::now());
+  c.deadline_ns.reset();
+  ex.Execute("2-0", c, {}, 20, CommandExecutor::Clock::now());
+  ASSERT_EQ(acks.size(), 2u);
+  EXPECT_EQ(acks[0], "1-0:pause:expired");
+  EXPECT_EQ(acks[1], "2-0:pause:rejected");
+  EXPECT_EQ(ex.pending(), 0u);
+}
+
+TEST(MetricsTest, PrometheusTextHasEveryFamilyAndRankLabels) {
+  AgentMetrics m;
+  m.job = "j";
+  m.host = "h\"x";
+  m.ranks = {{3, 100, 0.25, 40, 9, true}};
+  m.alarms_slow = 2;
+  m.segments["live"] = 1;
+  m.redis_connected = true;
+  m.cpu_seconds = 1.5;
+  const std::string text = RenderPrometheus(m);
+  for (const char* want :
+       {"falcon_agent_iteration_seconds{job=\"j\",host=\"h\\\"x\",rank=\"3\",pid=\"100\"} 0.25",
+        "falcon_agent_alarms_total{job=\"j\",host=\"h\\\"x\",kind=\"slow\"} 2",
+        "falcon_agent_rank_slow{job=\"j\",host=\"h\\\"x\",rank=\"3\",pid=\"100\"} 1",
+        "falcon_agent_segments{job=\"j\",host=\"h\\\"x\",state=\"live\"} 1",
+        "falcon_agent_redis_connected{job=\"j\",host=\"h\\\"x\"} 1",
+        "falcon_agent_cpu_seconds_total{job=\"j\",host=\"h\\\"x\"} 1.5",
+        "# TYPE falcon_agent_records_lost_total counter"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace falcon::agent

@@ -1,0 +1,56 @@
+// Test support: a real redis-server for one test, on a free loopback port with a temporary
+// directory (no persistence), optionally password-protected or with an ACL user. Start() waits
+// for PING (with AUTH) up to a deadline; Kill() + Start() restarts it on the same port (an empty
+// server, as after a crash without persistence). The destructor stops it and removes the dir.
+// Thread-compatible. Must never: leave a redis-server running after the test (it is killed in
+// the destructor), or sleep to synchronise (it polls PING with a deadline).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "daemon/redis/redis_options.h"
+#include "falcon/status.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon::testing {
+
+struct RedisServerOptions {
+  std::string password;      // requirepass for the default user ("" = none)
+  std::string acl_user;      // an extra ACL user with every permission ("" = none)
+  std::string acl_password;  // its password
+};
+
+class RedisServer {
+ public:
+  explicit RedisServer(RedisServerOptions options = {});
+  ~RedisServer();
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  // Starts the server (a free port the first time, the same port after Kill/Stop) and waits
+  // until it answers PING, at most deadline_s.
+  [[nodiscard]] Status Start(double deadline_s = 15);
+  void Kill();  // SIGKILL, reaped
+  void Stop();  // SIGTERM, reaped
+  bool running() const { return pid_ > 0; }
+  int port() const { return port_; }
+  const std::string& dir() const { return dir_.path(); }
+  // Client options for this server: the default user's password if any (not the ACL user).
+  redis::RedisOptions ClientOptions() const;
+  std::string Log() const;  // the server's log
+
+ private:
+  void Signal(int sig);
+
+  RedisServerOptions options_;
+  TempDir dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreeLoopbackPort();
+
+}  // namespace falcon::testing
