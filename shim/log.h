@@ -17,15 +17,12 @@ void SetLogLevel(LogLevel level);
 
 // Keys for messages that must appear at most once per process.
 enum class OnceKey : uint32_t {
-  kBadEnv = 0,
-  kSegmentCreate,
-  kSegmentSpace,
+  kSegmentCreate = 0,
   kMissingSymbol,
   kCommTableFull,
   kThreadTableFull,
   kServiceThread,
   kCudaDriver,
-  kRecordsDropped,
   kUnknownMode,
   kCount_
 };

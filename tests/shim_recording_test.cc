@@ -18,6 +18,7 @@
 #include "daemon/shm/record_json.h"
 #include "daemon/shm/segment_dir.h"
 #include "daemon/shm/segment_reader.h"
+#include "tests/support/calls_prog.h"
 #include "tests/support/subprocess.h"
 
 namespace falcon {
@@ -27,25 +28,16 @@ using daemon::SegmentReader;
 using testing::ProcessResult;
 using testing::TempDir;
 
-std::string CallsProg() { return testing::BinDir("tests") + "/falcon-test-calls"; }
-
-struct Traced {
-  ProcessResult run;
-  std::vector<daemon::SegmentInfo> segments;
-};
+using testing::CallsProg;
 
 // Runs falcon-test-calls under the shim (or not) with segments kept in `dir`.
 ProcessResult RunCalls(const TempDir& dir, const std::vector<std::string>& args, std::vector<std::string> env,
                        bool with_shim = true) {
-  std::vector<std::string> argv{CallsProg()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  env.push_back("LD_LIBRARY_PATH=" + testing::NoopLibDir());
   env.push_back("FALCON_KEEP_SEGMENT=1");
   bool has_dir = false;
   for (const auto& e : env) has_dir |= e.rfind("FALCON_SHM_DIR=", 0) == 0;
   if (!has_dir) env.push_back("FALCON_SHM_DIR=" + dir.path());
-  if (with_shim) env.push_back("LD_PRELOAD=" + testing::PreloadValue());
-  return testing::Run(argv, env, 120);
+  return testing::RunCallsProg(args, std::move(env), with_shim);
 }
 
 std::vector<daemon::SegmentInfo> Segments(const TempDir& dir) {
@@ -54,9 +46,9 @@ std::vector<daemon::SegmentInfo> Segments(const TempDir& dir) {
   return listed.ok() ? listed.value() : std::vector<daemon::SegmentInfo>{};
 }
 
-uint64_t ProgCalls(const ProcessResult& r) {
-  unsigned long long calls = 0;
-  EXPECT_EQ(std::sscanf(r.out.c_str(), "calls %llu", &calls), 1) << r.out << r.err;
+uint64_t CheckedProgCalls(const ProcessResult& r) {
+  const uint64_t calls = testing::ProgCalls(r);
+  EXPECT_GT(calls, 0u) << r.out << r.err;
   return calls;
 }
 
@@ -72,7 +64,7 @@ TEST(ShimRecordingTest, EveryCallRecordedExactlyOnceFromEightThreads) {
   TempDir dir;
   ProcessResult r = RunCalls(dir, {"--threads", "8", "--iters", "2000"}, {"FALCON_RING_RECORDS=262144"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const uint64_t calls = ProgCalls(r);
+  const uint64_t calls = CheckedProgCalls(r);
   auto segs = Segments(dir);
   ASSERT_EQ(segs.size(), 1u);
   auto seg = SegmentReader::Open(segs[0].path);
@@ -129,7 +121,7 @@ TEST(ShimRecordingTest, RingOverwritesOldestAndCountsLoss) {
   // One thread: all its calls go to its own lane.
   ProcessResult r = RunCalls(dir, {"--iters", "200"}, {"FALCON_RING_RECORDS=64"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const uint64_t calls = ProgCalls(r);
+  const uint64_t calls = CheckedProgCalls(r);
   auto segs = Segments(dir);
   ASSERT_EQ(segs.size(), 1u);
   auto seg = SegmentReader::Open(segs[0].path);
@@ -208,7 +200,7 @@ TEST(ShimRecordingTest, ForkChildGetsItsOwnSegment) {
   uint64_t total = 0;
   for (const auto& s : segs) total += s.records;
   const uint64_t child_calls = 2 + 20 * 8 + 3;
-  EXPECT_EQ(total, ProgCalls(r) + child_calls) << "parent and child record their own calls, once";
+  EXPECT_EQ(total, CheckedProgCalls(r) + child_calls) << "parent and child record their own calls, once";
 }
 
 TEST(ShimRecordingTest, CrashedProcessSegmentIsOrphanedAndReaped) {

@@ -13,6 +13,7 @@
 
 #include "daemon/shm/segment_dir.h"
 #include "daemon/shm/segment_reader.h"
+#include "tests/support/calls_prog.h"
 #include "tests/support/subprocess.h"
 
 namespace falcon {
@@ -22,15 +23,11 @@ using daemon::SegmentReader;
 using testing::ProcessResult;
 using testing::TempDir;
 
-std::string CallsProg() { return testing::BinDir("tests") + "/falcon-test-calls"; }
+using testing::CallsProg;
 
 ProcessResult RunCalls(std::vector<std::string> env, bool with_shim = true,
                        std::vector<std::string> args = {"--threads", "2", "--iters", "30"}) {
-  std::vector<std::string> argv{CallsProg()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  env.push_back("LD_LIBRARY_PATH=" + testing::NoopLibDir());
-  if (with_shim) env.push_back("LD_PRELOAD=" + testing::PreloadValue());
-  return testing::Run(argv, env, 120);
+  return testing::RunCallsProg(args, std::move(env), with_shim);
 }
 
 int CountShimLines(const std::string& err) {
@@ -130,8 +127,8 @@ TEST(ShimSafetyTest, FullTablesDegradeToLessDetail) {
   EXPECT_EQ(seg.value().header().comm_overflow, 24u - 16u);
   EXPECT_EQ(seg.value().Comms().size(), 16u);
   EXPECT_LE(seg.value().Threads().size(), 4u) << "thread slots are reused, never beyond capacity";
-  unsigned long long calls = 0;
-  ASSERT_EQ(std::sscanf(traced.out.c_str(), "calls %llu", &calls), 1);
+  const unsigned long long calls = testing::ProgCalls(traced);
+  ASSERT_GT(calls, 0u) << traced.out;
   EXPECT_EQ(seg.value().head(), calls) << "calls on unrecorded communicators are still logged";
 }
 
