@@ -56,6 +56,9 @@ for proc in d["processes"]:
     if it:
         print("  pid %s: period %s calls/iteration, %d iterations, median %.2f ms, %d alarm(s)"
               % (proc["pid"], periods, len(it), statistics.median(it) * 1e3, len(proc["alarms"])))
+        for a in proc["alarms"]:
+            print("      %-9s at iteration %d (onset %d), %.2fx the healthy level"
+                  % (a["type"], a["at"], a["onset"], a["ratio"]))
     else:
         print("  pid %s: no period found" % proc["pid"])
 PY
@@ -65,4 +68,5 @@ for seg in "$work"/falcon.*; do
   "$B/daemon/falcon-ctl" trace "$p" --json > "$work/rank-$p.jsonl"
   "$B/daemon/falcon-ctl" analyze-trace --records --json "$work/rank-$p.jsonl" | python3 "$work/summary.py"
 done
-say "done: the job's own iteration times are in its [rank R] lines above, for comparison"
+say "done: the job's own mean iteration time is in its [rank R] lines above, for comparison"
+echo "(alarms here mean the job really slowed down, e.g. when other work shares this machine's cores)"
