@@ -25,11 +25,10 @@ double JobSeconds(double local_start) {
   return t >= 0 ? t : MonotonicSeconds() - local_start;
 }
 
-// The control all-reduce at the end of an iteration: rank 0 contributes the stop decision and any
-// new plan; everyone learns the same decision.
-Result<ControlDecision> AgreeAtBoundary(const Comms& comms, int world, int dp, bool stop,
-                                        const std::optional<MicroBatchPlan>& plan) {
-  std::vector<std::int32_t> word = PackControl(stop, plan, dp);
+// The control all-reduce at the end of an iteration: rank 0 contributes its proposal (stop, new
+// plan), the others an empty one; everyone learns the same decision.
+Result<ControlDecision> AgreeAtBoundary(const Comms& comms, int world, int dp, const ControlDecision& proposal) {
+  std::vector<std::int32_t> word = PackControl(proposal, dp);
   if (Status s = NcclStatus(ncclAllReduce(word.data(), word.data(), word.size(), ncclInt32, ncclSum, comms.world(),
                                           nullptr),
                             "ncclAllReduce(world control word)");
@@ -87,15 +86,15 @@ class JobRun {
       const double start = JobSeconds(local_start);
       compute.TakeMaxFactor();
       if (Status s = trainer.RunIteration(iter, plan.micro_batches); !s.ok()) return s;
-      const bool stop = rank == 0 && ((o_.iters > 0 && iter + 1 >= o_.iters) ||
-                                      (o_.duration_s > 0 && JobSeconds(local_start) >= o_.duration_s));
-      std::optional<MicroBatchPlan> next;
+      ControlDecision proposal;
+      proposal.stop = rank == 0 && ((o_.iters > 0 && iter + 1 >= o_.iters) ||
+                                    (o_.duration_s > 0 && JobSeconds(local_start) >= o_.duration_s));
       if (watcher) {
         std::string warning;
-        next = watcher->Poll(plan.version, &warning);
+        proposal.new_plan = watcher->Poll(plan.version, &warning);
         if (!warning.empty()) std::fprintf(stderr, "falcon-train-emu: ignoring plan: %s\n", warning.c_str());
       }
-      Result<ControlDecision> d = AgreeAtBoundary(*comms.value(), env_.world_size, o_.shape.dp, stop, next);
+      Result<ControlDecision> d = AgreeAtBoundary(*comms.value(), env_.world_size, o_.shape.dp, proposal);
       if (!d.ok()) return d.status();
       const double end = JobSeconds(local_start);
       report_.iterations.push_back({iter, start, end - start, plan.micro_batches[static_cast<std::size_t>(report_.coords.dp)],

@@ -71,11 +71,11 @@ std::optional<MicroBatchPlan> PlanFileWatcher::Poll(std::int32_t current_version
   return std::move(plan).value();
 }
 
-std::vector<std::int32_t> PackControl(bool stop, const std::optional<MicroBatchPlan>& plan, int dp) {
+std::vector<std::int32_t> PackControl(const ControlDecision& proposal, int dp) {
   std::vector<std::int32_t> w(3 + static_cast<std::size_t>(dp), 0);
-  w[0] = stop ? 1 : 0;
+  w[0] = proposal.stop ? 1 : 0;
   w[2] = 1;
-  if (plan) {
+  if (const std::optional<MicroBatchPlan>& plan = proposal.new_plan) {
     w[1] = plan->version;
     for (int d = 0; d < dp; ++d) w[3 + static_cast<std::size_t>(d)] = plan->micro_batches[static_cast<std::size_t>(d)];
   }

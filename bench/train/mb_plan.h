@@ -64,9 +64,9 @@ struct ControlDecision {
   std::optional<MicroBatchPlan> new_plan;  // set when rank 0 announced one
 };
 
-// This rank's contribution. REQUIRES: plan, when given, has dp entries. Non-root ranks pass
-// stop = false and no plan.
-[[nodiscard]] std::vector<std::int32_t> PackControl(bool stop, const std::optional<MicroBatchPlan>& plan, int dp);
+// This rank's contribution: rank 0 passes its proposal (stop, new plan), the others an empty
+// ControlDecision. REQUIRES: a plan, when given, has dp entries.
+[[nodiscard]] std::vector<std::int32_t> PackControl(const ControlDecision& proposal, int dp);
 // Decodes the summed word; Corrupt if the member count is not `world` or the word is malformed.
 [[nodiscard]] Result<ControlDecision> UnpackControl(const std::vector<std::int32_t>& summed, int world, int dp);
 

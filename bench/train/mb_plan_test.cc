@@ -59,8 +59,9 @@ TEST(MbPlanTest, ControlWordRoundTrip) {
   const int world = 4, dp = 2;
   std::vector<std::int32_t> sum(3 + dp, 0);
   for (int r = 0; r < world; ++r) {
-    const std::optional<MicroBatchPlan> plan = r == 0 ? std::optional<MicroBatchPlan>(MicroBatchPlan{7, {2, 6}}) : std::nullopt;
-    const auto w = PackControl(r == 0, plan, dp);
+    ControlDecision proposal;
+    if (r == 0) proposal = {true, MicroBatchPlan{7, {2, 6}}};
+    const auto w = PackControl(proposal, dp);
     for (std::size_t i = 0; i < w.size(); ++i) sum[i] += w[i];
   }
   const Result<ControlDecision> d = UnpackControl(sum, world, dp);
@@ -70,7 +71,7 @@ TEST(MbPlanTest, ControlWordRoundTrip) {
   EXPECT_EQ(d.value().new_plan->version, 7);
   EXPECT_EQ(d.value().new_plan->micro_batches, (std::vector<int>{2, 6}));
   EXPECT_EQ(UnpackControl(sum, world + 1, dp).status().code(), Status::Code::kCorrupt);
-  const auto quiet = PackControl(false, std::nullopt, dp);
+  const auto quiet = PackControl(ControlDecision{}, dp);
   std::vector<std::int32_t> q(quiet.size(), 0);
   for (int r = 0; r < world; ++r) for (std::size_t i = 0; i < q.size(); ++i) q[i] += quiet[i];
   const Result<ControlDecision> n = UnpackControl(q, world, dp);
