@@ -124,11 +124,14 @@ class AgentEndToEndTest : public ::testing::Test {
     ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
   }
   void TearDown() override {
-    for (pid_t p : {job_, agent_}) {
-      if (p > 0) {
-        ::kill(p, SIGTERM);
-        testing::WaitFor(p, 10);
-      }
+    if (job_ > 0) {
+      ::kill(job_, SIGTERM);
+      (void)testing::WaitFor(job_, 10);  // the job's status is not under test
+    }
+    if (agent_ > 0) {
+      ::kill(agent_, SIGTERM);
+      // A clean stop (and, in sanitizer builds, no leak or error report) exits 0.
+      EXPECT_EQ(testing::WaitFor(agent_, 15), 0) << ReadFile(agent_log_);
     }
   }
 
@@ -147,10 +150,10 @@ class AgentEndToEndTest : public ::testing::Test {
   }
 
   // 4 ranks, 2 per emulated node; inter-node links slow enough that a NIC fault on node 1 from
-  // `fault_s` (job seconds) multiplies a good part of each iteration.
+  // `fault_s` (job seconds) multiplies them by 50: iterations 2-10x slower, whatever the load.
   void StartJob(int iters, double fault_s) {
     const std::string plan = R"({"faults":[{"kind":"nic","nodes":[1],"start_s":)" +
-                             std::to_string(fault_s) + R"(,"factor":6}]})";
+                             std::to_string(fault_s) + R"(,"factor":50}]})";
     job_start_ns_ = WallNs();
     job_ = testing::Spawn(
         {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", "4", "--ranks-per-node", "2",
@@ -171,7 +174,13 @@ class AgentEndToEndTest : public ::testing::Test {
 
 TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   StartAgent();
+  // The fault must start after the detector's warm-up (16 samples after the period lock); the
+  // sanitizer builds run the job several times slower.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const double fault_s = 20.0;
+#else
   const double fault_s = 9.0;
+#endif
   StartJob(900, fault_s);
   redis::RedisConnection c(redis_.ClientOptions());
   ASSERT_TRUE(c.Connect().ok());
@@ -248,6 +257,9 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   }, 10)) << "the shims applied the mode";
 
   // 4. Redis dies: the agent keeps analysing and queues; after a restart it delivers the backlog.
+  // Freeze writes first, so that nothing lands between the snapshot and the kill: the agent's
+  // blocked pipeline then fails with the server and its entries stay queued.
+  ASSERT_TRUE(c.Command({"CLIENT", "PAUSE", "30000", "WRITE"}).ok());
   const auto before = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
   redis_.Kill();
   c.Close();
@@ -282,12 +294,12 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
     slow.clear();
     for (const json& a : ReadStream(c, protocol::kAlarmsStream, protocol::kAlarm)) {
       if (a["kind"] == "slow" && a.value("onset_ns", std::int64_t{0}) > fault_ns - 500000000 &&
-          a["ratio"].get<double>() > 1.5) {
+          a["ratio"].get<double>() > 1.3) {
         slow.push_back(a);
       }
     }
     return !slow.empty();
-  }, 40)) << ReadFile(agent_log_);
+  }, 60)) << ReadFile(agent_log_);
   EXPECT_NE(ReadFile(agent_log_).find("event=alarm kind=slow"), std::string::npos);
   std::printf("# first slow alarm after the fault (%.2f s after job start): %s\n",
               static_cast<double>(slow[0]["onset_ns"].get<std::int64_t>() - job_start_ns_) * 1e-9,

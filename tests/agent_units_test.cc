@@ -12,10 +12,12 @@
 #include <sstream>
 
 #include "daemon/agent/agent_config.h"
+#include "daemon/agent/comm_profiler.h"
 #include "daemon/agent/command_executor.h"
 #include "daemon/agent/metrics.h"
 #include "daemon/agent/online_series.h"
 #include "daemon/agent/outbox.h"
+#include "daemon/agent/rank_analysis.h"
 
 namespace falcon::agent {
 namespace {
@@ -169,6 +171,100 @@ TEST(OnlineSeriesTest, StopForgetsAndNewLockDoesNotRepeatTime) {
   for (std::size_t k = first; k < out.size(); ++k) {
     EXPECT_GE(out[k].start_ns + 2, first_end) << "only time after the last sample is new";
   }
+}
+
+// Nine calls per iteration (three communicators, several ops and sizes), 200 iterations of
+// 20 ms then 100 of 40 ms, fed call by call with flushes at arbitrary points, as the agent does.
+TEST(RankAnalysisTest, LocksThePeriodEmitsIterationsAndRaisesOneSlowAlarm) {
+  RankAnalysis analysis;
+  RankUpdate all;
+  std::mt19937 rng(3);
+  std::normal_distribution<double> noise(1.0, 0.01);
+  std::int64_t t = 1000000000;
+  const analyzer::OpKind ops[] = {analyzer::OpKind::kAllReduce, analyzer::OpKind::kAllReduce,
+                                  analyzer::OpKind::kAllReduce, analyzer::OpKind::kAllGather,
+                                  analyzer::OpKind::kReduceScatter, analyzer::OpKind::kSend,
+                                  analyzer::OpKind::kRecv, analyzer::OpKind::kAllReduce,
+                                  analyzer::OpKind::kBroadcast};
+  for (int it = 0; it < 300; ++it) {
+    const double iter_s = (it < 200 ? 0.020 : 0.040) * noise(rng);
+    const auto compute = static_cast<std::int64_t>(iter_s * 0.8e9);
+    t += compute;
+    for (int j = 0; j < 9; ++j) {
+      analyzer::CallRecord call;
+      call.op = ops[j];
+      call.comm = j < 5 ? 11 : (j < 7 ? 22 : 33);
+      call.bytes = 1u << (10 + j % 3);
+      call.peer = j == 5 || j == 6 ? 1 : -1;
+      call.t_ns = t;
+      t += static_cast<std::int64_t>(iter_s * 0.2e9) / 9;
+      analysis.Push(call);
+      analyzer::CallRecord group;  // management calls form no signature
+      group.op = analyzer::OpKind::kOther;
+      analysis.Push(group);
+    }
+    if (it % 7 == 0) analysis.Flush(&all);
+  }
+  analysis.Flush(&all);
+  ASSERT_EQ(all.locks.size(), 1u);
+  EXPECT_EQ(all.locks[0], 9u);
+  EXPECT_EQ(analysis.period(), 9u);
+  ASSERT_GE(all.samples.size(), 280u);
+  std::size_t slow_samples = 0, first_slow = all.samples.size();
+  for (std::size_t i = 0; i < all.samples.size(); ++i) {
+    EXPECT_EQ(all.samples[i].index, i) << "dense indices";
+    EXPECT_EQ(all.samples[i].period, 9u);
+    EXPECT_GT(all.samples[i].seconds, 0.018);
+    EXPECT_LT(all.samples[i].seconds, 0.043);
+    if (all.samples[i].seconds > 0.03) {
+      ++slow_samples;
+      first_slow = std::min(first_slow, i);
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(slow_samples), 100.0, 2.0);
+  ASSERT_EQ(all.alarms.size(), 1u);
+  const RankAlarm& a = all.alarms[0];
+  EXPECT_EQ(a.alarm.type, analyzer::AlarmType::kSlow);
+  EXPECT_NEAR(static_cast<double>(a.alarm.onset), static_cast<double>(first_slow), 2.0);
+  EXPECT_NEAR(a.alarm.ratio, 2.0, 0.15);
+  ASSERT_TRUE(a.onset_ns.has_value());
+  EXPECT_NEAR(a.baseline_seconds, 0.020, 0.002);
+  EXPECT_TRUE(analysis.slow());
+}
+
+TEST(CommProfilerTest, CountsPerSignatureAndTimesOnlyCallsWithAnEndTime) {
+  CommProfiler p;
+  FalconCommEntry comm{};
+  comm.comm_id = 0xab;
+  comm.rank = 1;
+  comm.nranks = 4;
+  for (int i = 0; i < 10; ++i) {
+    FalconRecord r{};
+    r.op = kFalconOpAllReduce;
+    r.dtype = 7;  // ncclFloat32
+    r.count = 256;
+    r.peer = -1;
+    r.t_start_ns = 1000;
+    r.t_end_ns = 1000 + 1000 * (i + 1);  // 1..10 us
+    r.flags = i < 5 ? kFalconFlagHostEnd : 0;
+    p.Add(r, comm);
+  }
+  FalconRecord mgmt{};
+  mgmt.op = kFalconOpCommInitRank;
+  p.Add(mgmt, comm);
+  const std::vector<CommStats> w = p.TakeWindow();
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].id, 0xabu);
+  EXPECT_EQ(w[0].nranks, 4);
+  ASSERT_EQ(w[0].sigs.size(), 1u);
+  const SignatureStats& s = w[0].sigs[0];
+  EXPECT_EQ(s.op, "AllReduce");
+  EXPECT_EQ(s.bytes, 1024u);
+  EXPECT_EQ(s.count, 10u);
+  EXPECT_EQ(s.timed, 5u);
+  EXPECT_DOUBLE_EQ(s.mean_us, 3.0);
+  EXPECT_DOUBLE_EQ(s.median_us, 3.0);
+  EXPECT_TRUE(p.TakeWindow().empty()) << "a fresh window";
 }
 
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "daemon/agent/agent.h"
@@ -30,10 +31,16 @@ std::string HostName() {
   return buf;
 }
 
-}  // namespace
+using falcon::agent::AgentConfig;
 
-int main(int argc, char** argv) {
-  using falcon::agent::AgentConfig;
+// Flags, config file, environment: the effective config, or the exit code to return now.
+struct Loaded {
+  AgentConfig config;
+  std::optional<int> exit_code;
+};
+
+Loaded LoadConfig(int argc, char** argv) {
+  Loaded out;
   CLI::App app{"falcon-agent: follows the node's Falcon shim segments, detects fail-slow ranks "
                "and reports to Redis. Options below override FALCON_AGENT_<NAME> variables, "
                "which override the config file."};
@@ -49,9 +56,13 @@ int main(int argc, char** argv) {
     options.emplace_back(name, app.add_option(falcon::agent::FlagName(e.name), raw[name],
                                               std::string(e.meaning)));
   }
-  CLI11_PARSE(app, argc, argv);
-
-  AgentConfig config;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {  // --help, or a usage error: CLI11's own exit code
+    const int rc = app.exit(e);
+    out.exit_code = rc == 0 ? 0 : kExitUsage;
+    return out;
+  }
   if (config_file.empty() && std::getenv("FALCON_AGENT_CONFIG") != nullptr) {
     config_file = std::getenv("FALCON_AGENT_CONFIG");
   }
@@ -60,18 +71,29 @@ int main(int argc, char** argv) {
     if (opt->count() > 0) given[name] = raw[name];
   }
   falcon::Status s = config_file.empty() ? falcon::Status::Ok()
-                                         : falcon::agent::LoadConfigFile(config, config_file);
-  if (s.ok()) s = falcon::agent::ApplyEnvironment(config, [](const char* n) { return std::getenv(n); });
-  if (s.ok()) s = falcon::agent::ApplyFlags(config, given);
-  if (s.ok()) s = falcon::agent::CheckConfig(config);
+                                         : falcon::agent::LoadConfigFile(out.config, config_file);
+  if (s.ok()) {
+    s = falcon::agent::ApplyEnvironment(out.config, [](const char* n) { return std::getenv(n); });
+  }
+  if (s.ok()) s = falcon::agent::ApplyFlags(out.config, given);
+  if (s.ok()) s = falcon::agent::CheckConfig(out.config);
   if (!s.ok()) {
     std::fprintf(stderr, "falcon-agent: %s\n", s.message().c_str());
-    return kExitUsage;
+    out.exit_code = kExitUsage;
+  } else if (print_config) {
+    std::fputs(falcon::agent::RenderConfig(out.config, falcon::agent::ConfigStyle::kDocumented).c_str(),
+               stdout);
+    out.exit_code = 0;
   }
-  if (print_config) {
-    std::fputs(falcon::agent::RenderConfig(config, falcon::agent::ConfigStyle::kDocumented).c_str(), stdout);
-    return 0;
-  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Loaded loaded = LoadConfig(argc, argv);
+  if (loaded.exit_code) return *loaded.exit_code;
+  const AgentConfig& config = loaded.config;
 
   auto log = spdlog::stderr_logger_mt("falcon-agent");
   log->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l falcon-agent[%P] %v");
@@ -86,7 +108,7 @@ int main(int argc, char** argv) {
 
   boost::asio::io_context io(1);
   falcon::agent::Agent agent(io, config, env, log);
-  s = agent.Start();
+  const falcon::Status s = agent.Start();
   if (!s.ok()) {
     log->error("event=start_failed reason=\"{}\"", s.message());
     return kExitStartFailed;
