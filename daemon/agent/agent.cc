@@ -194,7 +194,11 @@ void Agent::Discover() {
         if (followed) Unfollow(info.path, "orphaned");
         if (config_.reap_orphans) {
           Status s = daemon::ReapSegment(info);
-          if (s.ok()) log_->info("event=reap path={} pid={}", info.path, info.pid);
+          if (s.ok()) {
+            log_->info("event=reap path={} pid={}", info.path, info.pid);
+          } else {  // retried next tick; usually a segment of another user's we may not unlink
+            log_->debug("event=reap_failed path={} reason=\"{}\"", info.path, s.message());
+          }
         }
         break;
       case daemon::SegmentInfo::State::kUnreadable:
