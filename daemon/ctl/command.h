@@ -32,5 +32,11 @@ struct CommandContext {
 void AddTraceCommand(CLI::App& app, CommandContext& ctx);
 void AddSegmentsCommand(CLI::App& app, CommandContext& ctx);
 void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx);
+// Commands that talk to Redis (redis_cli.h holds their common options).
+void AddStatusCommand(CLI::App& app, CommandContext& ctx);     // status_command.cc
+void AddIncidentsCommand(CLI::App& app, CommandContext& ctx);  // incidents_command.cc
+void AddEventsCommand(CLI::App& app, CommandContext& ctx);     // incidents_command.cc
+// mode, pause, resume, validate (agent_command.cc)
+void AddAgentCommands(CLI::App& app, CommandContext& ctx);
 
 }  // namespace falcon::ctl

@@ -7,13 +7,17 @@
 #include "daemon/ctl/command.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"falcon-ctl: inspect Falcon call logs and analyse iteration-time traces"};
+  CLI::App app{"falcon-ctl: inspect Falcon call logs, analyse iteration-time traces, query and command a job through Redis"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "falcon-ctl 0.1.0");
   falcon::ctl::CommandContext ctx;
   falcon::ctl::AddTraceCommand(app, ctx);
   falcon::ctl::AddSegmentsCommand(app, ctx);
   falcon::ctl::AddAnalyzeTraceCommand(app, ctx);
+  falcon::ctl::AddStatusCommand(app, ctx);
+  falcon::ctl::AddIncidentsCommand(app, ctx);
+  falcon::ctl::AddEventsCommand(app, ctx);
+  falcon::ctl::AddAgentCommands(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -27,7 +27,11 @@ std::string SanitizeKeyPart(std::string_view name) {
   return out.empty() ? std::string("_") : out;
 }
 
-Result<std::string> FormatKey(const KeySpec& spec, const KeyVars& vars) {
+namespace {
+
+enum class Unset { kError, kWildcard };
+
+Result<std::string> Expand(const KeySpec& spec, const KeyVars& vars, Unset unset) {
   std::string out;
   std::string_view p = spec.pattern;
   while (!p.empty()) {
@@ -43,18 +47,28 @@ Result<std::string> FormatKey(const KeySpec& spec, const KeyVars& vars) {
     }
     const std::string_view var = p.substr(open + 1, close - open - 1);
     std::string value;
+    bool wildcard = false;
     if (var == "job") {
       value = std::string(vars.job);
     } else if (var == "host") {
       value = std::string(vars.host);
+      wildcard = value.empty() && unset == Unset::kWildcard;
     } else if (var == "rank") {
-      if (!vars.rank) return Status::InvalidArgument(std::string(spec.name) + " key needs a rank");
-      if (*vars.rank < 0) return Status::InvalidArgument("rank must be >= 0 in a key");
-      value = std::to_string(*vars.rank);
+      if (!vars.rank && unset == Unset::kWildcard) {
+        wildcard = true;
+      } else if (!vars.rank) {
+        return Status::InvalidArgument(std::string(spec.name) + " key needs a rank");
+      } else if (*vars.rank < 0) {
+        return Status::InvalidArgument("rank must be >= 0 in a key");
+      } else {
+        value = std::to_string(*vars.rank);
+      }
     } else {
       return Status::Internal("unknown variable {" + std::string(var) + "} in key pattern");
     }
-    if (!ValidKeyPart(value)) {
+    if (wildcard) {
+      value = "*";
+    } else if (!ValidKeyPart(value)) {
       return Status::InvalidArgument(std::string(spec.name) + " key: {" + std::string(var) +
                                      "} = '" + value.substr(0, 40) +
                                      "' is not 1..128 characters of [A-Za-z0-9._-]");
@@ -63,6 +77,16 @@ Result<std::string> FormatKey(const KeySpec& spec, const KeyVars& vars) {
     p = p.substr(close + 1);
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::string> FormatKey(const KeySpec& spec, const KeyVars& vars) {
+  return Expand(spec, vars, Unset::kError);
+}
+
+Result<std::string> KeyMatchPattern(const KeySpec& spec, const KeyVars& vars) {
+  return Expand(spec, vars, Unset::kWildcard);
 }
 
 }  // namespace falcon::protocol

@@ -28,6 +28,11 @@ struct KeyVars {
 // The key of `spec` with its variables filled in.
 [[nodiscard]] Result<std::string> FormatKey(const KeySpec& spec, const KeyVars& vars);
 
+// A SCAN MATCH pattern for keys of `spec`: variables given in `vars` are filled in (and must be
+// valid), {host} and {rank} left unset become '*'. {job} is required. Key parts cannot hold glob
+// characters (ValidKeyPart), so the pattern matches exactly the keys FormatKey can produce.
+[[nodiscard]] Result<std::string> KeyMatchPattern(const KeySpec& spec, const KeyVars& vars);
+
 // `name` made usable as a key part: invalid characters become '_', truncated to 128, "_" if empty.
 [[nodiscard]] std::string SanitizeKeyPart(std::string_view name);
 

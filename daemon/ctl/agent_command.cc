@@ -1,0 +1,269 @@
+// `falcon-ctl mode | pause | resume | validate`: send one controller command (include/falcon/
+// protocol.h: set_mode, pause, resume, validate) to the agents' command streams and wait, up to
+// --timeout, for their acks on the acks stream.
+//
+// Targets: --agent HOST (repeatable), else the hosts of the ranks given with --ranks (from the
+// rank keys), else every agent with a heartbeat key. One command per host, each with its own id
+// ("ctl-<pid>-<ns>-<n>"), `ranks` only when --ranks was given, `deadline_ns` = issue + timeout.
+// Every outgoing message is validated against its spec before it is sent; every ack read is
+// validated, and bad ones are skipped with a warning.
+// Exit: 0 every ack ok; 1 an ack not ok; 4 Redis unreachable or an agent did not ack in time;
+// 3 no agent to send to. Single-threaded.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/ctl/command.h"
+#include "daemon/ctl/redis_cli.h"
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+#include "daemon/redis/redis_commands.h"
+
+namespace falcon::ctl {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kJsonSchema = 1;
+constexpr int kAckPollMs = 200;         // one XREAD BLOCK slice while waiting for acks
+constexpr std::uint64_t kCommandsMaxLen = 1000;  // MAXLEN ~ of a host's command stream
+
+struct SendOptions {
+  RedisCliOptions redis;
+  std::vector<std::string> agents;
+  std::vector<std::int64_t> ranks;
+  protocol::Command command;  // type and type-specific fields; ids filled at send time
+};
+
+protocol::KeyVars HostVars(const std::string& job, const std::string& host) {
+  protocol::KeyVars v = JobVars(job);
+  v.host = host;
+  return v;
+}
+
+struct Target {
+  std::string host;
+  std::string command_id;
+  std::optional<json> ack;  // validated
+};
+
+// Hosts to send to, from --agent, --ranks (rank keys) or every agent heartbeat.
+Result<std::vector<std::string>> FindHosts(redis::RedisConnection& c, const SendOptions& o) {
+  if (!o.agents.empty()) {
+    for (const std::string& h : o.agents) {
+      if (!protocol::ValidKeyPart(h)) return Status::InvalidArgument("--agent '" + h + "': not a host name");
+    }
+    return o.agents;
+  }
+  const protocol::KeySpec& spec = o.ranks.empty() ? protocol::kAgentKey : protocol::kRankKey;
+  Result<std::string> pattern = protocol::KeyMatchPattern(spec, JobVars(o.redis.job));
+  if (!pattern.ok()) return pattern.status();
+  Result<std::vector<std::string>> keys = ScanKeys(c, pattern.value());
+  if (!keys.ok()) return keys.status();
+  std::set<std::string> hosts;
+  const protocol::MessageSpec* ms = protocol::FindMessage(spec.messages);
+  for (const std::string& key : keys.value()) {
+    Result<std::optional<ValidMessage>> m = ReadHashMessage(c, key, *ms);
+    if (!m.ok()) return m.status();
+    if (!m.value()) continue;
+    const json& msg = m.value()->msg;
+    if (!o.ranks.empty() &&
+        std::find(o.ranks.begin(), o.ranks.end(), msg["rank"].get<std::int64_t>()) == o.ranks.end()) {
+      continue;
+    }
+    hosts.insert(msg["host"].get<std::string>());
+  }
+  return std::vector<std::string>(hosts.begin(), hosts.end());
+}
+
+// The acks stream's last entry id ("0-0" if empty): acks are read after it.
+Result<std::string> LastId(redis::RedisConnection& c, const std::string& stream) {
+  Result<redis::RedisReply> r = c.Command({"XREVRANGE", stream, "+", "-", "COUNT", "1"});
+  if (!r.ok()) return r.status();
+  const redis::RedisReply& rep = r.value();
+  if (rep.type != redis::RedisReply::Type::kArray) return Status::Corrupt("unexpected XREVRANGE reply");
+  if (rep.elements.empty()) return std::string("0-0");
+  if (rep.elements[0].type != redis::RedisReply::Type::kArray || rep.elements[0].elements.empty()) {
+    return Status::Corrupt("unexpected XREVRANGE entry");
+  }
+  return rep.elements[0].elements[0].str;
+}
+
+Status SendAll(redis::RedisConnection& c, const SendOptions& o, std::vector<Target>& targets) {
+  const std::int64_t now = NowNs();
+  int n = 0;
+  for (Target& t : targets) {
+    protocol::Command cmd = o.command;
+    t.command_id = "ctl-" + std::to_string(getpid()) + "-" + std::to_string(now) + "-" +
+                   std::to_string(n++);
+    cmd.id = t.command_id;
+    cmd.issued_ns = now;
+    cmd.deadline_ns = now + static_cast<std::int64_t>(o.redis.timeout_s * 1e9);
+    if (!o.ranks.empty()) cmd.ranks = o.ranks;
+    const json j = protocol::ToJson(cmd);
+    const protocol::MessageSpec* spec = protocol::FindCommand(cmd.type);
+    if (spec == nullptr) return Status::Internal("unknown command type " + cmd.type);
+    if (Status s = protocol::ValidateMessage(j, *spec); !s.ok()) {
+      return Status::InvalidArgument("the " + cmd.type + " command would be invalid: " + s.message());
+    }
+    Result<std::string> stream =
+        protocol::FormatKey(protocol::kCommandsStream, HostVars(o.redis.job, t.host));
+    if (!stream.ok()) return stream.status();
+    Result<std::string> id = redis::XAdd(c, stream.value(), kCommandsMaxLen,
+                                         {{std::string(protocol::kPayloadField), j.dump()}});
+    if (!id.ok()) return id.status();
+  }
+  return Status::Ok();
+}
+
+// Reads acks after `last_id` until every target has one or the deadline passes.
+Status AwaitAcks(redis::RedisConnection& c, const std::string& acks, std::string last_id,
+                 double timeout_s, std::vector<Target>& targets) {
+  const std::int64_t deadline = NowNs() + static_cast<std::int64_t>(timeout_s * 1e9);
+  auto pending = [&] {
+    return std::count_if(targets.begin(), targets.end(), [](const Target& t) { return !t.ack; });
+  };
+  while (pending() > 0) {
+    const std::int64_t left_ms = (deadline - NowNs()) / 1000000;
+    if (left_ms <= 0) break;
+    Result<std::vector<redis::StreamRead>> r = redis::XRead(
+        c, {{acks, last_id}}, 100, static_cast<int>(std::min<std::int64_t>(left_ms, kAckPollMs)));
+    if (!r.ok()) return r.status();
+    for (const redis::StreamRead& read : r.value()) {
+      for (const redis::StreamEntry& e : read.entries) {
+        last_id = e.id;
+        std::optional<json> ack = ValidateOrWarn(acks + " " + e.id,
+                                                 e.Field(std::string(protocol::kPayloadField)),
+                                                 protocol::kAck);
+        if (!ack) continue;
+        for (Target& t : targets) {
+          if (!t.ack && (*ack)["command"] == t.command_id) t.ack = std::move(*ack);
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+int Report(const SendOptions& o, const std::vector<Target>& targets) {
+  bool missing = false, not_ok = false;
+  for (const Target& t : targets) {
+    missing = missing || !t.ack;
+    not_ok = not_ok || (t.ack && (*t.ack)["status"] != "ok");
+  }
+  if (o.redis.json) {
+    json list = json::array();
+    for (const Target& t : targets) {
+      list.push_back({{"host", t.host}, {"command", t.command_id}, {"ack", t.ack ? *t.ack : json(nullptr)}});
+    }
+    std::printf("%s\n", json{{"v", kJsonSchema}, {"job", o.redis.job}, {"type", o.command.type},
+                             {"targets", list}}.dump().c_str());
+  } else {
+    std::printf("# falcon-ctl %s 0.1.0 (protocol v%d)  job %s  %zu agent(s)  timeout %.1f s\n",
+                o.command.type.c_str(), protocol::kSchemaVersion, o.redis.job.c_str(),
+                targets.size(), o.redis.timeout_s);
+    std::printf("%-16s %-32s %-12s %-16s %s\n", "host", "command", "status", "ranks", "detail");
+    for (const Target& t : targets) {
+      const json& a = t.ack ? *t.ack : json(nullptr);
+      std::printf("%-16s %-32s %-12s %-16s %s\n", t.host.c_str(), t.command_id.c_str(),
+                  t.ack ? a["status"].get<std::string>().c_str() : "NO ACK",
+                  t.ack ? a["ranks"].dump().c_str() : "-",
+                  t.ack ? a.value("detail", std::string()).c_str() : "agent did not answer in time");
+    }
+    std::printf("# verdict: %s\n", missing ? "NO ACK from some agent" : not_ok ? "NOT OK" : "ok");
+  }
+  if (missing) return kExitUnreachable;
+  return not_ok ? kExitFound : kExitOk;
+}
+
+int RunSend(SendOptions o) {
+  if (Status s = ResolveRedisOptions(o.redis); !s.ok()) return ReportRedisError(s);
+  auto conn = ConnectRedis(o.redis);
+  if (!conn.ok()) return ReportRedisError(conn.status());
+  redis::RedisConnection& c = *conn.value();
+  Result<std::vector<std::string>> hosts = FindHosts(c, o);
+  if (!hosts.ok()) return ReportRedisError(hosts.status());
+  if (hosts.value().empty()) {
+    std::fprintf(stderr, "falcon-ctl %s: no agent %s for job '%s' (is falcon-agent running? --job?)\n",
+                 o.command.type.c_str(), o.ranks.empty() ? "registered" : "follows those ranks",
+                 o.redis.job.c_str());
+    return kExitInput;
+  }
+  Result<std::string> acks = protocol::FormatKey(protocol::kAcksStream, JobVars(o.redis.job));
+  if (!acks.ok()) return ReportRedisError(acks.status());
+  Result<std::string> last = LastId(c, acks.value());
+  if (!last.ok()) return ReportRedisError(last.status());
+  std::vector<Target> targets;
+  for (const std::string& h : hosts.value()) targets.push_back({h, "", std::nullopt});
+  if (Status s = SendAll(c, o, targets); !s.ok()) return ReportRedisError(s);
+  if (Status s = AwaitAcks(c, acks.value(), last.value(), o.redis.timeout_s, targets); !s.ok()) {
+    return ReportRedisError(s);
+  }
+  return Report(o, targets);
+}
+
+CLI::App* AddSendCommand(CLI::App& app, CommandContext& ctx, const char* name, const char* help,
+                         std::shared_ptr<SendOptions> o) {
+  CLI::App* cmd = app.add_subcommand(name, help);
+  AddRedisOptions(*cmd, o->redis);
+  cmd->add_option("--agent", o->agents, "send only to this agent host (repeatable)");
+  cmd->add_option("--ranks", o->ranks, "target only these ranks (default: all)")->delimiter(',');
+  cmd->callback([o, &ctx, name] {
+    try {
+      ctx.exit_code = RunSend(*o);
+    } catch (const std::exception& e) {  // JSON access on validated data: a bug if it throws
+      std::fprintf(stderr, "falcon-ctl %s: internal error: %s\n", name, e.what());
+      ctx.exit_code = kExitInternal;
+    }
+  });
+  return cmd;
+}
+
+}  // namespace
+
+void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
+  auto mode = std::make_shared<SendOptions>();
+  mode->command.type = std::string(protocol::kSetMode.type);
+  CLI::App* m = AddSendCommand(app, ctx, "mode", "Set the shims' recording mode and await acks", mode);
+  m->add_option("mode", mode->command.mode, "track | profile | sample | off")
+      ->required()
+      ->check(CLI::IsMember({"track", "profile", "sample", "off"}));
+  m->add_option("--sample-every", mode->command.sample_every, "N for sample mode")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+
+  auto pause = std::make_shared<SendOptions>();
+  pause->command.type = std::string(protocol::kPause.type);
+  pause->command.max_pause_s = 60;
+  CLI::App* p = AddSendCommand(app, ctx, "pause", "Trap the ranks at an iteration boundary and await acks", pause);
+  p->add_option("--iteration", pause->command.at_iteration, "pause at this iteration boundary")->required();
+  p->add_option("--max-pause", pause->command.max_pause_s, "seconds after which the ranks resume by themselves")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
+
+  auto resume = std::make_shared<SendOptions>();
+  resume->command.type = std::string(protocol::kResume.type);
+  AddSendCommand(app, ctx, "resume", "Release a pause and await acks", resume);
+
+  auto val = std::make_shared<SendOptions>();
+  val->command.type = std::string(protocol::kValidate.type);
+  CLI::App* v = AddSendCommand(app, ctx, "validate", "Run a validation benchmark while paused and await acks", val);
+  v->add_option("--task", val->command.task, "gemm | p2p")->required()->check(CLI::IsMember({"gemm", "p2p"}));
+  v->add_option("--comm", val->command.comm, "p2p: communicator id (16 hex digits)");
+  v->add_option("--peer", val->command.peer, "p2p: peer rank in the communicator");
+  v->add_option("--bytes", val->command.bytes, "p2p: message size in bytes");
+  v->add_option("--size", val->command.size, "gemm: matrix dimension");
+  v->add_option("--repeats", val->command.repeats, "timed repetitions");
+}
+
+}  // namespace falcon::ctl
