@@ -1,0 +1,283 @@
+// falcon-ctl's Redis commands end to end: the real falcon-ctl binary as a subprocess against a
+// real redis-server (tests/support/redis_server.h). The test writes what agents would write, in
+// the protocol's format (daemon/protocol/messages.h), and plays the agent for commands: it reads
+// the command from the host's command stream and writes an ack. Waits use deadlines, never
+// fixed sleeps.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+#include "daemon/redis/redis_commands.h"
+#include "tests/support/redis_server.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon {
+namespace {
+
+using nlohmann::json;
+using protocol::KeyVars;
+
+constexpr char kJob[] = "ctljob";
+
+std::string CtlPath() { return testing::BinDir("daemon") + "/falcon-ctl"; }
+
+std::string Key(const protocol::KeySpec& spec, const std::string& host = "",
+                std::optional<std::int64_t> rank = std::nullopt) {
+  Result<std::string> k = protocol::FormatKey(spec, KeyVars{kJob, host, rank});
+  EXPECT_TRUE(k.ok()) << k.status().ToString();
+  return k.ok() ? k.value() : std::string();
+}
+
+std::int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class CtlRedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(server_.Start().ok()) << server_.Log();
+    conn_ = std::make_unique<redis::RedisConnection>(server_.ClientOptions());
+    ASSERT_TRUE(conn_->Connect().ok());
+  }
+
+  testing::ProcessResult Ctl(std::vector<std::string> args, double timeout_s = 20) {
+    std::vector<std::string> argv{CtlPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--port", std::to_string(server_.port()), "--job", kJob});
+    return testing::Run(argv, {}, timeout_s);
+  }
+
+  void RegisterAgent(const std::string& host, std::vector<std::int64_t> ranks) {
+    protocol::AgentHeartbeat hb;
+    hb.header = {kJob, host, Now()};
+    hb.pid = 4242;
+    hb.version = "0.1.0";
+    hb.started_ns = Now() - 1000000000;
+    hb.ranks = ranks;
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, host),
+                            {{"msg", protocol::ToJson(hb).dump()}})
+                    .ok());
+    for (std::int64_t r : ranks) {
+      protocol::RankRegistration reg;
+      reg.header = {kJob, host, Now()};
+      reg.rank = r;
+      reg.pid = 5000 + static_cast<int>(r);
+      reg.mode = "track";
+      reg.period = 9;
+      reg.iterations = 100 + static_cast<std::uint64_t>(r);
+      ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", r),
+                              {{"msg", protocol::ToJson(reg).dump()}})
+                      .ok());
+    }
+  }
+
+  // Reads the next command from `host`'s stream after `*last` (plays the agent).
+  std::optional<protocol::Command> NextCommand(const std::string& host, std::string* last) {
+    std::optional<protocol::Command> out;
+    testing::WaitUntil(
+        [&] {
+          auto r = redis::XRead(*conn_, {{Key(protocol::kCommandsStream, host), *last}}, 1, 100);
+          if (!r.ok() || r.value().empty() || r.value()[0].entries.empty()) return false;
+          const redis::StreamEntry& e = r.value()[0].entries[0];
+          *last = e.id;
+          Result<protocol::Command> c = protocol::ParseCommand(*e.Field("msg"));
+          EXPECT_TRUE(c.ok()) << c.status().ToString();
+          if (c.ok()) out = c.value();
+          return true;
+        },
+        15);
+    return out;
+  }
+
+  void WriteAck(const std::string& host, const protocol::Command& c, const std::string& status) {
+    protocol::Ack ack;
+    ack.header = {kJob, host, Now()};
+    ack.command = c.id;
+    ack.command_type = c.type;
+    ack.status = status;
+    ack.ranks = {0, 1};
+    ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAcksStream), 0,
+                            {{"msg", protocol::ToJson(ack).dump()}})
+                    .ok());
+  }
+
+  testing::RedisServer server_;
+  std::unique_ptr<redis::RedisConnection> conn_;
+};
+
+TEST_F(CtlRedisTest, StatusWithNoDataExitsInput) {
+  testing::ProcessResult r = Ctl({"status"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("no agents or ranks registered for job 'ctljob'"), std::string::npos) << r.err;
+}
+
+TEST_F(CtlRedisTest, StatusShowsRanksAndSkipsMalformed) {
+  RegisterAgent("node0", {0, 1});
+  protocol::IterationBatch b;
+  b.header = {kJob, "node0", Now()};
+  b.rank = 1;
+  b.pid = 5001;
+  b.period = 9;
+  b.start_ns = {Now() - 2000000, Now() - 1000000};
+  b.seconds = {0.030, 0.045};
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIterationsStream), 0,
+                          {{"msg", protocol::ToJson(b).dump()}})
+                  .ok());
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 7), {{"msg", "{not json"}}).ok());
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIterationsStream), 0,
+                          {{"msg", R"({"v":1,"type":"iterations"})"}})
+                  .ok());
+
+  testing::ProcessResult r = Ctl({"status"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("no controller"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("45.00"), std::string::npos) << "rank 1's current iteration time\n" << r.out;
+  EXPECT_NE(r.err.find("warning"), std::string::npos) << r.err;
+
+  testing::ProcessResult j = Ctl({"status", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  json doc = json::parse(j.out);
+  ASSERT_EQ(doc["ranks"].size(), 2u) << j.out;
+  EXPECT_EQ(doc["ranks"][0]["rank"], 0);
+  EXPECT_EQ(doc["ranks"][1]["period"], 9);
+  EXPECT_DOUBLE_EQ(doc["ranks"][1]["current_s"].get<double>(), 0.045);
+  EXPECT_EQ(doc["agents"].size(), 1u);
+}
+
+TEST_F(CtlRedisTest, IncidentsListedNewestLastAndMalformedSkipped) {
+  for (int i = 0; i < 3; ++i) {
+    json inc = {{"v", protocol::kSchemaVersion}, {"type", "incident"}, {"id", "inc-" + std::to_string(i)},
+                {"job", kJob}, {"stage", "detection"}, {"at_ns", Now()},
+                {"summary", "rank 3 slow " + std::to_string(i)}, {"ranks", {3}}};
+    ASSERT_TRUE(protocol::ValidateMessage(inc, protocol::kIncident).ok());
+    ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIncidentsStream), 0, {{"msg", inc.dump()}}).ok());
+    if (i == 1) {
+      ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIncidentsStream), 0,
+                              {{"msg", R"({"v":1,"type":"incident","id":"bad"})"}})
+                      .ok());
+    }
+  }
+  testing::ProcessResult r = Ctl({"incidents"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_LT(r.out.find("inc-0"), r.out.find("inc-2")) << r.out;
+  EXPECT_NE(r.err.find("bad incident message skipped"), std::string::npos) << r.err;
+
+  testing::ProcessResult j = Ctl({"incidents", "--json", "-n", "2"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  json doc = json::parse(j.out);
+  ASSERT_EQ(doc["incidents"].size(), 1u) << "the newest 2 entries hold one bad one\n" << j.out;
+  EXPECT_EQ(doc["incidents"][0]["msg"]["id"], "inc-2");
+}
+
+TEST_F(CtlRedisTest, EventsFollowPrintsPublishedAlert) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/events.out";
+  const pid_t pid = testing::Spawn(
+      {"/bin/sh", "-c",
+       "exec " + CtlPath() + " events --follow --json --port " + std::to_string(server_.port()) +
+           " --job " + kJob + " > " + out},
+      {});
+  ASSERT_GT(pid, 0);
+  protocol::Alert a;
+  a.job = kJob;
+  a.at_ns = Now();
+  a.severity = "warning";
+  a.source = "agent";
+  a.summary = "rank 2 slow: 2.1x baseline";
+  a.rank = 2;
+  const std::string channel = Key(protocol::kAlertsChannel);
+  // Publish (a bad one, then a good one) until the subscriber has received one.
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        (void)redis::Publish(*conn_, channel, "{\"v\":1}");  // skipped with a warning
+        Result<std::int64_t> n = redis::Publish(*conn_, channel, protocol::ToJson(a).dump());
+        return n.ok() && n.value() > 0;
+      },
+      15));
+  std::string line;
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        std::ifstream f(out);
+        return static_cast<bool>(std::getline(f, line)) && !line.empty();
+      },
+      10));
+  kill(pid, SIGINT);
+  EXPECT_EQ(testing::WaitFor(pid, 10), 0);
+  json got = json::parse(line);
+  EXPECT_EQ(got["summary"], a.summary);
+  EXPECT_EQ(got["rank"], 2);
+}
+
+TEST_F(CtlRedisTest, ModeCommandWrittenAndAckAwaited) {
+  RegisterAgent("node0", {0, 1});
+  testing::ProcessResult r;
+  std::thread ctl([&] { r = Ctl({"mode", "profile", "--json", "--timeout", "15"}); });
+  std::string last = "0-0";
+  std::optional<protocol::Command> c = NextCommand("node0", &last);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->type, "set_mode");
+  EXPECT_EQ(c->mode, "profile");
+  EXPECT_FALSE(c->ranks.has_value()) << "no --ranks: every rank of the agent";
+  WriteAck("node0", *c, "ok");
+  ctl.join();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["targets"][0]["ack"]["status"], "ok");
+  EXPECT_EQ(doc["targets"][0]["command"], c->id);
+}
+
+TEST_F(CtlRedisTest, PauseAckNotOkExitsOne) {
+  RegisterAgent("node0", {0, 1});
+  testing::ProcessResult r;
+  std::thread ctl([&] { r = Ctl({"pause", "--iteration", "5", "--ranks", "1", "--timeout", "15"}); });
+  std::string last = "0-0";
+  std::optional<protocol::Command> c = NextCommand("node0", &last);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->type, "pause");
+  EXPECT_EQ(c->at_iteration, 5u);
+  ASSERT_TRUE(c->ranks.has_value());
+  EXPECT_EQ(*c->ranks, std::vector<std::int64_t>{1});
+  // A malformed ack first: reported and skipped.
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAcksStream), 0, {{"msg", "[]"}}).ok());
+  WriteAck("node0", *c, "unsupported");
+  ctl.join();
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("unsupported"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("warning"), std::string::npos) << r.err;
+}
+
+TEST_F(CtlRedisTest, NoAckInTimeExitsUnreachable) {
+  RegisterAgent("node0", {0});
+  testing::ProcessResult r = Ctl({"resume", "--timeout", "0.5"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_NE(r.out.find("NO ACK"), std::string::npos) << r.out;
+}
+
+TEST(CtlRedisUnreachableTest, ExitsFourWithClearMessage) {
+  const int port = testing::FreeLoopbackPort();
+  for (const char* cmd : {"status", "incidents", "mode"}) {
+    std::vector<std::string> argv{CtlPath(), cmd, "--port", std::to_string(port), "--timeout", "1"};
+    if (std::string(cmd) == "mode") argv.push_back("track");
+    testing::ProcessResult r = testing::Run(argv, {}, 20);
+    EXPECT_EQ(r.exit_code, 4) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("cannot reach Redis at 127.0.0.1:" + std::to_string(port)), std::string::npos)
+        << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace falcon
