@@ -65,6 +65,10 @@ int ListIncidents(IncidentOptions o, const char* what) {
               protocol::kSchemaVersion, o.redis.job.c_str(), key.value().c_str(),
               static_cast<unsigned long long>(o.limit), o.since.empty() ? "" : " after ",
               o.since.c_str());
+  if (std::string(what) == "events") {
+    std::printf("# the alerts channel keeps no history: its durable record, the incident stream, "
+                "follows (--follow for live alerts)\n");
+  }
   std::printf("%-20s %-19s %-16s %-12s %-8s %-8s %-12s %s\n", "entry", "at (UTC)", "incident",
               "stage", "cause", "strategy", "ranks", "summary");
   for (const ValidMessage& e : entries.value()) {
