@@ -260,6 +260,30 @@ TEST_F(CtlRedisTest, PauseAckNotOkExitsOne) {
   EXPECT_NE(r.err.find("warning"), std::string::npos) << r.err;
 }
 
+TEST_F(CtlRedisTest, ValidateCommandCarriesItsFieldsToEveryAgent) {
+  RegisterAgent("node0", {0, 1});
+  RegisterAgent("node1", {2, 3});
+  testing::ProcessResult r;
+  std::thread ctl([&] {
+    r = Ctl({"validate", "--task", "p2p", "--comm", "00000000000000ab", "--peer", "1", "--bytes",
+             "1048576", "--timeout", "15"});
+  });
+  for (const char* host : {"node0", "node1"}) {
+    std::string last = "0-0";
+    std::optional<protocol::Command> c = NextCommand(host, &last);
+    ASSERT_TRUE(c.has_value()) << host;
+    EXPECT_EQ(c->type, "validate");
+    EXPECT_EQ(c->task, "p2p");
+    EXPECT_EQ(c->comm, std::optional<std::string>("00000000000000ab"));
+    EXPECT_EQ(c->peer, std::optional<std::int64_t>(1));
+    EXPECT_EQ(c->bytes, std::optional<std::int64_t>(1048576));
+    WriteAck(host, *c, "ok");
+  }
+  ctl.join();
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("node1"), std::string::npos) << r.out;
+}
+
 TEST_F(CtlRedisTest, NoAckInTimeExitsUnreachable) {
   RegisterAgent("node0", {0});
   testing::ProcessResult r = Ctl({"resume", "--timeout", "0.5"});
