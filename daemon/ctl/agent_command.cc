@@ -72,6 +72,7 @@ Result<std::vector<std::string>> FindHosts(redis::RedisConnection& c, const Send
   if (!keys.ok()) return keys.status();
   std::set<std::string> hosts;
   const protocol::MessageSpec* ms = protocol::FindMessage(spec.messages);
+  if (ms == nullptr) return Status::Internal("no single message type for key " + std::string(spec.name));
   for (const std::string& key : keys.value()) {
     Result<std::optional<ValidMessage>> m = ReadHashMessage(c, key, *ms);
     if (!m.ok()) return m.status();

@@ -39,6 +39,7 @@ Result<std::vector<json>> ReadHashes(redis::RedisConnection& c, const protocol::
   if (!keys.ok()) return keys.status();
   std::vector<json> out;
   const protocol::MessageSpec* ms = protocol::FindMessage(spec.messages);
+  if (ms == nullptr) return Status::Internal("no single message type for key " + std::string(spec.name));
   for (const std::string& key : keys.value()) {
     Result<std::optional<ValidMessage>> m = ReadHashMessage(c, key, *ms);
     if (!m.ok()) return m.status();
