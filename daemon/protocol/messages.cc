@@ -143,10 +143,13 @@ json ToJson(const Command& m) {
   } else if (m.type == kPause.type) {
     j["at_iteration"] = m.at_iteration;
     j["max_pause_s"] = m.max_pause_s;
+    SetIf(j, "comm", m.comm);
+    SetIf(j, "comm_seq", m.comm_seq);
   } else if (m.type == kValidate.type) {
     j["task"] = m.task;
     SetIf(j, "comm", m.comm);
     SetIf(j, "peer", m.peer);
+    SetIf(j, "shift", m.shift);
     SetIf(j, "bytes", m.bytes);
     SetIf(j, "size", m.size);
     SetIf(j, "repeats", m.repeats);
@@ -161,6 +164,19 @@ json ToJson(const Ack& m) {
   j["status"] = m.status;
   if (!m.detail.empty()) j["detail"] = m.detail;
   j["ranks"] = m.ranks;
+  if (!m.results.empty()) {
+    json results = json::array();
+    for (const AckRankResult& r : m.results) {
+      json rj = {{"rank", r.rank}, {"state", r.state}};
+      SetIf(rj, "task_status", r.task_status);
+      SetIf(rj, "median_s", r.median_s);
+      SetIf(rj, "min_s", r.min_s);
+      SetIf(rj, "max_s", r.max_s);
+      SetIf(rj, "rate", r.rate);
+      results.push_back(std::move(rj));
+    }
+    j["results"] = std::move(results);
+  }
   return j;
 }
 
@@ -189,21 +205,23 @@ Result<Command> ParseCommand(std::string_view text) {
     c.issued_ns = j.at("issued_ns").get<std::int64_t>();
     if (j.contains("deadline_ns")) c.deadline_ns = j["deadline_ns"].get<std::int64_t>();
     if (j.contains("ranks")) c.ranks = j["ranks"].get<std::vector<std::int64_t>>();
+    if ((c.type == kPause.type || c.type == kValidate.type) && j.contains("comm")) {
+      c.comm = j["comm"].get<std::string>();
+      if (!ParseCommIdHex(*c.comm)) {
+        return Status::InvalidArgument(c.type + ".comm: not 16 hex digits");
+      }
+    }
     if (c.type == kSetMode.type) {
       c.mode = j.at("mode").get<std::string>();
       c.sample_every = j.value("sample_every", std::uint32_t{100});
     } else if (c.type == kPause.type) {
       c.at_iteration = j.at("at_iteration").get<std::uint64_t>();
       c.max_pause_s = j.at("max_pause_s").get<double>();
+      if (j.contains("comm_seq")) c.comm_seq = j["comm_seq"].get<std::uint64_t>();
     } else if (c.type == kValidate.type) {
       c.task = j.at("task").get<std::string>();
-      if (j.contains("comm")) {
-        c.comm = j["comm"].get<std::string>();
-        if (!ParseCommIdHex(*c.comm)) {
-          return Status::InvalidArgument("validate.comm: not 16 hex digits");
-        }
-      }
       if (j.contains("peer")) c.peer = j["peer"].get<std::int64_t>();
+      if (j.contains("shift")) c.shift = j["shift"].get<std::int64_t>();
       if (j.contains("bytes")) c.bytes = j["bytes"].get<std::int64_t>();
       if (j.contains("size")) c.size = j["size"].get<std::int64_t>();
       if (j.contains("repeats")) c.repeats = j["repeats"].get<std::int64_t>();

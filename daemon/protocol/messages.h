@@ -124,10 +124,20 @@ struct Command {
   // pause
   std::uint64_t at_iteration = 0;
   double max_pause_s = 0;
-  // validate
+  std::optional<std::uint64_t> comm_seq;  // with comm: the cut
+  // pause, validate
   std::string task;
   std::optional<std::string> comm;
-  std::optional<std::int64_t> peer, bytes, size, repeats;
+  std::optional<std::int64_t> peer, shift, bytes, size, repeats;
+};
+
+// One rank's part of a pause / resume / validate ack.
+struct AckRankResult {
+  std::int64_t rank = -1;
+  // armed | trapped | missed | expired | timed_out | resumed | rejected | idle | failed | ok
+  std::string state;
+  std::optional<std::string> task_status;  // validate: ok | bad_request | unsupported | failed
+  std::optional<double> median_s, min_s, max_s, rate;
 };
 
 struct Ack {
@@ -137,6 +147,7 @@ struct Ack {
   std::string status;  // ok | unsupported | rejected | failed | expired
   std::string detail;
   std::vector<std::int64_t> ranks;
+  std::vector<AckRankResult> results;  // absent from the JSON when empty
 };
 
 struct Alert {

@@ -220,6 +220,12 @@ inline constexpr FieldSpec kPauseFields[] = {
     FALCON_PROTOCOL_COMMAND_FIELDS,
     {"at_iteration", JsonType::kInteger, true, "pause at this iteration boundary", "", 0, kMaxI64},
     {"max_pause_s", JsonType::kNumber, true, "resume by itself after this long", "", 0.001, 3600},
+    {"comm", JsonType::kString, false,
+     "communicator id (16 hex digits) whose call comm_seq is the cut; the shim trap needs it",
+     "", 16, 16},
+    {"comm_seq", JsonType::kInteger, false,
+     "stop before this call (0-based, per communicator) of comm; same on every rank", "", 0,
+     kMaxI64},
 };
 inline constexpr MessageSpec kPause{"pause", kPauseFields,
                                     "trap the ranks at an agreed iteration boundary"};
@@ -232,6 +238,9 @@ inline constexpr FieldSpec kValidateFields[] = {
     {"task", JsonType::kString, true, "benchmark kind", "gemm|p2p"},
     {"comm", JsonType::kString, false, "p2p: communicator id, 16 hex digits", "", 16, 16},
     {"peer", JsonType::kInteger, false, "p2p: peer rank in comm", "", 0, kMaxRank},
+    {"shift", JsonType::kInteger, false,
+     "p2p instead of peer: each rank r sends to r+shift and receives from r-shift (mod nranks)",
+     "", 1, kMaxRank},
     {"bytes", JsonType::kInteger, false, "p2p message size", "", 1, 1e10},
     {"size", JsonType::kInteger, false, "gemm: matrix dimension", "", 1, 65536},
     {"repeats", JsonType::kInteger, false, "timed repetitions (default 5)", "", 1, 1000},
@@ -249,6 +258,9 @@ inline constexpr FieldSpec kAckFields[] = {
     {"detail", JsonType::kString, false, "human-readable reason", "", 0, kMaxText},
     {"ranks", JsonType::kArray, true, "ranks the command was applied to", "", 0, kMaxRank,
      JsonType::kInteger},
+    {"results", JsonType::kArray, false,
+     "pause/resume/validate: per rank {rank, state, task_status?, median_s?, min_s?, max_s?, "
+     "rate?}", "", 0, kMaxRank, JsonType::kObject},
 };
 inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one command"};
 
