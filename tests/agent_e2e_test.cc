@@ -2,7 +2,7 @@
 // job (falcon-emu-run + falcon-emu-job over the NCCL emulator) with the real shim preloaded.
 // One scenario, in job order: ranks register (keys with TTL); iteration times stream in with
 // the job's period; a malformed command is dropped with a log line while valid commands are
-// acked (set_mode applied by every shim; pause "unsupported"); Redis is killed and restarted
+// acked (set_mode applied by every shim; pause without a cut "rejected"); Redis is killed and restarted
 // (empty) mid-run — the agent keeps analysing, buffers, and delivers the samples it made
 // meanwhile; a NIC fault from the emulator's fault plan slows the job and raises `slow` alarms.
 // Every message read back is validated against its schema. No fixed sleeps: every wait is a
@@ -246,7 +246,8 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   }, 15)) << ReadFile(agent_log_);
   EXPECT_EQ(acks["mode-1"]["status"], "ok") << acks["mode-1"].dump();
   EXPECT_EQ(acks["mode-1"]["ranks"].size(), 4u);
-  EXPECT_EQ(acks["pause-1"]["status"], "unsupported");
+  // No comm / comm_seq: the shim trap cannot choose a cut (tests/agent_trap_test.cc drives it).
+  EXPECT_EQ(acks["pause-1"]["status"], "rejected") << acks["pause-1"].dump();
   const std::string log = ReadFile(agent_log_);
   std::size_t dropped = 0;
   for (std::size_t p = 0; (p = log.find("event=command_dropped", p)) != std::string::npos; ++p) ++dropped;

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "daemon/agent/shim_trap.h"
 #include "daemon/protocol/keys.h"
 
 namespace falcon::agent {
@@ -87,8 +88,14 @@ Status Agent::Start() {
                        static_cast<std::size_t>(config_.outbox_max),
                        static_cast<std::size_t>(config_.flush_batch)},
       log_);
+  std::unique_ptr<TrapController> trap;
+  if (config_.trap_backend == "shim") {
+    trap = std::make_unique<ShimTrap>(ShimTrapOptions{std::chrono::milliseconds(config_.trap_wait_ms)});
+  } else {
+    trap = std::make_unique<UnsupportedTrap>();
+  }
   executor_ = std::make_unique<CommandExecutor>(
-      std::make_unique<UnsupportedTrap>(), std::chrono::milliseconds(config_.mode_ack_timeout_ms),
+      std::move(trap), std::chrono::milliseconds(config_.mode_ack_timeout_ms),
       [this](const std::string& id, const protocol::Command& c, const CommandOutcome& o) {
         OnAck(id, c, o);
       });

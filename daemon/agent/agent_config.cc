@@ -54,6 +54,11 @@ const ConfigEntry kTable[] = {
      &C::command_block_ms},
     {"mode_ack_timeout_ms", T::kInt, 100, 600000, "set_mode is acked failed if a shim has not "
      "applied it by then, ms", &C::mode_ack_timeout_ms},
+    {"trap_backend", T::kString, 1, 16, "who carries out pause / resume / validate: the shim's "
+     "trap and benchmark executor, or nobody (acked unsupported)", &C::trap_backend,
+     "shim|unsupported"},
+    {"trap_wait_ms", T::kInt, 100, 3600000, "resume and validate are acked failed if the shims "
+     "have not answered by then (unless the command has a deadline_ns), ms", &C::trap_wait_ms},
     {"metrics_address", T::kString, 1, 256, "address of the Prometheus endpoint",
      &C::metrics_address},
     {"metrics_port", T::kInt, 0, 65535, "port of /metrics and /healthz (0: off)", &C::metrics_port},

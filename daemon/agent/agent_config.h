@@ -44,6 +44,8 @@ struct AgentConfig {
   std::int64_t outbox_max = 100000;
   std::int64_t command_block_ms = 1000;
   std::int64_t mode_ack_timeout_ms = 3000;
+  std::string trap_backend = "shim";
+  std::int64_t trap_wait_ms = 30000;
   std::string metrics_address = "127.0.0.1";
   std::int64_t metrics_port = 9464;
   std::string log_level = "info";

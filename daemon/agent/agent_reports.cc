@@ -148,6 +148,7 @@ void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const
   a.status = o.status;
   a.detail = o.detail;
   a.ranks = o.ranks;
+  a.results = o.results;
   publisher_->Queue(Key(protocol::kAcksStream), protocol::ToJson(a));
   reader_->Done(entry_id);
   log_->info("event=ack id={} type={} status={} ranks={} detail=\"{}\"", c.id, c.type, o.status,

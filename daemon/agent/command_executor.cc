@@ -9,7 +9,7 @@ namespace {
 CommandOutcome NotYet(const protocol::Command& c) {
   return {"unsupported",
           "'" + c.type + "' needs the shim's trap / benchmark executor, which this build lacks",
-          {}};
+          {}, {}};
 }
 
 std::string RankList(const std::vector<std::int64_t>& ranks) {
@@ -20,14 +20,14 @@ std::string RankList(const std::vector<std::int64_t>& ranks) {
 
 }  // namespace
 
-CommandOutcome UnsupportedTrap::Pause(const protocol::Command& c, std::span<RankFollower* const>) {
-  return NotYet(c);
+void UnsupportedTrap::Pause(const protocol::Command& c, std::span<RankFollower* const>, Done done) {
+  done(NotYet(c));
 }
-CommandOutcome UnsupportedTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>) {
-  return NotYet(c);
+void UnsupportedTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>, Done done) {
+  done(NotYet(c));
 }
-CommandOutcome UnsupportedTrap::Validate(const protocol::Command& c, std::span<RankFollower* const>) {
-  return NotYet(c);
+void UnsupportedTrap::Validate(const protocol::Command& c, std::span<RankFollower* const>, Done done) {
+  done(NotYet(c));
 }
 
 CommandExecutor::CommandExecutor(std::unique_ptr<TrapController> trap,
@@ -38,7 +38,7 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
                               std::span<RankFollower* const> followers, std::int64_t now_real_ns,
                               Clock::time_point now) {
   if (c.deadline_ns && *c.deadline_ns < now_real_ns) {
-    ack_(entry_id, c, {"expired", "deadline passed before the agent read it", {}});
+    ack_(entry_id, c, {"expired", "deadline passed before the agent read it", {}, {}});
     return;
   }
   std::vector<RankFollower*> targets;
@@ -51,19 +51,21 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
     ack_(entry_id, c, {"rejected",
                        c.ranks ? "none of ranks [" + RankList(*c.ranks) + "] runs on this host"
                                : "this agent follows no rank",
-                       {}});
+                       {}, {}});
     return;
   }
+  // The trap outlives its Done callbacks (both are owned here), so `this` stays valid.
+  TrapController::Done done = [this, entry_id, c](const CommandOutcome& o) { ack_(entry_id, c, o); };
   if (c.type == protocol::kPause.type) {
-    ack_(entry_id, c, trap_->Pause(c, targets));
+    trap_->Pause(c, targets, std::move(done));
   } else if (c.type == protocol::kResume.type) {
-    ack_(entry_id, c, trap_->Resume(c, targets));
+    trap_->Resume(c, targets, std::move(done));
   } else if (c.type == protocol::kValidate.type) {
-    ack_(entry_id, c, trap_->Validate(c, targets));
+    trap_->Validate(c, targets, std::move(done));
   } else if (c.type == protocol::kSetMode.type) {
     const auto mode = ModeFromName(c.mode);
     if (!mode) {
-      ack_(entry_id, c, {"rejected", "unknown mode " + c.mode, {}});
+      ack_(entry_id, c, {"rejected", "unknown mode " + c.mode, {}, {}});
       return;
     }
     PendingMode p{entry_id, c, {}, now + mode_timeout_};
@@ -71,11 +73,14 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
     pending_.push_back(std::move(p));
     Check(now);
   } else {
-    ack_(entry_id, c, {"rejected", "unknown command type " + c.type, {}});
+    ack_(entry_id, c, {"rejected", "unknown command type " + c.type, {}, {}});
   }
 }
 
 void CommandExecutor::Check(Clock::time_point now) {
+  trap_->Check(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count());
   for (auto it = pending_.begin(); it != pending_.end();) {
     CommandOutcome out;
     std::vector<std::int64_t> missing;
@@ -103,6 +108,7 @@ void CommandExecutor::Check(Clock::time_point now) {
 }
 
 void CommandExecutor::Forget(const RankFollower* follower) {
+  trap_->Forget(follower);
   for (PendingMode& p : pending_) {
     for (Wait& w : p.waits) {
       if (w.follower == follower) w.follower = nullptr;

@@ -5,7 +5,8 @@
 //    (naming the ranks that did not apply it) after mode_timeout. A target that exits meanwhile
 //    counts as not applied.
 //  - pause / resume / validate: handed to a TrapController — the extension point for the shim's
-//    trap and benchmark executor. UnsupportedTrap (the default) acks "unsupported".
+//    trap and benchmark executor (ShimTrap, shim_trap.h; UnsupportedTrap acks "unsupported").
+//    The controller calls its Done exactly once, at once or from a later Check().
 //  - past its deadline_ns: "expired"; targets none of our ranks: "rejected".
 // Thread-safety: one owner (the agent loop). Must never: block (acks that need the shim wait in
 // pending_, checked by Check() each tick), or keep a follower pointer after Forget().
@@ -28,23 +29,32 @@ struct CommandOutcome {
   std::string status;  // ok | unsupported | rejected | failed | expired
   std::string detail;
   std::vector<std::int64_t> ranks;  // ranks it was applied to
+  std::vector<protocol::AckRankResult> results;  // per-rank detail (trap commands)
 };
 
-// The extension point for commands that need the shim's trap / benchmark executor.
+// The extension point for commands that need the shim's trap / benchmark executor. Loop thread
+// only. Each command's `done` is called exactly once: from inside the call, or from Check().
+// Must never block.
 class TrapController {
  public:
+  using Done = std::function<void(const CommandOutcome&)>;
   virtual ~TrapController() = default;
-  virtual CommandOutcome Pause(const protocol::Command& c, std::span<RankFollower* const> targets) = 0;
-  virtual CommandOutcome Resume(const protocol::Command& c, std::span<RankFollower* const> targets) = 0;
-  virtual CommandOutcome Validate(const protocol::Command& c, std::span<RankFollower* const> targets) = 0;
+  virtual void Pause(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) = 0;
+  virtual void Resume(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) = 0;
+  virtual void Validate(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) = 0;
+  // Resolves waits that are answered or past their deadline (every loop tick).
+  virtual void Check(std::int64_t /*now_real_ns*/) {}
+  // `follower` is about to be destroyed: drop every pointer to it.
+  virtual void Forget(const RankFollower* /*follower*/) {}
+  virtual std::size_t pending() const { return 0; }
 };
 
-// Until the shim implements the trap (FalconControl's pause/task words are reserved).
+// For builds or deployments without the shim's trap (config trap_backend = unsupported).
 class UnsupportedTrap : public TrapController {
  public:
-  CommandOutcome Pause(const protocol::Command& c, std::span<RankFollower* const> targets) override;
-  CommandOutcome Resume(const protocol::Command& c, std::span<RankFollower* const> targets) override;
-  CommandOutcome Validate(const protocol::Command& c, std::span<RankFollower* const> targets) override;
+  void Pause(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) override;
+  void Resume(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) override;
+  void Validate(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) override;
 };
 
 class CommandExecutor {
@@ -63,7 +73,7 @@ class CommandExecutor {
   // Resolves set_mode acks whose shims answered or whose time is up.
   void Check(Clock::time_point now);
   void Forget(const RankFollower* follower);
-  std::size_t pending() const { return pending_.size(); }
+  std::size_t pending() const { return pending_.size() + trap_->pending(); }
 
  private:
   struct Wait {

@@ -55,6 +55,8 @@ class RankFollower {
   const std::string& path() const { return seg_.path(); }
   const std::string& job() const { return job_; }
   bool writable() const { return writable_; }
+  // The segment, for the trap's control-block words (ShimTrap). REQUIRES: writable().
+  daemon::SegmentReader& segment() { return seg_; }
   const RankAnalysis& analysis() const { return analysis_; }
   std::string mode_name() const;
   // CLOCK_REALTIME - CLOCK_MONOTONIC as last published by the shim (ns).

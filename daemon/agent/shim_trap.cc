@@ -1,0 +1,269 @@
+// ShimTrap. See shim_trap.h for the contract.
+#include "daemon/agent/shim_trap.h"
+
+#include <algorithm>
+#include <optional>
+
+namespace falcon::agent {
+namespace {
+
+std::int64_t RealNow() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* PauseStateName(std::uint32_t s) {
+  switch (s) {
+    case kFalconPauseIdle: return "idle";
+    case kFalconPauseArmed: return "armed";
+    case kFalconPauseTrapped: return "trapped";
+    case kFalconPauseMissed: return "missed";
+    case kFalconPauseExpired: return "expired";
+    case kFalconPauseTimedOut: return "timed_out";
+    case kFalconPauseResumed: return "resumed";
+    case kFalconPauseRejected: return "rejected";
+    default: return "unknown";
+  }
+}
+
+const char* TaskStatusName(std::int32_t s) {
+  switch (s) {
+    case kFalconTaskOk: return "ok";
+    case kFalconTaskBadRequest: return "bad_request";
+    case kFalconTaskUnsupported: return "unsupported";
+    default: return "failed";
+  }
+}
+
+// The live entry of communicator `id` in the rank's table.
+std::optional<daemon::CommInfo> FindComm(const daemon::SegmentReader& seg, std::uint64_t id) {
+  for (const daemon::CommInfo& c : seg.Comms()) {
+    if (c.entry.comm_id == id && c.entry.state == kFalconCommLive) return c;
+  }
+  return std::nullopt;
+}
+
+CommandOutcome Rejected(std::string why) { return {"rejected", std::move(why), {}, {}}; }
+
+// The task one rank runs for `c`, or a reason it cannot.
+std::optional<FalconTask> MakeTask(const protocol::Command& c, RankFollower& f, std::string* why) {
+  FalconTask t{};
+  t.repeats = static_cast<std::uint32_t>(c.repeats.value_or(5));
+  t.send_peer = t.recv_peer = -1;
+  if (c.task == "gemm") {
+    const std::int64_t n = c.size.value_or(256);
+    if (n > 8192) {
+      *why = "gemm size above 8192";
+      return std::nullopt;
+    }
+    t.kind = kFalconTaskGemm;
+    t.m = t.n = t.k = static_cast<std::uint32_t>(n);
+    return t;
+  }
+  if (!c.comm || !c.bytes || c.peer.has_value() == c.shift.has_value()) {
+    *why = "p2p needs comm, bytes and exactly one of peer / shift";
+    return std::nullopt;
+  }
+  if (*c.bytes > (std::int64_t{1} << 30)) {
+    *why = "p2p bytes above 1 GiB";
+    return std::nullopt;
+  }
+  const auto comm = FindComm(f.segment(), *protocol::ParseCommIdHex(*c.comm));
+  if (!comm) {
+    *why = "rank " + std::to_string(f.rank()) + " is not in communicator " + *c.comm;
+    return std::nullopt;
+  }
+  const std::int64_t me = comm->entry.rank, n = comm->entry.nranks;
+  t.kind = kFalconTaskP2p;
+  t.comm_slot = comm->slot;
+  t.bytes = static_cast<std::uint64_t>(*c.bytes);
+  if (c.peer) {
+    if (*c.peer >= n || *c.peer == me) {
+      *why = "peer " + std::to_string(*c.peer) + " is not another rank of " + *c.comm;
+      return std::nullopt;
+    }
+    t.send_peer = t.recv_peer = static_cast<std::int32_t>(*c.peer);
+  } else {
+    if (*c.shift % n == 0) {
+      *why = "shift is a multiple of the communicator size";
+      return std::nullopt;
+    }
+    t.send_peer = static_cast<std::int32_t>((me + *c.shift) % n);
+    t.recv_peer = static_cast<std::int32_t>(((me - *c.shift) % n + n) % n);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::int64_t ShimTrap::WaitDeadline(const protocol::Command& c, std::int64_t now) const {
+  return c.deadline_ns ? *c.deadline_ns
+                       : now + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.wait).count();
+}
+
+std::uint64_t ShimTrap::ActivePause(RankFollower* f, bool trapped_only) const {
+  const auto it = paused_.find(f);
+  if (it == paused_.end()) return 0;
+  std::uint64_t ack = 0;
+  const FalconPauseState s = f->segment().pause_state(&ack);
+  if (ack != it->second) return trapped_only ? 0 : it->second;  // not seen by the shim yet
+  if (s == kFalconPauseTrapped || (!trapped_only && s == kFalconPauseArmed)) return it->second;
+  return 0;
+}
+
+void ShimTrap::Pause(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) {
+  if (!c.comm || !c.comm_seq) {
+    return done(Rejected("pause needs comm and comm_seq: the shim stops every rank before the "
+                         "same call of one communicator"));
+  }
+  const std::uint64_t id = *protocol::ParseCommIdHex(*c.comm);
+  std::vector<std::uint32_t> slots;
+  for (RankFollower* f : targets) {  // check every rank before arming any
+    if (!f->writable()) return done(Rejected("rank " + std::to_string(f->rank()) + ": read-only segment"));
+    if (ActivePause(f, false) != 0) {
+      return done(Rejected("rank " + std::to_string(f->rank()) + " is already paused or armed"));
+    }
+    const auto comm = FindComm(f->segment(), id);
+    if (!comm) return done(Rejected("rank " + std::to_string(f->rank()) + " is not in communicator " + *c.comm));
+    slots.push_back(comm->slot);
+  }
+  const std::int64_t now = RealNow();
+  const std::int64_t shim_deadline = now + static_cast<std::int64_t>(c.max_pause_s * 1e9);
+  Pending p{Kind::kPause, {}, shim_deadline + kGraceNs, std::move(done)};
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const std::uint64_t gen = targets[i]->segment().RequestPause(slots[i], *c.comm_seq, shim_deadline);
+    paused_[targets[i]] = gen;
+    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}}, false});
+  }
+  pending_.push_back(std::move(p));
+  Check(now);
+}
+
+void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) {
+  const std::int64_t now = RealNow();
+  Pending p{Kind::kResume, {}, WaitDeadline(c, now), std::move(done)};
+  for (RankFollower* f : targets) {
+    const std::uint64_t gen = ActivePause(f, false);
+    if (gen == 0) continue;
+    f->segment().RequestResume(gen);
+    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}}, false});
+  }
+  if (p.ranks.empty()) return p.done(Rejected("no rank here is paused by this agent"));
+  pending_.push_back(std::move(p));
+  Check(now);
+}
+
+void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) {
+  std::vector<FalconTask> tasks;
+  for (RankFollower* f : targets) {  // check every rank before posting any task
+    if (ActivePause(f, true) == 0) {
+      return done(Rejected("rank " + std::to_string(f->rank()) + " is not trapped by this agent"));
+    }
+    std::string why;
+    const auto task = MakeTask(c, *f, &why);
+    if (!task) return done(Rejected(why));
+    tasks.push_back(*task);
+  }
+  const std::int64_t now = RealNow();
+  Pending p{Kind::kValidate, {}, WaitDeadline(c, now), std::move(done)};
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const std::uint64_t seq = targets[i]->segment().PostTask(tasks[i]);
+    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}}, false});
+  }
+  pending_.push_back(std::move(p));
+  Check(now);
+}
+
+void ShimTrap::Poll(Pending& p, RankWait& w) {
+  if (w.follower == nullptr) {
+    w.result.state = "exited";
+    w.done = true;
+    return;
+  }
+  daemon::SegmentReader& seg = w.follower->segment();
+  if (p.kind == Kind::kValidate) {
+    FalconTaskResult r{};
+    if (!seg.TaskDone(w.seq, &r)) return;
+    w.result.state = "done";
+    w.result.task_status = TaskStatusName(r.status);
+    w.result.median_s = r.median_s;
+    w.result.min_s = r.min_s;
+    w.result.max_s = r.max_s;
+    w.result.rate = r.rate;
+    w.done = true;
+    return;
+  }
+  std::uint64_t ack = 0;
+  const FalconPauseState s = seg.pause_state(&ack);
+  if (ack != w.seq) return;  // the shim has not taken the request yet
+  w.result.state = PauseStateName(s);
+  w.done = p.kind == Kind::kPause ? s != kFalconPauseArmed && s != kFalconPauseIdle
+                                  : s != kFalconPauseTrapped && s != kFalconPauseArmed;
+}
+
+CommandOutcome ShimTrap::Finish(Pending& p) {
+  CommandOutcome out{"ok", "", {}, {}};
+  const char* want = p.kind == Kind::kPause ? "trapped" : p.kind == Kind::kResume ? "resumed" : "done";
+  std::string bad;
+  for (RankWait& w : p.ranks) {
+    out.results.push_back(w.result);
+    const bool good = w.done && w.result.state == want &&
+                      (p.kind != Kind::kValidate || w.result.task_status == "ok");
+    if (good) {
+      out.ranks.push_back(w.rank);
+      continue;
+    }
+    bad += (bad.empty() ? "" : ", ") + std::to_string(w.rank) + ": " + w.result.state +
+           (w.result.task_status ? " " + *w.result.task_status : "") + (w.done ? "" : " (no answer)");
+    if (out.status == "ok") out.status = "failed";
+    if (p.kind == Kind::kPause && w.result.state == "expired") out.status = "expired";
+    if (w.result.state == "rejected") out.status = "rejected";
+  }
+  if (out.status == "ok") return out;
+  out.detail = "rank " + bad;
+  if (p.kind == Kind::kPause) {  // no partial cut: release the ranks that did stop
+    for (RankWait& w : p.ranks) {
+      if (w.follower != nullptr) w.follower->segment().RequestResume(w.seq);
+      paused_.erase(w.follower);
+    }
+    out.ranks.clear();
+    out.detail += "; ranks that trapped were released";
+  }
+  if (p.kind == Kind::kResume) {
+    for (RankWait& w : p.ranks) paused_.erase(w.follower);
+  }
+  return out;
+}
+
+void ShimTrap::Check(std::int64_t now_real_ns) {
+  for (std::size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool all = true;
+    for (RankWait& w : p.ranks) {
+      if (!w.done) Poll(p, w);
+      all = all && w.done;
+    }
+    if (!all && now_real_ns < p.deadline_real_ns) {
+      ++i;
+      continue;
+    }
+    if (p.kind == Kind::kResume && all) {
+      for (RankWait& w : p.ranks) paused_.erase(w.follower);
+    }
+    Pending finished = std::move(p);
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    finished.done(Finish(finished));  // may not touch pending_ (Done only acks)
+  }
+}
+
+void ShimTrap::Forget(const RankFollower* follower) {
+  paused_.erase(follower);
+  for (Pending& p : pending_) {
+    for (RankWait& w : p.ranks) {
+      if (w.follower == follower) w.follower = nullptr;
+    }
+  }
+}
+
+}  // namespace falcon::agent

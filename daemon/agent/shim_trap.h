@@ -1,0 +1,74 @@
+// ShimTrap: the TrapController that drives the shim's trap and benchmark executor through each
+// rank's control block (FalconControl in shm_abi.h, SegmentReader::RequestPause & co.).
+//  - pause: needs `comm` (the 16-hex id every member computes alike) and `comm_seq`. Every
+//    target must be writable and a live member of comm, else the whole command is rejected
+//    before any rank is armed. Each rank is asked to stop before call comm_seq of its slot of
+//    comm, with the shim deadline now + max_pause_s (armed past it: expired; trapped past it:
+//    timed out, training goes on). Acked when every rank is trapped or terminal, or at the
+//    shim deadline + kGrace: "ok" if all trapped; else the ranks that did trap are released at
+//    once (a partial cut would stall their peers) and the ack is rejected / expired / failed.
+//  - resume: RequestResume on each target this agent paused; "ok" when all resumed, "failed"
+//    (per-rank timed_out, ...) otherwise or at the wait deadline.
+//  - validate: posts one FalconTask per target (gemm: size^3; p2p on comm with `peer`, or a
+//    ring `shift`), only on ranks trapped by this agent; acked with each FalconTaskResult.
+// Every wait has a deadline: the command's deadline_ns, else now + options.wait.
+// Thread-safety: loop thread only (a TrapController). Must never: block (waits are polled by
+// Check() from the loop's tick), write to a segment anything but the control block's
+// agent→shim words, or keep a follower pointer after Forget().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "daemon/agent/command_executor.h"
+
+namespace falcon::agent {
+
+struct ShimTrapOptions {
+  std::chrono::milliseconds wait{30000};  // resume / validate waits without a deadline_ns
+};
+
+class ShimTrap : public TrapController {
+ public:
+  static constexpr std::int64_t kGraceNs = 2'000'000'000;  // for the shim's service tick
+
+  explicit ShimTrap(ShimTrapOptions options) : options_(options) {}
+
+  void Pause(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) override;
+  void Resume(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) override;
+  void Validate(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) override;
+  void Check(std::int64_t now_real_ns) override;
+  void Forget(const RankFollower* follower) override;
+  std::size_t pending() const override { return pending_.size(); }
+
+ private:
+  enum class Kind { kPause, kResume, kValidate };
+  struct RankWait {
+    RankFollower* follower;  // nullptr once forgotten
+    std::int64_t rank;
+    std::uint64_t seq;       // pause generation, or task sequence
+    protocol::AckRankResult result;
+    bool done = false;
+  };
+  struct Pending {
+    Kind kind;
+    std::vector<RankWait> ranks;
+    std::int64_t deadline_real_ns;
+    Done done;
+  };
+
+  void Poll(Pending& p, RankWait& w);
+  CommandOutcome Finish(Pending& p);
+  // The pause generation this agent holds on `f` while the shim reports it armed or trapped.
+  std::uint64_t ActivePause(RankFollower* f, bool trapped_only) const;
+  std::int64_t WaitDeadline(const protocol::Command& c, std::int64_t now_real_ns) const;
+
+  ShimTrapOptions options_;
+  std::vector<Pending> pending_;
+  std::map<const RankFollower*, std::uint64_t> paused_;  // last pause generation we requested
+};
+
+}  // namespace falcon::agent
