@@ -1,0 +1,264 @@
+// The agent's trap backend (ShimTrap) end to end: the real falcon-agent, a real redis-server and
+// a 4-rank emulated job (falcon-emu-run + falcon-emu-job over the NCCL emulator) with the real
+// shim preloaded. The test plays the controller: it XADDs pause / validate / resume commands and
+// reads the acks back (each validated against its schema). It computes the cut from the ranks'
+// progress (segments opened read-only, as shim_trap_test.cc does): a call of the world
+// communicator some way ahead of the furthest rank. Proves: every rank traps at that same call;
+// GEMM and a P2P ring pass run and report their timings; resume lets the job finish and its
+// --check passes; a pause that is never reached is acked expired and training goes on; malformed
+// or misdirected trap commands are rejected with a reason. No fixed sleeps: deadlines only.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+#include "daemon/redis/redis_commands.h"
+#include "daemon/shm/segment_dir.h"
+#include "daemon/shm/segment_reader.h"
+#include "tests/support/redis_server.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon {
+namespace {
+
+using nlohmann::json;
+using testing::WaitUntil;
+
+constexpr const char* kJob = "trap";
+constexpr const char* kHost = "node0";
+constexpr int kRanks = 4;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::int64_t WallNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+std::string Key(const protocol::KeySpec& spec, std::optional<std::int64_t> rank = {}) {
+  return protocol::FormatKey(spec, {kJob, kHost, rank}).value();
+}
+
+class AgentTrapTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
+    agent_log_ = dir_.path() + "/agent.log";
+    shm_ = dir_.path() + "/shm";
+    ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
+    c_ = std::make_unique<redis::RedisConnection>(redis_.ClientOptions());
+    ASSERT_TRUE(c_->Connect().ok());
+  }
+  void TearDown() override {
+    if (job_ > 0) {
+      ::kill(job_, SIGTERM);
+      (void)testing::WaitFor(job_, 10);  // killed early: its status is not under test
+    }
+    if (agent_ > 0) {
+      ::kill(agent_, SIGTERM);
+      EXPECT_EQ(testing::WaitFor(agent_, 15), 0) << ReadFile(agent_log_);
+    }
+  }
+
+  // The agent and the job; returns once the agent follows all 4 ranks (their keys exist) and
+  // the test has every rank's segment, ordered by world rank.
+  void Start(int iters) {
+    const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
+    const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
+                            "' --redis-port " + std::to_string(redis_.port()) +
+                            " --metrics-port 0 --poll-ms 20 --flush-ms 100 --heartbeat-ms 300"
+                            " --command-block-ms 100 --trap-wait-ms 20000 --log-level debug 2>'" +
+                            agent_log_ + "'";
+    agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+    ASSERT_GT(agent_, 0);
+    job_ = testing::Spawn({testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
+                           "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload",
+                           testing::PreloadValue(), "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
+                           std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check"},
+                          {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=" + std::string(kJob)});
+    ASSERT_GT(job_, 0);
+    ASSERT_TRUE(WaitUntil([&] { return OpenAll(); }, 30)) << "segments did not appear";
+    ASSERT_TRUE(WaitUntil([&] {
+      for (int r = 0; r < kRanks; ++r) {
+        auto h = redis::HGetAll(*c_, Key(protocol::kRankKey, r));
+        if (!h.ok() || h.value().count("msg") == 0) return false;
+      }
+      return true;
+    }, 30)) << ReadFile(agent_log_);
+  }
+
+  bool OpenAll() {
+    auto listed = daemon::ListSegments(shm_, static_cast<uint32_t>(getuid()), false);
+    if (!listed.ok() || listed.value().size() != kRanks) return false;
+    std::vector<std::pair<int, daemon::SegmentReader>> found;
+    for (const auto& info : listed.value()) {
+      auto seg = daemon::SegmentReader::Open(info.path);
+      if (!seg.ok()) return false;
+      auto comms = seg.value().Comms();
+      if (comms.empty() || comms[0].entry.nranks != kRanks) return false;  // world not created yet
+      world_id_ = comms[0].entry.comm_id;
+      found.emplace_back(comms[0].entry.rank, std::move(seg.value()));
+    }
+    std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    segs_.clear();
+    for (auto& f : found) segs_.push_back(std::move(f.second));
+    return true;
+  }
+
+  // The furthest rank's next call number on the world communicator (slot 0).
+  uint64_t WorldCalls() const {
+    uint64_t n = 0;
+    for (const auto& s : segs_) n = std::max(n, s.CommCalls(0));
+    return n;
+  }
+
+  protocol::Command NewCommand(const std::string& type) {
+    protocol::Command c;
+    c.type = type;
+    c.id = type + "-" + std::to_string(++commands_);
+    c.issued_ns = WallNs();
+    return c;
+  }
+
+  // XADDs `c` and returns its ack (validated), or a null json after `timeout_s`.
+  json Send(const protocol::Command& c, double timeout_s) {
+    EXPECT_TRUE(redis::XAdd(*c_, Key(protocol::kCommandsStream), 0, {{"msg", protocol::ToJson(c).dump()}}).ok());
+    json ack;
+    const bool got = WaitUntil([&] {
+      auto entries = redis::XRange(*c_, Key(protocol::kAcksStream), "-", "+", 0);
+      if (!entries.ok()) return false;
+      for (const auto& e : entries.value()) {
+        const std::string* msg = e.Field("msg");
+        if (msg == nullptr) continue;
+        auto j = protocol::ParseMessage(*msg, protocol::kAck);
+        EXPECT_TRUE(j.ok()) << j.status().ToString() << ": " << *msg;
+        if (j.ok() && j.value()["command"] == c.id) {
+          ack = j.value();
+          return true;
+        }
+      }
+      return false;
+    }, timeout_s);
+    EXPECT_TRUE(got) << "no ack for " << c.id << "\n" << ReadFile(agent_log_);
+    return ack;
+  }
+
+  protocol::Command Pause(uint64_t comm_seq, double max_pause_s) {
+    protocol::Command c = NewCommand("pause");
+    c.comm = protocol::CommIdHex(world_id_);
+    c.comm_seq = comm_seq;
+    c.max_pause_s = max_pause_s;
+    return c;
+  }
+
+  testing::RedisServer redis_;
+  testing::TempDir dir_;
+  std::unique_ptr<redis::RedisConnection> c_;  // connected in SetUp
+  std::string shm_, agent_log_;
+  pid_t agent_ = -1, job_ = -1;
+  std::vector<daemon::SegmentReader> segs_;
+  uint64_t world_id_ = 0;
+  int commands_ = 0;
+};
+
+TEST_F(AgentTrapTest, PauseValidateResumeThroughRedisLosesNoTrainingData) {
+  Start(/*iters=*/1200);
+  // A cut some way ahead: the agent reads the command within ~100 ms, the ranks need longer.
+  const uint64_t target = WorldCalls() + 300;
+  const json paused = Send(Pause(target, 20), 30);
+  ASSERT_EQ(paused["status"], "ok") << paused.dump();
+  ASSERT_EQ(paused["results"].size(), size_t{kRanks});
+  for (const json& r : paused["results"]) EXPECT_EQ(r["state"], "trapped") << paused.dump();
+  // Every rank stopped at the same call: the target, or, when the target sits inside an NCCL
+  // group, right after that group (the shim never stops inside one).
+  const uint64_t cut = segs_[0].CommCalls(0);
+  EXPECT_GE(cut, target);
+  for (const auto& s : segs_) EXPECT_EQ(s.CommCalls(0), cut) << "every rank stopped at the same call";
+
+  protocol::Command gemm = NewCommand("validate");
+  gemm.task = "gemm";
+  gemm.size = 48;
+  gemm.repeats = 3;
+  protocol::Command ring = NewCommand("validate");
+  ring.task = "p2p";
+  ring.comm = protocol::CommIdHex(world_id_);
+  ring.shift = 1;
+  ring.bytes = 32768;
+  ring.repeats = 3;
+  for (const protocol::Command& v : {gemm, ring}) {
+    const json ack = Send(v, 30);
+    ASSERT_EQ(ack["status"], "ok") << ack.dump();
+    ASSERT_EQ(ack["results"].size(), size_t{kRanks});
+    for (const json& r : ack["results"]) {
+      EXPECT_EQ(r["task_status"], "ok") << ack.dump();
+      EXPECT_GT(r["rate"].get<double>(), 0.0);
+      EXPECT_LE(r["min_s"].get<double>(), r["median_s"].get<double>());
+      EXPECT_LE(r["median_s"].get<double>(), r["max_s"].get<double>());
+    }
+    for (const auto& s : segs_) EXPECT_EQ(s.CommCalls(0), cut) << "benchmark traffic takes no training seq";
+  }
+
+  const json resumed = Send(NewCommand("resume"), 30);
+  ASSERT_EQ(resumed["status"], "ok") << resumed.dump();
+  for (const json& r : resumed["results"]) EXPECT_EQ(r["state"], "resumed");
+  EXPECT_EQ(testing::WaitFor(job_, 90), 0) << "the job's --check found wrong data, or it failed";
+  job_ = -1;
+}
+
+TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {
+  Start(/*iters=*/100000);  // runs until TearDown ends it
+  // Malformed: no comm_seq; unknown communicator; validate while nothing is paused; resume too.
+  protocol::Command no_seq = NewCommand("pause");
+  no_seq.comm = protocol::CommIdHex(world_id_);
+  no_seq.max_pause_s = 5;
+  EXPECT_EQ(Send(no_seq, 15)["status"], "rejected");
+  protocol::Command unknown = Pause(WorldCalls() + 300, 5);
+  unknown.comm = "0123456789abcdef";
+  const json u = Send(unknown, 15);
+  EXPECT_EQ(u["status"], "rejected");
+  EXPECT_NE(u["detail"].get<std::string>().find("not in communicator"), std::string::npos) << u.dump();
+  protocol::Command gemm = NewCommand("validate");
+  gemm.task = "gemm";
+  EXPECT_EQ(Send(gemm, 15)["status"], "rejected");
+  EXPECT_EQ(Send(NewCommand("resume"), 15)["status"], "rejected");
+  protocol::Command elsewhere = Pause(WorldCalls() + 300, 5);
+  elsewhere.ranks = std::vector<std::int64_t>{17};
+  EXPECT_EQ(Send(elsewhere, 15)["status"], "rejected");
+
+  // A cut the ranks never reach before the deadline: acked expired, and training goes on.
+  const json expired = Send(Pause(WorldCalls() + 1'000'000'000, 1.5), 20);
+  EXPECT_EQ(expired["status"], "expired") << expired.dump();
+  for (const json& r : expired["results"]) EXPECT_EQ(r["state"], "expired");
+  const uint64_t after = WorldCalls();
+  EXPECT_TRUE(WaitUntil([&] {
+    for (const auto& s : segs_) {
+      if (s.CommCalls(0) < after + 50) return false;
+    }
+    return true;
+  }, 20)) << "training did not continue";
+  for (const auto& s : segs_) {
+    uint64_t gen = 0;
+    EXPECT_EQ(s.pause_state(&gen), kFalconPauseExpired);
+  }
+}
+
+}  // namespace
+}  // namespace falcon
