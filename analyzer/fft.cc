@@ -1,73 +1,26 @@
-// Radix-2 decimation-in-time FFT. See fft.h for the contract.
+// Radix-2 FFT autocorrelation. See fft.h for the contract.
 #include "analyzer/fft.h"
 
 #include <cmath>
 #include <numbers>
-#include <utility>
 #include <vector>
 
 namespace falcon::analyzer {
 
 namespace {
 
+// cos/sin of 2*pi*k/n for k in [0, n/2), in double precision from one octant of sincos calls
+// and symmetry, rounded once to T.
 template <typename T>
-void FftImpl(std::span<std::complex<T>> data, FftDirection direction) {
-  const std::size_t n = data.size();
-  if (n < 2) {
-    return;
-  }
-  for (std::size_t i = 1, j = 0; i < n; ++i) {  // bit-reversal permutation
-    std::size_t bit = n >> 1;
-    for (; (j & bit) != 0; bit >>= 1) {
-      j ^= bit;
-    }
-    j ^= bit;
-    if (i < j) {
-      std::swap(data[i], data[j]);
-    }
-  }
-  const T sign = direction == FftDirection::kForward ? T{-1} : T{1};
-  // Twiddles for the largest stage; smaller stages read them with a stride.
-  std::vector<T> wr(n / 2), wi(n / 2);
-  for (std::size_t k = 0; k < n / 2; ++k) {
-    // Twiddles in double precision, rounded once to T.
-    const double angle = static_cast<double>(sign) * 2.0 * std::numbers::pi * static_cast<double>(k) /
-                         static_cast<double>(n);
-    wr[k] = static_cast<T>(std::cos(angle));
-    wi[k] = static_cast<T>(std::sin(angle));
-  }
-  // Plain real arithmetic: std::complex multiplication would call the Annex G NaN-recovery path.
-  auto* v = reinterpret_cast<T*>(data.data());  // std::complex<T> is layout-compatible with T[2]
-  for (std::size_t len = 2; len <= n; len <<= 1) {
-    const std::size_t half = len / 2;
-    const std::size_t step = n / len;
-    for (std::size_t start = 0; start < n; start += len) {
-      for (std::size_t k = 0; k < half; ++k) {
-        const T cr = wr[k * step];
-        const T ci = wi[k * step];
-        T* a = v + 2 * (start + k);
-        T* b = v + 2 * (start + k + half);
-        const T br = b[0] * cr - b[1] * ci;
-        const T bi = b[0] * ci + b[1] * cr;
-        b[0] = a[0] - br;
-        b[1] = a[1] - bi;
-        a[0] += br;
-        a[1] += bi;
-      }
-    }
-  }
-}
-
-// cos/sin of 2*pi*k/n for k in [0, n/2), from one octant of sincos calls and symmetry.
-void Twiddles(std::size_t n, std::vector<float>* wr, std::vector<float>* wi) {
+void Twiddles(std::size_t n, std::vector<T>* wr, std::vector<T>* wi) {
   const std::size_t half = n / 2, quarter = n / 4, eighth = n / 8;
-  wr->assign(half, 0.0f);
-  wi->assign(half, 0.0f);
+  wr->assign(half, T{0});
+  wi->assign(half, T{0});
   if (n < 8) {
     for (std::size_t k = 0; k < half; ++k) {
       const double a = 2.0 * std::numbers::pi * static_cast<double>(k) / static_cast<double>(n);
-      (*wr)[k] = static_cast<float>(std::cos(a));
-      (*wi)[k] = static_cast<float>(std::sin(a));
+      (*wr)[k] = static_cast<T>(std::cos(a));
+      (*wi)[k] = static_cast<T>(std::sin(a));
     }
     return;
   }
@@ -92,8 +45,33 @@ void Twiddles(std::size_t n, std::vector<float>* wr, std::vector<float>* wi) {
       ck = -c[half - k];
       sk = sn[half - k];
     }
-    (*wr)[k] = static_cast<float>(ck);
-    (*wi)[k] = static_cast<float>(sk);
+    (*wr)[k] = static_cast<T>(ck);
+    (*wi)[k] = static_cast<T>(sk);
+  }
+}
+
+// Decimation-in-time butterflies over interleaved (re, im) pairs: bit-reversed order in, natural
+// order out. sign = -1 forward, +1 inverse (unnormalised). Plain real arithmetic: std::complex
+// multiplication would call the Annex G NaN-recovery path.
+template <typename T>
+void DitStages(T* v, std::size_t n, const std::vector<T>& wr, const std::vector<T>& wi, T sign) {
+  for (std::size_t len = 2; len <= n; len <<= 1) {
+    const std::size_t half = len / 2;
+    const std::size_t step = n / len;
+    for (std::size_t start = 0; start < n; start += len) {
+      for (std::size_t k = 0; k < half; ++k) {
+        const T cr = wr[k * step];
+        const T ci = sign * wi[k * step];
+        T* a = v + 2 * (start + k);
+        T* b = v + 2 * (start + k + half);
+        const T br = b[0] * cr - b[1] * ci;
+        const T bi = b[0] * ci + b[1] * cr;
+        b[0] = a[0] - br;
+        b[1] = a[1] - bi;
+        a[0] += br;
+        a[1] += bi;
+      }
+    }
   }
 }
 
@@ -131,26 +109,7 @@ void Autocorrelate(std::span<std::complex<float>> data) {
     v[2 * i + 1] = 0.0f;
   }
   // Inverse DIT (twiddle e^{+i theta}): bit-reversed order in, natural order out.
-  for (std::size_t len = 2; len <= n; len <<= 1) {
-    const std::size_t half = len / 2;
-    const std::size_t step = n / len;
-    for (std::size_t start = 0; start < n; start += len) {
-      for (std::size_t k = 0; k < half; ++k) {
-        const float cr = wr[k * step], ci = wi[k * step];
-        float* a = v + 2 * (start + k);
-        float* b = v + 2 * (start + k + half);
-        const float br = b[0] * cr - b[1] * ci;
-        const float bi = b[0] * ci + b[1] * cr;
-        b[0] = a[0] - br;
-        b[1] = a[1] - bi;
-        a[0] += br;
-        a[1] += bi;
-      }
-    }
-  }
+  DitStages(v, n, wr, wi, 1.0f);
 }
-
-void Fft(std::span<std::complex<double>> data, FftDirection direction) { FftImpl(data, direction); }
-void Fft(std::span<std::complex<float>> data, FftDirection direction) { FftImpl(data, direction); }
 
 }  // namespace falcon::analyzer
