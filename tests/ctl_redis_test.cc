@@ -243,12 +243,17 @@ TEST_F(CtlRedisTest, ModeCommandWrittenAndAckAwaited) {
 TEST_F(CtlRedisTest, PauseAckNotOkExitsOne) {
   RegisterAgent("node0", {0, 1});
   testing::ProcessResult r;
-  std::thread ctl([&] { r = Ctl({"pause", "--iteration", "5", "--ranks", "1", "--timeout", "15"}); });
+  std::thread ctl([&] {
+    r = Ctl({"pause", "--iteration", "5", "--comm", "00000000000000cd", "--seq", "120", "--ranks",
+             "1", "--timeout", "15"});
+  });
   std::string last = "0-0";
   std::optional<protocol::Command> c = NextCommand("node0", &last);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->type, "pause");
   EXPECT_EQ(c->at_iteration, 5u);
+  EXPECT_EQ(c->comm, std::optional<std::string>("00000000000000cd"));
+  EXPECT_EQ(c->comm_seq, std::optional<std::uint64_t>(120));
   ASSERT_TRUE(c->ranks.has_value());
   EXPECT_EQ(*c->ranks, std::vector<std::int64_t>{1});
   // A malformed ack first: reported and skipped.
@@ -289,6 +294,13 @@ TEST_F(CtlRedisTest, NoAckInTimeExitsUnreachable) {
   testing::ProcessResult r = Ctl({"resume", "--timeout", "0.5"});
   EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
   EXPECT_NE(r.out.find("NO ACK"), std::string::npos) << r.out;
+}
+
+TEST_F(CtlRedisTest, PauseWithoutACutIsAUsageError) {
+  RegisterAgent("node0", {0});
+  testing::ProcessResult r = Ctl({"pause"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--iteration"), std::string::npos) << r.err;
 }
 
 TEST(CtlRedisUnreachableTest, ExitsFourWithClearMessage) {

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -43,6 +44,7 @@ struct SendOptions {
   std::vector<std::string> agents;
   std::vector<std::int64_t> ranks;
   protocol::Command command;  // type and type-specific fields; ids filled at send time
+  std::function<std::string()> check;  // after parsing: "" or what is wrong with the flags
 };
 
 protocol::KeyVars HostVars(const std::string& job, const std::string& host) {
@@ -188,6 +190,12 @@ int Report(const SendOptions& o, const std::vector<Target>& targets) {
 }
 
 int RunSend(SendOptions o) {
+  if (o.check) {
+    if (const std::string bad = o.check(); !bad.empty()) {
+      std::fprintf(stderr, "falcon-ctl %s: %s\n", o.command.type.c_str(), bad.c_str());
+      return kExitUsage;
+    }
+  }
   if (Status s = ResolveRedisOptions(o.redis); !s.ok()) return ReportRedisError(s);
   auto conn = ConnectRedis(o.redis);
   if (!conn.ok()) return ReportRedisError(conn.status());
@@ -247,7 +255,16 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   pause->command.type = std::string(protocol::kPause.type);
   pause->command.max_pause_s = 60;
   CLI::App* p = AddSendCommand(app, ctx, "pause", "Trap the ranks at an iteration boundary and await acks", pause);
-  p->add_option("--iteration", pause->command.at_iteration, "pause at this iteration boundary")->required();
+  CLI::Option* iter = p->add_option("--iteration", pause->command.at_iteration, "pause at this iteration boundary");
+  CLI::Option* comm = p->add_option("--comm", pause->command.comm,
+                                    "the cut: communicator id (16 hex digits) whose call --seq ranks stop before");
+  CLI::Option* seq = p->add_option("--seq", pause->command.comm_seq,
+                                   "the cut: call number (0-based, per communicator) of --comm");
+  comm->needs(seq);
+  seq->needs(comm);
+  pause->check = [iter, comm]() -> std::string {
+    return iter->count() == 0 && comm->count() == 0 ? "give --iteration N and/or --comm ID --seq N" : "";
+  };
   p->add_option("--max-pause", pause->command.max_pause_s, "seconds after which the ranks resume by themselves")
       ->check(CLI::Range(0.001, 3600.0))
       ->capture_default_str();
@@ -262,6 +279,7 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   v->add_option("--task", val->command.task, "gemm | p2p")->required()->check(CLI::IsMember({"gemm", "p2p"}));
   v->add_option("--comm", val->command.comm, "p2p: communicator id (16 hex digits)");
   v->add_option("--peer", val->command.peer, "p2p: peer rank in the communicator");
+  v->add_option("--shift", val->command.shift, "p2p instead of --peer: rank r sends to r+shift");
   v->add_option("--bytes", val->command.bytes, "p2p: message size in bytes");
   v->add_option("--size", val->command.size, "gemm: matrix dimension");
   v->add_option("--repeats", val->command.repeats, "timed repetitions");
