@@ -177,7 +177,7 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   // The fault must start after the detector's warm-up (16 samples after the period lock); the
   // sanitizer builds run the job several times slower.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  const double fault_s = 20.0;
+  const double fault_s = 30.0;
 #else
   const double fault_s = 9.0;
 #endif
@@ -194,7 +194,7 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
       if (!m.ok() || !m.value().contains("period")) return false;
     }
     return true;
-  }, 20)) << ReadFile(agent_log_);
+  }, 40)) << ReadFile(agent_log_);
   for (int r = 0; r < 4; ++r) {
     auto h = redis::HGetAll(c, Key(protocol::kRankKey, r)).value();
     const json m = protocol::ParseMessage(h["msg"], protocol::kRankRegister).value();
@@ -211,8 +211,8 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   // 2. Iteration times stream in, per rank, with the job's period and plausible values.
   ASSERT_TRUE(WaitUntil([&] {
     const auto m = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
-    return m.size() == 4 && std::all_of(m.begin(), m.end(), [](auto& kv) { return kv.second >= 30; });
-  }, 20)) << ReadFile(agent_log_);
+    return m.size() == 4 && std::all_of(m.begin(), m.end(), [](auto& kv) { return kv.second >= 10; });
+  }, 60)) << ReadFile(agent_log_);
   for (const json& b : ReadStream(c, protocol::kIterationsStream, protocol::kIterations)) {
     EXPECT_EQ(b["period"], 9);
     EXPECT_EQ(b["start_ns"].size(), b["seconds"].size());
@@ -243,7 +243,7 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   ASSERT_TRUE(WaitUntil([&] {
     for (const json& a : ReadStream(c, protocol::kAcksStream, protocol::kAck)) acks[a["command"]] = a;
     return acks.size() == 2;
-  }, 15)) << ReadFile(agent_log_);
+  }, 30)) << ReadFile(agent_log_);
   EXPECT_EQ(acks["mode-1"]["status"], "ok") << acks["mode-1"].dump();
   EXPECT_EQ(acks["mode-1"]["ranks"].size(), 4u);
   // No comm / comm_seq: the shim trap cannot choose a cut (tests/agent_trap_test.cc drives it).
@@ -267,14 +267,14 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   ASSERT_TRUE(WaitUntil([&] {
     const std::string m = HttpGet(metrics_port_, "/metrics");
     return Metric(m, "falcon_agent_redis_connected{") == 0 && Metric(m, "falcon_agent_outbox_messages{") >= 8;
-  }, 20)) << ReadFile(agent_log_);
+  }, 40)) << ReadFile(agent_log_);
   const double iterations_during_outage = Metric(HttpGet(metrics_port_, "/metrics"), "falcon_agent_iterations_total{");
   ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
   ASSERT_TRUE(c.Connect().ok());
   ASSERT_TRUE(WaitUntil([&] {
     const auto m = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
     return m.size() == 4 && Metric(HttpGet(metrics_port_, "/metrics"), "falcon_agent_outbox_messages{") < 8;
-  }, 20)) << ReadFile(agent_log_);
+  }, 40)) << ReadFile(agent_log_);
   // The restarted server holds what was queued while it was down: each rank's first batch there
   // starts right after the last index the old server got.
   std::map<std::int64_t, std::int64_t> first_after;
