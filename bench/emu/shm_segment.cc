@@ -139,6 +139,19 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
     close(fd);
     return Status::kPending;
   }
+  if (!published && creator == 0) {
+    // Sized but no creator recorded yet: the creator is between ftruncate and publishing, or
+    // died there. Same rule as an unsized segment: stale after kUnsizedStaleNs.
+    munmap(p, size);
+    const int64_t now = NowNs();
+    if (unsized_since_ns_ == 0) unsized_since_ns_ = now;
+    if (now - unsized_since_ns_ > kUnsizedStaleNs) {
+      UnlinkIfSame(name, fd);
+      unsized_since_ns_ = 0;
+    }
+    close(fd);
+    return Status::kPending;
+  }
   close(fd);
   if (!published) {
     munmap(p, size);
