@@ -38,18 +38,9 @@ using testing::WaitUntil;
 constexpr const char* kJob = "e2e";
 constexpr const char* kHost = "node0";
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using testing::ReadFile;
 
-std::int64_t WallNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
+using testing::WallClockNs;
 
 // GET http://127.0.0.1:port/path; "" on any failure.
 std::string HttpGet(int port, const std::string& path) {
@@ -154,7 +145,7 @@ class AgentEndToEndTest : public ::testing::Test {
   void StartJob(int iters, double fault_s) {
     const std::string plan = R"({"faults":[{"kind":"nic","nodes":[1],"start_s":)" +
                              std::to_string(fault_s) + R"(,"factor":50}]})";
-    job_start_ns_ = WallNs();
+    job_start_ns_ = WallClockNs();
     job_ = testing::Spawn(
         {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", "4", "--ranks-per-node", "2",
          "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload", testing::PreloadValue(),
@@ -230,7 +221,7 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   protocol::Command mode;
   mode.type = "set_mode";
   mode.id = "mode-1";
-  mode.issued_ns = WallNs();
+  mode.issued_ns = WallClockNs();
   mode.mode = "profile";
   protocol::Command pause = mode;
   pause.type = "pause";

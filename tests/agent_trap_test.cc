@@ -40,18 +40,9 @@ constexpr const char* kJob = "trap";
 constexpr const char* kHost = "node0";
 constexpr int kRanks = 4;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using testing::ReadFile;
 
-std::int64_t WallNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
+using testing::WallClockNs;
 
 std::string Key(const protocol::KeySpec& spec, std::optional<std::int64_t> rank = {}) {
   return protocol::FormatKey(spec, {kJob, kHost, rank}).value();
@@ -134,7 +125,7 @@ class AgentTrapTest : public ::testing::Test {
     protocol::Command c;
     c.type = type;
     c.id = type + "-" + std::to_string(++commands_);
-    c.issued_ns = WallNs();
+    c.issued_ns = WallClockNs();
     return c;
   }
 

@@ -28,11 +28,7 @@ using testing::TempDir;
 constexpr int kRanks = 4;
 constexpr uint32_t kWorldSlot = 0;  // falcon-emu-job creates its world communicator first
 
-int64_t RealNow() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
+int64_t RealNow() { return testing::WallClockNs(); }
 
 class ShimTrapTest : public ::testing::Test {
  protected:

@@ -8,6 +8,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <string>
 #include <vector>
 
@@ -39,6 +41,12 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The whole content of a file ("" if it cannot be read); for failure messages.
+std::string ReadFile(const std::string& path);
+
+// CLOCK_REALTIME in nanoseconds (the clock of the shim's pause deadlines).
+int64_t WallClockNs();
 
 // Polls `cond` every 10 ms until it is true or `timeout_s` passes. Returns its last value.
 template <typename Cond>
