@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "api_util.h"
+#include "bench/nccl_error_string.h"
 #include "emu_config.h"
 #include "falcon_emu.h"
 #include "group.h"
@@ -267,17 +268,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRank
 }
 
 FALCON_EMU_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
-  switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
-  }
+  return falcon::bench::NcclErrorString(result);
 }
 
 FALCON_EMU_EXPORT const char* pncclGetLastError(ncclComm_t comm) {

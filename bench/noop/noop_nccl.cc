@@ -11,6 +11,8 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include "bench/nccl_error_string.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -102,17 +104,7 @@ NOOP_API ncclResult_t pncclCommRevoke(ncclComm_t c, int flags) {
   return c == nullptr || flags != 0 ? ncclInvalidArgument : ncclSuccess;
 }
 NOOP_API const char* pncclGetErrorString(ncclResult_t r) {
-  switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
-  }
+  return falcon::bench::NcclErrorString(r);
 }
 NOOP_API const char* pncclGetLastError(ncclComm_t) { return ""; }
 NOOP_API ncclResult_t pncclCommGetAsyncError(ncclComm_t c, ncclResult_t* e) {
