@@ -32,15 +32,31 @@ int64_t RealNow() { return testing::WallClockNs(); }
 
 class ShimTrapTest : public ::testing::Test {
  protected:
-  // Starts the job and opens every rank's segment read-write, ordered by world rank.
-  void StartJob(int iters) {
+  // A job still running when a test ends early (a failed ASSERT) is killed, never left behind.
+  void TearDown() override {
+    if (job_ > 0) testing::WaitFor(job_, 0);
+  }
+
+  // Starts the job and opens every rank's segment read-write, ordered by world rank. The job
+  // runs until FinishJob() (at most `iters` iterations), so slow builds never run out of job.
+  void StartJob(int iters = 1'000'000) {
     job_ = testing::Spawn({testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
                            "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload",
                            testing::PreloadValue(), "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
-                           std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check"},
+                           std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check", "--stop-file",
+                           dir_.path() + "/stop"},
                           {"FALCON_SHM_DIR=" + dir_.path(), "FALCON_KEEP_SEGMENT=1", "FALCON_RING_RECORDS=131072"});
     ASSERT_GT(job_, 0);
     ASSERT_TRUE(testing::WaitUntil([&] { return OpenAll(); }, 60)) << "segments did not appear";
+  }
+
+  // Asks the job to stop after its current iteration; returns its exit code (-1: still running
+  // after timeout_s, and killed).
+  int FinishJob(double timeout_s) {
+    if (FILE* f = std::fopen((dir_.path() + "/stop").c_str(), "w")) std::fclose(f);
+    const int rc = testing::WaitFor(job_, timeout_s);
+    job_ = -1;
+    return rc;
   }
 
   bool OpenAll() {
@@ -108,7 +124,7 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
   // FALCON_TEST_TRAP_CYCLES lowers the count for slow (sanitizer) builds; the default is 50.
   const char* env = std::getenv("FALCON_TEST_TRAP_CYCLES");
   const int cycles = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 50;
-  StartJob(/*iters=*/400 + 72 * cycles);
+  StartJob();
   std::vector<double> pause_ms;
   for (int cycle = 0; cycle < cycles; ++cycle) {
     std::vector<uint64_t> gens = PauseAll(RealNow() + 20'000'000'000LL);
@@ -146,7 +162,7 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
   std::sort(pause_ms.begin(), pause_ms.end());
   std::printf("[ pauses   ] %zu cycles (trap -> GEMM x3 -> ring p2p x3 -> resume): p50 %.1f ms, max %.1f ms\n",
               pause_ms.size(), pause_ms[pause_ms.size() / 2], pause_ms.back());
-  EXPECT_EQ(testing::WaitFor(job_, 180), 0) << "the job's --check found wrong data, or it failed";
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
   // The benchmark traffic is flagged and takes no per-communicator sequence number.
   std::vector<FalconRecord> recs;
   daemon::ReadCursor cursor;
@@ -164,7 +180,7 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
 }
 
 TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
-  StartJob(/*iters=*/2000);
+  StartJob();
   // Nobody resumes: the trap lets training go on at the deadline. (Deadlines leave room for a
   // loaded machine: every rank must reach the target call, 30 iterations ahead, before it.)
   std::vector<uint64_t> gens = PauseAll(RealNow() + 8'000'000'000LL);
@@ -184,7 +200,7 @@ TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
   bad.clear();
   for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1, RealNow() - 1));
   ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
-  EXPECT_EQ(testing::WaitFor(job_, 120), 0);
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 // all-reduces / an all-gather / a reduce-scatter on TP, a grouped send/recv ring on the world, one
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
-//   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check]
+//   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH]
 //
+// --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
+// exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
+// all ranks stop after the same iteration. Tests use it to run a job exactly as long as they need,
+// however slow the build (sanitizers) or the machine.
 // --check fills buffers with small integers (exact in float) and verifies every result; a wrong
 // value exits 1. Prints one summary line per rank.
 // Thread-safety: single-threaded. Must never: hang without bound (the emulator's deadline fails
@@ -28,6 +32,7 @@ struct Options {
   double compute_ms = 5;
   size_t bytes = 1 << 20;
   bool check = false;
+  std::string stop_file;
 };
 
 double Now() {
@@ -75,8 +80,9 @@ int main(int argc, char** argv) {
     else if (a == "--compute-ms" && i + 1 < argc) o.compute_ms = std::atof(argv[++i]);
     else if (a == "--bytes" && i + 1 < argc) o.bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--check") o.check = true;
+    else if (a == "--stop-file" && i + 1 < argc) o.stop_file = argv[++i];
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check]\n");
+      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -105,7 +111,9 @@ int main(int argc, char** argv) {
   std::vector<float> a(count), g(shard * static_cast<size_t>(tp_n)), s(shard), ring_in(count), ring_out(count);
   int wrong = 0;
   const double t0 = Now();
-  for (int it = 0; it < o.iters; ++it) {
+  int done = 0;
+  bool stop = false;
+  for (int it = 0; it < o.iters && !stop; ++it) {
     Compute(o.compute_ms);
     for (int k = 0; k < 3; ++k) {
       std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
@@ -135,14 +143,18 @@ int main(int argc, char** argv) {
     std::fill(a.begin(), a.end(), 1.0f);
     NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, nullptr));
     if (o.check) Verify(a, count, static_cast<float>(dp_n), "dp allreduce", &wrong);
-    std::fill(a.begin(), a.end(), static_cast<float>(rank == 0 ? it : -1));
+    const bool want_stop = rank == 0 && !o.stop_file.empty() && access(o.stop_file.c_str(), F_OK) == 0;
+    const float word = want_stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it);
+    std::fill(a.begin(), a.end(), rank == 0 ? word : -1.0f);
     NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, nullptr));
-    if (o.check) Verify(a, count, static_cast<float>(it), "broadcast", &wrong);
+    stop = a[0] == static_cast<float>(-(it + 1));
+    if (o.check) Verify(a, count, stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it), "broadcast", &wrong);
+    done = it + 1;
   }
   const double took = Now() - t0;
   std::printf("falcon-emu-job rank %d/%d: iters=%d bytes=%zu tp=%d dp=%d time=%.1f ms iter=%.2f ms check=%s\n",
-              rank, world, o.iters, count * sizeof(float), tp_n, dp_n, took * 1e3,
-              o.iters ? took * 1e3 / o.iters : 0.0, !o.check ? "off" : (wrong ? "WRONG" : "ok"));
+              rank, world, done, count * sizeof(float), tp_n, dp_n, took * 1e3,
+              done ? took * 1e3 / done : 0.0, !o.check ? "off" : (wrong ? "WRONG" : "ok"));
   NCCL_OK(ncclCommDestroy(dp));
   NCCL_OK(ncclCommDestroy(tp));
   NCCL_OK(ncclCommDestroy(comm));
