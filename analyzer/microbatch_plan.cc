@@ -100,10 +100,10 @@ Status CheckAllocation(std::size_t groups, std::span<const std::int64_t> allocat
   std::int64_t sum = 0;
   for (std::size_t i = 0; i < allocation.size(); ++i) {
     if (allocation[i] < 1 || allocation[i] > kMaxMicrobatches - sum) {
-      return Status::InvalidArgument("micro-batch plan: DP group " + std::to_string(i) + " has " +
-                                     std::to_string(allocation[i]) +
-                                     " micro-batches; each needs >= 1, the sum <= " +
-                                     std::to_string(kMaxMicrobatches));
+      return Status::InvalidArgument(
+          "micro-batch plan: DP group " + std::to_string(i) + " has " +
+          std::to_string(allocation[i]) +
+          " micro-batches; each needs >= 1, the sum <= " + std::to_string(kMaxMicrobatches));
     }
     sum += allocation[i];
   }

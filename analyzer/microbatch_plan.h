@@ -30,10 +30,10 @@ inline constexpr std::size_t kMaxMicrobatchGroups = std::size_t{1} << 24;
 inline constexpr std::int64_t kMaxMicrobatches = std::int64_t{1} << 40;
 
 struct MicrobatchPlan {
-  std::int64_t total = 0;                   // M = sum of microbatches = sum of baseline
-  std::vector<std::int64_t> microbatches;   // m_i >= 1, the plan
-  std::vector<std::int64_t> baseline;       // the allocation the plan replaces (m_i >= 1)
-  std::vector<double> gradient_weights;     // m_i / M; they sum to 1 (up to rounding)
+  std::int64_t total = 0;                  // M = sum of microbatches = sum of baseline
+  std::vector<std::int64_t> microbatches;  // m_i >= 1, the plan
+  std::vector<std::int64_t> baseline;      // the allocation the plan replaces (m_i >= 1)
+  std::vector<double> gradient_weights;    // m_i / M; they sum to 1 (up to rounding)
   double bottleneck_before_s = 0;  // max_i baseline_i * t_i: expected iteration bottleneck now
   // max_i m_i * t_i; from PlanMicrobatches / ReplanMicrobatches the minimum over all allocations.
   double bottleneck_after_s = 0;

@@ -71,9 +71,9 @@ void ExpectValidPlan(const MicrobatchPlan& plan, const std::vector<double>& time
   for (const std::int64_t m : plan.microbatches) EXPECT_GE(m, 1);
   EXPECT_EQ(plan.bottleneck_after_s, Max(times, plan.microbatches));
   EXPECT_EQ(plan.bottleneck_before_s, Max(times, plan.baseline));
-  EXPECT_EQ(static_cast<double>(plan.microbatches[plan.bottleneck_group]) *
-                times[plan.bottleneck_group],
-            plan.bottleneck_after_s);
+  EXPECT_EQ(
+      static_cast<double>(plan.microbatches[plan.bottleneck_group]) * times[plan.bottleneck_group],
+      plan.bottleneck_after_s);
   EXPECT_LE(plan.lower_bound_s, plan.bottleneck_after_s * (1 + 1e-12));
   EXPECT_LE(plan.bottleneck_after_s, plan.bottleneck_before_s);
   double weights = 0;
@@ -235,8 +235,7 @@ TEST(MicrobatchPlanTest, RejectsInvalidInputNamingTheFault) {
     const Result<MicrobatchPlan> plan = PlanMicrobatches(c.times, c.total);
     ASSERT_FALSE(plan.ok()) << c.needle;
     EXPECT_EQ(plan.status().code(), Status::Code::kInvalidArgument);
-    EXPECT_NE(plan.status().message().find(c.needle), std::string::npos)
-        << plan.status().message();
+    EXPECT_NE(plan.status().message().find(c.needle), std::string::npos) << plan.status().message();
   }
   const std::vector<double> times = {1.0, 1.0};
   EXPECT_FALSE(ReplanMicrobatches(times, std::vector<std::int64_t>{1, 0}).ok());
