@@ -365,6 +365,13 @@ FALCON_EMU_EXPORT double falconEmuComputeFactor(int globalRank, double t_s) {
   return Config().error.empty() ? Config().plan.ComputeFactor(globalRank, t_s) : 1.0;
 }
 
+FALCON_EMU_EXPORT double falconEmuGemmSeconds(int globalRank, double flops) {
+  const EmuConfig& c = Config();
+  if (!c.error.empty() || c.gpu_tflops <= 0 || !(flops >= 0)) return -1.0;
+  const double t = EpochNs() == 0 ? 0.0 : JobSeconds(NowNs());
+  return flops / (c.gpu_tflops * 1e12) * c.plan.ComputeFactor(globalRank, t) * c.fabric.time_scale;
+}
+
 FALCON_EMU_EXPORT double falconEmuJobSeconds(void) {
   return EpochNs() == 0 ? -1.0 : JobSeconds(NowNs());
 }

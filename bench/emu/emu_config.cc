@@ -71,6 +71,7 @@ EmuConfig Parse() {
   ReadDouble("FALCON_EMU_INTER_LAT_US", 0, &c.fabric.inter_lat_us, &err);
   ReadDouble("FALCON_EMU_TIME_SCALE", 0, &c.fabric.time_scale, &err);
   ReadDouble("FALCON_EMU_TIMEOUT_S", 1e-3, &c.timeout_s, &err);
+  ReadDouble("FALCON_EMU_GPU_TFLOPS", 0, &c.gpu_tflops, &err);
   std::optional<long long> x;
   ReadInt("FALCON_EMU_RANKS_PER_NODE", 1, 1 << 20, &x, &err);
   if (x) c.ranks_per_node = static_cast<int>(*x);

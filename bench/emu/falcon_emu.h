@@ -17,6 +17,12 @@ extern "C" {
  * itself ignores compute faults; the trainer applies them to its modelled compute). */
 double falconEmuComputeFactor(int globalRank, double t_s);
 
+/* Modelled time of `flops` floating-point operations of GEMM on `globalRank`'s emulated GPU, now:
+ * flops / FALCON_EMU_GPU_TFLOPS (default 10) x the fault plan's compute factor x
+ * FALCON_EMU_TIME_SCALE. -1.0 when the model is off (FALCON_EMU_GPU_TFLOPS=0) or the configuration
+ * is broken: then a caller measures real host work instead. */
+double falconEmuGemmSeconds(int globalRank, double flops);
+
 /* Seconds since the job epoch (FALCON_EMU_EPOCH_NS, else the first communicator's creation time);
  * -1.0 while the epoch is unknown. */
 double falconEmuJobSeconds(void);
