@@ -1,19 +1,24 @@
 // falcon-emu-run: launches an N-rank job on this host over the NCCL emulator.
 //
 //   falcon-emu-run -n N [--ranks-per-node K] [--fault-plan F] [--timeout S] [--job-timeout S]
-//                  [--preload LIB] [--lib-dir DIR] [--no-prefix] [--grace S] -- PROGRAM ARGS...
+//                  [--preload LIB] [--lib-dir DIR] [--node-shm-dirs DIR] [--no-prefix] [--grace S]
+//                  -- PROGRAM ARGS...
 //
 // Forks N ranks with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, FALCON_EMU_RANK,
 // FALCON_EMU_EPOCH_NS, FALCON_EMU_ID_FILE (fresh temp path), LD_LIBRARY_PATH (emulator dir
 // first) and LD_PRELOAD (--preload); forwards each rank's stdout/stderr line by line with a
 // "[rank R] " prefix; exits non-zero if any rank fails; on SIGINT/SIGTERM, or when a rank fails,
 // terminates the others after --grace seconds (SIGTERM, then SIGKILL 2 s later).
+// --node-shm-dirs DIR gives each emulated node its own shim segment directory, DIR/node<K>
+// (FALCON_SHM_DIR, created 0700; FALCON_EMU_NODE=K), so one falcon-agent per emulated node sees
+// only its node's ranks, as on a real cluster.
 //
 // Thread-safety: single-threaded event loop (poll). Must never: leave ranks running after it
 // exits, or block on one rank's pipe while others have output.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,7 +43,7 @@ struct Options {
   int n = 0;
   int ranks_per_node = 8;
   bool rpn_given = false;
-  std::string fault_plan, timeout, preload, lib_dir = FALCON_EMU_LIB_DIR;
+  std::string fault_plan, timeout, preload, lib_dir = FALCON_EMU_LIB_DIR, node_shm_dirs;
   double job_timeout = 0, grace = 5;
   bool prefix = true;
   std::vector<char*> argv;
@@ -56,6 +61,8 @@ void Usage(FILE* f) {
       "  --preload LIB           LD_PRELOAD for every rank (e.g. the Falcon shim)\n"
       "  --lib-dir DIR           emulator directory to put first on LD_LIBRARY_PATH\n"
       "                          (default: %s)\n"
+      "  --node-shm-dirs DIR     FALCON_SHM_DIR=DIR/node<K> for the ranks of emulated node K\n"
+      "                          (one falcon-agent per emulated node)\n"
       "  --grace S               seconds to let other ranks finish after one fails (default 5)\n"
       "  --no-prefix             forward output without the \"[rank R] \" prefix\n"
       "  -h, --help              this text\n", FALCON_EMU_LIB_DIR);
@@ -97,6 +104,8 @@ bool Parse(int argc, char** argv, Options* o) {
       o->preload = v;
     } else if (a == "--lib-dir" && next(&v)) {
       o->lib_dir = v;
+    } else if (a == "--node-shm-dirs" && next(&v)) {
+      o->node_shm_dirs = v;
     } else if (a == "--grace" && next(&v)) {
       o->grace = std::atof(v.c_str());
     } else if (a == "--no-prefix") {
@@ -132,6 +141,22 @@ void Emit(const Options& o, int rank, std::string* buf, bool flush_all, FILE* f)
   std::fflush(f);
 }
 
+std::string NodeShmDir(const Options& o, int node) { return o.node_shm_dirs + "/node" + std::to_string(node); }
+
+// Creates DIR and DIR/node<K> for every emulated node (existing ones are fine).
+bool MakeNodeShmDirs(const Options& o) {
+  if (o.node_shm_dirs.empty()) return true;
+  const int nodes = (o.n + o.ranks_per_node - 1) / o.ranks_per_node;
+  for (int k = -1; k < nodes; ++k) {
+    const std::string d = k < 0 ? o.node_shm_dirs : NodeShmDir(o, k);
+    if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
+      std::fprintf(stderr, "falcon-emu-run: cannot create %s: %s\n", d.c_str(), std::strerror(errno));
+      return false;
+    }
+  }
+  return true;
+}
+
 void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string& id_file, long long epoch) {
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
@@ -154,6 +179,8 @@ void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string
     setenv("LD_LIBRARY_PATH", v.c_str(), 1);
   }
   if (!o.preload.empty()) setenv("LD_PRELOAD", o.preload.c_str(), 1);
+  setenv("FALCON_EMU_NODE", std::to_string(r / rpn).c_str(), 1);
+  if (!o.node_shm_dirs.empty()) setenv("FALCON_SHM_DIR", NodeShmDir(o, r / rpn).c_str(), 1);
   execvp(o.argv[0], o.argv.data());
   std::fprintf(stderr, "falcon-emu-run: cannot exec %s: %s\n", o.argv[0], std::strerror(errno));
   _exit(127);
@@ -167,6 +194,7 @@ int main(int argc, char** argv) {
     Usage(stderr);
     return 2;
   }
+  if (!MakeNodeShmDirs(o)) return 2;
   char dir_tmpl[] = "/tmp/falcon-emu-run-XXXXXX";
   if (!mkdtemp(dir_tmpl)) {
     std::perror("falcon-emu-run: mkdtemp");
