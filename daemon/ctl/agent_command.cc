@@ -70,7 +70,7 @@ Result<std::vector<std::string>> FindHosts(redis::RedisConnection& c, const Send
   const protocol::KeySpec& spec = o.ranks.empty() ? protocol::kAgentKey : protocol::kRankKey;
   Result<std::string> pattern = protocol::KeyMatchPattern(spec, JobVars(o.redis.job));
   if (!pattern.ok()) return pattern.status();
-  Result<std::vector<std::string>> keys = ScanKeys(c, pattern.value());
+  Result<std::vector<std::string>> keys = redis::ScanKeys(c, pattern.value());
   if (!keys.ok()) return keys.status();
   std::set<std::string> hosts;
   const protocol::MessageSpec* ms = protocol::FindMessage(spec.messages);

@@ -17,8 +17,6 @@
 namespace falcon::ctl {
 namespace {
 
-constexpr std::uint64_t kScanCount = 1000;
-constexpr int kMaxScanRounds = 10000;  // bounds a SCAN over a huge keyspace
 
 // Parses redis://[user[:password]@]host[:port][/db] into `opts` (db is accepted, must be 0).
 Status ParseUrl(RedisCliOptions& opts) {
@@ -124,27 +122,6 @@ int ReportRedisError(const Status& status) {
     case Status::Code::kCorrupt: return kExitInput;
     default: return kExitInternal;
   }
-}
-
-Result<std::vector<std::string>> ScanKeys(redis::RedisConnection& c, const std::string& pattern) {
-  std::vector<std::string> keys;
-  std::string cursor = "0";
-  for (int round = 0; round < kMaxScanRounds; ++round) {
-    Result<redis::RedisReply> r =
-        c.Command({"SCAN", cursor, "MATCH", pattern, "COUNT", std::to_string(kScanCount)});
-    if (!r.ok()) return r.status();
-    const redis::RedisReply& rep = r.value();
-    if (rep.type != redis::RedisReply::Type::kArray || rep.elements.size() != 2 ||
-        rep.elements[1].type != redis::RedisReply::Type::kArray) {
-      return Status::Corrupt("unexpected SCAN reply");
-    }
-    for (const redis::RedisReply& k : rep.elements[1].elements) keys.push_back(k.str);
-    cursor = rep.elements[0].str;
-    if (cursor == "0") break;
-  }
-  std::sort(keys.begin(), keys.end());
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  return keys;
 }
 
 std::optional<nlohmann::json> ValidateOrWarn(const std::string& where, const std::string* text,

@@ -1,6 +1,6 @@
 // What every falcon-ctl command that talks to Redis shares: the connection options (--redis URL
 // or --host/--port, --user, --password / FALCON_REDIS_PASSWORD, --job / FALCON_JOB, --json,
-// --timeout), connecting with a friendly error, discovering keys with SCAN, reading stream
+// --timeout), connecting with a friendly error, reading stream
 // entries newest-first, and validating every payload read (bad ones are reported on stderr and
 // skipped, never used).
 // Single-threaded, like falcon-ctl. Must never: print the password, or use a payload that failed
@@ -52,9 +52,6 @@ void AddRedisOptions(CLI::App& cmd, RedisCliOptions& opts);
 // The exit code and the "falcon-ctl: ..." line on stderr for a failed Redis step.
 int ReportRedisError(const Status& status);
 
-// Keys matching `pattern` (SCAN MATCH, bounded by the connection's timeouts), sorted.
-[[nodiscard]] Result<std::vector<std::string>> ScanKeys(redis::RedisConnection& c,
-                                                        const std::string& pattern);
 
 // One validated payload from a stream or hash.
 struct ValidMessage {

@@ -14,6 +14,7 @@
 
 #include "daemon/ctl/command.h"
 #include "daemon/ctl/redis_cli.h"
+#include "daemon/redis/redis_commands.h"
 #include "daemon/protocol/keys.h"
 
 namespace falcon::ctl {
@@ -35,7 +36,7 @@ Result<std::vector<json>> ReadHashes(redis::RedisConnection& c, const protocol::
                                      const std::string& job) {
   Result<std::string> pattern = protocol::KeyMatchPattern(spec, JobVars(job));
   if (!pattern.ok()) return pattern.status();
-  Result<std::vector<std::string>> keys = ScanKeys(c, pattern.value());
+  Result<std::vector<std::string>> keys = redis::ScanKeys(c, pattern.value());
   if (!keys.ok()) return keys.status();
   std::vector<json> out;
   const protocol::MessageSpec* ms = protocol::FindMessage(spec.messages);

@@ -1,6 +1,8 @@
 // Typed Redis commands. See redis_commands.h for the contract.
 #include "daemon/redis/redis_commands.h"
 
+#include <algorithm>
+
 namespace falcon::redis {
 namespace {
 
@@ -199,6 +201,32 @@ Status Ping(RedisConnection& c) {
   Result<RedisReply> r = c.Command({"PING"});
   if (!r.ok()) return r.status();
   return r.value().str == "PONG" ? Status::Ok() : Shape("PING");
+}
+
+namespace {
+constexpr int kMaxScanRounds = 10000;  // bounds a SCAN over a huge keyspace
+constexpr int kScanCount = 1000;
+}  // namespace
+
+Result<std::vector<std::string>> ScanKeys(redis::RedisConnection& c, const std::string& pattern) {
+  std::vector<std::string> keys;
+  std::string cursor = "0";
+  for (int round = 0; round < kMaxScanRounds; ++round) {
+    Result<RedisReply> r =
+        c.Command({"SCAN", cursor, "MATCH", pattern, "COUNT", std::to_string(kScanCount)});
+    if (!r.ok()) return r.status();
+    const RedisReply& rep = r.value();
+    if (rep.type != RedisReply::Type::kArray || rep.elements.size() != 2 ||
+        rep.elements[1].type != RedisReply::Type::kArray) {
+      return Status::Corrupt("unexpected SCAN reply");
+    }
+    for (const RedisReply& k : rep.elements[1].elements) keys.push_back(k.str);
+    cursor = rep.elements[0].str;
+    if (cursor == "0") break;
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
 }
 
 }  // namespace falcon::redis

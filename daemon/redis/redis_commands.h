@@ -77,6 +77,9 @@ std::vector<std::string> PublishArgs(const std::string& channel, const std::stri
 [[nodiscard]] Result<std::int64_t> Publish(RedisConnection& c, const std::string& channel,
                                            const std::string& message);
 [[nodiscard]] Status Ping(RedisConnection& c);
+// Keys matching `pattern` (SCAN MATCH ... COUNT 1000 until the cursor returns to 0), sorted and
+// without duplicates.
+[[nodiscard]] Result<std::vector<std::string>> ScanKeys(RedisConnection& c, const std::string& pattern);
 
 // Parses an XREAD/XREADGROUP reply.
 [[nodiscard]] Result<std::vector<StreamRead>> ParseStreamReads(const RedisReply& reply);
