@@ -92,7 +92,15 @@ json Example(std::string_view type) {
     m.rank = 1;
     return ToJson(m);
   }
-  if (type == kIncident.type) {  // the controller's writer does not exist yet
+  if (type == kControllerState.type) {
+    return {{"v", kSchemaVersion}, {"type", "controller_state"}, {"job", "job1"}, {"at_ns", 5},
+            {"pid", 42}, {"host", "head"}, {"version", "0.1.0"}, {"started_ns", 1},
+            {"state", "profiling"}, {"since_ns", 4}, {"ranks", 16}, {"agents", 8},
+            {"current_s", 0.2}, {"healthy_s", 0.1}, {"period", 57}, {"mode", "profile"},
+            {"incident", "inc-1"}, {"slow_ranks", {3}}, {"incidents", 1},
+            {"state_doc", {{"cursors", {{"alarms", "0-0"}}}}}};
+  }
+  if (type == kIncident.type) {
     return {{"v", kSchemaVersion}, {"type", "incident"}, {"id", "i1"}, {"job", "job1"},
             {"stage", "detection"}, {"at_ns", 1}, {"summary", "rank 3 slow"}, {"ranks", {3}},
             {"comms", {"00000000000000ff"}}, {"cause", "compute"}, {"strategy", "S2"},

@@ -138,7 +138,7 @@ protocol::RankRegistration RankFollower::Registration() const {
   r.mode = mode_name();
   for (const auto& [slot, c] : comms_) {
     if (c.state == kFalconCommDestroyed) continue;
-    r.comms.push_back({c.comm_id, c.rank, c.nranks, Text(c.name, FALCON_NAME_LEN)});
+    r.comms.push_back({c.comm_id, c.rank, c.nranks, Text(c.name, FALCON_NAME_LEN), seg_.CommCalls(slot)});
   }
   r.records = records_;
   r.lost = lost_;

@@ -59,7 +59,7 @@ json ToJson(const RankRegistration& m) {
   json comms = json::array();
   for (const CommSummary& c : m.comms) {
     comms.push_back({{"id", CommIdHex(c.id)}, {"rank", c.rank}, {"nranks", c.nranks},
-                     {"name", c.name}});
+                     {"name", c.name}, {"calls", c.calls}});
   }
   j["comms"] = std::move(comms);
   j["records"] = m.records;

@@ -32,6 +32,9 @@ struct CommSummary {
   std::int32_t rank = -1;
   std::int32_t nranks = 0;
   std::string name;
+  // Calls of this communicator the rank has issued so far (the comm_seq its next call takes);
+  // the controller picks pause cuts from it.
+  std::uint64_t calls = 0;
 };
 
 struct RankRegistration {

@@ -77,9 +77,16 @@ inline constexpr KeySpec kAlertsChannel{
     "alerts", "falcon:{job}:alerts", KeyKind::kChannel, Direction::kControllerToAll, "alert",
     "live alerts (pub/sub; lost while nobody subscribes: read incidents for history)"};
 
-inline constexpr KeySpec kAllKeys[] = {kRankKey,      kAgentKey,        kIterationsStream,
-                                       kAlarmsStream, kProfilesStream,  kCommandsStream,
-                                       kAcksStream,   kIncidentsStream, kAlertsChannel};
+inline constexpr KeySpec kControllerKey{
+    "controller", "falcon:{job}:controller", KeyKind::kHash, Direction::kControllerToAll,
+    "controller_state",
+    "the controller's state (tracking, profiling, validating), open incident and stream cursors; "
+    "written at every transition and heartbeat, read back when a controller (re)starts"};
+
+inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kIterationsStream,
+                                       kAlarmsStream,   kProfilesStream,  kCommandsStream,
+                                       kAcksStream,     kIncidentsStream, kAlertsChannel,
+                                       kControllerKey};
 
 // ---- Messages -----------------------------------------------------------------------------------
 
@@ -128,7 +135,7 @@ inline constexpr FieldSpec kRankRegisterFields[] = {
     {"started_ns", JsonType::kInteger, true, "segment creation, wall ns", "", 0, kMaxI64},
     {"mode", JsonType::kString, true, "shim recording mode now", "track|profile|sample|off"},
     {"comms", JsonType::kArray, true,
-     "communicators: {id: 16 hex digits, rank, nranks, name}", "", 0, 65536, JsonType::kObject},
+     "communicators: {id: 16 hex digits, rank, nranks, name, calls}", "", 0, 65536, JsonType::kObject},
     {"records", JsonType::kInteger, true, "call records read so far", "", 0, kMaxI64},
     {"lost", JsonType::kInteger, true, "records the shim overwrote before they were read", "", 0,
      kMaxI64},
@@ -293,10 +300,41 @@ inline constexpr FieldSpec kAlertFields[] = {
 };
 inline constexpr MessageSpec kAlert{"alert", kAlertFields, "a live alert (kAlertsChannel)"};
 
-inline constexpr MessageSpec kAllMessages[] = {kRankRegister, kAgentHeartbeat, kIterations,
-                                               kAlarm,        kCommProfile,    kSetMode,
-                                               kPause,        kResume,         kValidate,
-                                               kAck,          kIncident,       kAlert};
+inline constexpr FieldSpec kControllerStateFields[] = {
+    {"job", JsonType::kString, true, "job name", "", 1, 128},
+    {"at_ns", JsonType::kInteger, true, "wall-clock time of this write", "", 0, kMaxI64},
+    {"pid", JsonType::kInteger, true, "controller pid", "", 1, 4194304},
+    {"host", JsonType::kString, true, "controller's node name", "", 1, 128},
+    {"version", JsonType::kString, true, "controller version", "", 1, 64},
+    {"started_ns", JsonType::kInteger, true, "this controller process's start, wall ns", "", 0,
+     kMaxI64},
+    {"state", JsonType::kString, true, "phase now", "tracking|profiling|validating"},
+    {"since_ns", JsonType::kInteger, true, "when the phase began, wall ns", "", 0, kMaxI64},
+    {"ranks", JsonType::kInteger, true, "live ranks registered", "", 0, kMaxRank},
+    {"agents", JsonType::kInteger, true, "live agents", "", 0, kMaxRank},
+    {"current_s", JsonType::kNumber, false, "job iteration time now (slowest rank, median of the "
+     "last samples), s", "", 0, 1e9},
+    {"healthy_s", JsonType::kNumber, false, "healthy iteration time (before the open incident), s",
+     "", 0, 1e9},
+    {"period", JsonType::kInteger, false, "calls per iteration (most common over ranks)", "", 1,
+     kMaxI64},
+    {"mode", JsonType::kString, false, "recording mode the controller asked for",
+     "track|profile|sample|off"},
+    {"incident", JsonType::kString, false, "open incident id", "", 1, 64},
+    {"slow_ranks", JsonType::kArray, true, "ranks whose last alarm is slow", "", 0, kMaxRank,
+     JsonType::kInteger},
+    {"incidents", JsonType::kInteger, true, "incidents opened by this job so far", "", 0, kMaxI64},
+    {"state_doc", JsonType::kObject, true,
+     "everything needed to resume: cursors, incident, suspicion, attempts (see docs/controller.md)"},
+};
+inline constexpr MessageSpec kControllerState{"controller_state", kControllerStateFields,
+                                              "the controller's persisted state (kControllerKey)"};
+
+inline constexpr MessageSpec kAllMessages[] = {kRankRegister,   kAgentHeartbeat, kIterations,
+                                               kAlarm,          kCommProfile,    kSetMode,
+                                               kPause,          kResume,         kValidate,
+                                               kAck,            kIncident,       kAlert,
+                                               kControllerState};
 
 #undef FALCON_PROTOCOL_REPORT_FIELDS
 #undef FALCON_PROTOCOL_RANK_FIELDS
