@@ -1,0 +1,108 @@
+// Controller: falcon-controller's loop (DESIGN.md "The controller"; FALCON §4). One per job.
+//
+//   tracking ──slow alarm──▶ profiling ──profiles in──▶ validating ──done──▶ tracking
+//      ▲  (incident opened:        (event timing on,        (pause at a cut, GEMM on every rank,
+//      │   "detection")             classes, suspicion)       P2P passes, resume, Localize:
+//      │                                                      "localisation")
+//      └── every slow rank recovered: "resolution", incident closed
+//
+// A validation that names nobody (or cannot complete) is retried after retry_after_s, at most
+// max_attempts rounds per incident. Incidents go to the incidents stream and, live, to the
+// alerts channel; the state (controller_state.h) is written to falcon:{job}:controller at every
+// transition and every heartbeat, and read back at start, so a restarted controller carries on:
+// it releases a pause its predecessor may have left (resume to every agent) and re-validates.
+// Redis away: the loop reconnects with backoff; an interrupted validation is redone after
+// release; cursors beyond what a restarted (empty) Redis holds start over from its beginning.
+//
+// Thread-safety: one thread runs Run(); `stop` may be set from any thread (signal handler
+// flag). The loop's only waits are XREAD BLOCK (tick_ms) and the reconnect backoff, both bounded.
+// Must never: act on a message that failed validation, pause without also resuming (the shims'
+// max_pause_s backs this up), or block longer than the Redis timeouts.
+#pragma once
+
+#include <spdlog/logger.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/controller/controller_config.h"
+#include "daemon/controller/controller_state.h"
+#include "daemon/controller/job_view.h"
+#include "daemon/controller/validation_run.h"
+#include "daemon/redis/redis_connection.h"
+#include "falcon/protocol.h"
+
+namespace falcon::controller {
+
+inline constexpr const char* kControllerVersion = "0.1.0";
+
+class Controller {
+ public:
+  Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> log);
+
+  // Runs until `stop` is true. Returns the process exit code (0).
+  int Run(const std::atomic<bool>& stop);
+
+ private:
+  // Redis side (controller_io.cc).
+  bool EnsureConnected(std::int64_t now_ns);
+  Status LoadState(std::int64_t now_ns);
+  Status CheckCursors();
+  Status SaveState(std::int64_t now_ns);
+  Status RefreshView();
+  Status ReadStreams(int block_ms);
+  Status Send(const std::vector<OutgoingCommand>& commands);
+  Status Record(const std::string& stage, const std::string& summary, nlohmann::json fields,
+                const char* severity);
+  std::string Key(const protocol::KeySpec& spec, const std::string& host = {}) const;
+
+  // Inputs.
+  void OnAlarm(const nlohmann::json& m);
+  void OnProfile(const nlohmann::json& m);
+  void OnAck(const nlohmann::json& m);
+  void OnIterations(const nlohmann::json& m);
+
+  // The state machine (controller.cc).
+  Status Advance(std::int64_t now_ns);
+  Status Track(std::int64_t now_ns);
+  Status OpenIncident(std::int64_t now_ns, const std::vector<std::int64_t>& slow);
+  Status StartProfiling(std::int64_t now_ns);
+  Status FinishProfiling(std::int64_t now_ns);
+  Status StartValidation(std::int64_t now_ns, bool release_first);
+  Status FinishValidation(std::int64_t now_ns);
+  Status Resolve(std::int64_t now_ns, const std::string& why);
+  Status SetMode(const std::string& mode, std::int64_t now_ns);
+  void Enter(Phase p, std::int64_t now_ns);
+  std::vector<std::int64_t> LiveSlow() const;
+  bool ProfilesReady() const;
+  std::optional<double> CurrentIterationS() const;
+
+  const ControllerConfig config_;
+  const std::shared_ptr<spdlog::logger> log_;
+  const std::int64_t started_ns_;
+
+  std::unique_ptr<redis::RedisConnection> conn_;
+  std::int64_t next_connect_ns_ = 0;
+  int backoff_ms_ = 0;
+  bool state_loaded_ = false;
+
+  ControllerState state_;
+  JobView view_;
+  std::int64_t next_view_ns_ = 0;
+  std::int64_t next_save_ns_ = 0;
+  bool dirty_ = true;
+  std::string mode_ = "track";
+  std::set<std::string> mode_commands_;  // set_mode ids awaiting acks
+  int commands_ = 0;
+  std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
+  std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
+  std::unique_ptr<ValidationRun> run_;
+  std::uint64_t dropped_messages_ = 0;
+};
+
+}  // namespace falcon::controller

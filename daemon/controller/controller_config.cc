@@ -1,0 +1,97 @@
+// The controller's config table: see controller_config.h.
+#include "daemon/controller/controller_config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cctype>
+#include <map>
+
+#include "daemon/protocol/keys.h"
+
+namespace falcon::controller {
+namespace {
+
+std::string EnvName(const std::string& name) {
+  std::string e = "FALCON_CONTROLLER_";
+  for (char c : name) e += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return e;
+}
+
+template <typename T>
+CLI::Option* Entry(CLI::App& app, const std::string& name, T& value, const std::string& meaning) {
+  return app.add_option("--" + name, value, meaning)->envname(EnvName(name))->capture_default_str();
+}
+
+}  // namespace
+
+void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
+  Entry(app, "job", c.job, "job name: the {job} in every Redis key")->check(CLI::Validator(
+      [](std::string& v) {
+        return protocol::ValidKeyPart(v) ? std::string() : "1..128 characters of [A-Za-z0-9._-]";
+      },
+      "NAME"));
+  Entry(app, "host", c.host, "this controller's node name in its state (empty: hostname)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() || protocol::ValidKeyPart(v) ? std::string() : "1..128 characters of [A-Za-z0-9._-]";
+          },
+          "NAME"));
+  Entry(app, "redis-host", c.redis.host, "Redis server address");
+  Entry(app, "redis-port", c.redis.port, "Redis server port")->check(CLI::Range(1, 65535));
+  Entry(app, "redis-user", c.redis.user, "Redis ACL user (empty: the default user)");
+  app.add_option("--redis-password", c.redis.password,
+                 "Redis password (empty: no AUTH); prefer FALCON_CONTROLLER_REDIS_PASSWORD or a 0600 config file")
+      ->envname(EnvName("redis-password"));
+  Entry(app, "redis-db", c.redis.db, "Redis database number")->check(CLI::Range(0, 65535));
+  Entry(app, "redis-timeout-ms", c.redis.command_timeout_ms, "per-command timeout, ms")->check(CLI::Range(10, 60000));
+  Entry(app, "redis-connect-timeout-ms", c.redis.connect_timeout_ms, "connect + AUTH timeout, ms")
+      ->check(CLI::Range(10, 60000));
+  Entry(app, "redis-backoff-max-ms", c.redis.backoff_max_ms, "longest reconnect delay, ms")
+      ->check(CLI::Range(10, 600000));
+  Entry(app, "log-level", c.log_level, "log level")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  Entry(app, "tick-ms", c.tick_ms, "longest wait for new stream entries per loop turn, ms")->check(CLI::Range(10, 10000));
+  Entry(app, "view-ms", c.view_ms, "how often rank and agent keys are re-read, ms")->check(CLI::Range(100, 600000));
+  Entry(app, "heartbeat-ms", c.heartbeat_ms, "state written at least this often, ms")->check(CLI::Range(100, 600000));
+  Entry(app, "profile-wait-s", c.profile_wait_s, "longest wait for a full profile window from every rank, s")
+      ->check(CLI::Range(0.1, 3600.0));
+  Entry(app, "retry-after-s", c.retry_after_s, "retry a validation that named nobody after this, s")
+      ->check(CLI::Range(0.0, 86400.0));
+  Entry(app, "max-attempts", c.max_attempts, "validation rounds per incident at most")->check(CLI::Range(1, 100));
+  Entry(app, "min-slow-fraction", c.min_slow_fraction, "open an incident when this fraction of live ranks is slow")
+      ->check(CLI::Range(0.0, 1.0));
+  Entry(app, "suspicious-ratio", c.suspicious_ratio, "a communicator slower than this x its class median is suspicious")
+      ->check(CLI::Range(1.0, 100.0));
+  Entry(app, "gemm-ratio", c.gemm_ratio, "a GEMM slower than this x the median names its GPU")->check(CLI::Range(1.0, 100.0));
+  Entry(app, "link-ratio", c.link_ratio, "a transfer slower than this x its baselines names its link")
+      ->check(CLI::Range(1.0, 100.0));
+  Entry(app, "gemm-batch", c.gemm_batch, "ranks per GEMM step (0: all at once)")->check(CLI::Range(0, 1 << 24));
+  Entry(app, "tree", c.tree, "also test the tree plan's links");
+  ValidationSettings& v = c.validation;
+  Entry(app, "pause-lead-s", v.pause_lead_s, "place the pause cut this far ahead, s")->check(CLI::Range(0.01, 600.0));
+  Entry(app, "max-pause-s", v.max_pause_s, "the shims resume by themselves after this, s")->check(CLI::Range(1.0, 3600.0));
+  Entry(app, "pause-attempts", v.pause_attempts, "cuts tried per validation when ranks passed them")->check(CLI::Range(1, 20));
+  Entry(app, "ack-timeout-s", v.ack_timeout_s, "longest wait for an agent's ack, s")->check(CLI::Range(0.1, 3600.0));
+  Entry(app, "gemm-size", v.gemm_size, "GEMM validation matrix dimension")->check(CLI::Range(1, 8192));
+  Entry(app, "gemm-repeats", v.gemm_repeats, "timed GEMM repetitions")->check(CLI::Range(1, 1000));
+  Entry(app, "p2p-bytes", v.p2p_bytes, "bytes per P2P validation transfer")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--statistic", v.statistic, "which repetition time stands for a benchmark: min (robust to "
+                 "interference) or median")
+      ->envname(EnvName("statistic"))
+      ->transform(CLI::CheckedTransformer(std::map<std::string, Statistic>{{"min", Statistic::kMin},
+                                                                          {"median", Statistic::kMedian}}))
+      ->capture_default_str();
+  Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(CLI::Range(1, 1000));
+  Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+}
+
+Status CheckConfig(const ControllerConfig& c) {
+  if (c.validation.max_pause_s <= c.validation.pause_lead_s) {
+    return Status::InvalidArgument("max-pause-s must exceed pause-lead-s");
+  }
+  if (c.heartbeat_ms < c.tick_ms) return Status::InvalidArgument("heartbeat-ms must be >= tick-ms");
+  return Status::Ok();
+}
+
+}  // namespace falcon::controller

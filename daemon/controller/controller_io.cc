@@ -1,0 +1,300 @@
+// Controller, its Redis side: connecting, the persisted state, the job view, the report
+// streams, commands out, incidents and alerts out. See controller.h. Every payload read is
+// validated against its spec first; a bad one is logged, counted and dropped.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "daemon/controller/controller.h"
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/validate.h"
+#include "daemon/redis/redis_commands.h"
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::uint64_t kCommandsMaxLen = 1000;
+constexpr std::uint64_t kReadCount = 1000;  // stream entries per XREAD at most
+constexpr std::size_t kRecentSamples = 8;
+
+struct StreamSpec {
+  const char* name;  // cursor name
+  const protocol::KeySpec* key;
+  const protocol::MessageSpec* message;
+};
+
+const StreamSpec kStreams[] = {
+    {"alarms", &protocol::kAlarmsStream, &protocol::kAlarm},
+    {"profiles", &protocol::kProfilesStream, &protocol::kCommProfile},
+    {"acks", &protocol::kAcksStream, &protocol::kAck},
+    {"iterations", &protocol::kIterationsStream, &protocol::kIterations},
+};
+
+// Newest entry id of `stream`, "" when it is empty or absent.
+Result<std::string> LastEntryId(redis::RedisConnection& c, const std::string& stream) {
+  Result<redis::RedisReply> r = c.Command({"XREVRANGE", stream, "+", "-", "COUNT", "1"});
+  if (!r.ok()) return r.status();
+  const redis::RedisReply& rep = r.value();
+  if (rep.type != redis::RedisReply::Type::kArray) return Status::Corrupt("unexpected XREVRANGE reply");
+  if (rep.elements.empty()) return std::string();
+  if (rep.elements[0].type != redis::RedisReply::Type::kArray || rep.elements[0].elements.empty()) {
+    return Status::Corrupt("unexpected XREVRANGE entry");
+  }
+  return rep.elements[0].elements[0].str;
+}
+
+}  // namespace
+
+std::string Controller::Key(const protocol::KeySpec& spec, const std::string& host) const {
+  Result<std::string> k = protocol::FormatKey(spec, {config_.job, host, std::nullopt});
+  return k.ok() ? k.value() : std::string();  // job and host names are checked at start
+}
+
+bool Controller::EnsureConnected(std::int64_t now_ns) {
+  if (conn_ && conn_->connected()) return true;
+  if (now_ns < next_connect_ns_) return false;
+  if (!conn_) conn_ = std::make_unique<redis::RedisConnection>(config_.redis);
+  Status s = conn_->Connect();
+  if (s.ok() && !state_loaded_) s = LoadState(now_ns);
+  if (s.ok()) s = CheckCursors();
+  if (!s.ok()) {
+    backoff_ms_ = std::clamp(backoff_ms_ * 2, config_.redis.backoff_min_ms, config_.redis.backoff_max_ms);
+    next_connect_ns_ = now_ns + std::int64_t{backoff_ms_} * 1'000'000;
+    log_->warn("event=redis_unavailable server={} retry_ms={} error=\"{}\"", config_.redis.Describe(),
+               backoff_ms_, s.message());
+    conn_->Close();
+    return false;
+  }
+  backoff_ms_ = 0;
+  log_->info("event=redis_connected server={}", config_.redis.Describe());
+  run_.reset();  // a validation interrupted by the outage is released and redone by Advance()
+  next_view_ns_ = 0;
+  dirty_ = true;
+  return true;
+}
+
+Status Controller::LoadState(std::int64_t now_ns) {
+  Result<std::map<std::string, std::string>> h = redis::HGetAll(*conn_, Key(protocol::kControllerKey));
+  if (!h.ok()) return h.status();
+  auto msg = h.value().find(std::string(protocol::kPayloadField));
+  bool fresh = msg == h.value().end();
+  if (!fresh) {
+    Result<json> m = protocol::ParseMessage(msg->second, protocol::kControllerState);
+    std::string why = m.ok() ? "" : m.status().message();
+    if (m.ok()) state_ = StateFromJson(m.value()["state_doc"], &why);
+    if (!why.empty()) log_->error("event=state_unreadable action=start_fresh error=\"{}\"", why);
+    fresh = !m.ok();
+    if (m.ok()) {
+      log_->info("event=state_loaded phase={} incident={} incidents={}", PhaseName(state_.phase),
+                 state_.incident ? state_.incident->id : "-", state_.incidents);
+    }
+  }
+  if (fresh) {
+    state_.since_ns = now_ns;
+    // Start at each stream's end, except alarms: replaying them rebuilds which ranks are slow
+    // now (a rank's last alarm wins; ranks whose registration says healthy are dropped later).
+    for (const StreamSpec& s : kStreams) {
+      if (state_.cursors.count(s.name)) continue;
+      Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
+      if (!last.ok()) return last.status();
+      state_.cursors[s.name] = std::string(s.name) == "alarms" || last.value().empty() ? "0-0" : last.value();
+    }
+  }
+  // A validation our predecessor left is redone by Advance() (release first, then a new cut)
+  // once the view is read.
+  if (state_.phase == Phase::kProfiling) mode_ = "profile";
+  state_loaded_ = true;
+  return Status::Ok();
+}
+
+// A cursor past a stream's newest entry means Redis lost data (restarted without persistence):
+// read that stream from its beginning again.
+Status Controller::CheckCursors() {
+  for (const StreamSpec& s : kStreams) {
+    std::string& cursor = state_.cursors[s.name];
+    if (cursor.empty()) cursor = "0-0";
+    Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
+    if (!last.ok()) return last.status();
+    if (cursor != "0-0" && (last.value().empty() || StreamIdLess(last.value(), cursor))) {
+      log_->warn("event=cursor_reset stream={} cursor={} newest={}", s.name, cursor,
+                 last.value().empty() ? "-" : last.value());
+      cursor = "0-0";
+    }
+  }
+  return Status::Ok();
+}
+
+Status Controller::SaveState(std::int64_t now_ns) {
+  json m = {{"v", protocol::kSchemaVersion}, {"type", protocol::kControllerState.type},
+            {"job", config_.job},            {"at_ns", now_ns},
+            {"pid", static_cast<std::int64_t>(getpid())},
+            {"host", config_.host},          {"version", kControllerVersion},
+            {"started_ns", started_ns_},      {"state", PhaseName(state_.phase)},
+            {"since_ns", state_.since_ns},   {"ranks", view_.ranks().size()},
+            {"agents", view_.agents().size()}, {"mode", mode_},
+            {"slow_ranks", LiveSlow()},      {"incidents", state_.incidents},
+            {"state_doc", ToJson(state_)}};
+  if (const std::optional<double> cur = CurrentIterationS()) m["current_s"] = *cur;
+  const std::optional<double> healthy = state_.incident ? std::optional(state_.incident->healthy_s) : state_.healthy_s;
+  if (healthy && *healthy > 0) m["healthy_s"] = *healthy;
+  if (const auto p = view_.Period()) m["period"] = *p;
+  if (state_.incident) m["incident"] = state_.incident->id;
+  if (Status s = protocol::ValidateMessage(m, protocol::kControllerState); !s.ok()) {
+    return Status::Internal("controller_state would be invalid: " + s.message());
+  }
+  dirty_ = false;
+  next_save_ns_ = now_ns + std::int64_t{config_.heartbeat_ms} * 1'000'000;
+  return redis::HSet(*conn_, Key(protocol::kControllerKey),
+                     {{std::string(protocol::kPayloadField), m.dump()},
+                      {"state", PhaseName(state_.phase)},
+                      {"incident", state_.incident ? state_.incident->id : ""},
+                      {"pid", std::to_string(getpid())}});
+}
+
+Status Controller::RefreshView() {
+  std::vector<json> ranks, agents;
+  for (const auto& [spec, msg, out] : {std::tuple{&protocol::kRankKey, &protocol::kRankRegister, &ranks},
+                                       std::tuple{&protocol::kAgentKey, &protocol::kAgentHeartbeat, &agents}}) {
+    Result<std::string> pattern = protocol::KeyMatchPattern(*spec, {config_.job, {}, std::nullopt});
+    if (!pattern.ok()) return pattern.status();
+    Result<std::vector<std::string>> keys = redis::ScanKeys(*conn_, pattern.value());
+    if (!keys.ok()) return keys.status();
+    for (const std::string& key : keys.value()) {
+      Result<std::map<std::string, std::string>> h = redis::HGetAll(*conn_, key);
+      if (!h.ok()) return h.status();
+      auto text = h.value().find(std::string(protocol::kPayloadField));
+      if (text == h.value().end()) continue;  // expired between SCAN and HGETALL
+      Result<json> m = protocol::ParseMessage(text->second, *msg);
+      if (!m.ok()) {
+        ++dropped_messages_;
+        log_->warn("event=bad_message key={} error=\"{}\"", key, m.status().message());
+        continue;
+      }
+      out->push_back(std::move(m.value()));
+    }
+  }
+  view_.Update(ranks, agents);
+  return Status::Ok();
+}
+
+Status Controller::ReadStreams(int block_ms) {
+  std::vector<std::pair<std::string, std::string>> streams;
+  for (const StreamSpec& s : kStreams) streams.emplace_back(Key(*s.key), state_.cursors[s.name]);
+  Result<std::vector<redis::StreamRead>> r = redis::XRead(*conn_, streams, kReadCount, block_ms);
+  if (!r.ok()) return r.status();
+  for (const redis::StreamRead& read : r.value()) {
+    const StreamSpec* spec = nullptr;
+    for (const StreamSpec& s : kStreams) {
+      if (Key(*s.key) == read.stream) spec = &s;
+    }
+    if (spec == nullptr) continue;
+    for (const redis::StreamEntry& e : read.entries) {
+      state_.cursors[spec->name] = e.id;
+      dirty_ = true;
+      const std::string* text = e.Field(std::string(protocol::kPayloadField));
+      Result<json> m = text != nullptr ? protocol::ParseMessage(*text, *spec->message)
+                                       : Result<json>(Status::InvalidArgument("no msg field"));
+      if (!m.ok()) {
+        ++dropped_messages_;
+        log_->warn("event=bad_message stream={} id={} error=\"{}\"", spec->name, e.id, m.status().message());
+        continue;
+      }
+      const std::string name = spec->name;
+      if (name == "alarms") OnAlarm(m.value());
+      else if (name == "profiles") OnProfile(m.value());
+      else if (name == "acks") OnAck(m.value());
+      else OnIterations(m.value());
+    }
+  }
+  return Status::Ok();
+}
+
+Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
+  for (const OutgoingCommand& c : commands) {
+    const json j = protocol::ToJson(c.command);
+    const protocol::MessageSpec* spec = protocol::FindCommand(c.command.type);
+    if (spec == nullptr) return Status::Internal("unknown command type " + c.command.type);
+    if (Status s = protocol::ValidateMessage(j, *spec); !s.ok()) {
+      return Status::Internal("the " + c.command.type + " command would be invalid: " + s.message());
+    }
+    Result<std::string> id = redis::XAdd(*conn_, Key(protocol::kCommandsStream, c.host), kCommandsMaxLen,
+                                         {{std::string(protocol::kPayloadField), j.dump()}});
+    if (!id.ok()) return id.status();
+    log_->debug("event=command id={} type={} host={}", c.command.id, c.command.type, c.host);
+  }
+  return Status::Ok();
+}
+
+Status Controller::Record(const std::string& stage, const std::string& summary, json fields,
+                          const char* severity) {
+  const std::int64_t now = fields.value("at_ns", std::int64_t{0});
+  json m = std::move(fields);
+  m["v"] = protocol::kSchemaVersion;
+  m["type"] = protocol::kIncident.type;
+  m["id"] = state_.incident ? state_.incident->id : "none";
+  m["job"] = config_.job;
+  m["stage"] = stage;
+  m["summary"] = summary;
+  if (Status s = protocol::ValidateMessage(m, protocol::kIncident); !s.ok()) {
+    return Status::Internal("incident would be invalid: " + s.message());
+  }
+  Result<std::string> id = redis::XAdd(*conn_, Key(protocol::kIncidentsStream),
+                                       static_cast<std::uint64_t>(config_.incidents_maxlen),
+                                       {{std::string(protocol::kPayloadField), m.dump()}});
+  if (!id.ok()) return id.status();
+  protocol::Alert a;
+  a.job = config_.job;
+  a.at_ns = now;
+  a.severity = severity;
+  a.source = "controller";
+  a.summary = summary;
+  a.incident = m["id"].get<std::string>();
+  Result<std::int64_t> p = redis::Publish(*conn_, Key(protocol::kAlertsChannel), protocol::ToJson(a).dump());
+  if (!p.ok()) return p.status();
+  log_->warn("event=incident id={} stage={} summary=\"{}\"", m["id"].get<std::string>(), stage, summary);
+  return Status::Ok();
+}
+
+void Controller::OnAlarm(const json& m) {
+  const std::int64_t rank = m["rank"].get<std::int64_t>();
+  if (rank < 0) return;
+  if (m["kind"] == "slow") {
+    state_.slow[rank] = {m["ratio"].get<double>(), m["level_s"].get<double>(), m["baseline_s"].get<double>(),
+                         m.value("onset_ns", m["at_ns"].get<std::int64_t>())};
+  } else {
+    state_.slow.erase(rank);
+  }
+}
+
+void Controller::OnProfile(const json& m) {
+  const std::int64_t rank = m["rank"].get<std::int64_t>();
+  if (rank >= 0) profiles_[rank] = m;
+}
+
+void Controller::OnAck(const json& m) {
+  if (mode_commands_.erase(m["command"].get<std::string>()) > 0) {
+    if (m["status"] != "ok") {
+      log_->warn("event=set_mode_not_ok host={} status={} detail=\"{}\"", m["host"].get<std::string>(),
+                 m["status"].get<std::string>(), m.value("detail", ""));
+    }
+    // Profiles must cover only time after the last agent switched its shims.
+    state_.profile_from_ns = std::max(state_.profile_from_ns, m["at_ns"].get<std::int64_t>());
+    return;
+  }
+  if (run_) run_->OnAck(m);
+}
+
+void Controller::OnIterations(const json& m) {
+  const std::int64_t rank = m["rank"].get<std::int64_t>();
+  if (rank < 0) return;
+  std::deque<double>& q = recent_[rank];
+  for (const json& s : m["seconds"]) {
+    if (!s.is_number()) continue;
+    q.push_back(s.get<double>());
+    if (q.size() > kRecentSamples) q.pop_front();
+  }
+}
+
+}  // namespace falcon::controller

@@ -1,0 +1,107 @@
+// ControllerState (de)serialisation: see controller_state.h.
+#include "daemon/controller/controller_state.h"
+
+#include <charconv>
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+bool ParseId(const std::string& id, std::uint64_t* ms, std::uint64_t* seq) {
+  const auto dash = id.find('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 >= id.size()) return false;
+  const char* b = id.data();
+  auto r1 = std::from_chars(b, b + dash, *ms);
+  auto r2 = std::from_chars(b + dash + 1, b + id.size(), *seq);
+  return r1.ec == std::errc() && r1.ptr == b + dash && r2.ec == std::errc() && r2.ptr == b + id.size();
+}
+
+json IncidentJson(const Incident& i) {
+  return {{"id", i.id},          {"opened_ns", i.opened_ns}, {"ranks", i.ranks},
+          {"healthy_s", i.healthy_s}, {"localised", i.localised}, {"attempts", i.attempts},
+          {"next_attempt_ns", i.next_attempt_ns}, {"cause", i.cause}, {"findings", i.findings}};
+}
+
+Incident IncidentFromJson(const json& j) {
+  Incident i;
+  i.id = j.at("id").get<std::string>();
+  i.opened_ns = j.at("opened_ns").get<std::int64_t>();
+  i.ranks = j.at("ranks").get<std::vector<std::int64_t>>();
+  i.healthy_s = j.at("healthy_s").get<double>();
+  i.localised = j.at("localised").get<bool>();
+  i.attempts = j.at("attempts").get<int>();
+  i.next_attempt_ns = j.at("next_attempt_ns").get<std::int64_t>();
+  i.cause = j.at("cause").get<std::string>();
+  i.findings = j.at("findings");
+  if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
+  return i;
+}
+
+}  // namespace
+
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kTracking: return "tracking";
+    case Phase::kProfiling: return "profiling";
+    case Phase::kValidating: return "validating";
+  }
+  return "tracking";
+}
+
+bool ValidStreamId(const std::string& id) {
+  std::uint64_t ms = 0, seq = 0;
+  return ParseId(id, &ms, &seq);
+}
+
+bool StreamIdLess(const std::string& a, const std::string& b) {
+  std::uint64_t am = 0, as = 0, bm = 0, bs = 0;
+  if (!ParseId(a, &am, &as) || !ParseId(b, &bm, &bs)) return false;
+  return am < bm || (am == bm && as < bs);
+}
+
+json ToJson(const ControllerState& s) {
+  json slow = json::object();
+  for (const auto& [rank, r] : s.slow) {
+    slow[std::to_string(rank)] = {{"ratio", r.ratio}, {"level_s", r.level_s},
+                                  {"baseline_s", r.baseline_s}, {"onset_ns", r.onset_ns}};
+  }
+  json j = {{"phase", PhaseName(s.phase)}, {"since_ns", s.since_ns},  {"incidents", s.incidents},
+            {"cursors", s.cursors},         {"slow", slow},            {"profile_from_ns", s.profile_from_ns},
+            {"suspicion", s.suspicion}};
+  if (s.incident) j["incident"] = IncidentJson(*s.incident);
+  if (s.healthy_s) j["healthy_s"] = *s.healthy_s;
+  return j;
+}
+
+ControllerState StateFromJson(const json& j, std::string* why) {
+  ControllerState s;
+  why->clear();
+  try {
+    if (!j.is_object()) throw std::invalid_argument("not an object");
+    for (const auto& [name, id] : j.at("cursors").items()) {  // cursors first: kept on later errors
+      if (id.is_string() && ValidStreamId(id.get<std::string>())) s.cursors[name] = id.get<std::string>();
+    }
+    const std::string phase = j.at("phase").get<std::string>();
+    s.phase = phase == "profiling" ? Phase::kProfiling : phase == "validating" ? Phase::kValidating : Phase::kTracking;
+    s.since_ns = j.at("since_ns").get<std::int64_t>();
+    s.incidents = j.at("incidents").get<std::uint64_t>();
+    for (const auto& [rank, r] : j.at("slow").items()) {
+      s.slow[std::stoll(rank)] = {r.at("ratio").get<double>(), r.at("level_s").get<double>(),
+                                  r.at("baseline_s").get<double>(), r.at("onset_ns").get<std::int64_t>()};
+    }
+    if (j.contains("incident")) s.incident = IncidentFromJson(j["incident"]);
+    s.profile_from_ns = j.at("profile_from_ns").get<std::int64_t>();
+    s.suspicion = j.at("suspicion");
+    if (j.contains("healthy_s")) s.healthy_s = j["healthy_s"].get<double>();
+    if (s.phase != Phase::kTracking && !s.incident) throw std::invalid_argument("a phase without an incident");
+  } catch (const std::exception& e) {
+    *why = e.what();
+    ControllerState fresh;
+    fresh.cursors = std::move(s.cursors);
+    return fresh;
+  }
+  return s;
+}
+
+}  // namespace falcon::controller

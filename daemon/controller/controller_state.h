@@ -1,0 +1,63 @@
+// ControllerState: everything the controller must not lose when it restarts (it lives in Redis,
+// hash falcon:{job}:controller, message controller_state, field state_doc): the phase, the
+// stream cursors (so no alarm, profile or ack is read twice or skipped), the ranks whose last
+// alarm said slow, the open incident and the profiling verdict that validation works from.
+// FromJson never trusts its input: a field of the wrong shape is reported and the state falls
+// back to a fresh one (cursors kept where they are valid), so a corrupt hash costs at most a
+// re-detection, never a crash.
+// Thread-safety: a value type. Must never: do I/O.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace falcon::controller {
+
+enum class Phase { kTracking, kProfiling, kValidating };
+const char* PhaseName(Phase p);
+
+struct SlowRank {
+  double ratio = 1;
+  double level_s = 0;
+  double baseline_s = 0;
+  std::int64_t onset_ns = 0;
+};
+
+struct Incident {
+  std::string id;
+  std::int64_t opened_ns = 0;
+  std::vector<std::int64_t> ranks;  // slow at detection
+  double healthy_s = 0;             // iteration time before it
+  bool localised = false;           // a validation named the culprit(s)
+  int attempts = 0;                 // validation rounds tried
+  std::int64_t next_attempt_ns = 0;
+  std::string cause = "unknown";
+  nlohmann::json findings = nlohmann::json::object();
+};
+
+struct ControllerState {
+  Phase phase = Phase::kTracking;
+  std::int64_t since_ns = 0;
+  std::uint64_t incidents = 0;
+  std::map<std::string, std::string> cursors;  // stream short name -> last entry id read
+  std::map<std::int64_t, SlowRank> slow;
+  std::optional<Incident> incident;
+  std::int64_t profile_from_ns = 0;  // profiles must start after this to count
+  nlohmann::json suspicion = nlohmann::json::object();  // ProfileVerdict as JSON
+  std::optional<double> healthy_s;
+};
+
+nlohmann::json ToJson(const ControllerState& s);
+// `why` gets what was wrong (empty when all was fine).
+ControllerState StateFromJson(const nlohmann::json& j, std::string* why);
+
+// Stream entry ids "ms-seq": true when a < b.
+bool StreamIdLess(const std::string& a, const std::string& b);
+bool ValidStreamId(const std::string& id);
+
+}  // namespace falcon::controller

@@ -1,0 +1,141 @@
+// JobView: see job_view.h.
+#include "daemon/controller/job_view.h"
+
+#include <algorithm>
+#include <set>
+
+#include "daemon/protocol/messages.h"
+
+namespace falcon::controller {
+namespace {
+
+constexpr double kRateSmoothing = 0.5;  // weight of the newest rate estimate
+
+RankInfo ParseRank(const nlohmann::json& m) {
+  RankInfo r;
+  r.rank = m["rank"].get<std::int64_t>();
+  r.host = m["host"].get<std::string>();
+  r.pid = m["pid"].get<std::int64_t>();
+  r.mode = m["mode"].get<std::string>();
+  if (m.contains("period")) r.period = m["period"].get<std::uint64_t>();
+  r.slow = m["slow"].get<bool>();
+  r.at_ns = m["at_ns"].get<std::int64_t>();
+  for (const nlohmann::json& c : m["comms"]) {
+    if (!c.is_object() || !c.contains("id") || !c["id"].is_string()) continue;
+    const std::optional<std::uint64_t> id = protocol::ParseCommIdHex(c["id"].get<std::string>());
+    const auto rank = c.find("rank"), nranks = c.find("nranks");
+    if (!id || rank == c.end() || nranks == c.end() || !rank->is_number_integer() ||
+        !nranks->is_number_integer()) {
+      continue;  // an entry the schema does not check deeply: skipped, never trusted
+    }
+    RankComm rc;
+    rc.id = *id;
+    rc.rank = rank->get<std::int32_t>();
+    rc.nranks = nranks->get<std::int32_t>();
+    if (rc.nranks < 1 || rc.nranks > (1 << 24) || rc.rank < 0 || rc.rank >= rc.nranks) continue;
+    const auto calls = c.find("calls");
+    if (calls != c.end() && calls->is_number_unsigned()) rc.calls = calls->get<std::uint64_t>();
+    r.comms.push_back(rc);
+  }
+  return r;
+}
+
+}  // namespace
+
+bool CommInfo::complete() const {
+  return std::none_of(members.begin(), members.end(), [](std::int64_t m) { return m < 0; });
+}
+
+void JobView::Update(const std::vector<nlohmann::json>& ranks,
+                     const std::vector<nlohmann::json>& agents) {
+  std::map<std::uint64_t, CommInfo> old = std::move(comms_);
+  ranks_.clear();
+  comms_.clear();
+  for (const nlohmann::json& m : ranks) {
+    if (m["state"] != "live" || m["rank"].get<std::int64_t>() < 0) continue;
+    RankInfo r = ParseRank(m);
+    ranks_[r.rank] = std::move(r);
+  }
+  std::set<std::string> hosts;
+  for (const auto& [rank, r] : ranks_) {
+    hosts.insert(r.host);
+    for (const RankComm& rc : r.comms) {
+      CommInfo& c = comms_[rc.id];
+      if (c.members.empty()) {
+        c.id = rc.id;
+        c.nranks = rc.nranks;
+        c.members.assign(static_cast<std::size_t>(rc.nranks), -1);
+      }
+      if (rc.nranks != c.nranks) continue;  // disagreeing members: the first one wins
+      c.members[static_cast<std::size_t>(rc.rank)] = rank;
+      if (rc.calls >= c.max_calls) {
+        c.max_calls = rc.calls;
+        c.max_calls_at_ns = r.at_ns;
+      }
+    }
+  }
+  for (auto& [id, c] : comms_) {
+    auto was = old.find(id);
+    if (was == old.end()) continue;
+    c.calls_per_s = was->second.calls_per_s;
+    const double dt = static_cast<double>(c.max_calls_at_ns - was->second.max_calls_at_ns) * 1e-9;
+    if (dt > 0 && c.max_calls >= was->second.max_calls) {
+      const double rate = static_cast<double>(c.max_calls - was->second.max_calls) / dt;
+      c.calls_per_s = c.calls_per_s > 0 ? kRateSmoothing * rate + (1 - kRateSmoothing) * c.calls_per_s
+                                        : rate;
+    } else if (dt == 0) {
+      c.max_calls_at_ns = was->second.max_calls_at_ns;  // same report: keep measuring from it
+      c.max_calls = std::max(c.max_calls, was->second.max_calls);
+    }
+  }
+  hosts_.assign(hosts.begin(), hosts.end());
+  std::set<std::string> live;
+  for (const nlohmann::json& a : agents) live.insert(a["host"].get<std::string>());
+  agents_.assign(live.begin(), live.end());
+}
+
+std::int32_t JobView::NodeOf(std::int64_t rank) const {
+  const std::string* h = HostOf(rank);
+  if (h == nullptr) return -1;
+  return static_cast<std::int32_t>(std::lower_bound(hosts_.begin(), hosts_.end(), *h) - hosts_.begin());
+}
+
+const std::string* JobView::HostOf(std::int64_t rank) const {
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? nullptr : &it->second.host;
+}
+
+std::optional<std::uint64_t> JobView::CutComm() const {
+  std::optional<std::uint64_t> best;
+  std::size_t best_size = 0;
+  double best_rate = 0;
+  for (const auto& [id, c] : comms_) {
+    if (!c.complete() || c.calls_per_s <= 0) continue;
+    const std::size_t size = c.members.size();
+    if (size != ranks_.size()) continue;  // must stop every live rank
+    if (!best || size > best_size || (size == best_size && c.calls_per_s > best_rate)) {
+      best = id;
+      best_size = size;
+      best_rate = c.calls_per_s;
+    }
+  }
+  return best;
+}
+
+std::optional<std::uint64_t> JobView::Period() const {
+  std::map<std::uint64_t, int> votes;
+  for (const auto& [rank, r] : ranks_) {
+    if (r.period) ++votes[*r.period];
+  }
+  std::optional<std::uint64_t> best;
+  int most = 0;
+  for (const auto& [p, n] : votes) {
+    if (n > most) {
+      best = p;
+      most = n;
+    }
+  }
+  return best;
+}
+
+}  // namespace falcon::controller

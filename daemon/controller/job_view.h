@@ -1,0 +1,75 @@
+// JobView: the controller's picture of the job, rebuilt from the agents' rank keys and heartbeats
+// (rank_register / agent_heartbeat messages, already validated): which ranks are live and on
+// which host, the communicators with their members in comm-rank order and how far each has got
+// (calls, and a call rate estimated between updates), and which agents are alive.
+// Node indices are the hosts' positions in sorted order: the same host is the same node.
+// Thread-safety: a value type; one thread. Must never: do I/O, or trust a message it was not
+// given validated.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace falcon::controller {
+
+struct RankComm {
+  std::uint64_t id = 0;
+  std::int32_t rank = -1;  // rank within the communicator
+  std::int32_t nranks = 0;
+  std::uint64_t calls = 0;
+};
+
+struct RankInfo {
+  std::int64_t rank = -1;
+  std::string host;
+  std::int64_t pid = 0;
+  std::string mode;
+  std::optional<std::uint64_t> period;
+  bool slow = false;
+  std::int64_t at_ns = 0;  // when its agent wrote the registration
+  std::vector<RankComm> comms;
+};
+
+struct CommInfo {
+  std::uint64_t id = 0;
+  std::int32_t nranks = 0;
+  std::vector<std::int64_t> members;  // global rank per comm rank; -1 = not (yet) registered
+  std::uint64_t max_calls = 0;        // furthest member
+  std::int64_t max_calls_at_ns = 0;   // when that member's agent reported it
+  double calls_per_s = 0;             // smoothed over view updates; 0 until two updates
+  [[nodiscard]] bool complete() const;  // every member known
+};
+
+class JobView {
+ public:
+  // Replaces the view with these registrations (live ones only; exited/orphaned ranks are left
+  // out) and heartbeats, keeping call-rate history (rates are measured between the agents'
+  // report times, so a stale report does not skew them).
+  void Update(const std::vector<nlohmann::json>& ranks, const std::vector<nlohmann::json>& agents);
+
+  const std::map<std::int64_t, RankInfo>& ranks() const { return ranks_; }
+  const std::map<std::uint64_t, CommInfo>& comms() const { return comms_; }
+  const std::vector<std::string>& agents() const { return agents_; }  // live agent hosts, sorted
+  // Hosts that run live ranks, sorted; a rank's node is its host's index here (-1 if unknown).
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  [[nodiscard]] std::int32_t NodeOf(std::int64_t rank) const;
+  [[nodiscard]] const std::string* HostOf(std::int64_t rank) const;
+  // The communicator whose members are all live ranks (the world, or the largest one that spans
+  // the job) with a known call rate: the one pause cuts are placed on. nullopt when none.
+  [[nodiscard]] std::optional<std::uint64_t> CutComm() const;
+  // Most common period over ranks that have one.
+  [[nodiscard]] std::optional<std::uint64_t> Period() const;
+
+ private:
+  std::map<std::int64_t, RankInfo> ranks_;
+  std::map<std::uint64_t, CommInfo> comms_;
+  std::vector<std::string> agents_;
+  std::vector<std::string> hosts_;
+};
+
+}  // namespace falcon::controller

@@ -1,0 +1,271 @@
+// ValidationRun: see validation_run.h.
+#include "daemon/controller/validation_run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::int64_t kNsPerS = 1'000'000'000;
+
+std::int64_t AfterSeconds(std::int64_t now_ns, double s) {
+  return now_ns + static_cast<std::int64_t>(s * static_cast<double>(kNsPerS));
+}
+
+}  // namespace
+
+ValidationRun::ValidationRun(std::string id, std::vector<ValidationStep> steps, ValidationSettings settings,
+                             bool release_first)
+    : id_(std::move(id)),
+      steps_(std::move(steps)),
+      settings_(settings),
+      phase_(release_first ? Phase::kResume : Phase::kPause),
+      lead_s_(settings.pause_lead_s) {}
+
+protocol::Command ValidationRun::NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s) {
+  protocol::Command c;
+  c.type = type;
+  c.id = id_ + "-" + std::to_string(++commands_);
+  c.issued_ns = now_ns;
+  c.deadline_ns = AfterSeconds(now_ns, timeout_s);
+  return c;
+}
+
+bool ValidationRun::AllAcked() const {
+  return std::all_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.ack.has_value(); });
+}
+
+void ValidationRun::OnAck(const json& ack) {
+  auto it = pending_.find(ack["command"].get<std::string>());
+  if (it != pending_.end() && !it->second.ack) it->second.ack = ack;
+}
+
+std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64_t now_ns) {
+  for (;;) {
+    const bool waiting = phase_ == Phase::kAwaitPause || phase_ == Phase::kAwaitStep ||
+                         phase_ == Phase::kAwaitResume;
+    if (waiting && !AllAcked() && now_ns < deadline_ns_) return {};
+    switch (phase_) {
+      case Phase::kPause: return SendPause(view, now_ns);
+      case Phase::kAwaitPause: FinishPause(view, now_ns); break;
+      case Phase::kStep: return SendStep(view, now_ns);
+      case Phase::kAwaitStep: FinishStep(view); break;
+      case Phase::kResume: return SendResume(view, now_ns);
+      case Phase::kAwaitResume:
+        if (retry_pause_) {  // released after a missed cut: now try again further ahead
+          retry_pause_ = false;
+          phase_ = Phase::kPause;
+          break;
+        }
+        resumed_ns_ = now_ns;
+        if (!AllAcked()) log_.push_back({{"step", "resume"}, {"note", "not every agent acked the resume"}});
+        phase_ = Phase::kDone;
+        break;
+      case Phase::kDone: return {};
+    }
+  }
+}
+
+std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::int64_t now_ns) {
+  pending_.clear();
+  const std::optional<std::uint64_t> cut = view.CutComm();
+  if (!cut || view.hosts().empty()) {
+    failure_ = "no communicator spans every live rank with a known call rate: nowhere to cut";
+    std::size_t widest = 0;
+    std::string missing;
+    for (const auto& [id, c] : view.comms()) {
+      if (c.members.size() <= widest) continue;
+      widest = c.members.size();
+      missing.clear();
+      for (std::size_t r = 0; r < c.members.size(); ++r) {
+        if (c.members[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (!missing.empty()) {
+      failure_ = "members " + missing + " of the job's widest communicator (" + std::to_string(widest) +
+                 " ranks) have no live agent: they cannot be paused";
+    }
+    phase_ = Phase::kDone;
+    return {};
+  }
+  const CommInfo& c = view.comms().at(*cut);
+  const double stale_s = std::max<double>(0, static_cast<double>(now_ns - c.max_calls_at_ns) / kNsPerS);
+  const auto ahead = static_cast<std::uint64_t>(std::ceil(c.calls_per_s * (stale_s + lead_s_))) + 1;
+  std::vector<OutgoingCommand> out;
+  for (const std::string& host : view.hosts()) {
+    protocol::Command cmd = NewCommand("pause", now_ns, settings_.max_pause_s);
+    cmd.max_pause_s = settings_.max_pause_s;
+    cmd.comm = protocol::CommIdHex(*cut);
+    cmd.comm_seq = c.max_calls + ahead;
+    pending_[cmd.id] = {host, "pause", std::nullopt};
+    out.push_back({host, std::move(cmd)});
+  }
+  log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"comm", protocol::CommIdHex(*cut)},
+                  {"comm_seq", c.max_calls + ahead}, {"lead_s", lead_s_}});
+  deadline_ns_ = AfterSeconds(now_ns, stale_s + lead_s_ + settings_.ack_timeout_s);
+  phase_ = Phase::kAwaitPause;
+  return out;
+}
+
+void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
+  (void)view;
+  bool ok = true, missed = false;
+  std::string why;
+  for (const auto& [id, p] : pending_) {
+    if (!p.ack) {
+      ok = false;
+      why += p.host + ": no ack; ";
+      continue;
+    }
+    if ((*p.ack)["status"] == "ok") continue;
+    ok = false;
+    why += p.host + ": " + (*p.ack)["status"].get<std::string>() + " " + p.ack->value("detail", "") + "; ";
+    for (const json& r : p.ack->value("results", json::array())) missed = missed || r.value("state", "") == "missed";
+  }
+  if (ok) {
+    paused_ = true;
+    paused_ns_ = now_ns;
+    phase_ = steps_.empty() ? Phase::kResume : Phase::kStep;
+    return;
+  }
+  ++pause_attempt_;
+  log_.push_back({{"step", "pause"}, {"failed", why}});
+  if (missed && pause_attempt_ < settings_.pause_attempts) {
+    lead_s_ *= 2;  // some rank was already past the cut: aim further ahead (after releasing all)
+  } else {
+    failure_ = "pause failed: " + why;
+  }
+  phase_ = Phase::kResume;  // release whatever did stop before any retry
+}
+
+std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::int64_t now_ns) {
+  pending_.clear();
+  const ValidationStep& step = steps_[steps_done_];
+  std::vector<OutgoingCommand> out;
+  std::map<std::string, std::vector<std::int64_t>> gemm_hosts;
+  for (const RankTaskSpec& t : step.tasks) {
+    const std::string* host = view.HostOf(t.rank);
+    if (host == nullptr) continue;  // the rank is gone: its measurement is missing
+    if (t.task == "gemm") {
+      gemm_hosts[*host].push_back(t.rank);
+      continue;
+    }
+    protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
+    cmd.task = "p2p";
+    cmd.ranks = std::vector<std::int64_t>{t.rank};
+    cmd.comm = protocol::CommIdHex(t.comm);
+    cmd.peer = t.peer;
+    cmd.bytes = settings_.p2p_bytes;
+    cmd.repeats = settings_.p2p_repeats;
+    pending_[cmd.id] = {*host, "validate", std::nullopt};
+    out.push_back({*host, std::move(cmd)});
+  }
+  for (auto& [host, ranks] : gemm_hosts) {
+    protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
+    cmd.task = "gemm";
+    cmd.ranks = ranks;
+    cmd.size = settings_.gemm_size;
+    cmd.repeats = settings_.gemm_repeats;
+    pending_[cmd.id] = {host, "validate", std::nullopt};
+    out.push_back({host, std::move(cmd)});
+  }
+  deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+  phase_ = Phase::kAwaitStep;
+  return out;
+}
+
+void ValidationRun::FinishStep(const JobView& view) {
+  const ValidationStep& step = steps_[steps_done_];
+  std::map<std::int64_t, double>& medians = medians_[steps_done_];
+  int missing = 0, failed = 0;
+  for (const auto& [id, p] : pending_) {
+    if (!p.ack) {
+      ++missing;
+      continue;
+    }
+    for (const json& r : p.ack->value("results", json::array())) {
+      // The fastest repetition: interference (other processes, clock changes) only ever adds
+      // time, so the minimum is the device's capability; a fail-slow slows every repetition.
+      const double m = r.value(settings_.statistic == Statistic::kMin ? "min_s" : "median_s", 0.0);
+      if (r.value("task_status", "") == "ok" && std::isfinite(m) && m > 0) {
+        medians[r.value("rank", std::int64_t{-1})] = m;
+      } else {
+        ++failed;
+      }
+    }
+  }
+  for (const RankTaskSpec& t : step.tasks) {
+    auto mine = medians.find(t.rank);
+    if (mine == medians.end()) continue;
+    if (t.task == "gemm") {
+      gemms_.push_back({static_cast<std::int32_t>(t.rank), view.NodeOf(t.rank), mine->second});
+      continue;
+    }
+    if (t.rank > t.peer_global) continue;  // each exchange once, from its lower rank
+    auto theirs = medians.find(t.peer_global);
+    if (theirs == medians.end()) continue;
+    analyzer::TransferMeasurement m{t.pass, static_cast<std::int32_t>(t.rank),
+                                    static_cast<std::int32_t>(t.peer_global), view.NodeOf(t.rank),
+                                    view.NodeOf(t.peer_global), std::max(mine->second, theirs->second),
+                                    static_cast<std::uint64_t>(settings_.p2p_bytes)};
+    (t.judged ? transfers_ : peer_transfers_).push_back(m);
+  }
+  log_.push_back({{"step", step.what}, {"commands", pending_.size()}, {"missing_acks", missing},
+                  {"failed_tasks", failed}, {"results", medians.size()}});
+  ++steps_done_;
+  phase_ = steps_done_ < steps_.size() ? Phase::kStep : Phase::kResume;
+}
+
+std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {
+  pending_.clear();
+  std::vector<OutgoingCommand> out;
+  for (const std::string& host : view.hosts()) {
+    protocol::Command cmd = NewCommand("resume", now_ns, settings_.ack_timeout_s);
+    pending_[cmd.id] = {host, "resume", std::nullopt};
+    out.push_back({host, std::move(cmd)});
+  }
+  deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+  // After a missed cut, wait for every agent to answer the release (agents with nothing paused
+  // refuse it at once) before arming the next pause, so no rank is still trapped by the old one.
+  retry_pause_ = !paused_ && failure_.empty();
+  phase_ = Phase::kAwaitResume;
+  return out;
+}
+
+analyzer::LocalizationInput ValidationRun::Input() const {
+  analyzer::LocalizationInput in;
+  in.transfers = transfers_;
+  in.peer_transfers = peer_transfers_;
+  in.gemms = gemms_;
+  return in;
+}
+
+json ValidationRun::Summary() const {
+  json s = {{"steps_planned", steps_.size()},
+            {"steps_done", steps_done_},
+            {"pause_attempts", pause_attempt_ + (paused_ ? 1 : 0)},
+            {"gemms", gemms_.size()},
+            {"transfers", transfers_.size()},
+            {"peer_transfers", peer_transfers_.size()},
+            {"log", log_}};
+  json gemm = json::object();
+  for (const analyzer::GemmMeasurement& g : gemms_) gemm[std::to_string(g.rank)] = g.median_s;
+  s["gemm_s"] = gemm;
+  json p2p = json::array();
+  for (const auto* list : {&transfers_, &peer_transfers_}) {
+    for (const analyzer::TransferMeasurement& t : *list) {
+      p2p.push_back({{"ranks", {t.sender, t.receiver}}, {"pass", t.pass}, {"median_s", t.median_s},
+                     {"judged", list == &transfers_}});
+    }
+  }
+  s["p2p"] = p2p;
+  if (paused_ && resumed_ns_ > paused_ns_) s["pause_s"] = static_cast<double>(resumed_ns_ - paused_ns_) / kNsPerS;
+  if (!failure_.empty()) s["failure"] = failure_;
+  return s;
+}
+
+}  // namespace falcon::controller

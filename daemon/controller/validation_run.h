@@ -1,0 +1,113 @@
+// ValidationRun: one validation round as a state machine the controller drives from its loop:
+// pause every rank at a consistent cut, run the planned benchmark steps (validation_steps.h)
+// one at a time, resume, and hand over the measurements as a localisation input.
+//  - Pause: the cut is call `seq` of the view's cut communicator (one that spans every live
+//    rank), placed `pause_lead_s` ahead of where its furthest member was when last reported
+//    (extrapolated with the measured call rate, so a stale report still lands ahead). A cut some
+//    rank had already passed ("missed") is retried further ahead, up to `pause_attempts` times.
+//  - Each step sends its commands, then waits for every ack up to `ack_timeout_s`. A task that
+//    failed or was never acked leaves its measurement out; the round goes on.
+//  - Any pause failure, and the end of the steps, lead to resume. Resume is sent even when the
+//    pause never fully took (agents release only what they trapped), and the shims' own deadline
+//    (`max_pause_s`) releases the job if nobody resumes it.
+// Thread-safety: one thread (the controller's). Must never: do I/O (commands go out through
+// Next()'s return value), or wait: every state has a deadline checked in Next().
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analyzer/localize.h"
+#include "daemon/controller/job_view.h"
+#include "daemon/controller/validation_steps.h"
+#include "daemon/protocol/messages.h"
+
+namespace falcon::controller {
+
+enum class Statistic { kMin, kMedian };
+
+struct ValidationSettings {
+  Statistic statistic = Statistic::kMin;  // which repetition time stands for a benchmark
+  double pause_lead_s = 1.0;
+  double max_pause_s = 60;
+  int pause_attempts = 3;
+  double ack_timeout_s = 20;
+  // As analyzer/validation_plan.h: large enough that throughput, not launch latency, is timed.
+  std::int64_t gemm_size = 4096;
+  std::int64_t gemm_repeats = 5;
+  std::int64_t p2p_bytes = std::int64_t{64} << 20;
+  std::int64_t p2p_repeats = 5;
+};
+
+struct OutgoingCommand {
+  std::string host;
+  protocol::Command command;
+};
+
+class ValidationRun {
+ public:
+  // `id` prefixes every command id ("<id>-1", ...). Steps come from PlanValidationSteps.
+  // `release_first`: begin with a resume to every agent (a pause an earlier controller or round
+  // may have left), then pause.
+  ValidationRun(std::string id, std::vector<ValidationStep> steps, ValidationSettings settings,
+                bool release_first);
+
+  // Advances on deadlines and on acks received; returns the commands to send now.
+  std::vector<OutgoingCommand> Next(const JobView& view, std::int64_t now_ns);
+  // A validated ack from the acks stream; ones for other commands are ignored.
+  void OnAck(const nlohmann::json& ack);
+
+  [[nodiscard]] bool done() const { return phase_ == Phase::kDone; }
+  [[nodiscard]] bool paused() const { return paused_; }  // the pause took on every rank
+  [[nodiscard]] bool completed() const { return done() && paused_ && steps_done_ == steps_.size(); }
+  [[nodiscard]] const std::string& failure() const { return failure_; }  // "" unless it failed
+
+  // The measurements, as Localize() wants them (views into this object: keep it alive).
+  [[nodiscard]] analyzer::LocalizationInput Input() const;
+  // Pause length, steps, failures, per-rank results: for the incident's evidence.
+  [[nodiscard]] nlohmann::json Summary() const;
+
+ private:
+  enum class Phase { kPause, kAwaitPause, kStep, kAwaitStep, kResume, kAwaitResume, kDone };
+  struct Pending {
+    std::string host;
+    std::string type;
+    std::optional<nlohmann::json> ack;
+  };
+
+  std::vector<OutgoingCommand> SendPause(const JobView& view, std::int64_t now_ns);
+  std::vector<OutgoingCommand> SendStep(const JobView& view, std::int64_t now_ns);
+  std::vector<OutgoingCommand> SendResume(const JobView& view, std::int64_t now_ns);
+  void FinishPause(const JobView& view, std::int64_t now_ns);
+  void FinishStep(const JobView& view);
+  bool AllAcked() const;
+  protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
+
+  const std::string id_;
+  const std::vector<ValidationStep> steps_;
+  const ValidationSettings settings_;
+
+  Phase phase_ = Phase::kPause;
+  std::int64_t deadline_ns_ = 0;
+  std::map<std::string, Pending> pending_;  // command id -> host and ack
+  int commands_ = 0;
+  int pause_attempt_ = 0;
+  double lead_s_ = 0;
+  bool paused_ = false;
+  bool retry_pause_ = false;
+  std::size_t steps_done_ = 0;
+  std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
+  std::string failure_;
+  nlohmann::json log_ = nlohmann::json::array();
+  // Results: step index -> rank -> seconds (settings_.statistic of the repetitions).
+  std::map<std::size_t, std::map<std::int64_t, double>> medians_;
+  std::vector<analyzer::TransferMeasurement> transfers_, peer_transfers_;
+  std::vector<analyzer::GemmMeasurement> gemms_;
+};
+
+}  // namespace falcon::controller

@@ -1,0 +1,108 @@
+// Validation steps: see validation_steps.h.
+#include "daemon/controller/validation_steps.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "analyzer/validation_plan.h"
+
+namespace falcon::controller {
+namespace {
+
+// One pass of one communicator: exchanges between comm ranks.
+struct CommPass {
+  std::uint64_t comm = 0;
+  bool judged = true;
+  std::vector<std::pair<std::int32_t, std::int32_t>> pairs;
+};
+
+Status AddCommPasses(const CommInfo& c, bool judged, const StepOptions& o, std::vector<CommPass>& out) {
+  std::set<std::pair<std::int32_t, std::int32_t>> seen;
+  std::vector<analyzer::PlanTopology> plans = {analyzer::PlanTopology::kRing};
+  if (o.tree) plans.push_back(analyzer::PlanTopology::kTree);
+  for (analyzer::PlanTopology t : plans) {
+    Result<analyzer::ValidationPlan> plan = analyzer::MakePlan(t, c.members.size());
+    if (!plan.ok()) return plan.status();
+    for (const analyzer::ValidationPass& p : plan.value().passes) {
+      CommPass cp{c.id, judged, {}};
+      for (const analyzer::PlannedTransfer& x : p.transfers) {
+        const auto key = std::minmax(x.sender, x.receiver);
+        if (seen.insert(key).second) cp.pairs.emplace_back(x.sender, x.receiver);
+      }
+      if (!cp.pairs.empty()) out.push_back(std::move(cp));
+    }
+  }
+  return Status::Ok();
+}
+
+// First-fit packing of passes into steps whose ranks are disjoint.
+std::vector<ValidationStep> Pack(const std::vector<CommPass>& passes, const JobView& view) {
+  std::vector<ValidationStep> steps;
+  std::vector<std::set<std::int64_t>> used;
+  for (std::uint32_t index = 0; index < passes.size(); ++index) {
+    const CommPass& p = passes[index];
+    const CommInfo& c = view.comms().at(p.comm);
+    std::vector<RankTaskSpec> tasks;
+    std::set<std::int64_t> ranks;
+    for (const auto& [a, b] : p.pairs) {
+      const std::int64_t ga = c.members[static_cast<std::size_t>(a)];
+      const std::int64_t gb = c.members[static_cast<std::size_t>(b)];
+      tasks.push_back({ga, "p2p", p.comm, b, gb, index, p.judged});
+      tasks.push_back({gb, "p2p", p.comm, a, ga, index, p.judged});
+      ranks.insert({ga, gb});
+    }
+    std::size_t s = 0;
+    for (; s < steps.size(); ++s) {
+      if (std::none_of(ranks.begin(), ranks.end(), [&](std::int64_t r) { return used[s].count(r) > 0; })) break;
+    }
+    if (s == steps.size()) {
+      steps.emplace_back();
+      used.emplace_back();
+    }
+    steps[s].tasks.insert(steps[s].tasks.end(), tasks.begin(), tasks.end());
+    used[s].insert(ranks.begin(), ranks.end());
+  }
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    steps[s].what = "p2p " + std::to_string(s + 1) + "/" + std::to_string(steps.size());
+  }
+  return steps;
+}
+
+}  // namespace
+
+Result<std::vector<ValidationStep>> PlanValidationSteps(const JobView& view,
+                                                        const std::vector<std::uint64_t>& judged,
+                                                        const std::vector<std::uint64_t>& peers,
+                                                        const StepOptions& options) {
+  std::vector<ValidationStep> steps;
+  std::vector<std::int64_t> ranks;
+  for (const auto& [rank, info] : view.ranks()) ranks.push_back(rank);
+  const std::size_t batch = options.gemm_batch == 0 ? std::max<std::size_t>(ranks.size(), 1) : options.gemm_batch;
+  const std::size_t gemm_steps = (ranks.size() + batch - 1) / batch;
+  for (std::size_t b = 0; b < gemm_steps; ++b) {
+    ValidationStep s;
+    s.what = "gemm " + std::to_string(b + 1) + "/" + std::to_string(gemm_steps);
+    for (std::size_t i = b * batch; i < std::min(ranks.size(), (b + 1) * batch); ++i) {
+      s.tasks.push_back({ranks[i], "gemm"});
+    }
+    steps.push_back(std::move(s));
+  }
+  std::vector<CommPass> passes;
+  std::set<std::uint64_t> planned;
+  for (const auto& [list, is_judged] : {std::pair{&judged, true}, std::pair{&peers, false}}) {
+    for (std::uint64_t id : *list) {
+      auto it = view.comms().find(id);
+      if (it == view.comms().end() || !it->second.complete() || it->second.members.size() < 2 ||
+          !planned.insert(id).second) {
+        continue;
+      }
+      if (Status s = AddCommPasses(it->second, is_judged, options, passes); !s.ok()) return s;
+    }
+  }
+  std::vector<ValidationStep> p2p = Pack(passes, view);
+  steps.insert(steps.end(), std::make_move_iterator(p2p.begin()), std::make_move_iterator(p2p.end()));
+  return steps;
+}
+
+}  // namespace falcon::controller

@@ -1,0 +1,52 @@
+// The benchmark steps of one validation round (FALCON §4.3), planned from the job view: GEMM on
+// every paused rank (in batches), then P2P passes over the communicators under test, packed so
+// that no rank takes part in two transfers of one step.
+//  - GEMM runs on every rank, not only the profile's suspects: on real GPUs all GEMMs run at once,
+//    so the pause is no longer, and a slow GPU the profile could not single out (every
+//    communicator of its class slowed alike) is still measured against all its peers.
+//    `gemm_batch` > 0 runs that many ranks at a time (hosts whose "GPUs" share few CPU cores).
+//  - P2P: per communicator, the ring plan (2 passes, 3 for odd sizes) and the tree plan (<= 4
+//    passes) of analyzer/validation_plan.h. A transfer is an exchange between two ranks (both
+//    send and receive; the agent's `peer`), so each unordered pair is measured once; pairs the
+//    ring already covered are dropped from the tree. Passes of different communicators share a
+//    step when they touch disjoint ranks (communicators of one class usually do).
+// Thread-safety: pure functions. Must never: do I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/controller/job_view.h"
+#include "falcon/status.h"
+
+namespace falcon::controller {
+
+// One rank's benchmark in a step.
+struct RankTaskSpec {
+  std::int64_t rank = -1;  // global
+  std::string task;        // gemm | p2p
+  std::uint64_t comm = 0;  // p2p
+  std::int32_t peer = -1;  // p2p: the peer's rank within comm
+  std::int64_t peer_global = -1;
+  std::uint32_t pass = 0;  // p2p: index of (communicator, plan pass), distinct across the round
+  bool judged = true;      // p2p: on a communicator under suspicion (else a baseline peer)
+};
+
+struct ValidationStep {
+  std::string what;  // "gemm 1/8", "p2p 3/12" for logs
+  std::vector<RankTaskSpec> tasks;
+};
+
+struct StepOptions {
+  std::size_t gemm_batch = 0;  // ranks per GEMM step; 0 = all at once
+  bool tree = true;            // also test the tree plan's links
+};
+
+// GEMM steps over every live rank, then P2P steps over `judged` and `peers` (communicators not
+// in the view, or with unknown members, are skipped). InvalidArgument when a plan cannot be made.
+[[nodiscard]] Result<std::vector<ValidationStep>> PlanValidationSteps(
+    const JobView& view, const std::vector<std::uint64_t>& judged,
+    const std::vector<std::uint64_t>& peers, const StepOptions& options);
+
+}  // namespace falcon::controller
