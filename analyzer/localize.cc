@@ -194,24 +194,41 @@ void FindNics(const LocalizationInput& in, const LocalizationOptions& o,
     tested[t.sender_node].insert(t.receiver_node);
     tested[t.receiver_node].insert(t.sender_node);
   }
-  for (const auto& [key, l] : slow) {
-    if (l.sender_node < 0 || l.receiver_node < 0 || l.sender_node == l.receiver_node) continue;
-    slow_peers[l.sender_node].insert(l.receiver_node);
-    slow_peers[l.receiver_node].insert(l.sender_node);
-  }
-  for (const auto& [node, peers] : slow_peers) {
-    const std::size_t n_tested = tested[node].size();
-    if (peers.size() >= o.nic_min_links &&
-        static_cast<double>(peers.size()) >= o.nic_min_fraction * static_cast<double>(n_tested)) {
-      out.nics.push_back({node, peers.size(), n_tested, {}, {}});
+  // Explaining away, greediest first: the node whose slow links reach the most peers is taken
+  // as a slow NIC, its links are explained, and the others are judged on what is left. A healthy
+  // neighbour of a slow NIC then has only its other links to show (a slow NIC slows every link
+  // that touches it, so without this its neighbours would look like slow NICs too).
+  std::set<std::int32_t> chosen;
+  for (;;) {
+    slow_peers.clear();
+    for (const auto& [key, l] : slow) {
+      if (l.sender_node < 0 || l.receiver_node < 0 || l.sender_node == l.receiver_node) continue;
+      if (chosen.count(l.sender_node) || chosen.count(l.receiver_node)) continue;
+      slow_peers[l.sender_node].insert(l.receiver_node);
+      slow_peers[l.receiver_node].insert(l.sender_node);
     }
+    std::int32_t best = -1;
+    std::size_t best_peers = 0;
+    for (const auto& [node, peers] : slow_peers) {
+      const std::size_t n_tested = tested[node].size();
+      const bool qualifies = peers.size() >= o.nic_min_links &&
+                             static_cast<double>(peers.size()) >= o.nic_min_fraction * static_cast<double>(n_tested);
+      if (qualifies && peers.size() > best_peers) {
+        best = node;
+        best_peers = peers.size();
+      }
+    }
+    if (best < 0) break;
+    chosen.insert(best);
+    out.nics.push_back({best, best_peers, tested[best].size(), {}, {}});
   }
+  std::sort(out.nics.begin(), out.nics.end(), [](const SlowNic& a, const SlowNic& b) { return a.node < b.node; });
   for (const auto& [key, l] : slow) {
     bool explained = false;
     for (SlowNic& nic : out.nics) {
-      if (l.sender_node == l.receiver_node) continue;
+      if (l.sender_node == l.receiver_node || explained) continue;
       if (l.sender_node == nic.node || l.receiver_node == nic.node) {
-        nic.links.push_back(l);
+        nic.links.push_back(l);  // a link between two slow NICs is listed under the first
         explained = true;
       }
     }

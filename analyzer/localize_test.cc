@@ -127,6 +127,7 @@ TEST(LocalizeTest, FindsExactlyTheInjectedFaultUnderNoise) {
       {"slow NIC", Fault::kNic, 8, 32, 1},
       {"slow link, 2 ranks per node", Fault::kLink, 6, 32, 2},  // 4: every inter link is slow
       {"slow NIC, 2 ranks per node", Fault::kNic, 16, 32, 2},
+      {"slow NIC, small groups", Fault::kNic, 6, 12, 1},
   };
   for (const Case& c : cases) {
     int exact = 0;
@@ -279,6 +280,36 @@ TEST(LocalizeTest, RejectsBadInput) {
   const Result<Localization> empty = Localize({});
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty.value().nothing_found());
+}
+
+}  // namespace
+}  // namespace falcon::analyzer
+
+namespace falcon::analyzer {
+namespace {
+
+// A slow NIC slows every link touching it, so its neighbours' links to it are slow too. With one
+// unrelated slow link between two neighbours, each of them has two slow peers out of two or
+// three tested: without explaining away they would be reported as slow NICs as well. The NIC
+// with the most slow peers is taken first and its links explained; the rest is judged on what is
+// left: one NIC (node 0) and one link (1-2).
+TEST(LocalizeTest, ASlowNicsNeighboursAreExplainedAway) {
+  const std::vector<std::pair<int, int>> pairs = {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7},
+                                                  {7, 0}, {0, 2}, {0, 4}, {0, 6}, {3, 5}, {5, 7}, {3, 7}};
+  std::vector<TransferMeasurement> transfers;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const auto [a, b] = pairs[i];
+    const bool slow = a == 0 || b == 0 || (a == 1 && b == 2);
+    const double healthy = 1e-3 * (1.0 + 0.01 * static_cast<double>(i % 5));
+    transfers.push_back({0, a, b, a, b, slow ? 3 * healthy : healthy, 1 << 20});
+  }
+  const Result<Localization> loc = Localize({transfers, {}, {}, {}});
+  ASSERT_TRUE(loc.ok()) << loc.status().ToString();
+  ASSERT_EQ(loc.value().nics.size(), 1u);
+  EXPECT_EQ(loc.value().nics[0].node, 0);
+  EXPECT_EQ(loc.value().nics[0].links.size(), 5u);
+  ASSERT_EQ(loc.value().links.size(), 1u);
+  EXPECT_EQ(std::minmax(loc.value().links[0].sender_node, loc.value().links[0].receiver_node), std::minmax(1, 2));
 }
 
 }  // namespace
