@@ -3,6 +3,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "shim/bench_executor.h"
@@ -22,7 +23,12 @@ void Store(T& field, T value, std::memory_order order = std::memory_order_releas
   std::atomic_ref<T>(field).store(value, order);
 }
 
+// A trapped rank polls its control block for tasks and the resume, starting every kPollNs and
+// backing off to kMaxPollNs while nothing happens: many paused ranks on few cores must not steal
+// the CPU from the benchmarks the others run (up to kMaxPollNs later to notice is nothing next
+// to the agent's own command latency).
 constexpr long kPollNs = 200 * 1000;
+constexpr long kMaxPollNs = 5 * 1000 * 1000;
 
 }  // namespace
 
@@ -124,6 +130,7 @@ void Trap::Hold(Tracer& tracer, ThreadState& ts) {
   Report(kFalconPauseTrapped, gen);
   tracer.Annotate(kFalconAnnotatePauseBegin, ts);
   FalconPauseState outcome = kFalconPauseTimedOut;
+  long poll_ns = kPollNs;
   for (;;) {
     if (Load(control_->resume_gen) >= gen) {
       outcome = kFalconPauseResumed;
@@ -137,10 +144,12 @@ void Trap::Hold(Tracer& tracer, ThreadState& ts) {
       const FalconTaskResult result = RunBenchmarkTask(task, task_seq, tracer, ts);
       std::memcpy(&control_->task_result, &result, sizeof(result));
       Store(control_->task_ack, task_seq);
+      poll_ns = kPollNs;  // the next task often follows at once
       continue;
     }
-    timespec pause{0, kPollNs};
+    timespec pause{0, poll_ns};
     nanosleep(&pause, nullptr);
+    poll_ns = std::min(poll_ns * 2, kMaxPollNs);
   }
   Store(control_->resumed_real_ns, RealNowNs(), std::memory_order_relaxed);
   tracer.Annotate(kFalconAnnotatePauseEnd, ts);
