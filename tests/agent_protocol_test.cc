@@ -92,6 +92,10 @@ json Example(std::string_view type) {
     m.rank = 1;
     return ToJson(m);
   }
+  if (type == kControllerRequest.type) {
+    return {{"v", kSchemaVersion}, {"type", "controller_request"}, {"id", "req-1"}, {"issued_ns", 3},
+            {"action", "validate"}, {"by", "alice@head"}, {"reason", "drill"}};
+  }
   if (type == kControllerState.type) {
     return {{"v", kSchemaVersion}, {"type", "controller_state"}, {"job", "job1"}, {"at_ns", 5},
             {"pid", 42}, {"host", "head"}, {"version", "0.1.0"}, {"started_ns", 1},

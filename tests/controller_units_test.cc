@@ -1067,10 +1067,6 @@ TEST(ControllerStateTest, JsonRoundTripKeepsEveryField) {
   EXPECT_STREQ(PhaseName(Phase::kValidating), "validating");
 }
 
-// Left out until controller_state.cc checks them (each is accepted today with `why` empty):
-// "cursors" an array or a string (entries come back named "0", "1" or ""), "incidents" negative
-// (wraps to 2^64 - 1), a "slow" key with trailing junk ("12abc" becomes rank 12), an unknown
-// "phase" name (silently tracking).
 TEST(ControllerStateTest, CorruptDocumentFallsBackToAFreshStateButKeepsValidCursors) {
   struct Case {
     const char* name;
@@ -1087,7 +1083,12 @@ TEST(ControllerStateTest, CorruptDocumentFallsBackToAFreshStateButKeepsValidCurs
       {"incident id empty", [](json& j) { j["incident"]["id"] = ""; }, "incident id", true},
       {"incident ranks not integers", [](json& j) { j["incident"]["ranks"] = {"a"}; }, "type", true},
       {"incident without cause", [](json& j) { j["incident"].erase("cause"); }, "cause", true},
-      {"slow rank not a number", [](json& j) { j["slow"]["five"] = j["slow"]["5"]; }, "stoll", true},
+      {"slow rank not a number", [](json& j) { j["slow"]["five"] = j["slow"]["5"]; }, "not a rank", true},
+      {"slow rank with junk", [](json& j) { j["slow"]["12abc"] = j["slow"]["5"]; }, "not a rank", true},
+      {"incidents negative", [](json& j) { j["incidents"] = -1; }, "incidents", true},
+      {"phase unknown", [](json& j) { j["phase"] = "bogus"; }, "phase", true},
+      {"cursors an array", [](json& j) { j["cursors"] = {"7-7", "8-8"}; }, "cursors", false},
+      {"cursors a string", [](json& j) { j["cursors"] = "9-9"; }, "cursors", false},
       {"slow entry missing ratio", [](json& j) { j["slow"]["5"].erase("ratio"); }, "ratio", true},
       {"suspicion missing", [](json& j) { j.erase("suspicion"); }, "suspicion", true},
       {"healthy_s a string", [](json& j) { j["healthy_s"] = "0.5"; }, "type", true},

@@ -71,6 +71,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
       ValidationRun release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", {}, config_.validation, true);
       (void)Send(release.Next(view_, WallNs()));
     }
+    if (mode_ != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
     (void)SaveState(WallNs());
   }
   log_->info("event=stop");
@@ -106,10 +107,14 @@ void Controller::Enter(Phase p, std::int64_t now_ns) {
 }
 
 Status Controller::Advance(std::int64_t now_ns) {
+  if (!requests_.empty() && state_.phase != Phase::kTracking) {  // the round under way answers it
+    state_.incident->request = requests_.back()["id"].get<std::string>();
+    requests_.clear();
+  }
   switch (state_.phase) {
     case Phase::kTracking: return Track(now_ns);
     case Phase::kProfiling:
-      if (LiveSlow().empty()) {
+      if (LiveSlow().empty() && state_.incident->request.empty()) {
         if (Status s = SetMode("track", now_ns); !s.ok()) return s;
         return Resolve(now_ns, "recovered before validation");
       }
@@ -123,7 +128,39 @@ Status Controller::Advance(std::int64_t now_ns) {
   return Status::Ok();
 }
 
+// Manual validation: in tracking, a request opens an incident (if none is open) and starts a
+// round at once; in profiling or validating the round under way answers it.
+Status Controller::ServeRequests(std::int64_t now_ns) {
+  if (requests_.empty() || state_.phase != Phase::kTracking) return Status::Ok();
+  const json r = requests_.front();
+  requests_.clear();  // one round answers every request made so far
+  if (!state_.incident) {
+    const std::string why = r.value("reason", "");
+    Incident inc;
+    inc.id = "inc-" + std::to_string(now_ns / 1'000'000) + "-" + std::to_string(++state_.incidents);
+    inc.opened_ns = now_ns;
+    inc.ranks = LiveSlow();
+    inc.healthy_s = state_.healthy_s.value_or(0);
+    inc.request = r["id"].get<std::string>();
+    state_.incident = inc;
+    if (Status s = Record("detection",
+                          "manual validation requested" + (r.contains("by") ? " by " + r["by"].get<std::string>() : "") +
+                              (why.empty() ? "" : ": " + why),
+                          {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"detail", {{"request", r}, {"manual", true}}}},
+                          "info");
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    state_.incident->request = r["id"].get<std::string>();
+    state_.incident->localised = false;  // asked again: validate again
+  }
+  state_.incident->attempts = std::min(state_.incident->attempts, config_.max_attempts - 1);
+  return StartProfiling(now_ns);
+}
+
 Status Controller::Track(std::int64_t now_ns) {
+  if (!requests_.empty()) return ServeRequests(now_ns);
   const std::vector<std::int64_t> slow = LiveSlow();
   if (!state_.incident) {
     if (slow.empty()) {
@@ -134,6 +171,9 @@ Status Controller::Track(std::int64_t now_ns) {
     if (fraction < config_.min_slow_fraction) return Status::Ok();
     if (Status s = OpenIncident(now_ns, slow); !s.ok()) return s;
     return StartProfiling(now_ns);
+  }
+  if (slow.empty() && !state_.incident->request.empty() && state_.incident->attempts > 0) {
+    return Resolve(now_ns, "manual validation done");
   }
   if (slow.empty()) {
     const bool gone = std::none_of(state_.incident->ranks.begin(), state_.incident->ranks.end(),
@@ -175,6 +215,7 @@ Status Controller::OpenIncident(std::int64_t now_ns, const std::vector<std::int6
 }
 
 Status Controller::SetMode(const std::string& mode, std::int64_t now_ns) {
+  mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
   std::vector<OutgoingCommand> out;
   for (const std::string& host : view_.hosts()) {
     protocol::Command c;
@@ -276,6 +317,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   lo.link_ratio = config_.link_ratio;
   Result<analyzer::Localization> loc = analyzer::Localize(run->Input(), lo);
   json detail = {{"validation", run->Summary()}, {"suspicion", state_.suspicion}, {"attempt", inc.attempts}};
+  if (!inc.request.empty()) detail["request"] = inc.request;
   std::vector<std::int64_t> ranks;
   std::string summary;
   std::string cause = "unknown";
@@ -323,6 +365,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   }
   inc.cause = cause;
   inc.findings = detail;
+  inc.last_round_ns = now_ns;
   log_->debug("event=localisation detail={}", detail.dump());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());

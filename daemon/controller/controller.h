@@ -66,10 +66,12 @@ class Controller {
   void OnProfile(const nlohmann::json& m);
   void OnAck(const nlohmann::json& m);
   void OnIterations(const nlohmann::json& m);
+  void OnRequest(const nlohmann::json& m);
 
   // The state machine (controller.cc).
   Status Advance(std::int64_t now_ns);
   Status Track(std::int64_t now_ns);
+  Status ServeRequests(std::int64_t now_ns);
   Status OpenIncident(std::int64_t now_ns, const std::vector<std::int64_t>& slow);
   Status StartProfiling(std::int64_t now_ns);
   Status FinishProfiling(std::int64_t now_ns);
@@ -102,6 +104,7 @@ class Controller {
   std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
   std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
+  std::vector<nlohmann::json> requests_;  // validated controller_request messages not yet served
   std::uint64_t dropped_messages_ = 0;
 };
 

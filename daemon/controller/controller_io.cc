@@ -30,6 +30,7 @@ const StreamSpec kStreams[] = {
     {"profiles", &protocol::kProfilesStream, &protocol::kCommProfile},
     {"acks", &protocol::kAcksStream, &protocol::kAck},
     {"iterations", &protocol::kIterationsStream, &protocol::kIterations},
+    {"requests", &protocol::kRequestsStream, &protocol::kControllerRequest},
 };
 
 // Newest entry id of `stream`, "" when it is empty or absent.
@@ -99,6 +100,7 @@ Status Controller::LoadState(std::int64_t now_ns) {
       if (state_.cursors.count(s.name)) continue;
       Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
       if (!last.ok()) return last.status();
+      // Requests made before this controller ever ran are stale: they start at the end too.
       state_.cursors[s.name] = std::string(s.name) == "alarms" || last.value().empty() ? "0-0" : last.value();
     }
   }
@@ -205,6 +207,7 @@ Status Controller::ReadStreams(int block_ms) {
       if (name == "alarms") OnAlarm(m.value());
       else if (name == "profiles") OnProfile(m.value());
       else if (name == "acks") OnAck(m.value());
+      else if (name == "requests") OnRequest(m.value());
       else OnIterations(m.value());
     }
   }
@@ -261,8 +264,16 @@ void Controller::OnAlarm(const json& m) {
   const std::int64_t rank = m["rank"].get<std::int64_t>();
   if (rank < 0) return;
   if (m["kind"] == "slow") {
-    state_.slow[rank] = {m["ratio"].get<double>(), m["level_s"].get<double>(), m["baseline_s"].get<double>(),
-                         m.value("onset_ns", m["at_ns"].get<std::int64_t>())};
+    const std::int64_t onset = m.value("onset_ns", m["at_ns"].get<std::int64_t>());
+    state_.slow[rank] = {m["ratio"].get<double>(), m["level_s"].get<double>(), m["baseline_s"].get<double>(), onset};
+    // A slowdown that began after the incident's last round is news (the incident may have been
+    // a false alarm, and a real fail-slow started since): it earns the incident fresh rounds.
+    if (state_.incident && !state_.incident->localised && onset > state_.incident->last_round_ns &&
+        state_.incident->last_round_ns > 0 && state_.incident->attempts > 0) {
+      log_->info("event=new_slowdown rank={} incident={} action=allow_new_rounds", rank, state_.incident->id);
+      state_.incident->attempts = 0;
+      state_.incident->next_attempt_ns = 0;
+    }
   } else {
     state_.slow.erase(rank);
   }
@@ -284,6 +295,12 @@ void Controller::OnAck(const json& m) {
     return;
   }
   if (run_) run_->OnAck(m);
+}
+
+void Controller::OnRequest(const json& m) {
+  log_->info("event=request id={} action={} by={}", m["id"].get<std::string>(), m["action"].get<std::string>(),
+             m.value("by", "-"));
+  requests_.push_back(m);
 }
 
 void Controller::OnIterations(const json& m) {

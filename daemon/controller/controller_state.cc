@@ -20,7 +20,8 @@ bool ParseId(const std::string& id, std::uint64_t* ms, std::uint64_t* seq) {
 json IncidentJson(const Incident& i) {
   return {{"id", i.id},          {"opened_ns", i.opened_ns}, {"ranks", i.ranks},
           {"healthy_s", i.healthy_s}, {"localised", i.localised}, {"attempts", i.attempts},
-          {"next_attempt_ns", i.next_attempt_ns}, {"cause", i.cause}, {"findings", i.findings}};
+          {"next_attempt_ns", i.next_attempt_ns}, {"cause", i.cause}, {"findings", i.findings},
+          {"request", i.request}, {"last_round_ns", i.last_round_ns}};
 }
 
 Incident IncidentFromJson(const json& j) {
@@ -34,6 +35,8 @@ Incident IncidentFromJson(const json& j) {
   i.next_attempt_ns = j.at("next_attempt_ns").get<std::int64_t>();
   i.cause = j.at("cause").get<std::string>();
   i.findings = j.at("findings");
+  i.request = j.value("request", "");
+  i.last_round_ns = j.value("last_round_ns", std::int64_t{0});
   if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
   return i;
 }
@@ -79,16 +82,28 @@ ControllerState StateFromJson(const json& j, std::string* why) {
   why->clear();
   try {
     if (!j.is_object()) throw std::invalid_argument("not an object");
+    if (!j.at("cursors").is_object()) throw std::invalid_argument("cursors: not an object");
     for (const auto& [name, id] : j.at("cursors").items()) {  // cursors first: kept on later errors
       if (id.is_string() && ValidStreamId(id.get<std::string>())) s.cursors[name] = id.get<std::string>();
     }
     const std::string phase = j.at("phase").get<std::string>();
+    if (phase != "tracking" && phase != "profiling" && phase != "validating") {
+      throw std::invalid_argument("phase: unknown '" + phase + "'");
+    }
     s.phase = phase == "profiling" ? Phase::kProfiling : phase == "validating" ? Phase::kValidating : Phase::kTracking;
     s.since_ns = j.at("since_ns").get<std::int64_t>();
+    if (j.at("incidents").is_number_integer() && !j.at("incidents").is_number_unsigned()) {
+      throw std::invalid_argument("incidents: negative");
+    }
     s.incidents = j.at("incidents").get<std::uint64_t>();
     for (const auto& [rank, r] : j.at("slow").items()) {
-      s.slow[std::stoll(rank)] = {r.at("ratio").get<double>(), r.at("level_s").get<double>(),
-                                  r.at("baseline_s").get<double>(), r.at("onset_ns").get<std::int64_t>()};
+      std::int64_t n = -1;
+      const auto [end, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), n);
+      if (ec != std::errc() || end != rank.data() + rank.size() || n < 0) {
+        throw std::invalid_argument("slow: '" + rank + "' is not a rank");
+      }
+      s.slow[n] = {r.at("ratio").get<double>(), r.at("level_s").get<double>(), r.at("baseline_s").get<double>(),
+                   r.at("onset_ns").get<std::int64_t>()};
     }
     if (j.contains("incident")) s.incident = IncidentFromJson(j["incident"]);
     s.profile_from_ns = j.at("profile_from_ns").get<std::int64_t>();

@@ -36,8 +36,10 @@ struct Incident {
   bool localised = false;           // a validation named the culprit(s)
   int attempts = 0;                 // validation rounds tried
   std::int64_t next_attempt_ns = 0;
+  std::int64_t last_round_ns = 0;   // when the last validation round ended
   std::string cause = "unknown";
   nlohmann::json findings = nlohmann::json::object();
+  std::string request;  // the controller_request id that opened or re-validated it, if any
 };
 
 struct ControllerState {

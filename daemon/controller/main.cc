@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   app.set_config("-c,--config", "", "config file (TOML/INI: name = value; see falcon-controller.conf)")
       ->envname("FALCON_CONTROLLER_CONFIG");
   bool print_config = false;
-  app.add_flag("--print-config", print_config, "print the effective configuration in config-file syntax and exit");
+  app.add_flag("--print-config", print_config, "print the effective configuration in config-file syntax and exit")
+      ->configurable(false);
   falcon::controller::AddConfigOptions(app, config);
   try {
     app.parse(argc, argv);

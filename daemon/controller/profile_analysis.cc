@@ -146,7 +146,7 @@ Result<ProfileVerdict> AnalyzeProfiles(const JobView& view,
   ProfileVerdict v;
   for (const auto& [rank, p] : profiles) {
     Collect(p, reports);
-    if (p["mode"] != "track") ++v.ranks_with_timings;
+    if (p["mode"] == "profile" || p["mode"] == "sample") ++v.ranks_with_timings;
   }
   std::vector<analyzer::CommProfile> comms;
   std::vector<double> metric;

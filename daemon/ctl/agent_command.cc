@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -221,6 +222,70 @@ int RunSend(SendOptions o) {
   return Report(o, targets);
 }
 
+struct RequestOptions {
+  bool wait = false;
+  std::string reason;
+};
+
+// `falcon-ctl validate` without --task: a controller_request on the requests stream; with --wait,
+// the incident stream is read until a localisation stage names this request.
+int RunControllerValidate(RedisCliOptions redis_options, const RequestOptions& o) {
+  if (Status s = ResolveRedisOptions(redis_options); !s.ok()) return ReportRedisError(s);
+  auto conn = ConnectRedis(redis_options);
+  if (!conn.ok()) return ReportRedisError(conn.status());
+  redis::RedisConnection& c = *conn.value();
+  Result<std::string> requests = protocol::FormatKey(protocol::kRequestsStream, JobVars(redis_options.job));
+  Result<std::string> incidents = protocol::FormatKey(protocol::kIncidentsStream, JobVars(redis_options.job));
+  if (!requests.ok() || !incidents.ok()) return ReportRedisError(requests.ok() ? incidents.status() : requests.status());
+  Result<std::string> last = LastId(c, incidents.value());
+  if (!last.ok()) return ReportRedisError(last.status());
+  const std::int64_t now = NowNs();
+  const std::string id = "req-" + std::to_string(getpid()) + "-" + std::to_string(now);
+  char host[128] = {};
+  gethostname(host, sizeof host - 1);
+  const char* user = std::getenv("USER");
+  json req = {{"v", protocol::kSchemaVersion}, {"type", protocol::kControllerRequest.type}, {"id", id},
+              {"issued_ns", now}, {"action", "validate"},
+              {"by", std::string(user != nullptr ? user : "?") + "@" + host + " (falcon-ctl)"}};
+  if (!o.reason.empty()) req["reason"] = o.reason;
+  if (Status s = protocol::ValidateMessage(req, protocol::kControllerRequest); !s.ok()) {
+    std::fprintf(stderr, "falcon-ctl validate: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  Result<std::string> entry = redis::XAdd(c, requests.value(), kCommandsMaxLen,
+                                          {{std::string(protocol::kPayloadField), req.dump()}});
+  if (!entry.ok()) return ReportRedisError(entry.status());
+  if (!o.wait) {
+    if (redis_options.json) std::printf("%s\n", json{{"v", kJsonSchema}, {"request", id}, {"sent", true}}.dump().c_str());
+    else std::printf("# validation requested (%s); follow it with `falcon-ctl events --follow` or `falcon-ctl incidents`\n", id.c_str());
+    return kExitOk;
+  }
+  const std::int64_t deadline = NowNs() + static_cast<std::int64_t>(redis_options.timeout_s * 1e9);
+  std::string cursor = last.value();
+  while (NowNs() < deadline) {
+    Result<std::vector<redis::StreamRead>> r = redis::XRead(c, {{incidents.value(), cursor}}, 100, kAckPollMs);
+    if (!r.ok()) return ReportRedisError(r.status());
+    for (const redis::StreamRead& read : r.value()) {
+      for (const redis::StreamEntry& e : read.entries) {
+        cursor = e.id;
+        std::optional<json> m = ValidateOrWarn(incidents.value() + " " + e.id,
+                                               e.Field(std::string(protocol::kPayloadField)), protocol::kIncident);
+        if (!m || (*m)["stage"] != "localisation" || !m->contains("detail") ||
+            (*m)["detail"].value("request", "") != id) {
+          continue;
+        }
+        const bool named = m->value("cause", "unknown") != "unknown";
+        if (redis_options.json) std::printf("%s\n", json{{"v", kJsonSchema}, {"request", id}, {"localisation", *m}}.dump().c_str());
+        else std::printf("%s: %s\n", (*m)["id"].get<std::string>().c_str(), (*m)["summary"].get<std::string>().c_str());
+        return named ? kExitFound : kExitOk;
+      }
+    }
+  }
+  std::fprintf(stderr, "falcon-ctl validate: no localisation for %s within %.0f s (is falcon-controller running "
+               "for job '%s'? a longer --timeout?)\n", id.c_str(), redis_options.timeout_s, redis_options.job.c_str());
+  return kExitUnreachable;
+}
+
 CLI::App* AddSendCommand(CLI::App& app, CommandContext& ctx, const char* name, const char* help,
                          std::shared_ptr<SendOptions> o) {
   CLI::App* cmd = app.add_subcommand(name, help);
@@ -275,8 +340,24 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
 
   auto val = std::make_shared<SendOptions>();
   val->command.type = std::string(protocol::kValidate.type);
-  CLI::App* v = AddSendCommand(app, ctx, "validate", "Run a validation benchmark while paused and await acks", val);
-  v->add_option("--task", val->command.task, "gemm | p2p")->required()->check(CLI::IsMember({"gemm", "p2p"}));
+  auto round = std::make_shared<RequestOptions>();
+  CLI::App* v = AddSendCommand(app, ctx, "validate",
+                               "Ask the controller for a validation round now (pause, GEMM, P2P passes, resume, "
+                               "localise; --wait for its outcome); with --task, run one benchmark on paused "
+                               "ranks through the agents instead",
+                               val);
+  v->add_option("--task", val->command.task, "gemm | p2p: one benchmark through the agents (ranks must be paused)")
+      ->check(CLI::IsMember({"gemm", "p2p"}));
+  v->add_flag("--wait", round->wait, "controller round: wait (up to --timeout) for its localisation and print it");
+  v->add_option("--reason", round->reason, "controller round: why, for the incident record");
+  v->callback([val, round, &ctx] {
+    try {
+      ctx.exit_code = val->command.task.empty() ? RunControllerValidate(val->redis, *round) : RunSend(*val);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "falcon-ctl validate: internal error: %s\n", e.what());
+      ctx.exit_code = kExitInternal;
+    }
+  });
   v->add_option("--comm", val->command.comm, "p2p: communicator id (16 hex digits)");
   v->add_option("--peer", val->command.peer, "p2p: peer rank in the communicator");
   v->add_option("--shift", val->command.shift, "p2p instead of --peer: rank r sends to r+shift");

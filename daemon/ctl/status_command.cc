@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct JobStatus {
   std::vector<json> ranks;            // validated rank_register
   std::map<std::int64_t, double> current_s;   // rank -> latest iteration time
   std::map<std::int64_t, json> last_alarm;    // rank -> latest alarm
+  std::optional<json> controller;             // validated controller_state, if any
 };
 
 Result<std::vector<json>> ReadHashes(redis::RedisConnection& c, const protocol::KeySpec& spec,
@@ -70,6 +72,9 @@ Status Collect(redis::RedisConnection& c, const std::string& job, JobStatus& st)
       ReadStreamTail(c, alarms.value(), protocol::kAlarm, kRecentEntries, "");
   if (!al.ok()) return al.status();
   for (const ValidMessage& a : al.value()) st.last_alarm[a.msg["rank"].get<std::int64_t>()] = a.msg;
+  Result<std::vector<json>> controller = ReadHashes(c, protocol::kControllerKey, job);
+  if (!controller.ok()) return controller.status();
+  if (!controller.value().empty()) st.controller = controller.value().front();
   return Status::Ok();
 }
 
@@ -101,11 +106,49 @@ std::string Ms(const json& seconds) {
   return buf;
 }
 
+// What people and scripts want from the controller's state (the resume document stays out).
+json ControllerRecord(const json& c, std::int64_t now) {
+  json out = {{"state", c["state"]},
+              {"since_s", static_cast<double>(now - c["since_ns"].get<std::int64_t>()) / 1e9},
+              {"host", c["host"]},
+              {"pid", c["pid"]},
+              {"version", c["version"]},
+              {"heartbeat_age_s", static_cast<double>(now - c["at_ns"].get<std::int64_t>()) / 1e9},
+              {"ranks", c["ranks"]},
+              {"agents", c["agents"]},
+              {"incident", c.value("incident", json(nullptr))},
+              {"incidents", c["incidents"]},
+              {"slow_ranks", c["slow_ranks"]},
+              {"mode", c.value("mode", json(nullptr))},
+              {"period", c.value("period", json(nullptr))},
+              {"current_s", c.value("current_s", json(nullptr))},
+              {"healthy_s", c.value("healthy_s", json(nullptr))}};
+  return out;
+}
+
+void PrintController(const std::optional<json>& c, std::int64_t now) {
+  if (!c) {
+    std::printf("# controller: none — no controller has written state for this job (is falcon-controller running?)\n");
+    return;
+  }
+  const json r = ControllerRecord(*c, now);
+  const bool stale = r["heartbeat_age_s"].get<double>() > 10;
+  std::printf("# controller: %s for %.0f s  incident %s  slow ranks %s  mode %s  period %s calls  "
+              "iteration %s ms (healthy %s ms)  %s pid %lld, state written %.1f s ago%s\n",
+              r["state"].get<std::string>().c_str(), r["since_s"].get<double>(),
+              r["incident"].is_null() ? "-" : r["incident"].get<std::string>().c_str(),
+              r["slow_ranks"].dump().c_str(), r["mode"].is_null() ? "-" : r["mode"].get<std::string>().c_str(),
+              r["period"].is_null() ? "-" : std::to_string(r["period"].get<long long>()).c_str(),
+              Ms(r["current_s"]).c_str(), Ms(r["healthy_s"]).c_str(), r["host"].get<std::string>().c_str(),
+              r["pid"].get<long long>(), r["heartbeat_age_s"].get<double>(),
+              stale ? "  (STALE: is falcon-controller running?)" : "");
+}
+
 void PrintTable(const std::string& job, const JobStatus& st, const std::vector<json>& ranks,
                 std::int64_t now) {
   std::printf("# falcon-ctl status 0.1.0 (protocol v%d)  job %s  at %s UTC\n",
               protocol::kSchemaVersion, job.c_str(), FormatUtc(now).c_str());
-  std::printf("# controller: none (no controller state in the protocol yet)\n");
+  PrintController(st.controller, now);
   std::printf("# %zu agent(s), %zu rank(s)\n", st.agents.size(), ranks.size());
   for (const json& a : st.agents) {
     std::printf("# agent %s pid %lld version %s ranks %s heartbeat %s ago outbox %llu dropped %llu\n",
@@ -138,7 +181,7 @@ int RunStatus(RedisCliOptions o) {
   if (!conn.ok()) return ReportRedisError(conn.status());
   JobStatus st;
   if (Status s = Collect(*conn.value(), o.job, st); !s.ok()) return ReportRedisError(s);
-  if (st.agents.empty() && st.ranks.empty()) {
+  if (st.agents.empty() && st.ranks.empty() && !st.controller) {
     std::fprintf(stderr,
                  "falcon-ctl status: no agents or ranks registered for job '%s' (is falcon-agent "
                  "running with job = %s and this Redis? wrong --job or FALCON_JOB?)\n",
@@ -162,7 +205,8 @@ int RunStatus(RedisCliOptions o) {
                         {"outbox", a["outbox"]},
                         {"dropped", a["dropped"]}});
     }
-    json doc = {{"v", kJsonSchema}, {"job", o.job},   {"at_ns", now}, {"controller", nullptr},
+    json doc = {{"v", kJsonSchema}, {"job", o.job},   {"at_ns", now},
+                {"controller", st.controller ? ControllerRecord(*st.controller, now) : json(nullptr)},
                 {"agents", agents}, {"ranks", ranks}};
     std::printf("%s\n", doc.dump().c_str());
   } else {

@@ -83,10 +83,15 @@ inline constexpr KeySpec kControllerKey{
     "the controller's state (tracking, profiling, validating), open incident and stream cursors; "
     "written at every transition and heartbeat, read back when a controller (re)starts"};
 
+inline constexpr KeySpec kRequestsStream{
+    "requests", "falcon:{job}:requests", KeyKind::kStream, Direction::kAgentToController,
+    "controller_request",
+    "requests to the controller from people and tools (falcon-ctl validate): a validation round now"};
+
 inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kIterationsStream,
                                        kAlarmsStream,   kProfilesStream,  kCommandsStream,
                                        kAcksStream,     kIncidentsStream, kAlertsChannel,
-                                       kControllerKey};
+                                       kControllerKey,  kRequestsStream};
 
 // ---- Messages -----------------------------------------------------------------------------------
 
@@ -330,11 +335,21 @@ inline constexpr FieldSpec kControllerStateFields[] = {
 inline constexpr MessageSpec kControllerState{"controller_state", kControllerStateFields,
                                               "the controller's persisted state (kControllerKey)"};
 
+inline constexpr FieldSpec kControllerRequestFields[] = {
+    {"id", JsonType::kString, true, "request id, unique per job (echoed in the incident's detail)", "", 1, 64},
+    {"issued_ns", JsonType::kInteger, true, "wall-clock issue time", "", 0, kMaxI64},
+    {"action", JsonType::kString, true, "what to do", "validate"},
+    {"by", JsonType::kString, false, "who asked (user@host, tool)", "", 0, 128},
+    {"reason", JsonType::kString, false, "why, for the incident record", "", 0, kMaxText},
+};
+inline constexpr MessageSpec kControllerRequest{"controller_request", kControllerRequestFields,
+                                                "a request to the controller (kRequestsStream)"};
+
 inline constexpr MessageSpec kAllMessages[] = {kRankRegister,   kAgentHeartbeat, kIterations,
                                                kAlarm,          kCommProfile,    kSetMode,
                                                kPause,          kResume,         kValidate,
                                                kAck,            kIncident,       kAlert,
-                                               kControllerState};
+                                               kControllerState, kControllerRequest};
 
 #undef FALCON_PROTOCOL_REPORT_FIELDS
 #undef FALCON_PROTOCOL_RANK_FIELDS
