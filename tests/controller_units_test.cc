@@ -986,7 +986,9 @@ TEST(ValidationRunTest, ReleaseFirstResumesEveryHostBeforeThePause) {
   EXPECT_EQ(run.failure(), "");
 }
 
-TEST(ValidationRunTest, NoCutCommunicatorFailsAtOnce) {
+// Without a cut communicator the round waits (a fresh view has no call rates yet), then fails
+// once ack_timeout_s has passed.
+TEST(ValidationRunTest, NoCutCommunicatorFailsAfterWaiting) {
   struct Case {
     const char* name;
     JobView view;
@@ -1003,6 +1005,11 @@ TEST(ValidationRunTest, NoCutCommunicatorFailsAtOnce) {
     SCOPED_TRACE(c.name);
     ValidationRun run("v6", GemmThenP2p(), ValidationSettings{}, false);
     EXPECT_TRUE(run.Next(c.view, kReportedNs).empty());
+    EXPECT_FALSE(run.done()) << "waits for call rates first";
+    const auto wait_ns = static_cast<std::int64_t>(ValidationSettings{}.ack_timeout_s * 1e9);
+    EXPECT_TRUE(run.Next(c.view, kReportedNs + wait_ns / 2).empty());
+    EXPECT_FALSE(run.done());
+    EXPECT_TRUE(run.Next(c.view, kReportedNs + wait_ns + 1).empty());
     EXPECT_TRUE(run.done());
     EXPECT_FALSE(run.completed());
     EXPECT_NE(run.failure().find(c.says), std::string::npos) << run.failure();

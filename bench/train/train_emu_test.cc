@@ -131,8 +131,9 @@ TEST_F(TrainEmuTest, SmallAndOddShapesPassCheck) {
 }
 
 TEST_F(TrainEmuTest, ComputeFaultOnOneRankSlowsEveryRank) {
-  const std::vector<std::string> args = {"--dp", "2", "--pp", "2", "--iters", "6", "--progress-every", "0",
-                                         "--report", ReportSpec()};
+  // 10 ms of modelled compute per layer: modelled time, not how busy the host is, sets the pace.
+  const std::vector<std::string> args = {"--dp", "2", "--pp", "2", "--iters", "6", "--compute-ms", "10",
+                                         "--progress-every", "0", "--report", ReportSpec()};
   const JobResult healthy = RunJob({"-n", "4"}, args);
   ASSERT_EQ(healthy.exit_code, 0) << healthy.output;
   const std::vector<double> base = Medians(4);

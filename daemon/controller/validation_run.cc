@@ -73,6 +73,10 @@ std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64
 std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   const std::optional<std::uint64_t> cut = view.CutComm();
+  if (!cut && cut_wait_deadline_ns_ == 0) cut_wait_deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+  if (!cut && !view.hosts().empty() && now_ns < cut_wait_deadline_ns_) {
+    return {};  // a fresh view has no call rates yet (two reports make one): wait for the next
+  }
   if (!cut || view.hosts().empty()) {
     failure_ = "no communicator spans every live rank with a known call rate: nowhere to cut";
     std::size_t widest = 0;

@@ -5,6 +5,8 @@
 //    rank), placed `pause_lead_s` ahead of where its furthest member was when last reported
 //    (extrapolated with the measured call rate, so a stale report still lands ahead). A cut some
 //    rank had already passed ("missed") is retried further ahead, up to `pause_attempts` times.
+//    With no cut communicator yet (a fresh controller has not measured call rates: that takes
+//    two reports), it waits up to `ack_timeout_s` before giving up.
 //  - Each step sends its commands, then waits for every ack up to `ack_timeout_s`. A task that
 //    failed or was never acked leaves its measurement out; the round goes on.
 //  - Any pause failure, and the end of the steps, lead to resume. Resume is sent even when the
@@ -100,6 +102,7 @@ class ValidationRun {
   double lead_s_ = 0;
   bool paused_ = false;
   bool retry_pause_ = false;
+  std::int64_t cut_wait_deadline_ns_ = 0;  // give up waiting for a cut communicator then
   std::size_t steps_done_ = 0;
   std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
   std::string failure_;
