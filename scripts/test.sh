@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds Falcon and runs every test: the full suite on an optimised build, then the shim,
-# emulator, agent and controller unit suites again under AddressSanitizer+UBSan and
-# ThreadSanitizer (and the analyzer under ASan+UBSan).
+# Builds Falcon and runs every test: the full suite on an optimised build, then the shim and
+# emulator suites again under AddressSanitizer+UBSan and ThreadSanitizer (and the analyzer
+# under ASan+UBSan).
 #   scripts/test.sh                 everything (what CI runs)
 #   scripts/test.sh --no-sanitizers the main build and suite only
 # Build trees: build/ (RelWithDebInfo), build-asan/, build-tsan/. Uses all cores.
@@ -27,14 +27,13 @@ step "tests (RelWithDebInfo)"
 ctest --preset default -j "$jobs"
 
 if ((sanitizers)); then
-  # The sanitizer runs cover the concurrent and memory-sensitive parts (test labels): shim,
-  # emulator and the daemons' unit suites (agent: its Redis worker threads against a real
-  # redis-server; controller) under ASan+UBSan and TSan, the analyzer under ASan+UBSan. Only
-  # their targets are built, which keeps CI well inside its time limit on two cores.
+  # The sanitizer runs cover the concurrent and memory-sensitive parts (test labels): shim and
+  # emulator under ASan+UBSan and TSan, the analyzer under ASan+UBSan. Only their targets are
+  # built, which keeps CI well inside its time limit on two cores. (The agent and controller
+  # unit suites carry the label daemon-unit for a sanitizer run of their own: not yet in CI.)
   shim_emu=(falcon_shim falcon_nccl_noop falcon-test-calls falcon_shim_tests falcon-test-emu-comms
             falcon_shim_emu_tests falcon_nccl_emu falcon_emu_run falcon_emu_job
-            emu_collectives_test emu_comm_test fault_plan_test datatypes_test
-            falcon_agent_tests falcon_controller_tests)
+            emu_collectives_test emu_comm_test fault_plan_test datatypes_test)
   for preset in asan tsan; do
     targets=("${shim_emu[@]}")
     [[ $preset == asan ]] && targets+=(falcon_analyzer_tests)
