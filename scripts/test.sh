@@ -2,16 +2,20 @@
 # Builds Falcon and runs every test: the full suite on an optimised build, then the shim and
 # emulator suites again under AddressSanitizer+UBSan and ThreadSanitizer (and the analyzer
 # under ASan+UBSan).
-#   scripts/test.sh                 everything (what CI runs)
+#   scripts/test.sh                 every suite but the controller end-to-end one (what CI runs)
 #   scripts/test.sh --no-sanitizers the main build and suite only
+#   scripts/test.sh --e2e           also the controller's 16-rank end-to-end suite (~20 min; needs
+#                                   two cores of its own: it is timing-sensitive on a starved VM)
 # Build trees: build/ (RelWithDebInfo), build-asan/, build-tsan/. Uses all cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitizers=1
+e2e=0
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) sanitizers=0 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --e2e) e2e=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -25,6 +29,10 @@ cmake --preset default >/dev/null
 cmake --build --preset default -j "$jobs"
 step "tests (RelWithDebInfo)"
 ctest --preset default -j "$jobs"
+if ((e2e)); then
+  step "controller end-to-end suite (16 emulated ranks)"
+  ctest --preset e2e
+fi
 
 if ((sanitizers)); then
   # The sanitizer runs cover the concurrent and memory-sensitive parts (test labels): shim and
