@@ -110,9 +110,19 @@ json Example(std::string_view type) {
             {"comms", {"00000000000000ff"}}, {"cause", "compute"}, {"strategy", "S2"},
             {"detail", {{"ratio", 1.4}}}};
   }
+  if (type == kMitigationPlan.type) {
+    return {{"v", kSchemaVersion}, {"type", "mitigation_plan"}, {"job", "job1"}, {"at_ns", 6},
+            {"incident", "inc-1"}, {"mode", "advise"}, {"plan_version", 2}, {"strategy", "S2"},
+            {"micro_batches", {4, 4, 2, 6}}, {"expected_gain", 0.3}, {"reason", "rank 3 slow"},
+            {"detail", {{"solve_us", 12}}}};
+  }
   Command c;
   c.type = std::string(type);
   c.id = "cmd-1";
+  c.plan_version = 3;
+  c.strategy = "S3";
+  c.micro_batches = {2, 3};
+  c.placement = {1, 0, 2, 3};
   c.issued_ns = 1;
   c.ranks = std::vector<std::int64_t>{0, 1};
   c.mode = "profile";
@@ -249,6 +259,18 @@ TEST(ProtocolKeysTest, ValuesThatWouldChangeTheKeyAreRefused) {
   EXPECT_FALSE(FormatKey(kRankKey, {"j", "h", -1}).ok()) << "negative rank";
   EXPECT_EQ(SanitizeKeyPart("node 1:a"), "node_1_a");
   EXPECT_EQ(SanitizeKeyPart(""), "_");
+}
+
+TEST(ProtocolCommandTest, PlanElementsAreRangeChecked) {
+  json m = Example("plan");
+  ASSERT_TRUE(ParseCommand(m.dump()).ok());
+  EXPECT_EQ(ParseCommand(m.dump()).value().placement, (std::vector<std::int32_t>{1, 0, 2, 3}));
+  for (auto [key, bad] : {std::pair{"micro_batches", 0}, {"micro_batches", 4097},
+                          {"placement", -1}, {"placement", 65536}, {"exclude_nodes", -2}}) {
+    json b = m;
+    b[key] = json::array({1, bad});
+    EXPECT_FALSE(ParseCommand(b.dump()).ok()) << key << " " << bad;
+  }
 }
 
 TEST(ProtocolCommandTest, ParsesEachCommandTypeAndRejectsOthers) {

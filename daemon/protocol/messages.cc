@@ -153,6 +153,13 @@ json ToJson(const Command& m) {
     SetIf(j, "bytes", m.bytes);
     SetIf(j, "size", m.size);
     SetIf(j, "repeats", m.repeats);
+  } else if (m.type == kPlanCommand.type) {
+    j["plan_version"] = m.plan_version;
+    j["strategy"] = m.strategy;
+    if (!m.micro_batches.empty()) j["micro_batches"] = m.micro_batches;
+    if (!m.placement.empty()) j["placement"] = m.placement;
+    if (!m.exclude_nodes.empty()) j["exclude_nodes"] = m.exclude_nodes;
+    if (m.restart) j["restart"] = true;
   }
   return j;
 }
@@ -225,6 +232,28 @@ Result<Command> ParseCommand(std::string_view text) {
       if (j.contains("bytes")) c.bytes = j["bytes"].get<std::int64_t>();
       if (j.contains("size")) c.size = j["size"].get<std::int64_t>();
       if (j.contains("repeats")) c.repeats = j["repeats"].get<std::int64_t>();
+    } else if (c.type == kPlanCommand.type) {
+      c.plan_version = j.at("plan_version").get<std::int32_t>();
+      c.strategy = j.at("strategy").get<std::string>();
+      c.restart = j.value("restart", false);
+      // The schema checks element types; the element ranges are checked here.
+      auto ints = [&j](const char* key, std::int64_t lo, std::int64_t hi,
+                       std::vector<std::int32_t>* out) -> Status {
+        if (!j.contains(key)) return Status::Ok();
+        for (const json& e : j[key]) {
+          const std::int64_t v = e.get<std::int64_t>();
+          if (v < lo || v > hi) {
+            return Status::InvalidArgument(std::string("plan.") + key + ": element " +
+                                           std::to_string(v) + " outside [" + std::to_string(lo) +
+                                           ", " + std::to_string(hi) + "]");
+          }
+          out->push_back(static_cast<std::int32_t>(v));
+        }
+        return Status::Ok();
+      };
+      if (Status s = ints("micro_batches", 1, 4096, &c.micro_batches); !s.ok()) return s;
+      if (Status s = ints("placement", 0, 65535, &c.placement); !s.ok()) return s;
+      if (Status s = ints("exclude_nodes", 0, 65535, &c.exclude_nodes); !s.ok()) return s;
     }
     return c;
   } catch (const json::exception& e) {

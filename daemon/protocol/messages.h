@@ -116,7 +116,7 @@ struct CommProfileReport {
 
 // A controller command, validated. Which fields mean something depends on `type`.
 struct Command {
-  std::string type;  // set_mode | pause | resume | validate
+  std::string type;  // set_mode | pause | resume | validate | plan
   std::string id;
   std::int64_t issued_ns = 0;
   std::optional<std::int64_t> deadline_ns;
@@ -132,6 +132,13 @@ struct Command {
   std::string task;
   std::optional<std::string> comm;
   std::optional<std::int64_t> peer, shift, bytes, size, repeats;
+  // plan (elements range-checked by ParseCommand)
+  std::int32_t plan_version = 0;
+  std::string strategy;                      // S1 | S2 | S3 | S4
+  std::vector<std::int32_t> micro_batches;   // per DP replica, each 1..4096; empty: none
+  std::vector<std::int32_t> placement;       // node of every global rank, 0..65535; empty: none
+  std::vector<std::int32_t> exclude_nodes;
+  bool restart = false;
 };
 
 // One rank's part of a pause / resume / validate ack.

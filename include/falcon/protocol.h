@@ -64,7 +64,7 @@ inline constexpr KeySpec kProfilesStream{
     "comm_profile", "per-communicator call profiles per rank (op/size signature, count, timing)"};
 inline constexpr KeySpec kCommandsStream{
     "commands", "falcon:{job}:commands:{host}", KeyKind::kStream, Direction::kControllerToAgent,
-    "set_mode|pause|resume|validate",
+    "set_mode|pause|resume|validate|plan",
     "commands for one agent; read with XREADGROUP (group kCommandGroup), acknowledged with XACK "
     "after an ack message is queued"};
 inline constexpr KeySpec kAcksStream{
@@ -88,10 +88,15 @@ inline constexpr KeySpec kRequestsStream{
     "controller_request",
     "requests to the controller from people and tools (falcon-ctl validate): a validation round now"};
 
+inline constexpr KeySpec kPlanKey{
+    "plan", "falcon:{job}:plan", KeyKind::kHash, Direction::kControllerToAll, "mitigation_plan",
+    "the mitigation plan in force (latest decision): what falcon-ctl plan shows; in act mode also "
+    "sent to every agent as a plan command"};
+
 inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kIterationsStream,
                                        kAlarmsStream,   kProfilesStream,  kCommandsStream,
                                        kAcksStream,     kIncidentsStream, kAlertsChannel,
-                                       kControllerKey,  kRequestsStream};
+                                       kControllerKey,  kRequestsStream,  kPlanKey};
 
 // ---- Messages -----------------------------------------------------------------------------------
 
@@ -260,7 +265,31 @@ inline constexpr FieldSpec kValidateFields[] = {
 inline constexpr MessageSpec kValidate{"validate", kValidateFields,
                                        "run a validation benchmark while paused"};
 
-inline constexpr MessageSpec kCommands[] = {kSetMode, kPause, kResume, kValidate};
+// The plan fields, shared by the plan command and the mitigation_plan hash. Micro-batch counts
+// are indexed by DP replica = a rank's rank in its data-parallel communicator (the order
+// Megatron-style frameworks use); placement maps every global rank to a node index.
+#define FALCON_PROTOCOL_PLAN_FIELDS                                                              \
+  {"plan_version", JsonType::kInteger, true, "increases with every decision of the job", "", 1,  \
+   2147483647},                                                                                  \
+      {"strategy", JsonType::kString, true, "S1 ignore (also: undo), S2 re-balance, S3 "         \
+       "re-place, S4 restart", "S1|S2|S3|S4"},                                                   \
+      {"micro_batches", JsonType::kArray, false,                                                 \
+       "S2: micro-batches per DP replica, each 1..4096", "", 1, 4096, JsonType::kInteger},       \
+      {"placement", JsonType::kArray, false,                                                     \
+       "S3/S4: node index (0..65535) of every global rank", "", 1, 65536, JsonType::kInteger},   \
+      {"exclude_nodes", JsonType::kArray, false, "S4: node indices to leave out", "", 0, 65536,  \
+       JsonType::kInteger},                                                                      \
+      {"restart", JsonType::kBoolean, false, "S4: restart from the last checkpoint"}
+
+inline constexpr FieldSpec kPlanCommandFields[] = {
+    FALCON_PROTOCOL_COMMAND_FIELDS,
+    FALCON_PROTOCOL_PLAN_FIELDS,
+};
+inline constexpr MessageSpec kPlanCommand{
+    "plan", kPlanCommandFields,
+    "act mode: hand a mitigation plan to the shims (falcon.h C API) for the framework to apply"};
+
+inline constexpr MessageSpec kCommands[] = {kSetMode, kPause, kResume, kValidate, kPlanCommand};
 
 inline constexpr FieldSpec kAckFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
@@ -345,15 +374,32 @@ inline constexpr FieldSpec kControllerRequestFields[] = {
 inline constexpr MessageSpec kControllerRequest{"controller_request", kControllerRequestFields,
                                                 "a request to the controller (kRequestsStream)"};
 
+inline constexpr FieldSpec kMitigationPlanFields[] = {
+    {"job", JsonType::kString, true, "job name", "", 1, 128},
+    {"at_ns", JsonType::kInteger, true, "wall-clock time of the decision", "", 0, kMaxI64},
+    {"incident", JsonType::kString, false, "incident the plan answers", "", 1, 64},
+    {"mode", JsonType::kString, true, "advise: published only; act: sent to the agents",
+     "advise|act"},
+    FALCON_PROTOCOL_PLAN_FIELDS,
+    {"expected_gain", JsonType::kNumber, false,
+     "expected iteration-time reduction, fraction of the slow iteration time", "", -1, 1},
+    {"reason", JsonType::kString, false, "why, for people", "", 0, kMaxText},
+    {"detail", JsonType::kObject, false, "planner data (costs, candidates)"},
+};
+inline constexpr MessageSpec kMitigationPlan{"mitigation_plan", kMitigationPlanFields,
+                                             "the plan in force (kPlanKey)"};
+
 inline constexpr MessageSpec kAllMessages[] = {kRankRegister,   kAgentHeartbeat, kIterations,
                                                kAlarm,          kCommProfile,    kSetMode,
                                                kPause,          kResume,         kValidate,
                                                kAck,            kIncident,       kAlert,
-                                               kControllerState, kControllerRequest};
+                                               kControllerState, kControllerRequest,
+                                               kPlanCommand,    kMitigationPlan};
 
 #undef FALCON_PROTOCOL_REPORT_FIELDS
 #undef FALCON_PROTOCOL_RANK_FIELDS
 #undef FALCON_PROTOCOL_COMMAND_FIELDS
+#undef FALCON_PROTOCOL_PLAN_FIELDS
 
 // The spec of `type`, or nullptr.
 constexpr const MessageSpec* FindMessage(std::string_view type) {
@@ -363,7 +409,7 @@ constexpr const MessageSpec* FindMessage(std::string_view type) {
   return nullptr;
 }
 
-// The spec of command `type` (set_mode, pause, resume, validate), or nullptr.
+// The spec of command `type` (set_mode, pause, resume, validate, plan), or nullptr.
 constexpr const MessageSpec* FindCommand(std::string_view type) {
   for (const MessageSpec& m : kCommands) {
     if (m.type == type) return &m;

@@ -1,0 +1,91 @@
+/* Falcon's C API for training frameworks: read the mitigation plan in force and acknowledge it,
+ * without Redis. Exported by libfalcon_shim.so (LD_PRELOAD); a framework hook that may run
+ * without the shim resolves the functions with dlsym(RTLD_DEFAULT, "falconGetPlan") and treats a
+ * missing symbol as "no Falcon".
+ *
+ * Where the plan comes from: in act mode the controller sends a plan command to every agent; the
+ * agent writes it into each traced process's shared-memory control block (shm_abi.h); these
+ * functions read it from there. In advise mode nothing arrives here (plans are published on
+ * Redis only: falcon-ctl plan).
+ *
+ * The plan (one at a time; a newer version replaces an older one):
+ *   - version: increases with every decision of the job; 0 = no plan has arrived.
+ *   - strategy: FalconStrategy. S1 after S2 means "undo the re-balancing": go back to the
+ *     framework's own micro-batch counts.
+ *   - micro-batch counts (S2), one per data-parallel replica, indexed by the rank's rank in its
+ *     data-parallel communicator; the counts sum to the job's global micro-batch count. Keep the
+ *     loss unbiased by weighting replica i's gradient by counts[i] / sum(counts).
+ *   - placement (S3, S4): the node index of every global rank after re-placement.
+ *   - S4 also names nodes to leave out and asks for a restart from the last checkpoint.
+ * Apply a plan at an iteration boundary on which every rank agrees (e.g. rank 0 polls and
+ * broadcasts), then call falconAckPlan on every rank.
+ *
+ * Thread-safety: every function may be called from any thread at any time, also before the
+ * first NCCL call (then there is no plan yet). None blocks, allocates, or makes a syscall; each
+ * costs well under a microsecond. Reads are consistent: a plan is never seen half-written. */
+#ifndef FALCON_FALCON_H_
+#define FALCON_FALCON_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FALCON_API_VERSION 1
+
+/* Return codes (negative = no data was written). */
+#define FALCON_OK 0
+#define FALCON_ERR_NO_PLAN (-1)   /* no plan has arrived (or the shim is passing through) */
+#define FALCON_ERR_INVALID (-2)   /* a NULL pointer where one is needed, or a bad argument */
+#define FALCON_ERR_BUSY (-3)      /* the plan kept changing while being read; try again later */
+
+typedef enum {
+  kFalconStrategyNone = 0,
+  kFalconStrategyIgnore = 1,     /* S1 (after S2: undo the re-balancing) */
+  kFalconStrategyRebalance = 2,  /* S2 re-distribute micro-batches across DP replicas */
+  kFalconStrategyTopology = 3,   /* S3 re-place ranks on nodes */
+  kFalconStrategyRestart = 4     /* S4 checkpoint and restart without the excluded nodes */
+} FalconStrategy;
+
+typedef struct FalconPlanInfo {
+  uint32_t version;           /* 0 = no plan */
+  uint32_t strategy;          /* FalconStrategy */
+  uint32_t micro_batch_count; /* entries of the micro-batch plan (0: none) */
+  uint32_t placement_count;   /* entries of the placement plan (0: none) */
+  uint32_t exclude_count;     /* nodes to leave out (S4) */
+  uint32_t restart;           /* 1: restart from the last checkpoint (S4) */
+  int64_t issued_real_ns;     /* when the agent delivered it, CLOCK_REALTIME ns */
+} FalconPlanInfo;
+
+/* The API version this library implements (FALCON_API_VERSION). */
+int falconApiVersion(void);
+
+/* The version of the plan in force, 0 when there is none. */
+uint32_t falconPlanVersion(void);
+
+/* Fills *info. FALCON_OK, FALCON_ERR_NO_PLAN (info->version = 0), FALCON_ERR_INVALID, or
+ * FALCON_ERR_BUSY. */
+int falconGetPlan(FalconPlanInfo* info);
+
+/* Copies the micro-batch plan: up to `capacity` counts to `counts`, the plan's version to
+ * *version (may be NULL). Returns the plan's number of entries (may exceed capacity: then only
+ * `capacity` were copied), 0 when the plan in force has no micro-batch part, or an error. */
+int falconGetMicroBatchPlan(int32_t* counts, int capacity, uint32_t* version);
+
+/* The same for the placement plan (node index of every global rank). */
+int falconGetPlacementPlan(int32_t* node_of_rank, int capacity, uint32_t* version);
+
+/* The same for the nodes an S4 restart leaves out. */
+int falconGetExcludedNodes(int32_t* nodes, int capacity, uint32_t* version);
+
+/* This rank applied (status 0) or rejected (status != 0) plan `version`; the agent reports it to
+ * the controller. FALCON_OK, or FALCON_ERR_NO_PLAN when no shared memory is attached. */
+int falconAckPlan(uint32_t version, int status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FALCON_FALCON_H_ */
