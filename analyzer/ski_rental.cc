@@ -61,6 +61,54 @@ SkiRentalPlanner::SkiRentalPlanner(RootCause cause, const SkiRentalOptions& opti
   std::stable_sort(candidates_.begin(), candidates_.end(), ByOverhead<Candidate, Candidate>);
 }
 
+Result<SkiRentalPlanner> SkiRentalPlanner::Restore(RootCause cause,
+                                                   const SkiRentalOptions& options,
+                                                   const SkiRentalSnapshot& snapshot) {
+  Result<SkiRentalPlanner> made = Create(cause, options);
+  if (!made.ok()) return made.status();
+  SkiRentalPlanner p = std::move(made.value());
+  for (const double v : {snapshot.slowdown_s, snapshot.paid_s, snapshot.last_time_s}) {
+    if (!std::isfinite(v) || v < 0) {
+      return Status::InvalidArgument("ski rental: snapshot sums must be finite and >= 0");
+    }
+  }
+  if (snapshot.calm_samples < 0) {
+    return Status::InvalidArgument("ski rental: snapshot calm_samples must be >= 0");
+  }
+  for (const Strategy s : snapshot.applied) {
+    const auto first = p.candidates_.begin() + static_cast<std::ptrdiff_t>(p.next_);
+    const auto it = std::find_if(first, p.candidates_.end(),
+                                 [&](const Candidate& c) { return c.strategy == s; });
+    if (it == p.candidates_.end()) {
+      return Status::InvalidArgument(std::string("ski rental: snapshot applies ") +
+                                     StrategyName(s) +
+                                     ", which is not a candidate here or was applied twice");
+    }
+    std::rotate(first, it, it + 1);  // keeps the rest sorted by overhead
+    p.current_ = s;
+    ++p.next_;
+  }
+  p.rebalance_in_effect_ = snapshot.rebalance_in_effect;
+  p.stopped_ = snapshot.stopped;
+  p.slowdown_s_ = snapshot.slowdown_s;
+  p.paid_s_ = snapshot.paid_s;
+  p.last_time_s_ = snapshot.last_time_s;
+  p.calm_samples_ = snapshot.calm_samples;
+  return p;
+}
+
+SkiRentalSnapshot SkiRentalPlanner::Snapshot() const {
+  SkiRentalSnapshot s;
+  for (std::size_t i = 0; i < next_; ++i) s.applied.push_back(candidates_[i].strategy);
+  s.rebalance_in_effect = rebalance_in_effect_;
+  s.stopped = stopped_;
+  s.slowdown_s = slowdown_s_;
+  s.paid_s = paid_s_;
+  s.last_time_s = last_time_s_;
+  s.calm_samples = calm_samples_;
+  return s;
+}
+
 std::vector<Strategy> SkiRentalPlanner::remaining() const {
   std::vector<Strategy> out;
   for (std::size_t i = next_; i < candidates_.size(); ++i) out.push_back(candidates_[i].strategy);

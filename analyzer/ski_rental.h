@@ -92,12 +92,32 @@ struct MitigationDecision {
   std::string reason;
 };
 
+// Everything a planner has learnt since the onset, so a restarted controller carries on where its
+// predecessor stopped (the controller keeps it in Redis). Overheads come from the options.
+struct SkiRentalSnapshot {
+  std::vector<Strategy> applied;  // in the order they were applied
+  bool rebalance_in_effect = false;
+  bool stopped = false;
+  double slowdown_s = 0;
+  double paid_s = 0;
+  double last_time_s = 0;
+  std::int32_t calm_samples = 0;
+};
+
 class SkiRentalPlanner {
  public:
   // InvalidArgument for a negative or NaN overhead, a negative or non-finite tolerance, or
   // recovery_samples < 1.
   [[nodiscard]] static Result<SkiRentalPlanner> Create(RootCause cause,
                                                        const SkiRentalOptions& options = {});
+
+  // A planner in the state of `snapshot`. Create's errors, plus InvalidArgument for an applied
+  // strategy that is not a candidate of `cause` (or kIgnore), one applied twice, or negative or
+  // non-finite sums.
+  [[nodiscard]] static Result<SkiRentalPlanner> Restore(RootCause cause,
+                                                        const SkiRentalOptions& options,
+                                                        const SkiRentalSnapshot& snapshot);
+  [[nodiscard]] SkiRentalSnapshot Snapshot() const;
 
   // Adds a sample; returns a decision when one is due, nullopt otherwise. InvalidArgument for a
   // non-finite or non-positive time, iterations < 1, time going backwards, or after a stop.

@@ -268,3 +268,51 @@ TEST(SkiRentalTest, RejectsInvalidInputNamingTheFault) {
 
 }  // namespace
 }  // namespace falcon::analyzer
+
+namespace falcon::analyzer {
+namespace {
+
+// A planner restored from a snapshot taken mid-way decides exactly as the one that went on.
+TEST(SkiRentalTest, RestoredPlannerDecidesAsTheOriginal) {
+  SkiRentalPlanner original = SkiRentalPlanner::Create(RootCause::kCompute, Options()).value();
+  double now = 0;
+  std::optional<SkiRentalPlanner> restored;
+  std::vector<Strategy> a, b;
+  for (int i = 0; i < 1000; ++i) {
+    now += 1;
+    const IterationSample s{now, 1.5, kHealthy, 1};
+    if (i == 50) {  // after S2 (10 s of slowdown at 0.5 s per sample), before S3
+      ASSERT_EQ(original.current(), Strategy::kRebalanceMicrobatches);
+      restored = SkiRentalPlanner::Restore(RootCause::kCompute, Options(), original.Snapshot()).value();
+      EXPECT_EQ(restored->remaining(), original.remaining());
+    }
+    if (auto d = original.Observe(s).value()) a.push_back(d->to);
+    if (restored) {
+      if (auto d = restored->Observe(s).value()) b.push_back(d->to);
+    }
+  }
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(b, std::vector<Strategy>(a.begin() + 1, a.end()));
+  EXPECT_DOUBLE_EQ(restored->accumulated_slowdown_s(), original.accumulated_slowdown_s());
+  EXPECT_DOUBLE_EQ(restored->overheads_paid_s(), original.overheads_paid_s());
+  EXPECT_EQ(restored->End(now + 1).value().undo_rebalance, original.End(now + 1).value().undo_rebalance);
+}
+
+TEST(SkiRentalTest, RestoreRejectsImpossibleSnapshots) {
+  SkiRentalSnapshot s;
+  s.applied = {Strategy::kRebalanceMicrobatches};
+  EXPECT_FALSE(SkiRentalPlanner::Restore(RootCause::kCommunication, Options(), s).ok())
+      << "S2 is no candidate for a communication fail-slow";
+  s.applied = {Strategy::kAdjustTopology, Strategy::kAdjustTopology};
+  EXPECT_FALSE(SkiRentalPlanner::Restore(RootCause::kCompute, Options(), s).ok()) << "applied twice";
+  s.applied = {Strategy::kIgnore};
+  EXPECT_FALSE(SkiRentalPlanner::Restore(RootCause::kCompute, Options(), s).ok());
+  s.applied = {};
+  s.slowdown_s = -1;
+  EXPECT_FALSE(SkiRentalPlanner::Restore(RootCause::kCompute, Options(), s).ok());
+  s.slowdown_s = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(SkiRentalPlanner::Restore(RootCause::kCompute, Options(), s).ok());
+}
+
+}  // namespace
+}  // namespace falcon::analyzer
