@@ -175,17 +175,145 @@ Status Controller::Track(std::int64_t now_ns) {
   if (slow.empty() && !state_.incident->request.empty() && state_.incident->attempts > 0) {
     return Resolve(now_ns, "manual validation done");
   }
-  if (slow.empty()) {
-    const bool gone = std::none_of(state_.incident->ranks.begin(), state_.incident->ranks.end(),
-                                   [&](std::int64_t r) { return view_.ranks().count(r) > 0; });
-    return Resolve(now_ns, gone ? "the slow ranks are gone (exited, or their agents stopped reporting)"
-                                : "iteration time is back to healthy");
-  }
   Incident& inc = *state_.incident;
+  Mitigator* m = CurrentMitigator();
+  if (slow.empty()) {
+    const bool gone = std::none_of(inc.ranks.begin(), inc.ranks.end(),
+                                   [&](std::int64_t r) { return view_.ranks().count(r) > 0; });
+    if (!gone && m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised) {
+      // S2 may be what makes the job look healthy: look at the culprits again now and then.
+      if (now_ns - inc.last_round_ns >= Seconds(config_.mitigation.recheck_s)) {
+        inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
+        return StartProfiling(now_ns);
+      }
+      return FeedMitigation(now_ns);
+    }
+    return Resolve(now_ns, gone ? "the slow ranks are gone (exited, or their agents stopped reporting)"
+                                : m != nullptr && m->current() != "S1"
+                                      ? "iteration time is back to healthy under " + m->current()
+                                      : "iteration time is back to healthy");
+  }
   if (!inc.localised && inc.attempts < config_.max_attempts && now_ns >= inc.next_attempt_ns) {
     return StartProfiling(now_ns);
   }
-  return Status::Ok();
+  return FeedMitigation(now_ns);
+}
+
+Mitigator* Controller::CurrentMitigator() {
+  if (!state_.incident || state_.incident->mitigation.is_null()) {
+    mitigator_.reset();
+    return nullptr;
+  }
+  if (!mitigator_) {  // a restarted controller: carry on from the persisted planner
+    Result<Mitigator> m = Mitigator::FromJson(config_.mitigation, state_.incident->mitigation);
+    if (!m.ok()) {
+      log_->warn("event=mitigation_state_dropped incident={} error=\"{}\"", state_.incident->id, m.status().message());
+      state_.incident->mitigation = json();
+      dirty_ = true;
+      return nullptr;
+    }
+    mitigator_ = std::move(m.value());
+  }
+  return &*mitigator_;
+}
+
+Status Controller::StartMitigation(std::int64_t now_ns) {
+  Incident& inc = *state_.incident;
+  Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings,
+                                         InferLayout(view_, config_.mitigation.job_shape));
+  if (!m.ok()) {
+    log_->warn("event=mitigation_not_started incident={} error=\"{}\"", inc.id, m.status().message());
+    return Status::Ok();
+  }
+  mitigator_ = std::move(m.value());
+  inc.mitigation = mitigator_->ToJson();
+  inc.last_feed_ns = 0;
+  dirty_ = true;
+  std::string options;
+  for (const auto& [code, c] : mitigator_->candidates().items()) {
+    options += (options.empty() ? "" : ", ") + code +
+               (c.contains("unavailable") ? std::string(" unavailable")
+                                          : " after " + Fixed(c.value("overhead_s", 0.0), 0) + " s of slowdown");
+  }
+  return Record("decision", "S1 ignore for now; candidates: " + options,
+                {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause}, {"strategy", "S1"},
+                 {"detail", {{"mode", config_.mitigation.mode}, {"candidates", mitigator_->candidates()}}}},
+                "info");
+}
+
+Status Controller::FeedMitigation(std::int64_t now_ns) {
+  Mitigator* m = CurrentMitigator();
+  if (m == nullptr || m->stopped()) return Status::Ok();
+  Incident& inc = *state_.incident;
+  if (inc.last_feed_ns > 0 && now_ns - inc.last_feed_ns < Seconds(config_.mitigation.sample_s)) return Status::Ok();
+  const std::optional<double> cur = CurrentIterationS();
+  if (!cur || *cur <= 0 || inc.healthy_s <= 0) return Status::Ok();
+  // The first sample covers the time since detection: the slowdown before the localisation
+  // counts towards the switch budget too.
+  const std::int64_t from = inc.last_feed_ns > 0 ? inc.last_feed_ns : inc.opened_ns;
+  const double dt = static_cast<double>(std::max<std::int64_t>(0, now_ns - from)) / kNsPerS;
+  const auto iterations = std::max<std::int64_t>(1, std::llround(dt / *cur));
+  inc.last_feed_ns = now_ns;
+  Result<std::optional<Decision>> d =
+      m->Observe(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS, *cur, inc.healthy_s, iterations);
+  inc.mitigation = m->ToJson();
+  dirty_ = true;
+  if (!d.ok()) {
+    log_->warn("event=mitigation_sample_refused incident={} error=\"{}\"", inc.id, d.status().message());
+    return Status::Ok();
+  }
+  return d.value() ? PublishDecision(*d.value(), now_ns) : Status::Ok();
+}
+
+Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
+  Incident& inc = *state_.incident;
+  const std::string& mode = config_.mitigation.mode;
+  json detail = {{"mode", mode},
+                 {"expected_gain", d.expected_gain},
+                 {"planner",
+                  {{"from", d.from},
+                   {"accumulated_slowdown_s", d.planner.accumulated_slowdown_s},
+                   {"overheads_paid_s", d.planner.overheads_paid_s},
+                   {"overhead_s", d.planner.overhead_s},
+                   {"reason", d.planner.reason}}}};
+  if (d.publish_plan) {
+    json plan = d.plan;
+    plan["plan_version"] = ++state_.plan_version;
+    detail["plan"] = plan;
+    json m = plan;
+    m["v"] = protocol::kSchemaVersion;
+    m["type"] = protocol::kMitigationPlan.type;
+    m["job"] = config_.job;
+    m["at_ns"] = now_ns;
+    m["incident"] = inc.id;
+    m["mode"] = mode;
+    m["expected_gain"] = std::clamp(d.expected_gain, -1.0, 1.0);
+    m["reason"] = d.summary.substr(0, 1000);
+    m["detail"] = {{"candidates", inc.mitigation.value("candidates", json::object())}};
+    if (Status s = WritePlan(m, d.strategy); !s.ok()) return s;
+    if (mode == "act") {
+      std::vector<OutgoingCommand> out;
+      for (const std::string& host : view_.agents()) {
+        protocol::Command c;
+        c.type = protocol::kPlanCommand.type;
+        c.id = "ctl-" + std::to_string(started_ns_ / 1'000'000) + "-p" + std::to_string(++commands_);
+        c.issued_ns = now_ns;
+        c.plan_version = state_.plan_version;
+        c.strategy = d.strategy;
+        for (const auto& [key, into] : {std::pair{"micro_batches", &c.micro_batches}, std::pair{"placement", &c.placement},
+                                        std::pair{"exclude_nodes", &c.exclude_nodes}}) {
+          if (plan.contains(key)) *into = plan[key].get<std::vector<std::int32_t>>();
+        }
+        c.restart = plan.value("restart", false);
+        out.push_back({host, std::move(c)});
+      }
+      if (Status s = Send(out); !s.ok()) return s;
+    }
+  }
+  dirty_ = true;
+  return Record("decision", d.summary,
+                {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause}, {"strategy", d.strategy}, {"detail", detail}},
+                d.strategy == "S1" ? "info" : "warning");
 }
 
 Status Controller::OpenIncident(std::int64_t now_ns, const std::vector<std::int64_t>& slow) {
@@ -372,10 +500,31 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   Enter(Phase::kTracking, now_ns);
   json fields = {{"at_ns", now_ns}, {"ranks", ranks}, {"cause", cause}, {"detail", detail}};
   if (detail.contains("suspicion")) fields["comms"] = state_.suspicion.value("suspicious", json::array());
-  return Record("localisation", summary, fields, inc.localised ? "critical" : "warning");
+  Mitigator* m = CurrentMitigator();
+  const bool recheck = m != nullptr && !m->stopped();
+  if (Status s = Record("localisation", summary, fields, inc.localised ? "critical" : recheck ? "info" : "warning");
+      !s.ok()) {
+    return s;
+  }
+  if (recheck) {
+    // A mitigation is running: a complete round that finds nothing means the fault is gone.
+    if (!inc.localised && run->failure().empty()) return Resolve(now_ns, "the culprits validate healthy again");
+    return Status::Ok();
+  }
+  if (inc.localised && config_.mitigation.mode != "off") return StartMitigation(now_ns);
+  return Status::Ok();
 }
 
 Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
+  if (Mitigator* m = CurrentMitigator(); m != nullptr && !m->stopped()) {
+    Result<Decision> d = m->End(static_cast<double>(now_ns - state_.incident->opened_ns) / kNsPerS);
+    state_.incident->mitigation = m->ToJson();
+    if (d.ok()) {
+      if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) return s;
+    } else {
+      log_->warn("event=mitigation_end_failed error=\"{}\"", d.status().message());
+    }
+  }
   const Incident inc = *state_.incident;
   const std::optional<double> cur = CurrentIterationS();
   Status s = Record("resolution", why + " after " + Fixed(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS, 1) + " s",
@@ -387,6 +536,7 @@ Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
                     "info");
   if (!s.ok()) return s;
   state_.incident.reset();
+  mitigator_.reset();
   state_.suspicion = json::object();
   run_.reset();
   Enter(Phase::kTracking, now_ns);

@@ -6,6 +6,15 @@
 //      │                                                      "localisation")
 //      └── every slow rank recovered: "resolution", incident closed
 //
+// Mitigation (mitigation.h), unless config mitigation = off: a localisation starts a ski-rental
+// Mitigator for the incident ("decision" S1: tolerate for now, with the candidates). While the
+// incident is open it is fed the job's iteration time every plan-sample-s; each switch is a
+// "decision" entry with its plan and expected gain, the plan goes to falcon:{job}:plan (with a
+// new plan_version) and, in act mode, to every agent as a plan command. Resolution ends it
+// (undoing S2 when it is in effect). With S2 in effect the job may look healthy while the fault
+// persists: every recheck-s a validation round looks again, and only a round that finds the
+// culprits healthy resolves the incident.
+//
 // A validation that names nobody (or cannot complete) is retried after retry_after_s, at most
 // max_attempts rounds per incident. Incidents go to the incidents stream and, live, to the
 // alerts channel; the state (controller_state.h) is written to falcon:{job}:controller at every
@@ -57,6 +66,7 @@ class Controller {
   Status RefreshView();
   Status ReadStreams(int block_ms);
   Status Send(const std::vector<OutgoingCommand>& commands);
+  Status WritePlan(const nlohmann::json& plan_message, const std::string& strategy);
   Status Record(const std::string& stage, const std::string& summary, nlohmann::json fields,
                 const char* severity);
   std::string Key(const protocol::KeySpec& spec, const std::string& host = {}) const;
@@ -79,6 +89,10 @@ class Controller {
   Status FinishValidation(std::int64_t now_ns);
   Status Resolve(std::int64_t now_ns, const std::string& why);
   Status SetMode(const std::string& mode, std::int64_t now_ns);
+  Status StartMitigation(std::int64_t now_ns);
+  Status FeedMitigation(std::int64_t now_ns);
+  Status PublishDecision(const Decision& d, std::int64_t now_ns);
+  Mitigator* CurrentMitigator();
   void Enter(Phase p, std::int64_t now_ns);
   std::vector<std::int64_t> LiveSlow() const;
   bool ProfilesReady() const;
@@ -104,6 +118,7 @@ class Controller {
   std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
   std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
+  std::optional<Mitigator> mitigator_;  // the open incident's; mirrors state_.incident->mitigation
   std::vector<nlohmann::json> requests_;  // validated controller_request messages not yet served
   std::uint64_t dropped_messages_ = 0;
 };

@@ -82,6 +82,27 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
                                                                           {"median", Statistic::kMedian}}))
       ->capture_default_str();
   Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(CLI::Range(1, 1000));
+  MitigationSettings& m = c.mitigation;
+  Entry(app, "mitigation", m.mode, "decisions: off (none), advise (publish plans), act (also hand them to the "
+        "frameworks through the agents and shims)")
+      ->check(CLI::IsMember({"off", "advise", "act"}));
+  Entry(app, "s2-overhead-s", m.overheads.rebalance_s, "S2 re-balance micro-batches: lost training it costs, s")
+      ->check(CLI::Range(0.0, 1e9));
+  Entry(app, "s3-overhead-s", m.overheads.topology_s, "S3 re-place nodes: lost training it costs, s")
+      ->check(CLI::Range(0.0, 1e9));
+  Entry(app, "s4-overhead-s", m.overheads.restart_s, "S4 checkpoint-restart: lost training it costs, s")
+      ->check(CLI::Range(0.0, 1e9));
+  Entry(app, "micro-batches", m.micro_batches, "micro-batches per DP replica per iteration in the job's own "
+        "schedule (0: unknown, no S2 plans)")
+      ->check(CLI::Range(0, 4096));
+  Entry(app, "job-shape", m.job_shape, "TPxDPxPP, e.g. 2x4x2 (empty: inferred from the communicators)");
+  Entry(app, "spare-nodes", m.spare_nodes, "idle nodes an S4 restart may use, numbered after the job's")
+      ->check(CLI::Range(0, 65535));
+  Entry(app, "plan-sample-s", m.sample_s, "feed the mitigation planner the iteration time this often, s")
+      ->check(CLI::Range(0.05, 3600.0));
+  Entry(app, "recheck-s", m.recheck_s, "while S2 holds the job at healthy speed, re-validate the culprits this "
+        "often to see whether the fault is gone, s")
+      ->check(CLI::Range(1.0, 86400.0));
   Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
 }
@@ -91,6 +112,9 @@ Status CheckConfig(const ControllerConfig& c) {
     return Status::InvalidArgument("max-pause-s must exceed pause-lead-s");
   }
   if (c.heartbeat_ms < c.tick_ms) return Status::InvalidArgument("heartbeat-ms must be >= tick-ms");
+  if (!c.mitigation.job_shape.empty()) {
+    if (Result<analyzer::JobShape> s = ParseJobShape(c.mitigation.job_shape); !s.ok()) return s.status();
+  }
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "daemon/controller/mitigation.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/redis/redis_options.h"
 #include "falcon/status.h"
@@ -39,6 +40,7 @@ struct ControllerConfig {
   std::int64_t gemm_batch = 0;  // ranks per GEMM step; 0 = all at once
   bool tree = true;
   ValidationSettings validation;
+  MitigationSettings mitigation;
   std::int64_t incidents_maxlen = 10000;
 };
 

@@ -143,6 +143,13 @@ Status Controller::SaveState(std::int64_t now_ns) {
   if (healthy && *healthy > 0) m["healthy_s"] = *healthy;
   if (const auto p = view_.Period()) m["period"] = *p;
   if (state_.incident) m["incident"] = state_.incident->id;
+  if (state_.incident && state_.incident->mitigation.is_object()) {
+    m["strategy"] = state_.incident->mitigation.value("applied", json::array()).empty()
+                        ? json("S1")
+                        : state_.incident->mitigation["applied"].back();
+  }
+  if (state_.plan_version > 0) m["plan_version"] = state_.plan_version;
+  m["mitigation"] = config_.mitigation.mode;
   if (Status s = protocol::ValidateMessage(m, protocol::kControllerState); !s.ok()) {
     return Status::Internal("controller_state would be invalid: " + s.message());
   }
@@ -228,6 +235,17 @@ Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
     log_->debug("event=command id={} type={} host={}", c.command.id, c.command.type, c.host);
   }
   return Status::Ok();
+}
+
+Status Controller::WritePlan(const json& m, const std::string& strategy) {
+  if (Status s = protocol::ValidateMessage(m, protocol::kMitigationPlan); !s.ok()) {
+    return Status::Internal("plan would be invalid: " + s.message());
+  }
+  return redis::HSet(*conn_, Key(protocol::kPlanKey),
+                     {{std::string(protocol::kPayloadField), m.dump()},
+                      {"plan_version", std::to_string(m["plan_version"].get<std::int64_t>())},
+                      {"strategy", strategy},
+                      {"mode", m["mode"].get<std::string>()}});
 }
 
 Status Controller::Record(const std::string& stage, const std::string& summary, json fields,

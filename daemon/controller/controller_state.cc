@@ -21,7 +21,8 @@ json IncidentJson(const Incident& i) {
   return {{"id", i.id},          {"opened_ns", i.opened_ns}, {"ranks", i.ranks},
           {"healthy_s", i.healthy_s}, {"localised", i.localised}, {"attempts", i.attempts},
           {"next_attempt_ns", i.next_attempt_ns}, {"cause", i.cause}, {"findings", i.findings},
-          {"request", i.request}, {"last_round_ns", i.last_round_ns}};
+          {"request", i.request}, {"last_round_ns", i.last_round_ns}, {"mitigation", i.mitigation},
+          {"last_feed_ns", i.last_feed_ns}};
 }
 
 Incident IncidentFromJson(const json& j) {
@@ -37,6 +38,9 @@ Incident IncidentFromJson(const json& j) {
   i.findings = j.at("findings");
   i.request = j.value("request", "");
   i.last_round_ns = j.value("last_round_ns", std::int64_t{0});
+  i.mitigation = j.value("mitigation", json());
+  if (!i.mitigation.is_null() && !i.mitigation.is_object()) throw std::invalid_argument("mitigation: not an object");
+  i.last_feed_ns = j.value("last_feed_ns", std::int64_t{0});
   if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
   return i;
 }
@@ -74,6 +78,7 @@ json ToJson(const ControllerState& s) {
             {"suspicion", s.suspicion}};
   if (s.incident) j["incident"] = IncidentJson(*s.incident);
   if (s.healthy_s) j["healthy_s"] = *s.healthy_s;
+  j["plan_version"] = s.plan_version;
   return j;
 }
 
@@ -109,6 +114,8 @@ ControllerState StateFromJson(const json& j, std::string* why) {
     s.profile_from_ns = j.at("profile_from_ns").get<std::int64_t>();
     s.suspicion = j.at("suspicion");
     if (j.contains("healthy_s")) s.healthy_s = j["healthy_s"].get<double>();
+    s.plan_version = j.value("plan_version", std::int32_t{0});
+    if (s.plan_version < 0) throw std::invalid_argument("plan_version: negative");
     if (s.phase != Phase::kTracking && !s.incident) throw std::invalid_argument("a phase without an incident");
   } catch (const std::exception& e) {
     *why = e.what();

@@ -40,6 +40,9 @@ struct Incident {
   std::string cause = "unknown";
   nlohmann::json findings = nlohmann::json::object();
   std::string request;  // the controller_request id that opened or re-validated it, if any
+  // The decision stage (mitigation.h): Mitigator::ToJson, null until a localisation started it.
+  nlohmann::json mitigation;
+  std::int64_t last_feed_ns = 0;  // when the planner was last fed the iteration time
 };
 
 struct ControllerState {
@@ -52,6 +55,7 @@ struct ControllerState {
   std::int64_t profile_from_ns = 0;  // profiles must start after this to count
   nlohmann::json suspicion = nlohmann::json::object();  // ProfileVerdict as JSON
   std::optional<double> healthy_s;
+  std::int32_t plan_version = 0;  // of the last plan published (falcon:{job}:plan)
 };
 
 nlohmann::json ToJson(const ControllerState& s);

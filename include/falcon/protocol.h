@@ -358,6 +358,11 @@ inline constexpr FieldSpec kControllerStateFields[] = {
     {"slow_ranks", JsonType::kArray, true, "ranks whose last alarm is slow", "", 0, kMaxRank,
      JsonType::kInteger},
     {"incidents", JsonType::kInteger, true, "incidents opened by this job so far", "", 0, kMaxI64},
+    {"mitigation", JsonType::kString, false, "decision mode", "off|advise|act"},
+    {"strategy", JsonType::kString, false, "mitigation in force for the open incident (S1: none yet)",
+     "S1|S2|S3|S4"},
+    {"plan_version", JsonType::kInteger, false, "version of the last plan published", "", 1,
+     2147483647},
     {"state_doc", JsonType::kObject, true,
      "everything needed to resume: cursors, incident, suspicion, attempts (see docs/controller.md)"},
 };

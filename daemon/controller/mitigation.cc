@@ -1,0 +1,417 @@
+// Mitigation decisions: see mitigation.h.
+#include "daemon/controller/mitigation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "analyzer/microbatch_plan.h"
+#include "analyzer/restart_plan.h"
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+using analyzer::Strategy;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string Fixed(double v, int digits = 2) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+const char* Code(Strategy s) {
+  switch (s) {
+    case Strategy::kIgnore: return "S1";
+    case Strategy::kRebalanceMicrobatches: return "S2";
+    case Strategy::kAdjustTopology: return "S3";
+    case Strategy::kCheckpointRestart: return "S4";
+  }
+  return "S1";
+}
+
+std::optional<Strategy> FromCode(const std::string& c) {
+  for (Strategy s : {Strategy::kIgnore, Strategy::kRebalanceMicrobatches, Strategy::kAdjustTopology,
+                     Strategy::kCheckpointRestart}) {
+    if (c == Code(s)) return s;
+  }
+  return std::nullopt;
+}
+
+// Members of a communicator as an arithmetic progression: its stride, or 0.
+std::int64_t Stride(const CommInfo& c) {
+  if (c.members.size() < 2 || !c.complete()) return 0;
+  const std::int64_t d = c.members[1] - c.members[0];
+  if (d <= 0) return 0;
+  for (std::size_t i = 2; i < c.members.size(); ++i) {
+    if (c.members[i] - c.members[i - 1] != d) return 0;
+  }
+  return d;
+}
+
+double Ratio(const json& finding) {
+  const json& e = finding.value("evidence", json::object());
+  const json& r = e.value("ratio", json(1.0));
+  return r.is_number() && std::isfinite(r.get<double>()) ? std::max(1.0, r.get<double>()) : 1.0;
+}
+
+std::int32_t NodeOfHost(const JobLayout& layout, const json& host) {
+  if (!host.is_string()) return -1;
+  const auto it = std::find(layout.hosts.begin(), layout.hosts.end(), host.get<std::string>());
+  return it == layout.hosts.end() ? -1 : static_cast<std::int32_t>(it - layout.hosts.begin());
+}
+
+analyzer::JobCostModel CostModel(const MitigationSettings& s, double compute_factor, double link_factor) {
+  analyzer::JobCostModel m;
+  if (s.micro_batches > 0) m.microbatches = s.micro_batches;
+  m.slow_compute_factor = std::max(1.0, compute_factor);
+  m.slow_link_bandwidth_Bps = m.inter_node_bandwidth_Bps / std::max(1.0, link_factor);
+  return m;
+}
+
+// Each candidate: {"overhead_s": x} plus a plan and its gain, or {"unavailable": why}.
+json PlanRebalance(const MitigationSettings& s, const json& gpus, const Result<JobLayout>& layout) {
+  if (gpus.empty()) return {{"unavailable", "no slow GPU: re-balancing cannot help a communication fault"}};
+  if (s.micro_batches <= 0) return {{"unavailable", "the job's micro-batches per replica are unknown (micro-batches)"}};
+  if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
+  const analyzer::JobPlacement& p = layout.value().placement;
+  std::vector<double> times(static_cast<std::size_t>(p.shape.dp), 1.0);
+  for (const json& g : gpus) {
+    const std::int64_t rank = g.value("rank", std::int64_t{-1});
+    if (rank < 0 || rank >= static_cast<std::int64_t>(p.node_of_rank.size())) continue;
+    const std::size_t dp = static_cast<std::size_t>(analyzer::CoordOf(p.shape, static_cast<std::int32_t>(rank)).dp_index);
+    times[dp] = std::max(times[dp], Ratio(g));
+  }
+  const std::int64_t total = std::int64_t{s.micro_batches} * p.shape.dp;
+  Result<analyzer::MicrobatchPlan> plan = analyzer::PlanMicrobatches(times, total);
+  if (!plan.ok()) return {{"unavailable", plan.status().message()}};
+  const analyzer::MicrobatchPlan& m = plan.value();
+  if (m.bottleneck_after_s >= m.bottleneck_before_s) {
+    return {{"unavailable", "no allocation beats the even split (one DP replica, or every replica slow alike)"}};
+  }
+  return {{"overhead_s", s.overheads.rebalance_s},
+          {"plan", {{"strategy", "S2"}, {"micro_batches", m.microbatches}}},
+          {"baseline", m.baseline},
+          {"gradient_weights", m.gradient_weights},
+          {"replica_times", times},
+          {"expected_gain", 1.0 - m.bottleneck_after_s / m.bottleneck_before_s}};
+}
+
+json TopologyJson(const analyzer::TopologyPlan& t, double overhead_s, const char* kind) {
+  json swaps = json::array();
+  for (const analyzer::NodeSwap& s : t.swaps) swaps.push_back({s.a, s.b});
+  return {{"overhead_s", overhead_s},
+          {"plan", {{"strategy", "S3"}, {"placement", t.node_of_rank}}},
+          {"kind", kind},
+          {"swaps", swaps},
+          {"expected_gain", t.iteration_before_s > 0 ? 1.0 - t.iteration_after_s / t.iteration_before_s : 0.0}};
+}
+
+json PlanTopology(const MitigationSettings& s, const std::string& cause, const json& findings,
+                  const Result<JobLayout>& layout) {
+  if (cause == "nic") return {{"unavailable", "a slow NIC carries its node's inter-node traffic under any placement"}};
+  if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
+  const JobLayout& l = layout.value();
+  if (cause == "compute") {
+    std::vector<std::int32_t> ranks;
+    double factor = 1;
+    for (const json& g : findings.value("gpus", json::array())) {
+      ranks.push_back(static_cast<std::int32_t>(g.value("rank", -1)));
+      factor = std::max(factor, Ratio(g));
+    }
+    Result<std::vector<analyzer::GpuId>> gpus = analyzer::GpusOfRanks(l.placement, ranks);
+    if (!gpus.ok()) return {{"unavailable", gpus.status().message()}};
+    Result<analyzer::TopologyPlan> t =
+        analyzer::PlanStragglerConsolidation(l.placement, CostModel(s, factor, 1), gpus.value());
+    if (!t.ok()) return {{"unavailable", t.status().message()}};
+    if (t.value().swaps.empty()) return {{"unavailable", "the stragglers already share the fewest PP stages"}};
+    return TopologyJson(t.value(), s.overheads.topology_s, "straggler consolidation");
+  }
+  const json links = findings.value("links", json::array());
+  if (links.empty()) return {{"unavailable", "no slow link named"}};
+  const json& k = links.front();  // the worst-evidenced link comes first
+  const json hosts = k.value("hosts", json::array());
+  if (hosts.size() != 2) return {{"unavailable", "the slow link's hosts are unknown"}};
+  const analyzer::NodePair pair{NodeOfHost(l, hosts[0]), NodeOfHost(l, hosts[1])};
+  if (pair.a < 0 || pair.b < 0) return {{"unavailable", "the slow link's hosts are not in the job"}};
+  if (pair.a == pair.b) return {{"unavailable", "a slow link inside one node cannot be re-placed away"}};
+  Result<analyzer::TopologyPlan> t = analyzer::PlanLinkRelief(l.placement, CostModel(s, 1, Ratio(k)), pair);
+  if (!t.ok()) return {{"unavailable", t.status().message()}};
+  if (t.value().swaps.empty()) return {{"unavailable", "no node swap lightens the slow link's traffic"}};
+  json out = TopologyJson(t.value(), s.overheads.topology_s, "link relief");
+  out["link"] = {pair.a, pair.b};
+  return out;
+}
+
+json PlanRestartCandidate(const MitigationSettings& s, const std::string& cause, const json& findings,
+                          const Result<JobLayout>& layout) {
+  if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
+  const JobLayout& l = layout.value();
+  std::set<std::int32_t> faulty;
+  if (cause == "compute") {
+    for (const json& g : findings.value("gpus", json::array())) faulty.insert(NodeOfHost(l, g.value("host", json())));
+  } else if (cause == "nic") {
+    for (const json& n : findings.value("nics", json::array())) faulty.insert(NodeOfHost(l, n.value("host", json())));
+  } else {
+    // A slow link has two ends; leaving out one of them is enough (the one that hosts fewer
+    // ranks of other slow links would be a refinement).
+    for (const json& k : findings.value("links", json::array())) {
+      const json hosts = k.value("hosts", json::array());
+      if (hosts.size() == 2) faulty.insert(NodeOfHost(l, hosts[1]));
+    }
+  }
+  faulty.erase(-1);
+  if (faulty.empty()) return {{"unavailable", "the culprits' nodes are unknown"}};
+  analyzer::RestartRequest r;
+  r.tp = l.placement.shape.tp;
+  r.dp = l.placement.shape.dp;
+  r.pp = l.placement.shape.pp;
+  r.gpus_per_node = l.placement.gpus_per_node;
+  for (std::int32_t n = 0; n < l.placement.num_nodes; ++n) r.job_nodes.push_back(n);
+  r.faulty_nodes.assign(faulty.begin(), faulty.end());
+  for (std::int32_t i = 0; i < s.spare_nodes; ++i) r.spare_nodes.push_back(l.placement.num_nodes + i);
+  if (s.micro_batches > 0) r.total_microbatches = std::int64_t{s.micro_batches} * r.dp;
+  Result<analyzer::RestartPlan> plan = analyzer::PlanRestart(r);
+  if (!plan.ok()) return {{"unavailable", plan.status().message()}};
+  const analyzer::RestartPlan& p = plan.value();
+  if (p.kind == analyzer::RestartKind::kNotPossible) return {{"unavailable", p.reason}};
+  json pj = {{"strategy", "S4"}, {"restart", true}, {"exclude_nodes", p.excluded_nodes}};
+  if (p.kind == analyzer::RestartKind::kKeepShape) {
+    std::map<std::int32_t, std::int32_t> to;
+    for (const analyzer::NodeReplacement& x : p.replacements) to[x.faulty] = x.spare;
+    std::vector<std::int32_t> placement = l.placement.node_of_rank;
+    for (std::int32_t& n : placement) {
+      if (auto it = to.find(n); it != to.end()) n = it->second;
+    }
+    pj["placement"] = placement;
+  }
+  // After a restart without the culprits the job runs at healthy speed (a smaller DP degree
+  // runs proportionally fewer samples per iteration; that is the gain's price, not modelled).
+  return {{"overhead_s", s.overheads.restart_s},
+          {"plan", pj},
+          {"kind", p.kind == analyzer::RestartKind::kKeepShape ? "keep shape" : "shrink data parallel"},
+          {"shape", {p.tp, p.dp, p.pp}},
+          {"reason", p.reason},
+          {"expected_gain", 1.0}};  // replaced below by the slow/healthy ratio when known
+}
+
+analyzer::SkiRentalOptions OptionsFrom(const MitigationSettings& s, const json& candidates) {
+  analyzer::SkiRentalOptions o;
+  o.overheads = s.overheads;
+  auto pick = [&](const char* code, double* out) {
+    const json c = candidates.value(code, json::object());
+    if (c.contains("unavailable") || !c.contains("overhead_s")) *out = kInf;
+  };
+  pick("S2", &o.overheads.rebalance_s);
+  pick("S3", &o.overheads.topology_s);
+  pick("S4", &o.overheads.restart_s);
+  return o;
+}
+
+}  // namespace
+
+Result<analyzer::JobShape> ParseJobShape(const std::string& text) {
+  analyzer::JobShape s;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%dx%dx%d%c", &s.tp, &s.dp, &s.pp, &extra) != 3 || s.tp < 1 || s.dp < 1 || s.pp < 1) {
+    return Status::InvalidArgument("job shape \"" + text + "\": expected TPxDPxPP with positive integers, e.g. 2x4x2");
+  }
+  return s;
+}
+
+Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape) {
+  const auto& ranks = view.ranks();
+  if (ranks.empty()) return Status::InvalidArgument("no live ranks");
+  const std::int64_t world = static_cast<std::int64_t>(ranks.size());
+  if (ranks.begin()->first != 0 || ranks.rbegin()->first != world - 1) {
+    return Status::InvalidArgument("ranks 0.." + std::to_string(world - 1) + " are not all registered");
+  }
+  JobLayout out;
+  out.hosts = view.hosts();
+  std::map<std::int32_t, std::int32_t> per_node;
+  for (const auto& [rank, info] : ranks) {
+    const std::int32_t node = view.NodeOf(rank);
+    if (node < 0) return Status::InvalidArgument("rank " + std::to_string(rank) + " has no host");
+    out.placement.node_of_rank.push_back(node);
+    ++per_node[node];
+  }
+  out.placement.num_nodes = static_cast<std::int32_t>(out.hosts.size());
+  out.placement.gpus_per_node = per_node.begin()->second;
+  for (const auto& [node, n] : per_node) {
+    if (n != out.placement.gpus_per_node) {
+      return Status::InvalidArgument("uneven ranks per host (" + out.hosts[static_cast<std::size_t>(node)] + " has " +
+                                     std::to_string(n) + ", others " + std::to_string(out.placement.gpus_per_node) + ")");
+    }
+  }
+  if (!job_shape.empty()) {
+    Result<analyzer::JobShape> s = ParseJobShape(job_shape);
+    if (!s.ok()) return s.status();
+    out.placement.shape = s.value();
+  } else {
+    // Families of communicators that partition the job: same stride and size, every rank in one.
+    struct Family {
+      std::int64_t stride = 0, size = 0, covered = 0;
+      double calls = 0;
+      std::size_t comms = 0;
+    };
+    std::map<std::pair<std::int64_t, std::int64_t>, Family> families;
+    for (const auto& [id, c] : view.comms()) {
+      if (c.nranks < 2 || c.nranks >= world) continue;
+      const std::int64_t stride = Stride(c);
+      if (stride == 0) continue;
+      Family& f = families[{stride, c.nranks}];
+      f.stride = stride;
+      f.size = c.nranks;
+      f.covered += c.nranks;
+      f.calls += static_cast<double>(c.max_calls);
+      ++f.comms;
+    }
+    const Family* dp = nullptr;
+    for (const auto& [key, f] : families) {
+      if (f.covered != world) continue;  // not a partition (pipeline pairs of a deep pipeline, ...)
+      if (dp == nullptr || f.calls / static_cast<double>(f.comms) < dp->calls / static_cast<double>(dp->comms)) dp = &f;
+    }
+    if (dp == nullptr) return Status::InvalidArgument("no family of communicators partitions the job: data parallelism not found");
+    analyzer::JobShape s;
+    s.tp = static_cast<std::int32_t>(dp->stride);
+    s.dp = static_cast<std::int32_t>(dp->size);
+    if (s.tp > 1) {
+      auto tp = families.find({1, s.tp});
+      if (tp == families.end() || tp->second.covered != world) {
+        return Status::InvalidArgument("data-parallel stride " + std::to_string(s.tp) +
+                                       " without tensor-parallel groups of that size");
+      }
+    }
+    if (world % (std::int64_t{s.tp} * s.dp) != 0) {
+      return Status::InvalidArgument("world " + std::to_string(world) + " is not a multiple of TP x DP");
+    }
+    s.pp = static_cast<std::int32_t>(world / (std::int64_t{s.tp} * s.dp));
+    out.placement.shape = s;
+  }
+  const analyzer::JobShape& s = out.placement.shape;
+  if (std::int64_t{s.tp} * s.dp * s.pp != world) {
+    return Status::InvalidArgument("shape " + std::to_string(s.tp) + "x" + std::to_string(s.dp) + "x" +
+                                   std::to_string(s.pp) + " does not match " + std::to_string(world) + " ranks");
+  }
+  if (Status st = analyzer::CheckPlacement(out.placement); !st.ok()) return st;
+  return out;
+}
+
+Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std::string& cause,
+                                   const json& findings, const Result<JobLayout>& layout) {
+  analyzer::RootCause root;
+  if (cause == "compute") {
+    if (findings.value("gpus", json::array()).empty()) return Status::InvalidArgument("compute cause without a slow GPU");
+    root = analyzer::RootCause::kCompute;
+  } else if (cause == "link" || cause == "nic") {
+    root = analyzer::RootCause::kCommunication;
+  } else {
+    return Status::InvalidArgument("no mitigation for cause \"" + cause + "\"");
+  }
+  json candidates = json::object();
+  if (root == analyzer::RootCause::kCompute) {
+    candidates["S2"] = PlanRebalance(settings, findings.value("gpus", json::array()), layout);
+  }
+  candidates["S3"] = PlanTopology(settings, cause, findings, layout);
+  candidates["S4"] = PlanRestartCandidate(settings, cause, findings, layout);
+  Result<analyzer::SkiRentalPlanner> planner = analyzer::SkiRentalPlanner::Create(root, OptionsFrom(settings, candidates));
+  if (!planner.ok()) return planner.status();
+  return Mitigator(root, std::move(candidates), std::move(planner.value()));
+}
+
+json Mitigator::ToJson() const {
+  const analyzer::SkiRentalSnapshot s = planner_.Snapshot();
+  json applied = json::array();
+  for (Strategy x : s.applied) applied.push_back(Code(x));
+  return {{"cause", cause_ == analyzer::RootCause::kCompute ? "compute" : "communication"},
+          {"candidates", candidates_},
+          {"applied", applied},
+          {"rebalance_in_effect", s.rebalance_in_effect},
+          {"stopped", s.stopped},
+          {"slowdown_s", s.slowdown_s},
+          {"paid_s", s.paid_s},
+          {"last_time_s", s.last_time_s},
+          {"calm_samples", s.calm_samples}};
+}
+
+Result<Mitigator> Mitigator::FromJson(const MitigationSettings& settings, const json& doc) {
+  try {
+    const std::string cause = doc.at("cause").get<std::string>();
+    if (cause != "compute" && cause != "communication") return Status::InvalidArgument("mitigation: bad cause");
+    const analyzer::RootCause root =
+        cause == "compute" ? analyzer::RootCause::kCompute : analyzer::RootCause::kCommunication;
+    const json& candidates = doc.at("candidates");
+    if (!candidates.is_object()) return Status::InvalidArgument("mitigation: candidates is not an object");
+    analyzer::SkiRentalSnapshot s;
+    for (const json& a : doc.at("applied")) {
+      const auto x = FromCode(a.get<std::string>());
+      if (!x) return Status::InvalidArgument("mitigation: unknown strategy " + a.dump());
+      s.applied.push_back(*x);
+    }
+    s.rebalance_in_effect = doc.at("rebalance_in_effect").get<bool>();
+    s.stopped = doc.at("stopped").get<bool>();
+    s.slowdown_s = doc.at("slowdown_s").get<double>();
+    s.paid_s = doc.at("paid_s").get<double>();
+    s.last_time_s = doc.at("last_time_s").get<double>();
+    s.calm_samples = doc.at("calm_samples").get<std::int32_t>();
+    Result<analyzer::SkiRentalPlanner> p =
+        analyzer::SkiRentalPlanner::Restore(root, OptionsFrom(settings, candidates), s);
+    if (!p.ok()) return p.status();
+    return Mitigator(root, candidates, std::move(p.value()));
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("mitigation: ") + e.what());
+  }
+}
+
+Decision Mitigator::MakeDecision(const analyzer::MitigationDecision& d) const {
+  Decision out;
+  out.planner = d;
+  out.strategy = Code(d.to);
+  out.from = Code(d.from);
+  if (d.kind == analyzer::DecisionKind::kSwitch) {
+    const json c = candidates_.value(out.strategy, json::object());
+    out.plan = c.value("plan", json{{"strategy", out.strategy}});
+    out.expected_gain = c.value("expected_gain", 0.0);
+    out.publish_plan = true;
+    out.summary = std::string(analyzer::StrategyName(d.to)) + " (" + c.value("kind", std::string("plan")) +
+                  "): expected " + Fixed(out.expected_gain * 100, 0) + "% shorter iterations; " + d.reason;
+  } else {
+    out.plan = {{"strategy", "S1"}};
+    if (d.undo_rebalance) {
+      const json c = candidates_.value("S2", json::object());
+      if (c.contains("baseline")) out.plan["micro_batches"] = c["baseline"];
+      out.publish_plan = true;
+    }
+    out.summary = "stop mitigating: " + d.reason;
+  }
+  return out;
+}
+
+Result<std::optional<Decision>> Mitigator::Observe(double now_s, double iteration_s, double healthy_s,
+                                                   std::int64_t iterations) {
+  Result<std::optional<analyzer::MitigationDecision>> d =
+      planner_.Observe({now_s, iteration_s, healthy_s, std::max<std::int64_t>(1, iterations)});
+  if (!d.ok()) return d.status();
+  if (!d.value()) return std::optional<Decision>();
+  Decision out = MakeDecision(*d.value());
+  if (out.strategy == "S4" && iteration_s > 0) out.expected_gain = std::max(0.0, 1.0 - healthy_s / iteration_s);
+  return std::optional<Decision>(std::move(out));
+}
+
+Result<Decision> Mitigator::End(double now_s) {
+  Result<analyzer::MitigationDecision> d = planner_.End(std::max(now_s, planner_.Snapshot().last_time_s));
+  if (!d.ok()) return d.status();
+  return MakeDecision(d.value());
+}
+
+std::string Mitigator::current() const { return Code(planner_.current()); }
+bool Mitigator::rebalance_in_effect() const { return planner_.Snapshot().rebalance_in_effect; }
+bool Mitigator::stopped() const { return planner_.stopped(); }
+double Mitigator::accumulated_slowdown_s() const { return planner_.accumulated_slowdown_s(); }
+
+}  // namespace falcon::controller

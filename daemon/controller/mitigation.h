@@ -1,0 +1,115 @@
+// Mitigation: the controller's decision stage (FALCON §5; DESIGN.md "The controller").
+//
+// Once a validation has named the culprits of an incident, a Mitigator decides what to do about
+// them. It prepares every candidate plan up front from the localisation and the job's layout:
+//   S2  re-balance micro-batches across DP replicas (compute culprits only; needs the job's
+//       micro-batches per replica, config micro_batches): replica i's time per micro-batch is
+//       the slowest GEMM ratio among its culprit GPUs (1 for healthy replicas);
+//   S3  re-place nodes: link relief for a slow link, straggler consolidation for slow GPUs (no
+//       S3 for a slow NIC: every placement keeps the node's inter-node traffic);
+//   S4  checkpoint-restart without the culprit nodes, onto spare nodes (config spare_nodes).
+// A candidate that cannot be planned (no layout, S2 without micro-batch counts, a plan that
+// gains nothing) is made unavailable (infinite overhead) with the reason kept. Then a ski-rental
+// planner (analyzer/ski_rental.h) is fed the job's iteration time: it switches to the next
+// strategy when the fail-slow has cost as much as that strategy's overhead. Every decision
+// carries its plan in the protocol's plan fields (include/falcon/protocol.h), the expected gain
+// and the reason. When the fail-slow ends, End() says whether S2's re-balancing must be undone
+// (an S1 plan restoring the job's own counts).
+//
+// The layout (TP x DP x PP and the rank -> node placement) comes from the communicators: ranks
+// are numbered Megatron-style (TP innermost, then DP, then PP; analyzer/topology_plan.h), the
+// DP family is the family of job-partitioning communicators with the fewest calls (gradient
+// synchronisation happens once per iteration, TP and PP traffic per layer or micro-batch), TP the
+// stride-1 family otherwise. config job_shape overrides the inference.
+//
+// Thread-safety: values; one thread. Must never: do I/O, read clocks (time comes in), or emit a
+// plan the analyzer's planners did not produce.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analyzer/ski_rental.h"
+#include "analyzer/topology_plan.h"
+#include "daemon/controller/job_view.h"
+#include "falcon/status.h"
+
+namespace falcon::controller {
+
+struct MitigationSettings {
+  std::string mode = "advise";  // off: no decisions; advise: publish; act: also send to the agents
+  analyzer::StrategyOverheads overheads;  // seconds of lost training per strategy
+  std::int32_t micro_batches = 0;  // per DP replica in the job's own schedule; 0: S2 unavailable
+  std::string job_shape;           // "TPxDPxPP"; empty: inferred from the communicators
+  std::int32_t spare_nodes = 0;    // idle nodes an S4 restart may use (node ids after the job's)
+  double sample_s = 1.0;           // how often the planner is fed the iteration time
+  double recheck_s = 60;           // while S2 holds the job at healthy speed, re-validate this often
+};
+
+struct JobLayout {
+  analyzer::JobPlacement placement;  // shape, gpus_per_node, num_nodes, node_of_rank
+  std::vector<std::string> hosts;    // node index -> host name
+};
+
+// The job's layout from the view (and the job_shape override when non-empty). InvalidArgument
+// naming the obstacle: ranks missing, uneven ranks per host, a shape that does not match the
+// world size, communicators that do not reveal a shape.
+[[nodiscard]] Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape);
+
+// "2x4x2" -> {tp 2, dp 4, pp 2}. InvalidArgument otherwise.
+[[nodiscard]] Result<analyzer::JobShape> ParseJobShape(const std::string& text);
+
+struct Decision {
+  analyzer::MitigationDecision planner;
+  std::string strategy;        // S1..S4 (S1 for a stop)
+  std::string from;            // the strategy in force before
+  nlohmann::json plan;         // protocol plan fields but plan_version (strategy, micro_batches, ...)
+  double expected_gain = 0;    // fraction of the slow iteration time the plan saves (model)
+  std::string summary;         // one line for people
+  bool publish_plan = false;   // a plan for frameworks (switches, and a stop that undoes S2)
+};
+
+class Mitigator {
+ public:
+  // Prepares the candidates for a localised incident. `findings` is the localisation's detail
+  // (gpus, links, nics as the controller records them), `cause` compute | link | nic.
+  // InvalidArgument for a cause without culprits or bad settings; a layout error only makes
+  // S2/S3/S4 unavailable.
+  [[nodiscard]] static Result<Mitigator> Start(const MitigationSettings& settings,
+                                               const std::string& cause,
+                                               const nlohmann::json& findings,
+                                               const Result<JobLayout>& layout);
+  // From ToJson(); InvalidArgument when the document is not one this class wrote.
+  [[nodiscard]] static Result<Mitigator> FromJson(const MitigationSettings& settings,
+                                                  const nlohmann::json& doc);
+  [[nodiscard]] nlohmann::json ToJson() const;
+
+  // The job took iteration_s per iteration (healthy: healthy_s) for `iterations` iterations
+  // ending at now_s. A decision when the planner switches.
+  [[nodiscard]] Result<std::optional<Decision>> Observe(double now_s, double iteration_s,
+                                                        double healthy_s, std::int64_t iterations);
+  // The fail-slow is over (or the incident closed): the stop decision.
+  [[nodiscard]] Result<Decision> End(double now_s);
+
+  [[nodiscard]] std::string current() const;  // S1..S4
+  [[nodiscard]] bool rebalance_in_effect() const;
+  [[nodiscard]] bool stopped() const;
+  // Candidates with their overheads, plans, gains, or why they are unavailable.
+  [[nodiscard]] const nlohmann::json& candidates() const { return candidates_; }
+  [[nodiscard]] double accumulated_slowdown_s() const;
+
+ private:
+  Mitigator(analyzer::RootCause cause, nlohmann::json candidates, analyzer::SkiRentalPlanner planner)
+      : cause_(cause), candidates_(std::move(candidates)), planner_(std::move(planner)) {}
+  Decision MakeDecision(const analyzer::MitigationDecision& d) const;
+
+  analyzer::RootCause cause_;
+  nlohmann::json candidates_;  // {"S2": {overhead_s, plan?, expected_gain?, unavailable?}, ...}
+  analyzer::SkiRentalPlanner planner_;
+};
+
+}  // namespace falcon::controller

@@ -1,0 +1,219 @@
+// The controller's decision stage (daemon/controller/mitigation.h) on a 16-rank TP 2 x DP 4 x PP 2
+// job of 8 nodes (ranks 2k and 2k+1 on node k), seen the way the controller sees it: through
+// validated rank registrations. Layout inference, the candidate plans per root cause, the
+// ski-rental escalation they drive, the undo of S2, and state that survives a restart.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <numeric>
+
+#include "daemon/controller/mitigation.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::int64_t kT0 = 1'795'264'878'000'000'000;
+constexpr std::int64_t kWorldRanks = 16;
+
+std::string Host(std::int64_t rank) { return "node" + std::to_string(rank / 2); }
+
+// Megatron numbering: rank = (pp * 4 + dp) * 2 + tp. Calls per iteration differ per family as
+// in training: TP per layer and micro-batch, PP per micro-batch, DP once.
+std::vector<protocol::CommSummary> CommsOf(std::int64_t r, int tp, int dp, int pp) {
+  const auto rank = static_cast<std::int32_t>(r);
+  const std::int32_t t = rank % tp, d = (rank / tp) % dp, p = rank / (tp * dp);
+  std::vector<protocol::CommSummary> out = {{0xabcdefULL, rank, static_cast<std::int32_t>(kWorldRanks), "world", 50}};
+  if (tp > 1) out.push_back({0x1000ULL + static_cast<std::uint64_t>(p * dp + d), t, tp, "tp", 4000});
+  if (dp > 1) out.push_back({0x2000ULL + static_cast<std::uint64_t>(p * tp + t), d, dp, "dp", 50});
+  if (pp > 1) out.push_back({0x3000ULL + static_cast<std::uint64_t>(d * tp + t), p, pp, "pp", 800});
+  return out;
+}
+
+JobView View(int tp, int dp, int pp) {
+  std::vector<json> ranks, agents;
+  for (std::int64_t r = 0; r < kWorldRanks; ++r) {
+    protocol::RankRegistration m;
+    m.header = {"job", Host(r), kT0};
+    m.rank = r;
+    m.pid = 1000 + r;
+    m.state = "live";
+    m.started_ns = kT0 - 1;
+    m.comms = CommsOf(r, tp, dp, pp);
+    ranks.push_back(protocol::ParseMessage(protocol::ToJson(m).dump(), protocol::kRankRegister).value());
+  }
+  JobView v;
+  v.Update(ranks, agents);
+  return v;
+}
+
+json Gpu(std::int64_t rank, double ratio) {
+  return {{"rank", rank}, {"host", Host(rank)}, {"evidence", {{"ratio", ratio}}}};
+}
+
+MitigationSettings Settings() {
+  MitigationSettings s;
+  s.overheads = {10, 60, 300};
+  s.micro_batches = 8;
+  s.spare_nodes = 2;
+  return s;
+}
+
+TEST(MitigationLayoutTest, ShapeAndPlacementComeFromTheCommunicators) {
+  for (auto [tp, dp, pp] : {std::tuple{2, 4, 2}, std::tuple{1, 8, 2}, std::tuple{2, 8, 1}, std::tuple{4, 2, 2}}) {
+    SCOPED_TRACE(std::to_string(tp) + "x" + std::to_string(dp) + "x" + std::to_string(pp));
+    Result<JobLayout> l = InferLayout(View(tp, dp, pp), "");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l.value().placement.shape.tp, tp);
+    EXPECT_EQ(l.value().placement.shape.dp, dp);
+    EXPECT_EQ(l.value().placement.shape.pp, pp);
+    EXPECT_EQ(l.value().placement.gpus_per_node, 2);
+    EXPECT_EQ(l.value().placement.num_nodes, 8);
+    EXPECT_EQ(l.value().placement.node_of_rank[5], 2);
+    EXPECT_EQ(l.value().hosts[2], "node2");
+  }
+}
+
+TEST(MitigationLayoutTest, AnOverrideWinsAndBadShapesAreRefused) {
+  EXPECT_EQ(InferLayout(View(2, 4, 2), "4x2x2").value().placement.shape.tp, 4);
+  EXPECT_FALSE(InferLayout(View(2, 4, 2), "3x2x2").ok()) << "12 ranks is not the job";
+  for (const char* bad : {"", "2x4", "2x4x2x1", "0x8x2", "axbxc", "2x4x2 "}) {
+    EXPECT_FALSE(ParseJobShape(bad).ok()) << bad;
+  }
+  EXPECT_FALSE(InferLayout(JobView(), "").ok()) << "no ranks";
+}
+
+TEST(MitigationTest, ComputeFaultPlansRebalanceThenConsolidationThenRestart) {
+  const JobView v = View(2, 4, 2);
+  // Two stragglers in different PP stages: rank 5 (stage 0, replica 2) and rank 11 (stage 1,
+  // replica 1).
+  const json findings = {{"gpus", {Gpu(5, 2.0), Gpu(11, 1.5)}}, {"links", json::array()}, {"nics", json::array()}};
+  Result<Mitigator> m = Mitigator::Start(Settings(), "compute", findings, InferLayout(v, ""));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const json& c = m.value().candidates();
+  // S2: the slow replicas 2 and 1 get fewer of the 32 micro-batches, the slower one fewest.
+  ASSERT_TRUE(c["S2"].contains("plan")) << c.dump();
+  const auto mb = c["S2"]["plan"]["micro_batches"].get<std::vector<int>>();
+  ASSERT_EQ(mb.size(), 4u);
+  EXPECT_EQ(std::accumulate(mb.begin(), mb.end(), 0), 32);
+  EXPECT_LT(mb[2], mb[1]);
+  EXPECT_LT(mb[1], mb[0]);
+  EXPECT_EQ(mb[0], mb[3]);
+  EXPECT_GT(c["S2"]["expected_gain"].get<double>(), 0.2);
+  EXPECT_EQ(c["S2"]["baseline"], json({8, 8, 8, 8}));
+  // S3 puts both stragglers' nodes into one stage; S4 restarts onto the spares (nodes 8 and 9)
+  // in place of nodes 2 and 5.
+  ASSERT_TRUE(c["S3"].contains("plan")) << c.dump();
+  EXPECT_EQ(c["S3"]["kind"], "straggler consolidation");
+  const auto placement = c["S3"]["plan"]["placement"].get<std::vector<int>>();
+  ASSERT_EQ(placement.size(), 16u);
+  EXPECT_EQ(placement[5] < 4, placement[11] < 4) << "the stragglers' nodes share a stage after S3";
+  ASSERT_TRUE(c["S4"].contains("plan")) << c.dump();
+  EXPECT_EQ(c["S4"]["plan"]["exclude_nodes"], json({2, 5}));
+  EXPECT_EQ(c["S4"]["plan"]["placement"][5], 8);
+  EXPECT_EQ(c["S4"]["plan"]["placement"][11], 9);
+
+  // An endless 2x slowdown (healthy 1 s) fed every second: S2 after 10 s of slowdown, S3 once
+  // the cost reaches 60 s, S4 at 300 s.
+  Mitigator& mit = m.value();
+  std::vector<std::string> seen;
+  for (int t = 1; t <= 1000 && seen.size() < 3; ++t) {
+    Result<std::optional<Decision>> d = mit.Observe(t, 2.0, 1.0, 1);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    if (d.value()) {
+      EXPECT_TRUE(d.value()->publish_plan);
+      EXPECT_EQ(d.value()->plan["strategy"], d.value()->strategy);
+      seen.push_back(d.value()->strategy);
+      if (seen.size() == 1) {
+        EXPECT_EQ(t, 10);
+      }
+    }
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"S2", "S3", "S4"}));
+  const Decision end = mit.End(2000).value();
+  EXPECT_EQ(end.strategy, "S1");
+  EXPECT_FALSE(end.publish_plan) << "a restart already reset the micro-batches";
+  EXPECT_TRUE(mit.stopped());
+}
+
+TEST(MitigationTest, EndingWhileRebalancedPublishesTheUndo) {
+  Mitigator m = Mitigator::Start(Settings(), "compute", {{"gpus", {Gpu(5, 2.0)}}}, InferLayout(View(2, 4, 2), "")).value();
+  std::optional<Decision> first;
+  for (int t = 1; t <= 20 && !first; ++t) first = m.Observe(t, 2.0, 1.0, 1).value();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->strategy, "S2");
+  EXPECT_TRUE(m.rebalance_in_effect());
+  const Decision end = m.End(30).value();
+  EXPECT_TRUE(end.publish_plan);
+  EXPECT_EQ(end.plan["strategy"], "S1");
+  EXPECT_EQ(end.plan["micro_batches"], json({8, 8, 8, 8}));
+}
+
+TEST(MitigationTest, LinkFaultGetsLinkReliefAndNoRebalance) {
+  // node1 -> node2 carries DP ring traffic (replica 1 sends to replica 2 in stage 0).
+  const json findings = {{"gpus", json::array()},
+                         {"links", {{{"ranks", {2, 4}}, {"hosts", {"node1", "node2"}}, {"evidence", {{"ratio", 4.0}}}}}},
+                         {"nics", json::array()}};
+  Mitigator m = Mitigator::Start(Settings(), "link", findings, InferLayout(View(2, 4, 2), "")).value();
+  const json& c = m.candidates();
+  EXPECT_FALSE(c.contains("S2"));
+  ASSERT_TRUE(c["S3"].contains("plan")) << c.dump();
+  EXPECT_EQ(c["S3"]["kind"], "link relief");
+  EXPECT_GT(c["S3"]["expected_gain"].get<double>(), 0);
+  ASSERT_TRUE(c["S4"].contains("plan"));
+  std::optional<Decision> d;
+  for (int t = 1; t <= 100 && !d; ++t) d = m.Observe(t, 2.0, 1.0, 1).value();
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->strategy, "S3");
+}
+
+TEST(MitigationTest, UnplannableCandidatesAreUnavailableWithAReason) {
+  MitigationSettings s = Settings();
+  s.micro_batches = 0;
+  s.spare_nodes = 0;
+  const json nic = {{"nics", {{{"host", "node4"}}}}};
+  Mitigator m = Mitigator::Start(s, "nic", nic, InferLayout(View(2, 4, 2), "")).value();
+  EXPECT_TRUE(m.candidates()["S3"].contains("unavailable"));
+  // No spare: the restart shrinks DP to 3 replicas, which the remaining 14 GPUs hold.
+  EXPECT_EQ(m.candidates()["S4"]["kind"], "shrink data parallel") << m.candidates().dump();
+  Mitigator g = Mitigator::Start(s, "compute", {{"gpus", {Gpu(5, 2.0)}}}, InferLayout(View(2, 4, 2), "")).value();
+  EXPECT_NE(g.candidates()["S2"]["unavailable"].get<std::string>().find("micro-batches"), std::string::npos);
+  // Without a layout only the reasons remain, and the planner never switches.
+  Mitigator blind = Mitigator::Start(Settings(), "compute", {{"gpus", {Gpu(5, 2.0)}}},
+                                     Status::InvalidArgument("no ranks")).value();
+  for (const char* k : {"S2", "S3", "S4"}) EXPECT_TRUE(blind.candidates()[k].contains("unavailable")) << k;
+  for (int t = 1; t <= 5000; ++t) ASSERT_FALSE(blind.Observe(t, 3.0, 1.0, 1).value().has_value());
+  EXPECT_FALSE(Mitigator::Start(Settings(), "unknown", json::object(), InferLayout(View(2, 4, 2), "")).ok());
+  EXPECT_FALSE(Mitigator::Start(Settings(), "compute", {{"gpus", json::array()}}, InferLayout(View(2, 4, 2), "")).ok());
+}
+
+TEST(MitigationTest, StateSurvivesARestartAndGarbageIsRefused) {
+  Mitigator m = Mitigator::Start(Settings(), "compute", {{"gpus", {Gpu(5, 2.0), Gpu(11, 2.0)}}}, InferLayout(View(2, 4, 2), "")).value();
+  for (int t = 1; t <= 30; ++t) (void)m.Observe(t, 2.0, 1.0, 1).value();
+  ASSERT_EQ(m.current(), "S2");
+  const json doc = json::parse(m.ToJson().dump());
+  Result<Mitigator> back = Mitigator::FromJson(Settings(), doc);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back.value().ToJson(), m.ToJson());
+  // Both go on to S3 at the same sample.
+  int a = 0, b = 0;
+  for (int t = 31; t <= 200 && (a == 0 || b == 0); ++t) {
+    if (!a && m.Observe(t, 2.0, 1.0, 1).value()) a = t;
+    if (!b && back.value().Observe(t, 2.0, 1.0, 1).value()) b = t;
+  }
+  EXPECT_GT(a, 0);
+  EXPECT_EQ(a, b);
+  for (const json& bad : {json(), json::object(), json{{"cause", "compute"}}, json{{"cause", "x"}}}) {
+    EXPECT_FALSE(Mitigator::FromJson(Settings(), bad).ok()) << bad.dump();
+  }
+  json twice = doc;
+  twice["applied"] = {"S2", "S2"};
+  EXPECT_FALSE(Mitigator::FromJson(Settings(), twice).ok());
+}
+
+}  // namespace
+}  // namespace falcon::controller
