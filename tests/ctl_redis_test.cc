@@ -183,6 +183,56 @@ TEST_F(CtlRedisTest, IncidentsListedNewestLastAndMalformedSkipped) {
   EXPECT_EQ(doc["incidents"][0]["msg"]["id"], "inc-2");
 }
 
+TEST_F(CtlRedisTest, PlanShowsThePlanInForceItsAcksAndTheDecisions) {
+  testing::ProcessResult none = Ctl({"plan"});
+  EXPECT_EQ(none.exit_code, 3) << none.out << none.err;
+  EXPECT_NE(none.err.find("nothing is known about job 'ctljob'"), std::string::npos) << none.err;
+
+  RegisterAgent("node0", {0, 1});
+  testing::ProcessResult empty = Ctl({"plan"});
+  ASSERT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_NE(empty.out.find("no mitigation plan has been published"), std::string::npos) << empty.out;
+
+  // Rank 1's framework applied plan 3; rank 0 has not yet.
+  json reg = json::parse(redis::HGetAll(*conn_, Key(protocol::kRankKey, "", 1)).value().at("msg"));
+  reg["plan_applied"] = 3;
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 1), {{"msg", reg.dump()}}).ok());
+  const json plan = {{"v", protocol::kSchemaVersion}, {"type", "mitigation_plan"}, {"job", kJob}, {"at_ns", Now()},
+                     {"incident", "inc-7"}, {"mode", "act"}, {"plan_version", 3}, {"strategy", "S2"},
+                     {"micro_batches", {8, 8, 5, 11}}, {"expected_gain", 0.31}, {"reason", "rank 5 is 2x slow"}};
+  ASSERT_TRUE(protocol::ValidateMessage(plan, protocol::kMitigationPlan).ok());
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kPlanKey), {{"msg", plan.dump()}}).ok());
+  for (const char* strategy : {"S1", "S2"}) {
+    json d = {{"v", protocol::kSchemaVersion}, {"type", "incident"}, {"id", "inc-7"}, {"job", kJob},
+              {"stage", "decision"}, {"at_ns", Now()}, {"summary", std::string(strategy) + " chosen"},
+              {"strategy", strategy}};
+    ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIncidentsStream), 0, {{"msg", d.dump()}}).ok());
+  }
+  testing::ProcessResult r = Ctl({"plan", "--history"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("plan v3  S2  mode act  incident inc-7"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[8,8,5,11] per DP replica"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("31% shorter"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("applied by 1 rank(s), rejected by 0, pending 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# 2 decision(s)"), std::string::npos) << r.out;
+
+  testing::ProcessResult j = Ctl({"plan", "--json", "--history"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const json doc = json::parse(j.out);
+  EXPECT_EQ(doc["plan"]["micro_batches"], json({8, 8, 5, 11}));
+  EXPECT_EQ(doc["acks"]["applied"], json({1}));
+  EXPECT_EQ(doc["acks"]["pending"], json({0}));
+  ASSERT_EQ(doc["decisions"].size(), 2u);
+  EXPECT_EQ(doc["decisions"][1]["strategy"], "S2");
+
+  // A corrupt plan hash is reported and treated as no plan, never used.
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kPlanKey), {{"msg", R"({"v":1,"type":"mitigation_plan","job":"x"})"}}).ok());
+  testing::ProcessResult bad = Ctl({"plan", "--json"});
+  ASSERT_EQ(bad.exit_code, 0) << bad.err;
+  EXPECT_TRUE(json::parse(bad.out)["plan"].is_null()) << bad.out;
+  EXPECT_NE(bad.err.find("warning"), std::string::npos) << bad.err;
+}
+
 TEST_F(CtlRedisTest, EventsFollowPrintsPublishedAlert) {
   testing::TempDir dir;
   const std::string out = dir.path() + "/events.out";

@@ -36,6 +36,7 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx);
 void AddStatusCommand(CLI::App& app, CommandContext& ctx);     // status_command.cc
 void AddIncidentsCommand(CLI::App& app, CommandContext& ctx);  // incidents_command.cc
 void AddEventsCommand(CLI::App& app, CommandContext& ctx);     // incidents_command.cc
+void AddPlanCommand(CLI::App& app, CommandContext& ctx);       // plan_command.cc
 // mode, pause, resume, validate (agent_command.cc)
 void AddAgentCommands(CLI::App& app, CommandContext& ctx);
 

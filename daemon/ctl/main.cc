@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   falcon::ctl::AddStatusCommand(app, ctx);
   falcon::ctl::AddIncidentsCommand(app, ctx);
   falcon::ctl::AddEventsCommand(app, ctx);
+  falcon::ctl::AddPlanCommand(app, ctx);
   falcon::ctl::AddAgentCommands(app, ctx);
   try {
     app.parse(argc, argv);

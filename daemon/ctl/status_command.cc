@@ -122,7 +122,10 @@ json ControllerRecord(const json& c, std::int64_t now) {
               {"mode", c.value("mode", json(nullptr))},
               {"period", c.value("period", json(nullptr))},
               {"current_s", c.value("current_s", json(nullptr))},
-              {"healthy_s", c.value("healthy_s", json(nullptr))}};
+              {"healthy_s", c.value("healthy_s", json(nullptr))},
+              {"mitigation", c.value("mitigation", json(nullptr))},
+              {"strategy", c.value("strategy", json(nullptr))},
+              {"plan_version", c.value("plan_version", json(nullptr))}};
   return out;
 }
 
@@ -142,6 +145,12 @@ void PrintController(const std::optional<json>& c, std::int64_t now) {
               Ms(r["current_s"]).c_str(), Ms(r["healthy_s"]).c_str(), r["host"].get<std::string>().c_str(),
               r["pid"].get<long long>(), r["heartbeat_age_s"].get<double>(),
               stale ? "  (STALE: is falcon-controller running?)" : "");
+  if (!r["mitigation"].is_null()) {
+    std::printf("# mitigation: %s  strategy in force %s  plan %s%s\n", r["mitigation"].get<std::string>().c_str(),
+                r["strategy"].is_null() ? "-" : r["strategy"].get<std::string>().c_str(),
+                r["plan_version"].is_null() ? "none" : ("v" + std::to_string(r["plan_version"].get<long long>())).c_str(),
+                r["plan_version"].is_null() ? "" : "  (falcon-ctl plan)");
+  }
 }
 
 void PrintTable(const std::string& job, const JobStatus& st, const std::vector<json>& ranks,
