@@ -34,7 +34,9 @@ std::vector<protocol::CommSummary> CommsOf(std::int64_t r, int tp, int dp, int p
   return out;
 }
 
-JobView View(int tp, int dp, int pp) {
+// The view as the controller has it once a mitigation started: node numbering fixed, spares
+// ("spare0", ...) after the job's hosts.
+JobView View(int tp, int dp, int pp, int spares = 2) {
   std::vector<json> ranks, agents;
   for (std::int64_t r = 0; r < kWorldRanks; ++r) {
     protocol::RankRegistration m;
@@ -48,6 +50,10 @@ JobView View(int tp, int dp, int pp) {
   }
   JobView v;
   v.Update(ranks, agents);
+  std::vector<std::string> hosts;
+  for (int n = 0; n < 8; ++n) hosts.push_back("node" + std::to_string(n));
+  for (int i = 0; i < spares; ++i) hosts.push_back("spare" + std::to_string(i));
+  v.SetNodes(hosts, {});
   return v;
 }
 
@@ -59,7 +65,6 @@ MitigationSettings Settings() {
   MitigationSettings s;
   s.overheads = {10, 60, 300};
   s.micro_batches = 8;
-  s.spare_nodes = 2;
   return s;
 }
 
@@ -72,10 +77,26 @@ TEST(MitigationLayoutTest, ShapeAndPlacementComeFromTheCommunicators) {
     EXPECT_EQ(l.value().placement.shape.dp, dp);
     EXPECT_EQ(l.value().placement.shape.pp, pp);
     EXPECT_EQ(l.value().placement.gpus_per_node, 2);
-    EXPECT_EQ(l.value().placement.num_nodes, 8);
+    EXPECT_EQ(l.value().placement.num_nodes, 10);
+    EXPECT_EQ(l.value().spares, (std::vector<std::int32_t>{8, 9}));
     EXPECT_EQ(l.value().placement.node_of_rank[5], 2);
     EXPECT_EQ(l.value().hosts[2], "node2");
   }
+}
+
+TEST(MitigationLayoutTest, PlacementInForceAndExcludedNodesAreHonoured) {
+  JobView v = View(2, 4, 2);
+  // An S4 plan moved node 2's ranks (4, 5) onto spare0 (node 8) in place.
+  std::vector<std::int32_t> placement;
+  for (int r = 0; r < 16; ++r) placement.push_back(r / 2 == 2 ? 8 : r / 2);
+  std::vector<std::string> hosts = v.hosts();
+  v.SetNodes(hosts, placement);
+  EXPECT_EQ(v.NodeOf(5), 8);
+  EXPECT_EQ(*v.HostOf(4), "spare0");
+  Result<JobLayout> l = InferLayout(v, "", {2});
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l.value().placement.node_of_rank[5], 8);
+  EXPECT_EQ(l.value().spares, (std::vector<std::int32_t>{9})) << "node 2 was excluded: never a spare again";
 }
 
 TEST(MitigationLayoutTest, AnOverrideWinsAndBadShapesAreRefused) {
@@ -174,9 +195,8 @@ TEST(MitigationTest, LinkFaultGetsLinkReliefAndNoRebalance) {
 TEST(MitigationTest, UnplannableCandidatesAreUnavailableWithAReason) {
   MitigationSettings s = Settings();
   s.micro_batches = 0;
-  s.spare_nodes = 0;
   const json nic = {{"nics", {{{"host", "node4"}}}}};
-  Mitigator m = Mitigator::Start(s, "nic", nic, InferLayout(View(2, 4, 2), "")).value();
+  Mitigator m = Mitigator::Start(s, "nic", nic, InferLayout(View(2, 4, 2, /*spares=*/0), "")).value();
   EXPECT_TRUE(m.candidates()["S3"].contains("unavailable"));
   // No spare: the restart shrinks DP to 3 replicas, which the remaining 14 GPUs hold.
   EXPECT_EQ(m.candidates()["S4"]["kind"], "shrink data parallel") << m.candidates().dump();

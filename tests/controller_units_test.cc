@@ -1041,6 +1041,15 @@ ControllerState FullState() {
   s.profile_from_ns = kT0 + kSec;
   s.suspicion = {{"suspicious", {"7b0b545ea07b0000"}}, {"peers", json::array()}};
   s.healthy_s = 0.5;
+  s.plan_version = 4;
+  s.node_hosts = {"node0", "node1", "spare0"};
+  s.placement = {0, 0, 2, 2};
+  s.excluded_nodes = {1};
+  s.pending_version = 4;
+  s.pending_placement = {2, 2, 0, 0};
+  s.pending_excluded = {0};
+  s.incident->mitigation = {{"cause", "compute"}, {"applied", {"S2"}}};
+  s.incident->last_feed_ns = kT0 + 2 * kSec;
   return s;
 }
 

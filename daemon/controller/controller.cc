@@ -106,7 +106,24 @@ void Controller::Enter(Phase p, std::int64_t now_ns) {
   dirty_ = true;
 }
 
+// An S3/S4 plan's placement is in force once every live rank's framework has applied it.
+void Controller::AdoptAppliedPlacement() {
+  if (state_.pending_version == 0 || view_.ranks().empty()) return;
+  for (const auto& [rank, r] : view_.ranks()) {
+    if (r.plan_applied < state_.pending_version) return;
+  }
+  log_->info("event=placement_in_force plan_version={}", state_.pending_version);
+  state_.placement = std::move(state_.pending_placement);
+  state_.excluded_nodes.insert(state_.excluded_nodes.end(), state_.pending_excluded.begin(), state_.pending_excluded.end());
+  state_.pending_version = 0;
+  state_.pending_placement.clear();
+  state_.pending_excluded.clear();
+  view_.SetNodes(state_.node_hosts, state_.placement);
+  dirty_ = true;
+}
+
 Status Controller::Advance(std::int64_t now_ns) {
+  AdoptAppliedPlacement();
   if (!requests_.empty() && state_.phase != Phase::kTracking) {  // the round under way answers it
     state_.incident->request = requests_.back()["id"].get<std::string>();
     requests_.clear();
@@ -219,8 +236,13 @@ Mitigator* Controller::CurrentMitigator() {
 
 Status Controller::StartMitigation(std::int64_t now_ns) {
   Incident& inc = *state_.incident;
+  if (state_.node_hosts.empty() && !view_.hosts().empty()) {  // plans name nodes: fix their numbering
+    state_.node_hosts = view_.hosts();
+    for (std::int32_t i = 0; i < config_.mitigation.spare_nodes; ++i) state_.node_hosts.push_back("spare" + std::to_string(i));
+    view_.SetNodes(state_.node_hosts, state_.placement);
+  }
   Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings,
-                                         InferLayout(view_, config_.mitigation.job_shape));
+                                         InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes));
   if (!m.ok()) {
     log_->warn("event=mitigation_not_started incident={} error=\"{}\"", inc.id, m.status().message());
     return Status::Ok();
@@ -289,8 +311,13 @@ Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
     m["mode"] = mode;
     m["expected_gain"] = std::clamp(d.expected_gain, -1.0, 1.0);
     m["reason"] = d.summary.substr(0, 1000);
-    m["detail"] = {{"candidates", inc.mitigation.value("candidates", json::object())}};
+    m["detail"] = {{"candidates", inc.mitigation.value("candidates", json::object())}, {"node_hosts", view_.hosts()}};
     if (Status s = WritePlan(m, d.strategy); !s.ok()) return s;
+    if (mode == "act" && plan.contains("placement")) {  // in force once every rank applied it
+      state_.pending_version = state_.plan_version;
+      state_.pending_placement = plan["placement"].get<std::vector<std::int32_t>>();
+      state_.pending_excluded = plan.value("exclude_nodes", std::vector<std::int32_t>{});
+    }
     if (mode == "act") {
       std::vector<OutgoingCommand> out;
       for (const std::string& host : view_.agents()) {

@@ -93,6 +93,7 @@ class Controller {
   Status FeedMitigation(std::int64_t now_ns);
   Status PublishDecision(const Decision& d, std::int64_t now_ns);
   Mitigator* CurrentMitigator();
+  void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
   std::vector<std::int64_t> LiveSlow() const;
   bool ProfilesReady() const;

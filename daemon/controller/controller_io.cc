@@ -185,6 +185,7 @@ Status Controller::RefreshView() {
     }
   }
   view_.Update(ranks, agents);
+  if (!state_.node_hosts.empty()) view_.SetNodes(state_.node_hosts, state_.placement);
   return Status::Ok();
 }
 

@@ -79,6 +79,9 @@ json ToJson(const ControllerState& s) {
   if (s.incident) j["incident"] = IncidentJson(*s.incident);
   if (s.healthy_s) j["healthy_s"] = *s.healthy_s;
   j["plan_version"] = s.plan_version;
+  j["nodes"] = {{"hosts", s.node_hosts}, {"placement", s.placement}, {"excluded", s.excluded_nodes},
+                {"pending_version", s.pending_version}, {"pending_placement", s.pending_placement},
+                {"pending_excluded", s.pending_excluded}};
   return j;
 }
 
@@ -116,6 +119,20 @@ ControllerState StateFromJson(const json& j, std::string* why) {
     if (j.contains("healthy_s")) s.healthy_s = j["healthy_s"].get<double>();
     s.plan_version = j.value("plan_version", std::int32_t{0});
     if (s.plan_version < 0) throw std::invalid_argument("plan_version: negative");
+    if (j.contains("nodes")) {
+      const json& n = j["nodes"];
+      s.node_hosts = n.at("hosts").get<std::vector<std::string>>();
+      s.placement = n.at("placement").get<std::vector<std::int32_t>>();
+      s.excluded_nodes = n.at("excluded").get<std::vector<std::int32_t>>();
+      s.pending_version = n.at("pending_version").get<std::int32_t>();
+      s.pending_placement = n.at("pending_placement").get<std::vector<std::int32_t>>();
+      s.pending_excluded = n.at("pending_excluded").get<std::vector<std::int32_t>>();
+      for (const auto* v : {&s.placement, &s.excluded_nodes, &s.pending_placement, &s.pending_excluded}) {
+        for (std::int32_t x : *v) {
+          if (x < 0 || x > 65535) throw std::invalid_argument("nodes: node index out of range");
+        }
+      }
+    }
     if (s.phase != Phase::kTracking && !s.incident) throw std::invalid_argument("a phase without an incident");
   } catch (const std::exception& e) {
     *why = e.what();

@@ -56,6 +56,17 @@ struct ControllerState {
   nlohmann::json suspicion = nlohmann::json::object();  // ProfileVerdict as JSON
   std::optional<double> healthy_s;
   std::int32_t plan_version = 0;  // of the last plan published (falcon:{job}:plan)
+  // Node numbering of the plans (JobView::SetNodes): fixed when the first mitigation starts, the
+  // job's hosts sorted then the configured spares ("spare0", ...); empty until then.
+  std::vector<std::string> node_hosts;
+  // Placement in force after an S3/S4 plan every rank's framework applied in place; nodes left
+  // out by S4 plans (never used as spares again).
+  std::vector<std::int32_t> placement;
+  std::vector<std::int32_t> excluded_nodes;
+  // An act-mode S3/S4 plan waiting for every rank to apply it.
+  std::int32_t pending_version = 0;
+  std::vector<std::int32_t> pending_placement;
+  std::vector<std::int32_t> pending_excluded;
 };
 
 nlohmann::json ToJson(const ControllerState& s);

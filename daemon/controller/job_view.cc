@@ -20,6 +20,8 @@ RankInfo ParseRank(const nlohmann::json& m) {
   if (m.contains("period")) r.period = m["period"].get<std::uint64_t>();
   r.slow = m["slow"].get<bool>();
   r.at_ns = m["at_ns"].get<std::int64_t>();
+  const auto applied = m.find("plan_applied");
+  if (applied != m.end() && applied->is_number_integer()) r.plan_applied = applied->get<std::int64_t>();
   for (const nlohmann::json& c : m["comms"]) {
     if (!c.is_object() || !c.contains("id") || !c["id"].is_string()) continue;
     const std::optional<std::uint64_t> id = protocol::ParseCommIdHex(c["id"].get<std::string>());
@@ -89,15 +91,38 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
     }
   }
   hosts_.assign(hosts.begin(), hosts.end());
+  ApplyNodes();
   std::set<std::string> live;
   for (const nlohmann::json& a : agents) live.insert(a["host"].get<std::string>());
   agents_.assign(live.begin(), live.end());
 }
 
+void JobView::SetNodes(std::vector<std::string> hosts, std::vector<std::int32_t> placement) {
+  node_hosts_ = std::move(hosts);
+  placement_ = std::move(placement);
+  ApplyNodes();
+}
+
+void JobView::ApplyNodes() {
+  if (node_hosts_.empty()) return;  // default numbering: sorted hosts
+  std::vector<std::string> hosts = node_hosts_;
+  for (const std::string& h : hosts_) {  // a host the numbering does not know yet goes last
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  hosts_ = std::move(hosts);
+  for (auto& [rank, r] : ranks_) {
+    if (rank >= 0 && static_cast<std::size_t>(rank) < placement_.size() && placement_[static_cast<std::size_t>(rank)] >= 0 &&
+        static_cast<std::size_t>(placement_[static_cast<std::size_t>(rank)]) < hosts_.size()) {
+      r.host = hosts_[static_cast<std::size_t>(placement_[static_cast<std::size_t>(rank)])];
+    }
+  }
+}
+
 std::int32_t JobView::NodeOf(std::int64_t rank) const {
   const std::string* h = HostOf(rank);
   if (h == nullptr) return -1;
-  return static_cast<std::int32_t>(std::lower_bound(hosts_.begin(), hosts_.end(), *h) - hosts_.begin());
+  const auto it = std::find(hosts_.begin(), hosts_.end(), *h);
+  return it == hosts_.end() ? -1 : static_cast<std::int32_t>(it - hosts_.begin());
 }
 
 const std::string* JobView::HostOf(std::int64_t rank) const {

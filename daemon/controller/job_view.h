@@ -2,7 +2,11 @@
 // (rank_register / agent_heartbeat messages, already validated): which ranks are live and on
 // which host, the communicators with their members in comm-rank order and how far each has got
 // (calls, and a call rate estimated between updates), and which agents are alive.
-// Node indices are the hosts' positions in sorted order: the same host is the same node.
+// Node indices are the hosts' positions in sorted order: the same host is the same node — unless
+// SetNodes fixed the numbering (the controller does once a mitigation plan names nodes, so plan
+// indices keep their meaning) and, after an S3/S4 plan was applied in place (the framework moved
+// ranks between nodes while their processes, and so the agents reporting them, stayed put, as in
+// the emulated trainer), which node each rank now runs on.
 // Thread-safety: a value type; one thread. Must never: do I/O, or trust a message it was not
 // given validated.
 #pragma once
@@ -32,6 +36,7 @@ struct RankInfo {
   std::optional<std::uint64_t> period;
   bool slow = false;
   std::int64_t at_ns = 0;  // when its agent wrote the registration
+  std::int64_t plan_applied = 0;  // last mitigation plan version its framework applied
   std::vector<RankComm> comms;
 };
 
@@ -55,8 +60,13 @@ class JobView {
   const std::map<std::int64_t, RankInfo>& ranks() const { return ranks_; }
   const std::map<std::uint64_t, CommInfo>& comms() const { return comms_; }
   const std::vector<std::string>& agents() const { return agents_; }  // live agent hosts, sorted
-  // Hosts that run live ranks, sorted; a rank's node is its host's index here (-1 if unknown).
+  // Hosts that run live ranks, sorted (or in SetNodes' order, then hosts it did not list); a
+  // rank's node is its host's index here (-1 if unknown).
   const std::vector<std::string>& hosts() const { return hosts_; }
+  // Fixes the node numbering to `hosts` (node i = hosts[i]; may name idle spares) and, where
+  // placement has an entry, puts rank r on node placement[r] whatever host its agent reports.
+  // Kept across Update calls. Empty hosts: back to sorted hosts.
+  void SetNodes(std::vector<std::string> hosts, std::vector<std::int32_t> placement);
   [[nodiscard]] std::int32_t NodeOf(std::int64_t rank) const;
   [[nodiscard]] const std::string* HostOf(std::int64_t rank) const;
   // The communicator whose members are all live ranks (the world, or the largest one that spans
@@ -70,6 +80,9 @@ class JobView {
   std::map<std::uint64_t, CommInfo> comms_;
   std::vector<std::string> agents_;
   std::vector<std::string> hosts_;
+  std::vector<std::string> node_hosts_;    // SetNodes
+  std::vector<std::int32_t> placement_;    // SetNodes
+  void ApplyNodes();
 };
 
 }  // namespace falcon::controller

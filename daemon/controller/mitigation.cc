@@ -172,9 +172,10 @@ json PlanRestartCandidate(const MitigationSettings& s, const std::string& cause,
   r.dp = l.placement.shape.dp;
   r.pp = l.placement.shape.pp;
   r.gpus_per_node = l.placement.gpus_per_node;
-  for (std::int32_t n = 0; n < l.placement.num_nodes; ++n) r.job_nodes.push_back(n);
+  std::set<std::int32_t> used(l.placement.node_of_rank.begin(), l.placement.node_of_rank.end());
+  r.job_nodes.assign(used.begin(), used.end());
   r.faulty_nodes.assign(faulty.begin(), faulty.end());
-  for (std::int32_t i = 0; i < s.spare_nodes; ++i) r.spare_nodes.push_back(l.placement.num_nodes + i);
+  r.spare_nodes = l.spares;
   if (s.micro_batches > 0) r.total_microbatches = std::int64_t{s.micro_batches} * r.dp;
   Result<analyzer::RestartPlan> plan = analyzer::PlanRestart(r);
   if (!plan.ok()) return {{"unavailable", plan.status().message()}};
@@ -224,7 +225,8 @@ Result<analyzer::JobShape> ParseJobShape(const std::string& text) {
   return s;
 }
 
-Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape) {
+Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
+                              const std::vector<std::int32_t>& excluded) {
   const auto& ranks = view.ranks();
   if (ranks.empty()) return Status::InvalidArgument("no live ranks");
   const std::int64_t world = static_cast<std::int64_t>(ranks.size());
@@ -242,6 +244,9 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape)
   }
   out.placement.num_nodes = static_cast<std::int32_t>(out.hosts.size());
   out.placement.gpus_per_node = per_node.begin()->second;
+  for (std::int32_t n = 0; n < out.placement.num_nodes; ++n) {
+    if (!per_node.count(n) && std::find(excluded.begin(), excluded.end(), n) == excluded.end()) out.spares.push_back(n);
+  }
   for (const auto& [node, n] : per_node) {
     if (n != out.placement.gpus_per_node) {
       return Status::InvalidArgument("uneven ranks per host (" + out.hosts[static_cast<std::size_t>(node)] + " has " +

@@ -45,7 +45,7 @@ struct MitigationSettings {
   analyzer::StrategyOverheads overheads;  // seconds of lost training per strategy
   std::int32_t micro_batches = 0;  // per DP replica in the job's own schedule; 0: S2 unavailable
   std::string job_shape;           // "TPxDPxPP"; empty: inferred from the communicators
-  std::int32_t spare_nodes = 0;    // idle nodes an S4 restart may use (node ids after the job's)
+  std::int32_t spare_nodes = 0;    // idle nodes an S4 restart may use (the controller names them spare0, ...)
   double sample_s = 1.0;           // how often the planner is fed the iteration time
   double recheck_s = 60;           // while S2 holds the job at healthy speed, re-validate this often
 };
@@ -53,12 +53,15 @@ struct MitigationSettings {
 struct JobLayout {
   analyzer::JobPlacement placement;  // shape, gpus_per_node, num_nodes, node_of_rank
   std::vector<std::string> hosts;    // node index -> host name
+  std::vector<std::int32_t> spares;  // idle nodes an S4 restart may use (not excluded before)
 };
 
-// The job's layout from the view (and the job_shape override when non-empty). InvalidArgument
-// naming the obstacle: ranks missing, uneven ranks per host, a shape that does not match the
-// world size, communicators that do not reveal a shape.
-[[nodiscard]] Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape);
+// The job's layout from the view (and the job_shape override when non-empty): nodes are the
+// view's hosts (its SetNodes numbering, spares included); idle nodes not in `excluded` are the
+// spares. InvalidArgument naming the obstacle: ranks missing, uneven ranks per host, a shape
+// that does not match the world size, communicators that do not reveal a shape.
+[[nodiscard]] Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
+                                            const std::vector<std::int32_t>& excluded = {});
 
 // "2x4x2" -> {tp 2, dp 4, pp 2}. InvalidArgument otherwise.
 [[nodiscard]] Result<analyzer::JobShape> ParseJobShape(const std::string& text);
