@@ -93,6 +93,10 @@ TEST(MitigationLayoutTest, PlacementInForceAndExcludedNodesAreHonoured) {
   v.SetNodes(hosts, placement);
   EXPECT_EQ(v.NodeOf(5), 8);
   EXPECT_EQ(*v.HostOf(4), "spare0");
+  // Commands still go to the agents that follow the processes; idle spares get none.
+  EXPECT_EQ(*v.AgentOf(4), "node2");
+  EXPECT_EQ(v.agent_hosts().size(), 8u);
+  EXPECT_EQ(v.hosts().size(), 10u);
   Result<JobLayout> l = InferLayout(v, "", {2});
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   EXPECT_EQ(l.value().placement.node_of_rank[5], 8);

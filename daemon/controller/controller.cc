@@ -197,7 +197,8 @@ Status Controller::Track(std::int64_t now_ns) {
   if (slow.empty()) {
     const bool gone = std::none_of(inc.ranks.begin(), inc.ranks.end(),
                                    [&](std::int64_t r) { return view_.ranks().count(r) > 0; });
-    if (!gone && m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised) {
+    if (!gone && m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
+        config_.mitigation.mode == "act") {
       // S2 may be what makes the job look healthy: look at the culprits again now and then.
       if (now_ns - inc.last_round_ns >= Seconds(config_.mitigation.recheck_s)) {
         inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
@@ -372,7 +373,7 @@ Status Controller::OpenIncident(std::int64_t now_ns, const std::vector<std::int6
 Status Controller::SetMode(const std::string& mode, std::int64_t now_ns) {
   mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
   std::vector<OutgoingCommand> out;
-  for (const std::string& host : view_.hosts()) {
+  for (const std::string& host : view_.agent_hosts()) {
     protocol::Command c;
     c.type = "set_mode";
     c.id = "ctl-" + std::to_string(started_ns_ / 1'000'000) + "-m" + std::to_string(++commands_);

@@ -15,6 +15,7 @@ RankInfo ParseRank(const nlohmann::json& m) {
   RankInfo r;
   r.rank = m["rank"].get<std::int64_t>();
   r.host = m["host"].get<std::string>();
+  r.agent_host = r.host;
   r.pid = m["pid"].get<std::int64_t>();
   r.mode = m["mode"].get<std::string>();
   if (m.contains("period")) r.period = m["period"].get<std::uint64_t>();
@@ -91,6 +92,7 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
     }
   }
   hosts_.assign(hosts.begin(), hosts.end());
+  agent_hosts_ = hosts_;
   ApplyNodes();
   std::set<std::string> live;
   for (const nlohmann::json& a : agents) live.insert(a["host"].get<std::string>());
@@ -123,6 +125,11 @@ std::int32_t JobView::NodeOf(std::int64_t rank) const {
   if (h == nullptr) return -1;
   const auto it = std::find(hosts_.begin(), hosts_.end(), *h);
   return it == hosts_.end() ? -1 : static_cast<std::int32_t>(it - hosts_.begin());
+}
+
+const std::string* JobView::AgentOf(std::int64_t rank) const {
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? nullptr : &it->second.agent_host;
 }
 
 const std::string* JobView::HostOf(std::int64_t rank) const {

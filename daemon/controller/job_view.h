@@ -30,7 +30,8 @@ struct RankComm {
 
 struct RankInfo {
   std::int64_t rank = -1;
-  std::string host;
+  std::string host;        // the node it runs on (after SetNodes' placement)
+  std::string agent_host;  // the agent that reports it: where its commands go
   std::int64_t pid = 0;
   std::string mode;
   std::optional<std::uint64_t> period;
@@ -69,6 +70,10 @@ class JobView {
   void SetNodes(std::vector<std::string> hosts, std::vector<std::int32_t> placement);
   [[nodiscard]] std::int32_t NodeOf(std::int64_t rank) const;
   [[nodiscard]] const std::string* HostOf(std::int64_t rank) const;
+  // The agent host that follows `rank` (commands for it go there), nullptr if unknown; and every
+  // agent host that follows a live rank, sorted.
+  [[nodiscard]] const std::string* AgentOf(std::int64_t rank) const;
+  const std::vector<std::string>& agent_hosts() const { return agent_hosts_; }
   // The communicator whose members are all live ranks (the world, or the largest one that spans
   // the job) with a known call rate: the one pause cuts are placed on. nullopt when none.
   [[nodiscard]] std::optional<std::uint64_t> CutComm() const;
@@ -80,6 +85,7 @@ class JobView {
   std::map<std::uint64_t, CommInfo> comms_;
   std::vector<std::string> agents_;
   std::vector<std::string> hosts_;
+  std::vector<std::string> agent_hosts_;
   std::vector<std::string> node_hosts_;    // SetNodes
   std::vector<std::int32_t> placement_;    // SetNodes
   void ApplyNodes();

@@ -74,10 +74,10 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
   pending_.clear();
   const std::optional<std::uint64_t> cut = view.CutComm();
   if (!cut && cut_wait_deadline_ns_ == 0) cut_wait_deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
-  if (!cut && !view.hosts().empty() && now_ns < cut_wait_deadline_ns_) {
+  if (!cut && !view.agent_hosts().empty() && now_ns < cut_wait_deadline_ns_) {
     return {};  // a fresh view has no call rates yet (two reports make one): wait for the next
   }
-  if (!cut || view.hosts().empty()) {
+  if (!cut || view.agent_hosts().empty()) {
     failure_ = "no communicator spans every live rank with a known call rate: nowhere to cut";
     std::size_t widest = 0;
     std::string missing;
@@ -100,7 +100,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
   const double stale_s = std::max<double>(0, static_cast<double>(now_ns - c.max_calls_at_ns) / kNsPerS);
   const auto ahead = static_cast<std::uint64_t>(std::ceil(c.calls_per_s * (stale_s + lead_s_))) + 1;
   std::vector<OutgoingCommand> out;
-  for (const std::string& host : view.hosts()) {
+  for (const std::string& host : view.agent_hosts()) {
     protocol::Command cmd = NewCommand("pause", now_ns, settings_.max_pause_s);
     cmd.max_pause_s = settings_.max_pause_s;
     cmd.comm = protocol::CommIdHex(*cut);
@@ -152,7 +152,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
   std::vector<OutgoingCommand> out;
   std::map<std::string, std::vector<std::int64_t>> gemm_hosts;
   for (const RankTaskSpec& t : step.tasks) {
-    const std::string* host = view.HostOf(t.rank);
+    const std::string* host = view.AgentOf(t.rank);
     if (host == nullptr) continue;  // the rank is gone: its measurement is missing
     if (t.task == "gemm") {
       gemm_hosts[*host].push_back(t.rank);
@@ -227,7 +227,7 @@ void ValidationRun::FinishStep(const JobView& view) {
 std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   std::vector<OutgoingCommand> out;
-  for (const std::string& host : view.hosts()) {
+  for (const std::string& host : view.agent_hosts()) {
     protocol::Command cmd = NewCommand("resume", now_ns, settings_.ack_timeout_s);
     pending_[cmd.id] = {host, "resume", std::nullopt};
     out.push_back({host, std::move(cmd)});
