@@ -196,6 +196,25 @@ TEST(MitigationTest, LinkFaultGetsLinkReliefAndNoRebalance) {
   EXPECT_EQ(d->strategy, "S3");
 }
 
+TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefAfterRebalancing) {
+  // Rank 11 (node 5) is slow and so is the stage-0 DP link node1 -> node2; one straggler alone
+  // cannot be consolidated, so S3 relieves the link while S2 keeps re-balancing.
+  const json findings = {{"gpus", {Gpu(11, 2.0)}},
+                         {"links", {{{"ranks", {2, 4}}, {"hosts", {"node1", "node2"}}, {"evidence", {{"ratio", 4.0}}}}}}};
+  Mitigator m = Mitigator::Start(Settings(), "compute", findings, InferLayout(View(2, 4, 2), "")).value();
+  const json& c = m.candidates();
+  ASSERT_TRUE(c["S2"].contains("plan")) << c.dump();
+  ASSERT_TRUE(c["S3"].contains("plan")) << c.dump();
+  EXPECT_EQ(c["S3"]["kind"], "link relief");
+  EXPECT_EQ(c["S4"]["plan"]["exclude_nodes"], json({2, 5})) << "the GPU's node and the link's far end";
+  std::vector<std::string> seen;
+  for (int t = 1; t <= 200 && seen.size() < 2; ++t) {
+    if (auto d = m.Observe(t, 2.0, 1.0, 1).value()) seen.push_back(d->strategy);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"S2", "S3"}));
+  EXPECT_TRUE(m.rebalance_in_effect()) << "S3 does not undo S2";
+}
+
 TEST(MitigationTest, UnplannableCandidatesAreUnavailableWithAReason) {
   MitigationSettings s = Settings();
   s.micro_batches = 0;

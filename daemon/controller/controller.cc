@@ -207,7 +207,7 @@ Status Controller::Track(std::int64_t now_ns) {
       return FeedMitigation(now_ns);
     }
     return Resolve(now_ns, gone ? "the slow ranks are gone (exited, or their agents stopped reporting)"
-                                : m != nullptr && m->current() != "S1"
+                                : m != nullptr && m->current() != "S1" && config_.mitigation.mode == "act"
                                       ? "iteration time is back to healthy under " + m->current()
                                       : "iteration time is back to healthy");
   }

@@ -112,26 +112,44 @@ json TopologyJson(const analyzer::TopologyPlan& t, double overhead_s, const char
           {"expected_gain", t.iteration_before_s > 0 ? 1.0 - t.iteration_after_s / t.iteration_before_s : 0.0}};
 }
 
+json PlanConsolidation(const MitigationSettings& s, const json& findings, const JobLayout& l) {
+  std::vector<std::int32_t> ranks;
+  double factor = 1;
+  for (const json& g : findings.value("gpus", json::array())) {
+    ranks.push_back(static_cast<std::int32_t>(g.value("rank", -1)));
+    factor = std::max(factor, Ratio(g));
+  }
+  Result<std::vector<analyzer::GpuId>> gpus = analyzer::GpusOfRanks(l.placement, ranks);
+  if (!gpus.ok()) return {{"unavailable", gpus.status().message()}};
+  Result<analyzer::TopologyPlan> t =
+      analyzer::PlanStragglerConsolidation(l.placement, CostModel(s, factor, 1), gpus.value());
+  if (!t.ok()) return {{"unavailable", t.status().message()}};
+  if (t.value().swaps.empty()) return {{"unavailable", "the stragglers already share the fewest PP stages"}};
+  return TopologyJson(t.value(), s.overheads.topology_s, "straggler consolidation");
+}
+
+json PlanLinkRelief(const MitigationSettings& s, const json& findings, const JobLayout& l);
+
+// S3. Slow GPUs: consolidation, or link relief when slow links were named too and the cost model
+// expects more from it. Slow links: link relief. A slow NIC: none.
 json PlanTopology(const MitigationSettings& s, const std::string& cause, const json& findings,
                   const Result<JobLayout>& layout) {
   if (cause == "nic") return {{"unavailable", "a slow NIC carries its node's inter-node traffic under any placement"}};
   if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
   const JobLayout& l = layout.value();
-  if (cause == "compute") {
-    std::vector<std::int32_t> ranks;
-    double factor = 1;
-    for (const json& g : findings.value("gpus", json::array())) {
-      ranks.push_back(static_cast<std::int32_t>(g.value("rank", -1)));
-      factor = std::max(factor, Ratio(g));
-    }
-    Result<std::vector<analyzer::GpuId>> gpus = analyzer::GpusOfRanks(l.placement, ranks);
-    if (!gpus.ok()) return {{"unavailable", gpus.status().message()}};
-    Result<analyzer::TopologyPlan> t =
-        analyzer::PlanStragglerConsolidation(l.placement, CostModel(s, factor, 1), gpus.value());
-    if (!t.ok()) return {{"unavailable", t.status().message()}};
-    if (t.value().swaps.empty()) return {{"unavailable", "the stragglers already share the fewest PP stages"}};
-    return TopologyJson(t.value(), s.overheads.topology_s, "straggler consolidation");
+  if (cause != "compute") return PlanLinkRelief(s, findings, l);
+  json consolidation = PlanConsolidation(s, findings, l);
+  if (findings.value("links", json::array()).empty()) return consolidation;
+  json relief = PlanLinkRelief(s, findings, l);
+  if (relief.contains("unavailable")) return consolidation;
+  if (consolidation.contains("unavailable") ||
+      relief.value("expected_gain", 0.0) > consolidation.value("expected_gain", 0.0)) {
+    return relief;
   }
+  return consolidation;
+}
+
+json PlanLinkRelief(const MitigationSettings& s, const json& findings, const JobLayout& l) {
   const json links = findings.value("links", json::array());
   if (links.empty()) return {{"unavailable", "no slow link named"}};
   const json& k = links.front();  // the worst-evidenced link comes first
@@ -148,22 +166,18 @@ json PlanTopology(const MitigationSettings& s, const std::string& cause, const j
   return out;
 }
 
-json PlanRestartCandidate(const MitigationSettings& s, const std::string& cause, const json& findings,
+json PlanRestartCandidate(const MitigationSettings& s, const json& findings,
                           const Result<JobLayout>& layout) {
   if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
   const JobLayout& l = layout.value();
   std::set<std::int32_t> faulty;
-  if (cause == "compute") {
-    for (const json& g : findings.value("gpus", json::array())) faulty.insert(NodeOfHost(l, g.value("host", json())));
-  } else if (cause == "nic") {
-    for (const json& n : findings.value("nics", json::array())) faulty.insert(NodeOfHost(l, n.value("host", json())));
-  } else {
-    // A slow link has two ends; leaving out one of them is enough (the one that hosts fewer
-    // ranks of other slow links would be a refinement).
-    for (const json& k : findings.value("links", json::array())) {
-      const json hosts = k.value("hosts", json::array());
-      if (hosts.size() == 2) faulty.insert(NodeOfHost(l, hosts[1]));
-    }
+  // Every culprit's node: a slow GPU's, a slow NIC's, and one end of each slow link (leaving out
+  // one end is enough to take the link out of the job).
+  for (const json& g : findings.value("gpus", json::array())) faulty.insert(NodeOfHost(l, g.value("host", json())));
+  for (const json& n : findings.value("nics", json::array())) faulty.insert(NodeOfHost(l, n.value("host", json())));
+  for (const json& k : findings.value("links", json::array())) {
+    const json hosts = k.value("hosts", json::array());
+    if (hosts.size() == 2 && !faulty.count(NodeOfHost(l, hosts[0]))) faulty.insert(NodeOfHost(l, hosts[1]));
   }
   faulty.erase(-1);
   if (faulty.empty()) return {{"unavailable", "the culprits' nodes are unknown"}};
@@ -323,7 +337,7 @@ Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std
     candidates["S2"] = PlanRebalance(settings, findings.value("gpus", json::array()), layout);
   }
   candidates["S3"] = PlanTopology(settings, cause, findings, layout);
-  candidates["S4"] = PlanRestartCandidate(settings, cause, findings, layout);
+  candidates["S4"] = PlanRestartCandidate(settings, findings, layout);
   Result<analyzer::SkiRentalPlanner> planner = analyzer::SkiRentalPlanner::Create(root, OptionsFrom(settings, candidates));
   if (!planner.ok()) return planner.status();
   return Mitigator(root, std::move(candidates), std::move(planner.value()));
