@@ -192,6 +192,27 @@ MicrobatchPlan Assemble(std::span<const double> times_s, std::vector<std::int64_
   return plan;
 }
 
+// REQUIRES: times checked, 1 <= total <= kMaxMicrobatches, value > 0. True when some allocation
+// of `total` has a bottleneck below `value`: every group fits k_i >= 1 micro-batches with
+// fl(k_i * t_i) < value, and sum_i k_i >= total (then m_i in [1, k_i] summing to total exist).
+// k_i and the running sum are capped at total, so neither can overflow.
+bool AllocationBelowExists(std::span<const double> times_s, std::int64_t total, double value) {
+  std::int64_t fit = 0;
+  for (const double t : times_s) {
+    std::int64_t k = total;
+    // value / t >= total + 1 means fl(total * t) < value (total <= 2^40: rounding cannot close
+    // a gap of a whole t); otherwise floor(value / t) <= 2^40 converts exactly.
+    if (const double q = value / t; q < static_cast<double>(total) + 1) {
+      k = static_cast<std::int64_t>(std::floor(q));
+      while (k > 0 && static_cast<double>(k) * t >= value) --k;
+      while (k < total && static_cast<double>(k + 1) * t < value) ++k;
+    }
+    if (k == 0) return false;
+    fit = std::min(fit + k, total);  // every group must still fit one: no early true
+  }
+  return fit >= total;
+}
+
 // REQUIRES: times checked, baseline checked (size n, sum M within limits).
 Result<MicrobatchPlan> Solve(std::span<const double> times_s, std::vector<std::int64_t> baseline) {
   const std::int64_t total = Sum(baseline);
@@ -242,6 +263,22 @@ Result<MicrobatchPlan> ReplanMicrobatches(std::span<const double> times_s,
   if (Status s = CheckTimes(times_s); !s.ok()) return s;
   if (Status s = CheckAllocation(times_s.size(), current); !s.ok()) return s;
   return Solve(times_s, std::vector<std::int64_t>(current.begin(), current.end()));
+}
+
+Result<bool> IsOptimalMicrobatchAllocation(std::span<const double> times_s, std::int64_t total,
+                                           std::span<const std::int64_t> microbatches) {
+  if (Status s = CheckTimes(times_s); !s.ok()) return s;
+  if (Status s = CheckTotal(times_s.size(), total); !s.ok()) return s;
+  if (Status s = CheckOverflow(times_s, total); !s.ok()) return s;
+  if (microbatches.size() != times_s.size()) {
+    return Status::InvalidArgument("micro-batch plan: allocation has " +
+                                   std::to_string(microbatches.size()) + " groups, times have " +
+                                   std::to_string(times_s.size()));
+  }
+  if (!CheckAllocation(times_s.size(), microbatches).ok() || Sum(microbatches) != total) {
+    return false;  // not an allocation of `total`, so not an optimal one
+  }
+  return !AllocationBelowExists(times_s, total, Bottleneck(times_s, microbatches).second);
 }
 
 Result<MicrobatchPlan> UndoMicrobatchPlan(std::span<const double> times_s,

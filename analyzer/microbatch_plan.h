@@ -66,6 +66,17 @@ struct MicrobatchPlan {
 [[nodiscard]] Result<MicrobatchPlan> ReplanMicrobatches(std::span<const double> times_s,
                                                         std::span<const std::int64_t> current);
 
+// The optimality certificate, independent of the solver and O(n): true when `microbatches` is an
+// allocation of `total` (each m_i >= 1, summing to total) whose bottleneck max_i m_i * t_i is the
+// least over every such allocation, false when it is not an allocation of `total` or a smaller
+// bottleneck exists. Products are rounded as the solver and MicrobatchBottleneck round them, so
+// a PlanMicrobatches / ReplanMicrobatches answer always passes. Tests and benchmarks use it to
+// judge answers too large to enumerate. InvalidArgument for times or a total that
+// PlanMicrobatches refuses, or an allocation whose size differs from times_s.
+[[nodiscard]] Result<bool> IsOptimalMicrobatchAllocation(std::span<const double> times_s,
+                                                         std::int64_t total,
+                                                         std::span<const std::int64_t> microbatches);
+
 // The plan that goes back to plan.baseline (e.g. the fail-slow ended), judged at times_s (the
 // times now, which may differ from those the plan was made for): microbatches = plan.baseline,
 // baseline = plan.microbatches, weights baseline_i / M, both bottlenecks and the bound at

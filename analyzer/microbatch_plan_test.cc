@@ -1,12 +1,13 @@
 // Tests for the S2 micro-batch planner: optimality against a brute force over every allocation
-// on seeded random small cases (n <= 5 groups, M <= 12), against an O(n) optimality certificate
-// on large ones (up to 100,000 groups), ties, the even split, slow groups, undo, and the errors.
+// on seeded random small cases (n <= 5 groups, M <= 12), against the O(n) optimality certificate
+// IsOptimalMicrobatchAllocation on large ones (up to 100,000 groups), the certificate itself
+// against the brute force on every small allocation, ties, the even split, slow groups, undo,
+// and the errors.
 #include "analyzer/microbatch_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -47,18 +48,12 @@ double BruteForce(const std::vector<double>& times, std::int64_t total) {
   return best;
 }
 
-// True when no allocation has a bottleneck below `value`: either some group cannot run even one
-// micro-batch below it, or the micro-batches that fit below it number fewer than total.
-bool NothingBelow(const std::vector<double>& times, std::int64_t total, double value) {
-  std::int64_t fit = 0;
-  for (const double t : times) {
-    auto k = static_cast<std::int64_t>(std::floor(value / t));
-    while (k > 0 && static_cast<double>(k) * t >= value) --k;
-    while (static_cast<double>(k + 1) * t < value) ++k;
-    if (k == 0) return true;
-    fit += k;
-  }
-  return fit < total;
+// The plan's allocation passes the solver-independent O(n) certificate.
+void ExpectCertifiedOptimal(const MicrobatchPlan& plan, const std::vector<double>& times,
+                            std::int64_t total) {
+  const Result<bool> optimal = IsOptimalMicrobatchAllocation(times, total, plan.microbatches);
+  ASSERT_TRUE(optimal.ok()) << optimal.status().ToString();
+  EXPECT_TRUE(optimal.value()) << times.size() << " groups, M " << total;
 }
 
 void ExpectValidPlan(const MicrobatchPlan& plan, const std::vector<double>& times,
@@ -160,7 +155,7 @@ TEST(MicrobatchPlanTest, HugeGroupCountsAreOptimalByCertificate) {
     const Result<MicrobatchPlan> plan = PlanMicrobatches(times, total);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     ExpectValidPlan(plan.value(), times, total);
-    EXPECT_TRUE(NothingBelow(times, total, plan.value().bottleneck_after_s)) << n;
+    ExpectCertifiedOptimal(plan.value(), times, total);
     EXPECT_LT(plan.value().bottleneck_after_s, plan.value().bottleneck_before_s) << n;
   }
 }
@@ -172,7 +167,75 @@ TEST(MicrobatchPlanTest, LargeTotalsAreOptimalByCertificate) {
   const std::int64_t total = kMaxMicrobatches - 17;
   const MicrobatchPlan plan = PlanMicrobatches(times, total).value();
   ExpectValidPlan(plan, times, total);
-  EXPECT_TRUE(NothingBelow(times, total, plan.bottleneck_after_s));
+  ExpectCertifiedOptimal(plan, times, total);
+}
+
+// Every allocation of every small case: the certificate says optimal exactly when the
+// allocation's bottleneck is the brute-force minimum.
+TEST(MicrobatchPlanTest, CertificateAgreesWithBruteForceOnEveryAllocation) {
+  Rng rng(17);
+  const double ladder[] = {0.5, 1.0, 1.5, 2.0, 3.0};
+  int optimal = 0;
+  int not_optimal = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const std::size_t n = 1 + rng.Next() % 4;
+    const auto total = static_cast<std::int64_t>(n + rng.Next() % 7);
+    std::vector<double> times(n);
+    for (double& t : times) t = trial % 2 == 0 ? ladder[rng.Next() % 5] : 0.1 + 4.9 * rng.Uniform();
+    const double best = BruteForce(times, total);
+    std::vector<std::int64_t> alloc(n, 1);
+    auto rec = [&](auto&& self, std::size_t i, std::int64_t left) -> void {
+      if (i + 1 == n) {
+        alloc[i] = left;
+        const Result<bool> certified = IsOptimalMicrobatchAllocation(times, total, alloc);
+        ASSERT_TRUE(certified.ok()) << certified.status().ToString();
+        EXPECT_EQ(certified.value(), Max(times, alloc) == best) << "trial " << trial;
+        ++(certified.value() ? optimal : not_optimal);
+        return;
+      }
+      for (std::int64_t m = 1; m <= left - static_cast<std::int64_t>(n - i - 1); ++m) {
+        alloc[i] = m;
+        self(self, i + 1, left - m);
+      }
+    };
+    rec(rec, 0, total);
+  }
+  EXPECT_GT(optimal, 120);
+  EXPECT_GT(not_optimal, 1000);
+}
+
+TEST(MicrobatchPlanTest, CertificateRefusesNonAllocationsAndInvalidInput) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    std::vector<double> times;
+    std::int64_t total;
+    std::vector<std::int64_t> microbatches;
+    int want;  // 1 optimal, 0 not optimal, -1 InvalidArgument
+  };
+  const Case cases[] = {
+      {{1.0, 2.0}, 6, {4, 2}, 1},
+      {{1.0, 2.0}, 6, {3, 3}, 0},            // bottleneck 6 where 4 is possible
+      {{1.0, 2.0}, 6, {5, 2}, 0},            // sums to 7
+      {{1.0, 2.0}, 6, {6, 0}, 0},            // a group with no micro-batch
+      {{1.0, 2.0}, 6, {7, -1}, 0},           // a negative count
+      {{1e-300, 1.0}, 5, {4, 1}, 1},         // a group far faster than the other: k capped
+      {{1e-300, 1.0}, 5, {3, 2}, 0},         // ... and the slow group must still fit one
+      {{1e-300, 1e-300}, kMaxMicrobatches, {kMaxMicrobatches / 2, kMaxMicrobatches / 2}, 1},
+      {{1.0, 2.0}, 6, {6}, -1},              // wrong size
+      {{1.0, nan}, 6, {4, 2}, -1},
+      {{1.0, 2.0}, 1, {1, 1}, -1},           // total below one per group
+      {{1e303, 1.0}, 10000000, {1, 9999999}, -1},  // M x slowest overflows
+  };
+  for (const Case& c : cases) {
+    const Result<bool> optimal = IsOptimalMicrobatchAllocation(c.times, c.total, c.microbatches);
+    if (c.want < 0) {
+      ASSERT_FALSE(optimal.ok()) << c.total;
+      EXPECT_EQ(optimal.status().code(), Status::Code::kInvalidArgument);
+      continue;
+    }
+    ASSERT_TRUE(optimal.ok()) << optimal.status().ToString();
+    EXPECT_EQ(optimal.value(), c.want == 1) << c.microbatches[0] << " " << c.microbatches[1];
+  }
 }
 
 TEST(MicrobatchPlanTest, ReplanStartsFromTheCurrentAllocation) {
