@@ -58,7 +58,8 @@ void ReadExeName(char* out, size_t cap) {
 SegmentLayout ComputeLayout(const ShimConfig& c) {
   SegmentLayout l{};
   l.control_offset = AlignUp(sizeof(FalconShmHeader));
-  l.comm_offset = AlignUp(l.control_offset + sizeof(FalconControl));
+  l.plan_offset = AlignUp(l.control_offset + sizeof(FalconControl));
+  l.comm_offset = AlignUp(l.plan_offset + sizeof(FalconPlanBlock));
   l.thread_offset = AlignUp(l.comm_offset + uint64_t{c.comm_capacity} * sizeof(FalconCommEntry));
   l.lane_offset = AlignUp(l.thread_offset + uint64_t{c.thread_capacity} * sizeof(FalconThreadSlot));
   l.ring_offset = AlignUp(l.lane_offset + uint64_t{c.lanes} * sizeof(FalconLane));
@@ -103,6 +104,7 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   auto* bytes = static_cast<unsigned char*>(base);
   header_ = static_cast<FalconShmHeader*>(base);
   control_ = reinterpret_cast<FalconControl*>(bytes + layout.control_offset);
+  plan_ = reinterpret_cast<FalconPlanBlock*>(bytes + layout.plan_offset);
   comms_ = reinterpret_cast<FalconCommEntry*>(bytes + layout.comm_offset);
   threads_ = reinterpret_cast<FalconThreadSlot*>(bytes + layout.thread_offset);
   lanes_ = reinterpret_cast<FalconLane*>(bytes + layout.lane_offset);
@@ -126,6 +128,8 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   h->lane_size = sizeof(FalconLane);
   h->lane_capacity = config.ring_records;
   h->control_offset = layout.control_offset;
+  h->plan_offset = layout.plan_offset;
+  h->plan_size = sizeof(FalconPlanBlock);
   h->comm_offset = layout.comm_offset;
   h->thread_offset = layout.thread_offset;
   h->lane_offset = layout.lane_offset;

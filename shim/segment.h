@@ -22,6 +22,7 @@ namespace falcon::shim {
 
 struct SegmentLayout {
   uint64_t control_offset;
+  uint64_t plan_offset;
   uint64_t comm_offset;
   uint64_t thread_offset;
   uint64_t lane_offset;
@@ -42,6 +43,7 @@ class Segment {
 
   FalconShmHeader* header() const { return header_; }
   FalconControl* control() const { return control_; }
+  FalconPlanBlock* plan() const { return plan_; }
   FalconCommEntry* comms() const { return comms_; }
   FalconThreadSlot* threads() const { return threads_; }
   FalconLane* lanes() const { return lanes_; }
@@ -52,6 +54,7 @@ class Segment {
  private:
   FalconShmHeader* header_ = nullptr;
   FalconControl* control_ = nullptr;
+  FalconPlanBlock* plan_ = nullptr;
   FalconCommEntry* comms_ = nullptr;
   FalconThreadSlot* threads_ = nullptr;
   FalconLane* lanes_ = nullptr;

@@ -193,6 +193,9 @@ TEST(ShimSafetyTest, ReaderRejectsForeignOrDamagedSegments) {
   h.record_size = sizeof(FalconRecord);
   h.segment_size = 1 << 16;
   h.lane_size = sizeof(FalconLane);
+  write(h, 1 << 16);
+  EXPECT_NE(SegmentReader::Open(path).status().message().find("plan block size 0"), std::string::npos);
+  h.plan_size = sizeof(FalconPlanBlock);
   h.lane_count = 4;
   h.lane_capacity = 1 << 20;  // far larger than the file
   h.lane_offset = 2048;

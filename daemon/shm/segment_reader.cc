@@ -46,6 +46,10 @@ Status ValidateHeader(const FalconShmHeader& h, uint64_t file_size) {
                            std::to_string(file_size) + " bytes)");
   }
   if (h.lane_size != sizeof(FalconLane)) return Status::Corrupt("lane size differs from this reader's ABI");
+  if (h.plan_size != sizeof(FalconPlanBlock)) {
+    return Status::Corrupt("plan block size " + std::to_string(h.plan_size) + " differs from this reader's ABI (" +
+                           std::to_string(sizeof(FalconPlanBlock)) + ")");
+  }
   if (h.lane_capacity == 0 || (h.lane_capacity & (h.lane_capacity - 1)) != 0) {
     return Status::Corrupt("lane capacity is not a power of two");
   }
@@ -53,6 +57,7 @@ Status ValidateHeader(const FalconShmHeader& h, uint64_t file_size) {
   const uint64_t lim = h.segment_size;
   const uint64_t records = h.lane_capacity > (uint64_t{1} << 40) ? ~uint64_t{0} : h.lane_capacity * h.lane_count;
   if (!InBounds(h.control_offset, 1, sizeof(FalconControl), lim) ||
+      !InBounds(h.plan_offset, 1, sizeof(FalconPlanBlock), lim) ||
       !InBounds(h.comm_offset, h.comm_capacity, sizeof(FalconCommEntry), lim) ||
       !InBounds(h.thread_offset, h.thread_capacity, sizeof(FalconThreadSlot), lim) ||
       !InBounds(h.lane_offset, h.lane_count, sizeof(FalconLane), lim) ||
@@ -98,6 +103,7 @@ Result<SegmentReader> SegmentReader::Open(const std::string& path, Access access
   auto* bytes = static_cast<unsigned char*>(base);
   r.header_ = h;
   r.control_ = reinterpret_cast<FalconControl*>(bytes + copy.control_offset);
+  r.plan_ = reinterpret_cast<FalconPlanBlock*>(bytes + copy.plan_offset);
   r.comms_ = reinterpret_cast<FalconCommEntry*>(bytes + copy.comm_offset);
   r.threads_ = reinterpret_cast<FalconThreadSlot*>(bytes + copy.thread_offset);
   r.lanes_ = reinterpret_cast<FalconLane*>(bytes + copy.lane_offset);
@@ -116,6 +122,7 @@ SegmentReader& SegmentReader::operator=(SegmentReader&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
     header_ = std::exchange(o.header_, nullptr);
     control_ = std::exchange(o.control_, nullptr);
+    plan_ = std::exchange(o.plan_, nullptr);
     comms_ = std::exchange(o.comms_, nullptr);
     threads_ = std::exchange(o.threads_, nullptr);
     lanes_ = std::exchange(o.lanes_, nullptr);
@@ -323,6 +330,11 @@ bool SegmentReader::TaskDone(uint64_t seq, FalconTaskResult* out) const {
   if (std::atomic_ref<uint64_t>(control_->task_ack).load(std::memory_order_acquire) < seq) return false;
   std::memcpy(out, &control_->task_result, sizeof(*out));
   return out->task_seq == seq;
+}
+
+Status SegmentReader::WritePlan(const ShmPlan& plan) {
+  if (!writable_) return Status::Unavailable(path_ + ": opened read-only; cannot write the plan");
+  return WritePlanBlock(plan_, plan);
 }
 
 uint64_t SegmentReader::CommCalls(uint32_t slot) const {

@@ -6,14 +6,16 @@
 // returned only if it was read whole; overwritten records are counted as lost and torn ones
 // (a writer died mid-record) as torn.
 // Thread-compatible: one SegmentReader per thread; many readers may map one segment.
-// Never writes to the segment except PublishCursor(), which only an "active" reader (the agent)
-// may call, on a reader opened with Access::kReadWrite.
+// Never writes to the segment except through the agent's calls (PublishCursor, the control
+// block requests, WritePlan), which only the one "active" reader (the agent) may make, on a
+// reader opened with Access::kReadWrite.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "daemon/shm/plan_block.h"
 #include "falcon/shm_abi.h"
 #include "falcon/status.h"
 
@@ -58,6 +60,7 @@ class SegmentReader {
   const std::string& path() const { return path_; }
   const FalconShmHeader& header() const { return *header_; }
   const FalconControl& control() const { return *control_; }
+  const FalconPlanBlock& plan() const { return *plan_; }
   uint32_t lane_count() const { return header_->lane_count; }
   // Records written so far, all lanes together.
   uint64_t head() const;
@@ -94,6 +97,12 @@ class SegmentReader {
   uint64_t PostTask(const FalconTask& task);
   // True once the task `seq` has finished; *out is its result.
   bool TaskDone(uint64_t seq, FalconTaskResult* out) const;
+  // Plan block (plan_block.h). REQUIRES: opened kReadWrite (else Unavailable), one writer.
+  // Writes `plan` whole, or refuses it (CheckPlanFits) and leaves the block as it was.
+  [[nodiscard]] Status WritePlan(const ShmPlan& plan);
+  uint32_t plan_version() const { return PlanBlockVersion(*plan_); }
+  PlanAcks plan_acks() const { return ReadPlanAcks(*plan_); }
+
   // Calls made so far on communicator `slot` (the next call's comm_seq); 0 if out of range.
   uint64_t CommCalls(uint32_t slot) const;
 
@@ -105,6 +114,7 @@ class SegmentReader {
   size_t size_ = 0;
   FalconShmHeader* header_ = nullptr;
   FalconControl* control_ = nullptr;
+  FalconPlanBlock* plan_ = nullptr;
   FalconCommEntry* comms_ = nullptr;
   FalconThreadSlot* threads_ = nullptr;
   FalconLane* lanes_ = nullptr;

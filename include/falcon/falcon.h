@@ -4,9 +4,13 @@
  * missing symbol as "no Falcon".
  *
  * Where the plan comes from: in act mode the controller sends a plan command to every agent; the
- * agent writes it into each traced process's shared-memory control block (shm_abi.h); these
- * functions read it from there. In advise mode nothing arrives here (plans are published on
- * Redis only: falcon-ctl plan).
+ * agent writes it into each traced process's shared-memory plan block (FalconPlanBlock in
+ * shm_abi.h), also into processes that start later; these functions read it from there. In
+ * advise mode nothing arrives here (plans are published on Redis only: falcon-ctl plan).
+ * The shim's segment exists from the process's first NCCL call on; before it (and when the
+ * shim passes calls through) there is no plan. Capacities: FALCON_PLAN_MAX_MICRO_BATCHES (4096)
+ * micro-batch counts, FALCON_PLAN_MAX_PLACEMENT (16384) placement entries,
+ * FALCON_PLAN_MAX_EXCLUDE (1024) excluded nodes; the agent refuses larger plans whole.
  *
  * The plan (one at a time; a newer version replaces an older one):
  *   - version: increases with every decision of the job; 0 = no plan has arrived.
@@ -71,7 +75,10 @@ int falconGetPlan(FalconPlanInfo* info);
 
 /* Copies the micro-batch plan: up to `capacity` counts to `counts`, the plan's version to
  * *version (may be NULL). Returns the plan's number of entries (may exceed capacity: then only
- * `capacity` were copied), 0 when the plan in force has no micro-batch part, or an error. */
+ * `capacity` were copied), 0 when the plan in force has no micro-batch part, or an error.
+ * `counts` may be NULL when capacity is 0 (asks for the size only); capacity < 0, or NULL with
+ * capacity > 0, is FALCON_ERR_INVALID. On any error *version is 0. The count, the entries and
+ * the version come from one consistent snapshot of the plan. */
 int falconGetMicroBatchPlan(int32_t* counts, int capacity, uint32_t* version);
 
 /* The same for the placement plan (node index of every global rank). */
@@ -81,7 +88,9 @@ int falconGetPlacementPlan(int32_t* node_of_rank, int capacity, uint32_t* versio
 int falconGetExcludedNodes(int32_t* nodes, int capacity, uint32_t* version);
 
 /* This rank applied (status 0) or rejected (status != 0) plan `version`; the agent reports it to
- * the controller. FALCON_OK, or FALCON_ERR_NO_PLAN when no shared memory is attached. */
+ * the controller (rank_register plan_applied / plan_rejected: the highest version acked with
+ * status 0 / with another status). FALCON_OK, FALCON_ERR_INVALID for version 0, or
+ * FALCON_ERR_NO_PLAN when no shared memory is attached. */
 int falconAckPlan(uint32_t version, int status);
 
 #ifdef __cplusplus

@@ -7,9 +7,11 @@
  *
  * Layout (all offsets from the segment start, all sizes in bytes, native layout of x86_64 /
  * aarch64 Linux):
- *   [FalconShmHeader][FalconControl][FalconCommEntry x comm_capacity]
+ *   [FalconShmHeader][FalconControl][FalconPlanBlock][FalconCommEntry x comm_capacity]
  *   [FalconThreadSlot x thread_capacity][FalconLane x lane_count]
  *   [FalconRecord x lane_capacity] x lane_count            (lane l's ring follows lane l-1's)
+ * Every region starts 64-byte aligned at the offset the header names (control_offset,
+ * plan_offset, comm_offset, ...); readers take offsets from the header, never from this picture.
  *
  * Records go to per-thread lanes so that the hot path needs no locked instruction: thread
  * slot t (in order of each thread's first NCCL call) owns lane t exclusively while
@@ -36,6 +38,13 @@
  *     kFalconCommDestroyed. `calls` is the per-communicator sequence counter.
  *  6. The control block's agent→shim words are written by the agent only, the shim→agent words
  *     by the shim only; all are naturally aligned atomics.
+ *  7. The plan block's plan part (FalconPlanBlock) is a seqlock with one writer, the agent: it
+ *     makes `seq` odd, fills the fields and arrays, stores `version` (release), then makes `seq`
+ *     even again. A reader copies with atomic loads between two loads of `seq` and keeps the copy
+ *     only if both saw the same even value; otherwise it retries a bounded number of times and
+ *     then gives up (FALCON_ERR_BUSY in falcon.h). `version` alone may be read without the
+ *     seqlock: a reader that sees a version sees its arrays complete. seq 0 = never written.
+ *     The ack words are written by the shim only (falconAckPlan), each an atomic on its own.
  *
  * Nothing in this file depends on NCCL or CUDA: enum values mirror nccl.h where they must.
  * C and C++ may both include it. */
@@ -50,7 +59,7 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 3u
+#define FALCON_SHM_ABI_VERSION 4u
 #define FALCON_SHM_PREFIX "falcon."
 #define FALCON_SHM_DEFAULT_DIR "/dev/shm"
 #define FALCON_NO_COMM 0xFFFFFFFFu
@@ -318,6 +327,37 @@ typedef struct FalconControl {
   uint8_t reserved3[248];
 } FalconControl;
 
+/* Capacities of the plan block's arrays (entries). A plan command whose arrays exceed them is
+ * refused by the agent (ack "rejected"); the plan is never truncated in shared memory. */
+#define FALCON_PLAN_MAX_MICRO_BATCHES 4096 /* DP replicas (the protocol's own limit) */
+#define FALCON_PLAN_MAX_PLACEMENT 16384    /* global ranks a placement may list */
+#define FALCON_PLAN_MAX_EXCLUDE 1024       /* nodes an S4 restart may leave out */
+
+/* The mitigation plan in force (agent → shim) and the framework's answers (shim → agent);
+ * read and acknowledged through include/falcon/falcon.h. 86,144 bytes. */
+typedef struct FalconPlanBlock {
+  /* agent → shim, under the seqlock (contract 7) */
+  uint64_t seq;               /* odd while the agent writes; even when stable; 0: never written */
+  uint32_t version;           /* plan version, 0 = no plan; written last (release) */
+  uint32_t strategy;          /* FalconStrategy (falcon.h): 0 none, 1..4 = S1..S4 */
+  uint32_t restart;           /* 1: restart from the last checkpoint (S4) */
+  uint32_t micro_batch_count; /* valid entries of micro_batches, <= FALCON_PLAN_MAX_MICRO_BATCHES */
+  uint32_t placement_count;   /* valid entries of placement, <= FALCON_PLAN_MAX_PLACEMENT */
+  uint32_t exclude_count;     /* valid entries of exclude_nodes, <= FALCON_PLAN_MAX_EXCLUDE */
+  int64_t issued_real_ns;     /* when the agent wrote it, CLOCK_REALTIME ns */
+  uint8_t reserved0[24];
+  /* shim → agent: written by falconAckPlan, every word an atomic on its own */
+  uint64_t ack_last;          /* latest ack: version << 32 | (uint32_t)status; 0: none yet */
+  uint64_t ack_count;         /* falconAckPlan calls so far */
+  uint32_t applied_version;   /* highest version acked with status 0 (0: none) */
+  uint32_t rejected_version;  /* highest version acked with status != 0 (0: none) */
+  uint8_t reserved1[40];
+  /* agent → shim arrays, under the seqlock; entries past each count are meaningless */
+  int32_t micro_batches[FALCON_PLAN_MAX_MICRO_BATCHES]; /* per DP replica, 1..4096 */
+  int32_t placement[FALCON_PLAN_MAX_PLACEMENT];         /* node index of each global rank */
+  int32_t exclude_nodes[FALCON_PLAN_MAX_EXCLUDE];       /* node indices */
+} FalconPlanBlock;
+
 typedef enum {
   kFalconProcRunning = 1,
   kFalconProcExited = 2 /* the process ran its exit handlers; the segment is complete */
@@ -360,7 +400,10 @@ typedef struct FalconShmHeader {
   uint64_t internal_errors;  /* internal failures that made the shim pass through */
   uint32_t comm_used;        /* comm entries handed out so far (may exceed comm_capacity) */
   uint32_t thread_used;      /* thread slots handed out so far (may exceed thread_capacity) */
-  uint8_t reserved[264];
+  uint64_t plan_offset;      /* the FalconPlanBlock (ABI 4) */
+  uint32_t plan_size;        /* sizeof(FalconPlanBlock) */
+  uint32_t reserved0;
+  uint8_t reserved[248];
 } FalconShmHeader;
 
 #ifdef __cplusplus
@@ -373,6 +416,13 @@ static_assert(sizeof(FalconLane) == 64, "FalconLane is ABI: 64 bytes");
 static_assert(sizeof(FalconTask) == 64, "FalconTask is ABI: 64 bytes");
 static_assert(sizeof(FalconTaskResult) == 64, "FalconTaskResult is ABI: 64 bytes");
 static_assert(sizeof(FalconControl) % 64 == 0, "FalconControl keeps 64-byte alignment");
+static_assert(sizeof(FalconPlanBlock) == 128 + 4 * (FALCON_PLAN_MAX_MICRO_BATCHES + FALCON_PLAN_MAX_PLACEMENT +
+                                                     FALCON_PLAN_MAX_EXCLUDE),
+              "FalconPlanBlock is ABI: two 64-byte lines of words, then the arrays");
+static_assert(sizeof(FalconPlanBlock) % 64 == 0, "FalconPlanBlock keeps 64-byte alignment");
+static_assert(offsetof(FalconPlanBlock, ack_last) == 64, "the shim's ack words have their own cache line");
+static_assert(offsetof(FalconPlanBlock, micro_batches) == 128, "the plan arrays start on a cache line");
+static_assert(offsetof(FalconShmHeader, plan_offset) % 8 == 0, "plan_offset is naturally aligned");
 static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");
 static_assert(offsetof(FalconShmHeader, magic) == 0, "magic leads the header");
 static_assert(sizeof(FalconShmHeader) % 64 == 0, "header keeps 64-byte alignment");
