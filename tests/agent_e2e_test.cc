@@ -1,8 +1,8 @@
 // falcon-agent end to end: the real agent binary, a real redis-server, and an emulated 4-rank
 // job (falcon-emu-run + falcon-emu-job over the NCCL emulator) with the real shim preloaded.
 // One scenario, in job order: ranks register (keys with TTL); iteration times stream in with
-// the job's period; a malformed command is dropped with a log line while valid commands are
-// acked (set_mode applied by every shim; pause without a cut "rejected"); Redis is killed and restarted
+// the job's period; a malformed command is dropped with a log line (acked "rejected" when it
+// still names its id and type) while valid commands are acked (set_mode applied by every shim; pause without a cut "rejected"); Redis is killed and restarted
 // (empty) mid-run — the agent keeps analysing, buffers, and delivers the samples it made
 // meanwhile; a NIC fault from the emulator's fault plan slows the job and raises `slow` alarms.
 // Every message read back is validated against its schema. No fixed sleeps: every wait is a
@@ -213,7 +213,8 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
     }
   }
 
-  // 3. Commands: garbage is dropped with a log line; the agent keeps serving valid ones.
+  // 3. Commands: garbage is dropped with a log line, an invalid command that names its id and
+  //    type is acked "rejected"; the agent keeps serving valid ones.
   const std::string commands = Key(protocol::kCommandsStream);
   ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", "{not json"}}).ok());
   ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", R"({"v":1,"type":"set_mode","id":"x"})"}}).ok());
@@ -233,8 +234,10 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   std::map<std::string, json> acks;
   ASSERT_TRUE(WaitUntil([&] {
     for (const json& a : ReadStream(c, protocol::kAcksStream, protocol::kAck)) acks[a["command"]] = a;
-    return acks.size() == 2;
+    return acks.size() == 3;
   }, 30)) << ReadFile(agent_log_);
+  EXPECT_EQ(acks["x"]["status"], "rejected") << acks["x"].dump();
+  EXPECT_EQ(acks["x"]["command_type"], "set_mode");
   EXPECT_EQ(acks["mode-1"]["status"], "ok") << acks["mode-1"].dump();
   EXPECT_EQ(acks["mode-1"]["ranks"].size(), 4u);
   // No comm / comm_seq: the shim trap cannot choose a cut (tests/agent_trap_test.cc drives it).
@@ -242,7 +245,8 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   const std::string log = ReadFile(agent_log_);
   std::size_t dropped = 0;
   for (std::size_t p = 0; (p = log.find("event=command_dropped", p)) != std::string::npos; ++p) ++dropped;
-  EXPECT_EQ(dropped, 3u) << log;
+  EXPECT_EQ(dropped, 2u) << log;
+  EXPECT_NE(log.find("event=command_rejected"), std::string::npos) << log;
   EXPECT_TRUE(WaitUntil([&] {
     auto h = redis::HGetAll(c, Key(protocol::kRankKey, 0)).value();
     return h.count("msg") && json::parse(h["msg"])["mode"] == "profile";

@@ -30,6 +30,9 @@ json Example(std::string_view type) {
     m.started_ns = 1;
     m.comms = {{0xabcdef0123456789ull, 1, 4, "world"}};
     m.period = 9;
+    m.plan_delivered = 3;
+    m.plan_applied = 2;
+    m.plan_rejected = 3;
     return ToJson(m);
   }
   if (type == kAgentHeartbeat.type) {
@@ -271,6 +274,21 @@ TEST(ProtocolCommandTest, PlanElementsAreRangeChecked) {
     b[key] = json::array({1, bad});
     EXPECT_FALSE(ParseCommand(b.dump()).ok()) << key << " " << bad;
   }
+}
+
+TEST(ProtocolCommandTest, InvalidCommandsKeepTheirIdentityForTheRejection) {
+  json bad = Example("plan");
+  bad["micro_batches"] = json::array({0});
+  ASSERT_FALSE(ParseCommand(bad.dump()).ok());
+  const auto id = SalvageCommandIdentity(bad.dump());
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(id->id, "cmd-1");
+  EXPECT_EQ(id->type, "plan");
+  for (const char* nameless : {"{not json", "[1,2]", R"({"type":"plan"})", R"({"id":"x","type":"alarm"})",
+                               R"({"id":"","type":"plan"})", R"({"id":7,"type":"plan"})"}) {
+    EXPECT_FALSE(SalvageCommandIdentity(nameless).has_value()) << nameless;
+  }
+  EXPECT_FALSE(SalvageCommandIdentity(json{{"id", std::string(65, 'a')}, {"type", "plan"}}.dump()).has_value());
 }
 
 TEST(ProtocolCommandTest, ParsesEachCommandTypeAndRejectsOthers) {

@@ -17,7 +17,9 @@
 #include "daemon/agent/metrics.h"
 #include "daemon/agent/online_series.h"
 #include "daemon/agent/outbox.h"
+#include "daemon/agent/plan_delivery.h"
 #include "daemon/agent/rank_analysis.h"
+#include "falcon/falcon.h"
 
 namespace falcon::agent {
 namespace {
@@ -301,11 +303,42 @@ TEST(CommandExecutorTest, ExpiredAndUntargetedCommandsAreAnsweredAtOnce) {
   EXPECT_EQ(ex.pending(), 0u);
 }
 
+TEST(CommandExecutorTest, PlansTooLargeForSharedMemoryAreRejectedOthersAreHeld) {
+  std::vector<CommandOutcome> acks;
+  CommandExecutor ex(std::make_unique<UnsupportedTrap>(), std::chrono::milliseconds(100),
+                     [&](const std::string&, const protocol::Command&, const CommandOutcome& o) { acks.push_back(o); });
+  protocol::Command c;
+  c.type = "plan";
+  c.id = "p";
+  c.plan_version = 4;
+  c.strategy = "S4";
+  c.placement.assign(FALCON_PLAN_MAX_PLACEMENT + 1, 0);
+  ex.Execute("1-0", c, {}, 20, CommandExecutor::Clock::now());
+  c.placement.assign(8, 1);
+  c.exclude_nodes.assign(FALCON_PLAN_MAX_EXCLUDE + 1, 1);
+  ex.Execute("2-0", c, {}, 20, CommandExecutor::Clock::now());
+  c.exclude_nodes = {1};
+  c.restart = true;
+  ex.Execute("3-0", c, {}, 20, CommandExecutor::Clock::now());  // nobody here yet: held
+  ASSERT_EQ(acks.size(), 3u);
+  EXPECT_EQ(acks[0].status, "rejected");
+  EXPECT_NE(acks[0].detail.find("placement has 16385 entries"), std::string::npos) << acks[0].detail;
+  EXPECT_NE(acks[0].detail.find("FALCON_PLAN_MAX_PLACEMENT"), std::string::npos);
+  EXPECT_EQ(acks[1].status, "rejected");
+  EXPECT_NE(acks[1].detail.find("FALCON_PLAN_MAX_EXCLUDE"), std::string::npos) << acks[1].detail;
+  EXPECT_EQ(acks[2].status, "ok");
+  EXPECT_TRUE(acks[2].ranks.empty());
+  EXPECT_NE(acks[2].detail.find("held for ranks that start later"), std::string::npos) << acks[2].detail;
+  EXPECT_EQ(ex.CatchUpPlans({}, 30, {}), 0u);
+  EXPECT_EQ(StrategyCode("S3"), static_cast<std::uint32_t>(kFalconStrategyTopology));
+  EXPECT_EQ(StrategyCode("S9"), static_cast<std::uint32_t>(kFalconStrategyNone));
+}
+
 TEST(MetricsTest, PrometheusTextHasEveryFamilyAndRankLabels) {
   AgentMetrics m;
   m.job = "j";
   m.host = "h\"x";
-  m.ranks = {{3, 100, 0.25, 40, 9, true}};
+  m.ranks = {{3, 100, 0.25, 40, 9, true, 5, 4, 5}};
   m.alarms_slow = 2;
   m.segments["live"] = 1;
   m.redis_connected = true;
@@ -315,6 +348,8 @@ TEST(MetricsTest, PrometheusTextHasEveryFamilyAndRankLabels) {
        {"falcon_agent_iteration_seconds{job=\"j\",host=\"h\\\"x\",rank=\"3\",pid=\"100\"} 0.25",
         "falcon_agent_alarms_total{job=\"j\",host=\"h\\\"x\",kind=\"slow\"} 2",
         "falcon_agent_rank_slow{job=\"j\",host=\"h\\\"x\",rank=\"3\",pid=\"100\"} 1",
+        "falcon_agent_plan_version{job=\"j\",host=\"h\\\"x\",rank=\"3\",pid=\"100\",state=\"applied\"} 4",
+        "falcon_agent_plan_version{job=\"j\",host=\"h\\\"x\",rank=\"3\",pid=\"100\",state=\"rejected\"} 5",
         "falcon_agent_segments{job=\"j\",host=\"h\\\"x\",state=\"live\"} 1",
         "falcon_agent_redis_connected{job=\"j\",host=\"h\\\"x\"} 1",
         "falcon_agent_cpu_seconds_total{job=\"j\",host=\"h\\\"x\"} 1.5",

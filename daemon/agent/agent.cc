@@ -105,7 +105,9 @@ Status Agent::Start() {
   ro.block_ms = static_cast<int>(config_.command_block_ms);
   reader_ = std::make_unique<CommandReader>(
       io_, redis, ro,
-      [this](const std::string& id, const Result<protocol::Command>& c) { OnCommand(id, c); }, log_);
+      [this](const std::string& id, const Result<protocol::Command>& c,
+             const std::optional<protocol::CommandIdentity>& identity) { OnCommand(id, c, identity); },
+      log_);
   if (config_.metrics_port > 0) {
     http_ = std::make_unique<HttpServer>(
         io_, [this] { return RenderPrometheus(Snapshot()); },
@@ -155,6 +157,7 @@ void Agent::Tick() {
   Discover();
   for (auto& [path, f] : followers_) Poll(f, daemon::SegmentReader::ReadMode::kLive);
   executor_->Check(t0);
+  TrackPlans();
   if (t0 >= next_heartbeat_) {
     next_heartbeat_ = t0 + std::chrono::milliseconds(config_.heartbeat_ms);
     Heartbeat();
@@ -296,8 +299,10 @@ AgentMetrics Agent::Snapshot() const {
   m.host = env_.host;
   for (const auto& [path, f] : followers_) {
     const RankAnalysis& a = f.follower->analysis();
+    const daemon::PlanAcks acks = f.follower->plan_acks();
     m.ranks.push_back({f.follower->rank(), f.follower->pid(), f.last_seconds, a.samples(),
-                       a.locked() ? a.period() : 0, a.slow()});
+                       a.locked() ? a.period() : 0, a.slow(), f.follower->plan_version(),
+                       acks.applied, acks.rejected});
   }
   m.records_read = records_read_;
   m.records_lost = records_lost_;

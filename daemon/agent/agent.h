@@ -12,7 +12,7 @@
 //  3. Stop() joins the workers before members are destroyed; posted results after that are
 //     ignored (alive flags in the publisher and reader).
 // Must never: block the loop (no Redis call, no sleep), trust data read from Redis, or write to a
-// segment anything but cursors and mode requests.
+// segment anything but cursors, control-block requests (mode, trap) and plans (plan_delivery.h).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -22,6 +22,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -69,6 +70,9 @@ class Agent {
     std::unique_ptr<RankFollower> follower;
     std::vector<RankSample> batch;  // samples not yet queued
     double last_seconds = 0;
+    // Plan version and framework ack count last registered: a change re-registers at once.
+    std::uint32_t plan_registered = 0;
+    std::uint64_t acks_registered = 0;
   };
 
   void Tick();
@@ -84,7 +88,9 @@ class Agent {
   void QueueRegistration(const RankFollower& f);
   void Heartbeat();
   void QueueProfiles();
-  void OnCommand(const std::string& entry_id, const Result<protocol::Command>& command);
+  void OnCommand(const std::string& entry_id, const Result<protocol::Command>& command,
+                 const std::optional<protocol::CommandIdentity>& identity);
+  void TrackPlans();  // late plan delivery and prompt re-registration on framework acks
   void OnAck(const std::string& entry_id, const protocol::Command& c, const CommandOutcome& o);
   protocol::ReportHeader Header() const;
   std::string Key(const protocol::KeySpec& spec, std::int64_t rank = -1) const;

@@ -126,9 +126,19 @@ void Agent::QueueProfiles() {
   profile_since_ns_ = now;
 }
 
-void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Command>& command) {
+void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Command>& command,
+                      const std::optional<protocol::CommandIdentity>& identity) {
   if (!command.ok()) {
     ++invalid_messages_;
+    if (identity) {  // its sender waits for an answer: a rejection naming the error
+      log_->warn("event=command_rejected entry={} id={} type={} reason=\"{}\"", entry_id, identity->id,
+                 identity->type, command.status().message());
+      protocol::Command c;
+      c.type = identity->type;
+      c.id = identity->id;
+      OnAck(entry_id, c, {"rejected", "invalid command: " + command.status().message(), {}, {}});
+      return;
+    }
     log_->warn("event=command_dropped entry={} reason=\"{}\"", entry_id, command.status().message());
     reader_->Done(entry_id);  // acknowledged in Redis so it is not delivered again
     return;
@@ -146,13 +156,32 @@ void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const
   a.command = c.id;
   a.command_type = c.type;
   a.status = o.status;
-  a.detail = o.detail;
+  a.detail = o.detail.substr(0, static_cast<std::size_t>(protocol::kMaxText));
   a.ranks = o.ranks;
   a.results = o.results;
   publisher_->Queue(Key(protocol::kAcksStream), protocol::ToJson(a));
   reader_->Done(entry_id);
   log_->info("event=ack id={} type={} status={} ranks={} detail=\"{}\"", c.id, c.type, o.status,
              o.ranks.size(), o.detail);
+}
+
+void Agent::TrackPlans() {
+  const std::vector<RankFollower*> followers = Followers();
+  executor_->CatchUpPlans(followers, RealNowNs(), [this](const RankFollower& f, std::uint32_t version) {
+    log_->info("event=plan_delivered pid={} rank={} version={} late=1", f.pid(), f.rank(), version);
+  });
+  for (auto& [path, f] : followers_) {
+    const std::uint32_t version = f.follower->plan_version();
+    const daemon::PlanAcks acks = f.follower->plan_acks();
+    if (version == f.plan_registered && acks.count == f.acks_registered) continue;
+    if (acks.count != f.acks_registered && acks.last_version != 0) {
+      log_->info("event=plan_ack pid={} rank={} version={} status={} applied={} rejected={}", f.follower->pid(),
+                 f.follower->rank(), acks.last_version, acks.last_status, acks.applied, acks.rejected);
+    }
+    f.plan_registered = version;
+    f.acks_registered = acks.count;
+    QueueRegistration(*f.follower);
+  }
 }
 
 }  // namespace falcon::agent

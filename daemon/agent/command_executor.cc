@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "daemon/agent/plan_delivery.h"
+
 namespace falcon::agent {
 namespace {
 
@@ -32,7 +34,26 @@ void UnsupportedTrap::Validate(const protocol::Command& c, std::span<RankFollowe
 
 CommandExecutor::CommandExecutor(std::unique_ptr<TrapController> trap,
                                  std::chrono::milliseconds mode_timeout, AckFn ack)
-    : trap_(std::move(trap)), mode_timeout_(mode_timeout), ack_(std::move(ack)) {}
+    : trap_(std::move(trap)),
+      plans_(std::make_unique<PlanDelivery>()),
+      mode_timeout_(mode_timeout),
+      ack_(std::move(ack)) {}
+
+CommandExecutor::~CommandExecutor() = default;
+
+std::size_t CommandExecutor::CatchUpPlans(
+    std::span<RankFollower* const> followers, std::int64_t now_real_ns,
+    const std::function<void(const RankFollower&, std::uint32_t)>& on_delivered) {
+  if (plans_->newest() == 0) return 0;
+  std::size_t n = 0;
+  for (RankFollower* f : followers) {
+    const std::uint32_t v = plans_->CatchUp(*f, now_real_ns);
+    if (v == 0) continue;
+    ++n;
+    if (on_delivered) on_delivered(*f, v);
+  }
+  return n;
+}
 
 void CommandExecutor::Execute(const std::string& entry_id, const protocol::Command& c,
                               std::span<RankFollower* const> followers, std::int64_t now_real_ns,
@@ -46,6 +67,10 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
     if (!c.ranks || std::find(c.ranks->begin(), c.ranks->end(), f->rank()) != c.ranks->end()) {
       targets.push_back(f);
     }
+  }
+  if (c.type == protocol::kPlanCommand.type) {  // held for later ranks even with no target now
+    ack_(entry_id, c, plans_->Execute(c, targets, now_real_ns));
+    return;
   }
   if (targets.empty()) {
     ack_(entry_id, c, {"rejected",

@@ -7,7 +7,10 @@
 //  - pause / resume / validate: handed to a TrapController — the extension point for the shim's
 //    trap and benchmark executor (ShimTrap, shim_trap.h; UnsupportedTrap acks "unsupported").
 //    The controller calls its Done exactly once, at once or from a later Check().
-//  - past its deadline_ns: "expired"; targets none of our ranks: "rejected".
+//  - plan: PlanDelivery (plan_delivery.h) writes the plan into each target's plan block at once
+//    and holds it for ranks that start later (CatchUpPlans, every tick); a plan is held even
+//    when none of its ranks runs here now.
+//  - past its deadline_ns: "expired"; targets none of our ranks (except plan): "rejected".
 // Thread-safety: one owner (the agent loop). Must never: block (acks that need the shim wait in
 // pending_, checked by Check() each tick), or keep a follower pointer after Forget().
 #pragma once
@@ -25,11 +28,13 @@
 
 namespace falcon::agent {
 
+class PlanDelivery;
+
 struct CommandOutcome {
   std::string status;  // ok | unsupported | rejected | failed | expired
   std::string detail;
   std::vector<std::int64_t> ranks;  // ranks it was applied to
-  std::vector<protocol::AckRankResult> results;  // per-rank detail (trap commands)
+  std::vector<protocol::AckRankResult> results;  // per-rank detail (trap and plan commands)
 };
 
 // The extension point for commands that need the shim's trap / benchmark executor. Loop thread
@@ -66,6 +71,7 @@ class CommandExecutor {
 
   CommandExecutor(std::unique_ptr<TrapController> trap, std::chrono::milliseconds mode_timeout,
                   AckFn ack);
+  ~CommandExecutor();
 
   // `followers`: every rank the agent follows now. now_real_ns: wall clock, for deadlines.
   void Execute(const std::string& entry_id, const protocol::Command& command,
@@ -73,6 +79,11 @@ class CommandExecutor {
   // Resolves set_mode acks whose shims answered or whose time is up.
   void Check(Clock::time_point now);
   void Forget(const RankFollower* follower);
+  // Gives every follower the newest held plan that targets it and that its segment lacks (a
+  // process that started after the plan command). Returns how many segments were written;
+  // `on_delivered` (may be empty) hears each (follower, version).
+  std::size_t CatchUpPlans(std::span<RankFollower* const> followers, std::int64_t now_real_ns,
+                           const std::function<void(const RankFollower&, std::uint32_t)>& on_delivered);
   std::size_t pending() const { return pending_.size() + trap_->pending(); }
 
  private:
@@ -89,6 +100,7 @@ class CommandExecutor {
   };
 
   std::unique_ptr<TrapController> trap_;
+  std::unique_ptr<PlanDelivery> plans_;
   std::chrono::milliseconds mode_timeout_;
   AckFn ack_;
   std::vector<PendingMode> pending_;

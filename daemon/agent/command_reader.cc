@@ -72,16 +72,18 @@ void CommandReader::Read() {
         for (const redis::StreamEntry& e : s.entries) {
           const std::string* msg = e.Field(std::string(protocol::kPayloadField));
           if (msg == nullptr) {
-            r.entries.emplace_back(e.id, Status::InvalidArgument("entry has no \"msg\" field"));
+            r.entries.push_back({e.id, Status::InvalidArgument("entry has no \"msg\" field"), {}});
           } else {
-            r.entries.emplace_back(e.id, protocol::ParseCommand(*msg));
+            Entry entry{e.id, protocol::ParseCommand(*msg), {}};
+            if (!entry.command.ok()) entry.identity = protocol::SalvageCommandIdentity(*msg);
+            r.entries.push_back(std::move(entry));
           }
         }
       }
     }
     if (!r.status.ok()) {
       // Not acknowledged: give the ids back so the next read retries them.
-      for (const std::string& id : acks) r.entries.emplace_back(id, Status::Unavailable("re-ack"));
+      for (const std::string& id : acks) r.entries.push_back({id, Status::Unavailable("re-ack"), {}});
     }
     boost::asio::post(io_, [this, alive, r = std::move(r)]() mutable {
       if (*alive) OnRead(std::move(r));
@@ -93,7 +95,7 @@ void CommandReader::Read() {
 void CommandReader::OnRead(ReadResult r) {
   in_flight_ = false;
   if (!r.status.ok()) {
-    for (const auto& [id, cmd] : r.entries) to_ack_.push_back(id);  // the unacked ids
+    for (const Entry& e : r.entries) to_ack_.push_back(e.id);  // the unacked ids
     log_->debug("event=command_read_failed reason=\"{}\"", r.status.message());
     retry_.expires_after(std::chrono::milliseconds(options_.retry_ms));
     retry_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
@@ -102,7 +104,7 @@ void CommandReader::OnRead(ReadResult r) {
     return;
   }
   if (r.pending_phase) pending_phase_ = false;
-  for (const auto& [id, cmd] : r.entries) on_command_(id, cmd);
+  for (const Entry& e : r.entries) on_command_(e.id, e.command, e.identity);
   Read();
 }
 

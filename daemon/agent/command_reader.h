@@ -3,7 +3,9 @@
 // consumer group if Redis lost it (a restarted server), reads this consumer's pending entries
 // first (delivered before a crash, never acknowledged), then new ones, and XACKs the entries the
 // loop has finished with. Entries come back to the loop as posted events, already validated:
-// on_command receives either a Command or the reason the entry was rejected.
+// on_command receives either a Command or the reason the entry was rejected, and then, when
+// the entry still names a valid id and a known command type, that identity (so that the loop
+// can ack it "rejected").
 // The loop must call Done(entry_id) once it has handled an entry (after queuing the ack).
 // Thread-safety: public methods on the loop thread only; the worker runs job closures only.
 // Invariants: at most one read job in flight; after a failed read the next waits retry_ms.
@@ -16,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,7 +38,8 @@ struct CommandReaderOptions {
 class CommandReader {
  public:
   using OnCommand =
-      std::function<void(const std::string& entry_id, const Result<protocol::Command>& command)>;
+      std::function<void(const std::string& entry_id, const Result<protocol::Command>& command,
+                         const std::optional<protocol::CommandIdentity>& identity)>;
 
   CommandReader(boost::asio::io_context& io, const redis::RedisOptions& redis,
                 CommandReaderOptions options, OnCommand on_command,
@@ -48,9 +52,14 @@ class CommandReader {
   bool connected() const { return connected_; }
 
  private:
+  struct Entry {
+    std::string id;
+    Result<protocol::Command> command;
+    std::optional<protocol::CommandIdentity> identity;  // only when command failed
+  };
   struct ReadResult {
     Status status;
-    std::vector<std::pair<std::string, Result<protocol::Command>>> entries;
+    std::vector<Entry> entries;
     bool pending_phase = false;
   };
   void Read();

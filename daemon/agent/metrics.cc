@@ -60,6 +60,14 @@ std::string RenderPrometheus(const AgentMetrics& m) {
   for (const RankMetrics& r : m.ranks) w.Line("period_calls", RankLabels(r), static_cast<double>(r.period));
   w.Head("rank_slow", "gauge", "1 while the detector considers the rank slow.");
   for (const RankMetrics& r : m.ranks) w.Line("rank_slow", RankLabels(r), r.slow ? 1 : 0);
+  w.Head("plan_version", "gauge",
+         "Mitigation plan version per rank: delivered to its shared memory, applied or rejected by "
+         "its framework (0: none).");
+  for (const RankMetrics& r : m.ranks) {
+    w.Line("plan_version", RankLabels(r) + ",state=\"delivered\"", r.plan_delivered);
+    w.Line("plan_version", RankLabels(r) + ",state=\"applied\"", r.plan_applied);
+    w.Line("plan_version", RankLabels(r) + ",state=\"rejected\"", r.plan_rejected);
+  }
   w.Head("alarms_total", "counter", "Detector alarms by kind.");
   w.Line("alarms_total", "kind=\"slow\"", static_cast<double>(m.alarms_slow));
   w.Line("alarms_total", "kind=\"recovered\"", static_cast<double>(m.alarms_recovered));

@@ -17,6 +17,9 @@ struct RankMetrics {
   std::uint64_t iterations = 0;
   std::uint64_t period = 0;           // 0 while not locked
   bool slow = false;
+  std::uint32_t plan_delivered = 0;   // plan version in the rank's shared memory (0: none)
+  std::uint32_t plan_applied = 0;     // highest version its framework acked as applied
+  std::uint32_t plan_rejected = 0;    // highest version its framework acked as rejected
 };
 
 struct AgentMetrics {

@@ -145,6 +145,10 @@ protocol::RankRegistration RankFollower::Registration() const {
   if (analysis_.locked()) r.period = analysis_.period();
   r.iterations = analysis_.samples();
   r.slow = analysis_.slow();
+  if (const std::uint32_t v = plan_version(); v > 0) r.plan_delivered = v;
+  const daemon::PlanAcks acks = plan_acks();
+  if (acks.applied > 0) r.plan_applied = acks.applied;
+  if (acks.rejected > 0) r.plan_rejected = acks.rejected;
   return r;
 }
 

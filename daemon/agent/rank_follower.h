@@ -4,7 +4,7 @@
 // the rank's identity for reports. Opens the segment read-write (cursor publishing, mode
 // requests); if that is refused it follows read-only and says so (writable() false).
 // Thread-safety: one owner (the agent loop). Must never: write to the segment anything but the
-// reader cursor and the control block's agent→shim words; block; throw.
+// reader cursor, the control block's agent→shim words and the plan block's plan; block; throw.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,12 @@ class RankFollower {
   // Agent → shim mode request; returns the command sequence the shim will ack, 0 if read-only.
   std::uint64_t RequestMode(std::uint32_t mode, std::uint32_t sample_every);
   bool ModeApplied(std::uint64_t seq) const;
+
+  // The plan block (shm_abi.h contract 7). DeliverPlan: Unavailable when read-only, or the
+  // reason the plan does not fit; plan_version: the version the segment holds, 0 if none.
+  [[nodiscard]] Status DeliverPlan(const daemon::ShmPlan& plan) { return seg_.WritePlan(plan); }
+  std::uint32_t plan_version() const { return seg_.plan_version(); }
+  daemon::PlanAcks plan_acks() const { return seg_.plan_acks(); }
 
   // Identity and state for reports (header fields left for the caller).
   protocol::RankRegistration Registration() const;

@@ -67,6 +67,9 @@ json ToJson(const RankRegistration& m) {
   SetIf(j, "period", m.period);
   j["iterations"] = m.iterations;
   j["slow"] = m.slow;
+  SetIf(j, "plan_delivered", m.plan_delivered);
+  SetIf(j, "plan_applied", m.plan_applied);
+  SetIf(j, "plan_rejected", m.plan_rejected);
   return j;
 }
 
@@ -259,6 +262,18 @@ Result<Command> ParseCommand(std::string_view text) {
   } catch (const json::exception& e) {
     return Status::InvalidArgument(std::string("command: ") + e.what());
   }
+}
+
+std::optional<CommandIdentity> SalvageCommandIdentity(std::string_view text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  const auto id = j.find("id");
+  const auto type = j.find("type");
+  if (id == j.end() || type == j.end() || !id->is_string() || !type->is_string()) return std::nullopt;
+  const std::string& id_text = id->get_ref<const std::string&>();
+  const std::string& type_text = type->get_ref<const std::string&>();
+  if (id_text.empty() || id_text.size() > 64 || FindCommand(type_text) == nullptr) return std::nullopt;
+  return CommandIdentity{id_text, type_text};
 }
 
 }  // namespace falcon::protocol

@@ -52,6 +52,9 @@ struct RankRegistration {
   std::optional<std::uint64_t> period;
   std::uint64_t iterations = 0;
   bool slow = false;
+  // The mitigation plan in the process's shared memory and the framework's answers
+  // (falconAckPlan: highest version applied / rejected); absent while none.
+  std::optional<std::uint32_t> plan_delivered, plan_applied, plan_rejected;
 };
 
 struct AgentHeartbeat {
@@ -141,10 +144,11 @@ struct Command {
   bool restart = false;
 };
 
-// One rank's part of a pause / resume / validate ack.
+// One rank's part of a pause / resume / validate / plan ack.
 struct AckRankResult {
   std::int64_t rank = -1;
-  // armed | trapped | missed | expired | timed_out | resumed | rejected | idle | failed | ok
+  // trap: armed | trapped | missed | expired | timed_out | resumed | rejected | idle | failed | ok
+  // plan: delivered | stale (already holds this version or newer) | failed
   std::string state;
   std::optional<std::string> task_status;  // validate: ok | bad_request | unsupported | failed
   std::optional<double> median_s, min_s, max_s, rate;
@@ -182,6 +186,15 @@ nlohmann::json ToJson(const Alert& m);
 
 // Validates `text` as any command type and extracts it.
 [[nodiscard]] Result<Command> ParseCommand(std::string_view text);
+
+// What can still be told about a command that failed ParseCommand, so that its sender gets a
+// "rejected" ack instead of silence: its id and type, when `text` is a JSON object whose "id" is
+// a string of 1..64 characters and whose "type" is a known command type. nullopt otherwise.
+struct CommandIdentity {
+  std::string id;
+  std::string type;
+};
+std::optional<CommandIdentity> SalvageCommandIdentity(std::string_view text);
 
 // 16 lower-case hex digits, and back (nullopt unless exactly 16 hex digits).
 std::string CommIdHex(std::uint64_t id);

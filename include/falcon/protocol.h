@@ -153,6 +153,15 @@ inline constexpr FieldSpec kRankRegisterFields[] = {
      kMaxI64},
     {"iterations", JsonType::kInteger, true, "iteration samples so far", "", 0, kMaxI64},
     {"slow", JsonType::kBoolean, true, "the detector's current verdict"},
+    {"plan_delivered", JsonType::kInteger, false,
+     "version of the mitigation plan in the process's shared memory (absent: none)", "", 1,
+     2147483647},
+    {"plan_applied", JsonType::kInteger, false,
+     "highest plan version the framework acked as applied (falconAckPlan status 0)", "", 1,
+     2147483647},
+    {"plan_rejected", JsonType::kInteger, false,
+     "highest plan version the framework acked as rejected (falconAckPlan status != 0)", "", 1,
+     2147483647},
 };
 inline constexpr MessageSpec kRankRegister{"rank_register", kRankRegisterFields,
                                            "rank registration and heartbeat (kRankKey)"};
