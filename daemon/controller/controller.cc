@@ -131,7 +131,7 @@ Status Controller::Advance(std::int64_t now_ns) {
   switch (state_.phase) {
     case Phase::kTracking: return Track(now_ns);
     case Phase::kProfiling:
-      if (LiveSlow().empty() && state_.incident->request.empty()) {
+      if (LiveSlow().empty() && state_.incident->request.empty() && !state_.incident->recheck) {
         if (Status s = SetMode("track", now_ns); !s.ok()) return s;
         return Resolve(now_ns, "recovered before validation");
       }
@@ -200,8 +200,10 @@ Status Controller::Track(std::int64_t now_ns) {
     if (!gone && m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
         config_.mitigation.mode == "act") {
       // S2 may be what makes the job look healthy: look at the culprits again now and then.
-      if (now_ns - inc.last_round_ns >= Seconds(config_.mitigation.recheck_s)) {
+      const double interval = inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
+      if (now_ns - inc.last_round_ns >= Seconds(interval)) {
         inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
+        inc.recheck = true;
         return StartProfiling(now_ns);
       }
       return FeedMitigation(now_ns);
@@ -512,6 +514,11 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   } else {
     detail["error"] = loc.status().message();
   }
+  const bool was_localised = inc.localised;
+  const std::string was_cause = inc.cause;
+  const json was_findings = inc.findings;
+  const bool recheck = inc.recheck;
+  inc.recheck = false;
   inc.localised = loc.ok() && !loc.value().nothing_found();
   if (!inc.localised) {
     summary = !run->failure().empty() ? "validation did not complete: " + run->failure()
@@ -529,14 +536,26 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   json fields = {{"at_ns", now_ns}, {"ranks", ranks}, {"cause", cause}, {"detail", detail}};
   if (detail.contains("suspicion")) fields["comms"] = state_.suspicion.value("suspicious", json::array());
   Mitigator* m = CurrentMitigator();
-  const bool recheck = m != nullptr && !m->stopped();
-  if (Status s = Record("localisation", summary, fields, inc.localised ? "critical" : recheck ? "info" : "warning");
+  const bool mitigating = m != nullptr && !m->stopped();
+  if (mitigating && !inc.localised && !run->failure().empty()) {
+    // An incomplete round proves nothing: the mitigation and what it answers stay.
+    inc.localised = was_localised;
+    inc.cause = was_cause;
+    inc.findings = was_findings;
+    summary = "re-check did not complete: " + run->failure() + "; " + m->current() + " stays in force";
+  }
+  if (recheck && inc.localised) {
+    const double interval = inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
+    inc.recheck_interval_s = std::min(2 * interval, 3600.0);
+  }
+  if (Status s = Record("localisation", (recheck ? "re-check: " : "") + summary, fields,
+                        inc.localised && !recheck ? "critical" : mitigating ? "info" : "warning");
       !s.ok()) {
     return s;
   }
-  if (recheck) {
+  if (mitigating) {
     // A mitigation is running: a complete round that finds nothing means the fault is gone.
-    if (!inc.localised && run->failure().empty()) return Resolve(now_ns, "the culprits validate healthy again");
+    if (!inc.localised) return Resolve(now_ns, "the culprits validate healthy again");
     return Status::Ok();
   }
   if (inc.localised && config_.mitigation.mode != "off") return StartMitigation(now_ns);

@@ -43,6 +43,10 @@ struct Incident {
   // The decision stage (mitigation.h): Mitigator::ToJson, null until a localisation started it.
   nlohmann::json mitigation;
   std::int64_t last_feed_ns = 0;  // when the planner was last fed the iteration time
+  // A validation round under way only re-checks the culprits of a running mitigation; the
+  // interval to the next one (doubles while they are still slow; 0 = the configured one).
+  bool recheck = false;
+  double recheck_interval_s = 0;
 };
 
 struct ControllerState {
