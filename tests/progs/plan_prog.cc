@@ -196,11 +196,15 @@ int RunApi(const Api& a, const Options& o) {
   std::printf("ready\n");
   std::fflush(stdout);
   Touch(o.ready_file);
-  if (o.want == 0) return g_failures == 0 ? 0 : 1;
+  if (o.want == 0) {
+    (void)ncclCommDestroy(comm);
+    return g_failures == 0 ? 0 : 1;
+  }
   const double deadline = MonoSeconds() + o.timeout_s;
   while (a.plan_version() < o.want) {
     if (MonoSeconds() > deadline) {
       std::printf("timeout waiting for plan %u\n", o.want);
+      (void)ncclCommDestroy(comm);
       return 3;
     }
     (void)ncclAllReduce(x, x, 4, ncclFloat, ncclSum, comm, nullptr);
@@ -338,11 +342,16 @@ int RunTrain(const Api& a, const Options& o) {
   std::vector<int32_t> mb(FALCON_PLAN_MAX_MICRO_BATCHES);
   uint32_t in_force = 0;
   const double deadline = MonoSeconds() + o.timeout_s;
+  int rc = 0;
   // Every rank must agree to stop at the same iteration: rank 0 decides, the all-reduce carries it.
   for (long iter = 0;; ++iter) {
     std::fill(x.begin(), x.end(), 1.0f);
     x[0] = rank == 0 && (Exists(o.stop_file) || MonoSeconds() > deadline) ? 1.0f : 0.0f;
-    if (ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm, nullptr) != ncclSuccess) return 1;
+    if (ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm, nullptr) != ncclSuccess) {
+      std::printf("rank %d FAIL all-reduce\n", rank);
+      rc = 1;
+      break;
+    }
     if (x[0] > 0.5f) break;
     const uint32_t v = a.plan_version();  // iteration boundary: one load
     if (v > in_force) {
@@ -360,7 +369,7 @@ int RunTrain(const Api& a, const Options& o) {
     SleepMs(5);
   }
   (void)ncclCommDestroy(comm);
-  return 0;
+  return rc;
 }
 
 }  // namespace
