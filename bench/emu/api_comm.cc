@@ -1,6 +1,6 @@
 // Exported NCCL entry points for communicator management and queries (init, split, shrink,
 // finalize/destroy/abort/revoke, errors, registration, memory, version), plus the falconEmu*
-// extras of falcon_emu.h.
+// extras of falcon_emu.h (placement: job_state.h).
 //
 // ncclUniqueId layout (128 bytes): [0,8) magic "FALCEMU1", [8,16) random 64-bit key from
 // getrandom(2), [16,20) creator uid, [20,24) creator pid, rest zero. The key names the
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <unordered_set>
 
 #include "api_util.h"
@@ -22,6 +23,7 @@
 #include "falcon_emu.h"
 #include "group.h"
 #include "init_op.h"
+#include "job_state.h"
 
 struct ncclWindow_vidmem {
   uint64_t magic;
@@ -361,22 +363,55 @@ FALCON_EMU_EXPORT ncclResult_t pncclMemFree(void* ptr) {
   return ncclSuccess;
 }
 
+// The falconEmu* extras never fail: on an internal error (only allocation can fail, in the
+// job-state cache) they answer as if no placement override were in force.
 FALCON_EMU_EXPORT double falconEmuComputeFactor(int globalRank, double t_s) {
-  return Config().error.empty() ? Config().plan.ComputeFactor(globalRank, t_s) : 1.0;
+  if (!Config().error.empty()) return 1.0;
+  try {
+    const int physical = PhysicalRankOf(globalRank);
+    return physical < 0 ? 1.0 : Config().plan.ComputeFactor(physical, t_s);
+  } catch (const std::exception&) {
+    return Config().plan.ComputeFactor(globalRank, t_s);
+  }
 }
 
 FALCON_EMU_EXPORT double falconEmuGemmSeconds(int globalRank, double flops) {
   const EmuConfig& c = Config();
   if (!c.error.empty() || c.gpu_tflops <= 0 || !(flops >= 0)) return -1.0;
   const double t = EpochNs() == 0 ? 0.0 : JobSeconds(NowNs());
-  return flops / (c.gpu_tflops * 1e12) * c.plan.ComputeFactor(globalRank, t) * c.fabric.time_scale;
+  return flops / (c.gpu_tflops * 1e12) * falconEmuComputeFactor(globalRank, t) * c.fabric.time_scale;
 }
 
 FALCON_EMU_EXPORT double falconEmuJobSeconds(void) {
   return EpochNs() == 0 ? -1.0 : JobSeconds(NowNs());
 }
 
-FALCON_EMU_EXPORT int falconEmuNodeOf(int globalRank) { return Config().NodeOf(globalRank); }
+FALCON_EMU_EXPORT int falconEmuNodeOf(int globalRank) {
+  try {
+    return CurrentNodeOf(globalRank);
+  } catch (const std::exception&) {
+    return Config().NodeOf(globalRank);
+  }
+}
+
+FALCON_EMU_EXPORT int falconEmuLaunchNodeOf(int globalRank) { return Config().NodeOf(globalRank); }
+
+FALCON_EMU_EXPORT int falconEmuSetPlacement(const int* node_of_rank, int n) {
+  if (n < 0 || (n > 0 && node_of_rank == nullptr)) return static_cast<int>(SetPlacementResult::kInvalid);
+  try {
+    const SetPlacementResult r = SetJobPlacement(std::span<const int>(node_of_rank, static_cast<size_t>(n)));
+    return static_cast<int>(r);
+  } catch (const std::exception&) {
+    return static_cast<int>(SetPlacementResult::kBusy);  // allocation failed: nothing was written
+  }
+}
+
+FALCON_EMU_EXPORT double falconEmuTransferSeconds(int srcNode, int dstNode, double bytes) {
+  const EmuConfig& c = Config();
+  if (!c.error.empty() || srcNode < 0 || dstNode < 0 || !(bytes >= 0)) return -1.0;
+  const double t = EpochNs() == 0 ? 0.0 : JobSeconds(NowNs());
+  return ModelP2pSeconds(c.fabric, &c.plan, srcNode, dstNode, bytes, t);
+}
 
 FALCON_EMU_ALIAS(ncclResult_t, ncclGetVersion, (int*));
 FALCON_EMU_ALIAS(ncclResult_t, ncclGetUniqueId, (ncclUniqueId*));

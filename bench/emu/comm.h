@@ -51,7 +51,8 @@ struct ncclComm {
   falcon::emu::CommState state = falcon::emu::CommState::kInitializing;
   std::unique_ptr<falcon::emu::Segment> seg;
   std::vector<int> globals;  // global rank of each member
-  std::vector<int> nodes;    // emulated node of each member
+  std::vector<int> nodes;    // emulated node of each member now (job_state.h RefreshCommNodes)
+  uint64_t nodes_generation = 0;  // the job placement generation `nodes` reflects
 
   // [owner] Sequencing: indices are assigned at launch, in submission order.
   uint64_t colls_launched = 0;

@@ -111,6 +111,14 @@ EmuConfig Parse() {
       c.placement.push_back(static_cast<int>(*n));
     }
   }
+  if (const char* js = Env("FALCON_EMU_JOB_STATE")) {
+    const std::string name = js;
+    if (name.size() < 2 || name.size() > 200 || name[0] != '/' || name.find('/', 1) != std::string::npos) {
+      if (err.empty()) err = "FALCON_EMU_JOB_STATE=\"" + name + "\" must be a shm name: '/' then up to 199 characters, no other '/'";
+    } else {
+      c.job_state_name = name;
+    }
+  }
   if (const char* fp = Env("FALCON_EMU_FAULT_PLAN")) {
     auto res = LoadFaultPlan(fp);
     if (res.ok()) c.plan = std::move(*res.plan);

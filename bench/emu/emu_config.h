@@ -34,9 +34,11 @@ struct EmuConfig {
   size_t p2p_chunk_bytes = 256 << 10; // FALCON_EMU_P2P_CHUNK_BYTES
   bool debug = false;                 // FALCON_EMU_DEBUG
   FaultPlan plan;                     // FALCON_EMU_FAULT_PLAN
+  std::string job_state_name;         // FALCON_EMU_JOB_STATE: shm name of the job state (job_state.h)
   std::string error;                  // non-empty: the configuration is unusable
 
-  // Node of a global rank: explicit placement if it covers the rank, else rank / ranks_per_node.
+  // Launch node of a global rank: explicit placement if it covers the rank, else
+  // rank / ranks_per_node. (The node now, after falconEmuSetPlacement: job_state.h CurrentNodeOf.)
   [[nodiscard]] int NodeOf(int rank) const;
 };
 

@@ -5,19 +5,25 @@
 //                  -- PROGRAM ARGS...
 //
 // Forks N ranks with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, FALCON_EMU_RANK,
-// FALCON_EMU_EPOCH_NS, FALCON_EMU_ID_FILE (fresh temp path), LD_LIBRARY_PATH (emulator dir
-// first) and LD_PRELOAD (--preload); forwards each rank's stdout/stderr line by line with a
+// FALCON_EMU_EPOCH_NS, FALCON_EMU_ID_FILE (fresh temp path), FALCON_EMU_JOB_STATE (the job's
+// shared state, job_state.h: runtime placement), LD_LIBRARY_PATH (emulator dir first) and
+// LD_PRELOAD (--preload); forwards each rank's stdout/stderr line by line with a
 // "[rank R] " prefix; exits non-zero if any rank fails; on SIGINT/SIGTERM, or when a rank fails,
 // terminates the others after --grace seconds (SIGTERM, then SIGKILL 2 s later).
 // --node-shm-dirs DIR gives each emulated node its own shim segment directory, DIR/node<K>
 // (FALCON_SHM_DIR, created 0700; FALCON_EMU_NODE=K), so one falcon-agent per emulated node sees
 // only its node's ranks, as on a real cluster.
 //
+// At exit it removes its temp directory (the id file and whatever else the ranks left there, e.g.
+// restart-round id files) and the job state.
+//
 // Thread-safety: single-threaded event loop (poll). Must never: leave ranks running after it
 // exits, or block on one rank's pipe while others have output.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <dirent.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -157,7 +163,20 @@ bool MakeNodeShmDirs(const Options& o) {
   return true;
 }
 
-void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string& id_file, long long epoch) {
+// Removes the files directly inside `dir` (ranks may leave id files of restart rounds), then it.
+void RemoveTempDir(const std::string& dir) {
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") unlink((dir + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
+}
+
+void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string& id_file, long long epoch,
+              const std::string& job_state) {
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
   const int rpn = o.ranks_per_node;
@@ -170,6 +189,7 @@ void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string
   setenv("LOCAL_WORLD_SIZE", std::to_string(local_size).c_str(), 1);
   setenv("FALCON_EMU_EPOCH_NS", std::to_string(epoch).c_str(), 1);
   setenv("FALCON_EMU_ID_FILE", id_file.c_str(), 1);
+  setenv("FALCON_EMU_JOB_STATE", job_state.c_str(), 1);
   if (o.rpn_given) setenv("FALCON_EMU_RANKS_PER_NODE", std::to_string(rpn).c_str(), 1);
   if (!o.fault_plan.empty()) setenv("FALCON_EMU_FAULT_PLAN", o.fault_plan.c_str(), 1);
   if (!o.timeout.empty()) setenv("FALCON_EMU_TIMEOUT_S", o.timeout.c_str(), 1);
@@ -204,6 +224,8 @@ int main(int argc, char** argv) {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   const long long epoch = static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+  const std::string job_state = "/falcon-emu-" + std::to_string(getuid()) + "-job-" + std::to_string(getpid()) +
+                                "-" + std::to_string(epoch);
   struct sigaction sa{};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
@@ -221,7 +243,7 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       close(po[0]);
       close(pe[0]);
-      ExecRank(o, r, po[1], pe[1], id_file, epoch);
+      ExecRank(o, r, po[1], pe[1], id_file, epoch, job_state);
     }
     close(po[1]);
     close(pe[1]);
@@ -303,7 +325,7 @@ int main(int argc, char** argv) {
       hard_kill_at = 0;
     }
   }
-  unlink(id_file.c_str());
-  rmdir(dir.c_str());
+  RemoveTempDir(dir);
+  shm_unlink(job_state.c_str());  // the ranks created it on first use, if they used it
   return first_fail;
 }

@@ -12,6 +12,7 @@
 #include <climits>
 
 #include "emu_config.h"
+#include "job_state.h"
 
 namespace falcon::emu {
 namespace {
@@ -86,7 +87,10 @@ std::string RankList(const std::vector<int>& ranks) {
 bool ProcessGone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
 ncclResult_t RunOps(std::vector<std::unique_ptr<Op>>& ops) {
-  for (auto& op : ops) op->Launch();
+  for (auto& op : ops) {
+    RefreshCommNodes(op->comm(), Refresh::kIfChanged);  // a placement change applies from here on
+    op->Launch();
+  }
   std::vector<bool> finished(ops.size(), false);
   size_t remaining = ops.size();
   ncclResult_t first_error = ncclSuccess;
@@ -170,7 +174,10 @@ ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
   }
   if (--t_group.depth > 0) return ncclSuccess;
   double seconds = 0;
-  for (const auto& op : t_group.ops) seconds += op->ModelSeconds();
+  for (const auto& op : t_group.ops) {
+    RefreshCommNodes(op->comm(), Refresh::kIfChanged);
+    seconds += op->ModelSeconds();
+  }
   t_group.ops.clear();
   const ncclResult_t call_error = t_group.error;
   t_group.error = ncclSuccess;

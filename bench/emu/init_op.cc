@@ -10,6 +10,7 @@
 
 #include "coll_op.h"
 #include "emu_config.h"
+#include "job_state.h"
 
 namespace falcon::emu {
 namespace {
@@ -51,11 +52,8 @@ class InitOp final : public Op {
       return Timeout(now, missing);
     }
     comm_->globals.resize(static_cast<size_t>(comm_->nranks));
-    comm_->nodes.resize(static_cast<size_t>(comm_->nranks));
-    for (int r = 0; r < comm_->nranks; ++r) {
-      comm_->globals[static_cast<size_t>(r)] = seg->rank(r)->global_rank;
-      comm_->nodes[static_cast<size_t>(r)] = Config().NodeOf(seg->rank(r)->global_rank);
-    }
+    for (int r = 0; r < comm_->nranks; ++r) comm_->globals[static_cast<size_t>(r)] = seg->rank(r)->global_rank;
+    RefreshCommNodes(comm_, Refresh::kAlways);
     OfferEpochNs(seg->header()->epoch_ns);
     comm_->state = CommState::kReady;
     return Progress::kDone;
