@@ -33,11 +33,12 @@ Comms::~Comms() {
   }
 }
 
-Result<std::unique_ptr<Comms>> Comms::Create(const Shape& shape, int rank, double id_timeout_s) {
+Result<std::unique_ptr<Comms>> Comms::Create(const Shape& shape, int rank, const CommsOptions& options) {
   ncclUniqueId id{};
   std::string err;
   emu::BootstrapOptions bo;
-  bo.timeout_s = id_timeout_s;
+  bo.timeout_s = options.id_timeout_s;
+  bo.path = options.id_file;
   if (emu::BootstrapUniqueId(rank, &id, bo, &err) != ncclSuccess) return Status::Unavailable(err);
   std::unique_ptr<Comms> c(new Comms());
   if (Status s = NcclStatus(ncclCommInitRank(&c->world_, shape.world(), id, rank), "ncclCommInitRank(world)");

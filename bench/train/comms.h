@@ -22,15 +22,21 @@ namespace falcon::train {
 // Ok for ncclSuccess, else Unavailable("<what>: <error string> (<last error>)").
 [[nodiscard]] Status NcclStatus(ncclResult_t rc, const char* what);
 
+struct CommsOptions {
+  double id_timeout_s = 60;  // how long ranks other than 0 wait for rank 0's unique id
+  std::string id_file;       // where the id is exchanged; empty: $FALCON_EMU_ID_FILE
+};
+
 class Comms {
  public:
   Comms(const Comms&) = delete;
   Comms& operator=(const Comms&) = delete;
   ~Comms();
 
-  // Bootstraps the world communicator of `shape.world()` ranks and splits it. `id_timeout_s`
-  // bounds the wait for rank 0's unique id. Verifies every group's size and this rank's index.
-  [[nodiscard]] static Result<std::unique_ptr<Comms>> Create(const Shape& shape, int rank, double id_timeout_s);
+  // Bootstraps the world communicator of `shape.world()` ranks and splits it. Verifies every
+  // group's size and this rank's index. Once it returns on any rank, every rank has read the id
+  // (the world's rendezvous is complete), so rank 0 may remove a restart round's id file.
+  [[nodiscard]] static Result<std::unique_ptr<Comms>> Create(const Shape& shape, int rank, const CommsOptions& options);
 
   [[nodiscard]] ncclComm_t world() const { return world_; }
   [[nodiscard]] ncclComm_t tp() const { return tp_; }

@@ -1,131 +1,175 @@
-// Run loop, agreement and ground truth of one rank; see job.h.
+// Run loop, agreement and ground truth of one rank; see job.h and job_run.h. Plans, checkpoints
+// and restarts are in job_mitigation.cc.
 #include "job.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <memory>
-#include <optional>
+#include <set>
 
-#include "comms.h"
 #include "falcon_emu.h"
-#include "fault_plan.h"
-#include "mb_plan.h"
-#include "model.h"
-#include "report.h"
-#include "trainer.h"
+#include "job_run.h"
 
 namespace falcon::train {
-namespace {
 
-// Seconds since the job epoch; falls back to seconds since `local_start` while the emulator
-// does not know the epoch (not launched by falcon-emu-run and no communicator yet).
-double JobSeconds(double local_start) {
-  const double t = falconEmuJobSeconds();
-  return t >= 0 ? t : MonotonicSeconds() - local_start;
+JobRun::JobRun(const Options& o, const JobEnvironment& env) : o_(o), env_(env), local_start_(MonotonicSeconds()) {
+  report_.rank = env.rank;
+  report_.world_size = env.world_size;
+  report_.pid = static_cast<int>(getpid());
+  report_.launch_node = falconEmuLaunchNodeOf(env.rank);
+  report_.node = report_.launch_node;
+  report_.coords = CoordsOf(o.shape, env.rank);
+  report_.options = o;
+  report_.checkpoints.every = o.checkpoint_every;
 }
 
-// The control all-reduce at the end of an iteration: rank 0 contributes its proposal (stop, new
-// plan), the others an empty one; everyone learns the same decision.
-Result<ControlDecision> AgreeAtBoundary(const Comms& comms, int world, int dp, const ControlDecision& proposal) {
-  std::vector<std::int32_t> word = PackControl(proposal, dp);
-  if (Status s = NcclStatus(ncclAllReduce(word.data(), word.data(), word.size(), ncclInt32, ncclSum, comms.world(),
+Status JobRun::Run() {
+  Status s = LoadFaults();
+  if (s.ok()) s = Setup();
+  if (s.ok()) s = Loop();
+  report_.status = s.ok() ? "ok" : s.ToString();
+  report_.node = falconEmuNodeOf(env_.rank);
+  if (faults_) {
+    std::set<int> nodes = {report_.launch_node, report_.node};
+    for (const IterationRecord& it : report_.iterations) nodes.insert(it.node);
+    report_.faults = FaultsAffecting(*faults_, env_.rank, std::vector<int>(nodes.begin(), nodes.end()));
+  }
+  if (!o_.report.empty()) {
+    const Status w = WriteReport(o_.report, report_);
+    if (s.ok()) s = w;
+  }
+  if (env_.rank == 0) std::printf("%s\n", SummaryLine(report_).c_str());
+  std::fflush(stdout);
+  trainer_.reset();  // before the communicators it uses
+  comms_.reset();
+  return s;
+}
+
+double JobRun::Now() const {
+  const double t = falconEmuJobSeconds();
+  return t >= 0 ? t : MonotonicSeconds() - local_start_;  // not launched by falcon-emu-run, no comm yet
+}
+
+Status JobRun::LoadFaults() {
+  if (env_.fault_plan.empty()) return Status::Ok();
+  emu::FaultPlanResult plan = emu::LoadFaultPlan(env_.fault_plan);
+  if (!plan.ok()) return Status::InvalidArgument("fault plan: " + plan.error);
+  faults_ = std::move(plan.plan);
+  return Status::Ok();
+}
+
+Status JobRun::Setup() {
+  const int world = env_.world_size;
+  facts_.world = world;
+  facts_.dp = o_.shape.dp;
+  facts_.initial_micro_batches.assign(static_cast<std::size_t>(o_.shape.dp), o_.micro_batches);
+  std::vector<int> per_node;
+  for (int r = 0; r < world; ++r) {
+    const int launch = falconEmuLaunchNodeOf(r);
+    if (launch >= static_cast<int>(per_node.size())) per_node.resize(static_cast<std::size_t>(launch) + 1, 0);
+    ++per_node[static_cast<std::size_t>(launch)];
+    state_.placement.push_back(falconEmuNodeOf(r));
+  }
+  facts_.total_nodes = static_cast<int>(per_node.size()) + o_.spare_nodes;
+  facts_.gpus_per_node = std::max(env_.ranks_per_node, *std::max_element(per_node.begin(), per_node.end()));
+  state_.micro_batches = facts_.initial_micro_batches;
+  checkpoint_ = {0};
+  if (env_.rank == 0) {
+    // Probe: clearing the (still empty) override succeeds only where the job state exists.
+    facts_.can_replace = falconEmuSetPlacement(nullptr, 0) == 0;
+    if (o_.falcon_plans) source_ = std::make_unique<FalconPlanSource>();
+    else if (!o_.plan_file.empty()) source_ = std::make_unique<PlanFileSource>(o_.plan_file);
+  }
+  return StartComms(0);
+}
+
+Status JobRun::StartComms(int round) {
+  CommsOptions co;
+  co.id_timeout_s = env_.id_timeout_s;
+  if (round > 0) {
+    if (env_.id_file.empty()) return Status::Unavailable("restart: no FALCON_EMU_ID_FILE to exchange the new unique id");
+    co.id_file = env_.id_file + ".restart" + std::to_string(round);
+  }
+  Result<std::unique_ptr<Comms>> comms = Comms::Create(o_.shape, env_.rank, co);
+  if (!comms.ok()) return comms.status();
+  comms_ = std::move(comms).value();
+  // Every rank has read the id once the world exists: the round's file is no longer needed.
+  if (round > 0 && env_.rank == 0) std::remove(co.id_file.c_str());
+  if (!compute_) {
+    const int rank = env_.rank;
+    compute_ = std::make_unique<ComputeModel>([rank](double t) { return falconEmuComputeFactor(rank, t); },
+                                              [this] { return Now(); });
+  }
+  trainer_ = std::make_unique<Trainer>(o_, env_.rank, *comms_, compute_.get());
+  return Status::Ok();
+}
+
+Status JobRun::Barrier() {
+  std::int32_t x = 1;
+  return NcclStatus(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comms_->world(), nullptr), "ncclAllReduce(world barrier)");
+}
+
+Result<ControlDecision> JobRun::Agree(const ControlDecision& proposal) {
+  std::vector<std::int32_t> word = PackControl(proposal, o_.shape.dp);
+  if (Status s = NcclStatus(ncclAllReduce(word.data(), word.data(), word.size(), ncclInt32, ncclSum, comms_->world(),
                                           nullptr),
                             "ncclAllReduce(world control word)");
       !s.ok()) {
     return s;
   }
-  return UnpackControl(word, world, dp);
-}
-
-class JobRun {
- public:
-  JobRun(const Options& o, const JobEnvironment& env) : o_(o), env_(env), local_start_(MonotonicSeconds()) {
-    report_.rank = env.rank;
-    report_.world_size = env.world_size;
-    report_.pid = static_cast<int>(getpid());
-    report_.node = falconEmuNodeOf(env.rank);
-    report_.coords = CoordsOf(o.shape, env.rank);
-    report_.options = o;
-  }
-
-  Status Run() {
-    Status s = LoadFaults();
-    if (s.ok()) s = Loop();
-    report_.status = s.ok() ? "ok" : s.ToString();
-    if (!o_.report.empty()) {
-      const Status w = WriteReport(o_.report, report_);
-      if (s.ok()) s = w;
-    }
-    if (env_.rank == 0) std::printf("%s\n", SummaryLine(report_).c_str());
-    std::fflush(stdout);
+  Result<ControlDecision> d = UnpackControl(word, env_.world_size, o_.shape.dp);
+  if (!d.ok() || !d.value().plan || PayloadSize(*d.value().plan) == 0) return d;
+  Announcement& a = *d.value().plan;
+  std::vector<std::int32_t> payload(PayloadSize(a), 0);
+  if (env_.rank == 0) payload = PackPayload(*proposal.plan);
+  if (Status s = NcclStatus(ncclBroadcast(payload.data(), payload.data(), payload.size(), ncclInt32, 0, comms_->world(),
+                                          nullptr),
+                            "ncclBroadcast(world plan payload)");
+      !s.ok()) {
     return s;
   }
+  if (Status s = UnpackPayload(payload, &a); !s.ok()) return s;
+  return d;
+}
 
- private:
-  Status LoadFaults() {
-    if (env_.fault_plan.empty()) return Status::Ok();
-    const emu::FaultPlanResult plan = emu::LoadFaultPlan(env_.fault_plan);
-    if (!plan.ok()) return Status::InvalidArgument("fault plan: " + plan.error);
-    report_.faults = FaultsAffecting(*plan.plan, env_.rank, report_.node);
-    return Status::Ok();
-  }
-
-  Status Loop() {
-    Result<std::unique_ptr<Comms>> comms = Comms::Create(o_.shape, env_.rank, env_.id_timeout_s);
-    if (!comms.ok()) return comms.status();
-    const int rank = env_.rank;
-    const double local_start = local_start_;
-    ComputeModel compute([rank](double t) { return falconEmuComputeFactor(rank, t); },
-                         [local_start] { return JobSeconds(local_start); });
-    Trainer trainer(o_, rank, *comms.value(), &compute);
-    std::optional<PlanFileWatcher> watcher;
-    if (rank == 0 && !o_.plan_file.empty()) watcher.emplace(o_.plan_file, o_.shape.dp);
-    MicroBatchPlan plan{0, std::vector<int>(static_cast<std::size_t>(o_.shape.dp), o_.micro_batches)};
-    for (int iter = 0;; ++iter) {
-      const double start = JobSeconds(local_start);
-      compute.TakeMaxFactor();
-      if (Status s = trainer.RunIteration(iter, plan.micro_batches); !s.ok()) return s;
-      ControlDecision proposal;
-      proposal.stop = rank == 0 && ((o_.iters > 0 && iter + 1 >= o_.iters) ||
-                                    (o_.duration_s > 0 && JobSeconds(local_start) >= o_.duration_s));
-      if (watcher) {
-        std::string warning;
-        proposal.new_plan = watcher->Poll(plan.version, &warning);
-        if (!warning.empty()) std::fprintf(stderr, "falcon-train-emu: ignoring plan: %s\n", warning.c_str());
-      }
-      Result<ControlDecision> d = AgreeAtBoundary(*comms.value(), env_.world_size, o_.shape.dp, proposal);
-      if (!d.ok()) return d.status();
-      const double end = JobSeconds(local_start);
-      report_.iterations.push_back({iter, start, end - start, plan.micro_batches[static_cast<std::size_t>(report_.coords.dp)],
-                                    plan.version, compute.TakeMaxFactor()});
-      if (d.value().new_plan) {
-        plan = *d.value().new_plan;
-        report_.plan_changes.push_back({iter + 1, plan.version, plan.micro_batches});
-        if (rank == 0) std::fprintf(stderr, "falcon-train-emu: plan version %d applies from iteration %d\n",
-                                    plan.version, iter + 1);
-      }
-      Progress(iter);
-      if (d.value().stop) return Status::Ok();
+Status JobRun::Loop() {
+  for (int iter = 0;;) {
+    const double start = Now();
+    compute_->TakeMaxFactor();
+    const int node = falconEmuNodeOf(env_.rank);
+    if (Status s = trainer_->RunIteration(iter, state_.micro_batches); !s.ok()) return s;
+    ControlDecision proposal;
+    if (env_.rank == 0) {
+      proposal.stop = (o_.iters > 0 && iter + 1 >= o_.iters) || (o_.duration_s > 0 && Now() >= o_.duration_s);
+      if (!proposal.stop) proposal.plan = Propose();
     }
+    Result<ControlDecision> d = Agree(proposal);
+    if (!d.ok()) return d.status();
+    const double end = Now();
+    report_.iterations.push_back({iter, start, end - start,
+                                  state_.micro_batches[static_cast<std::size_t>(report_.coords.dp)], version_in_force_,
+                                  compute_->TakeMaxFactor(), node, iter <= highest_iter_run_});
+    highest_iter_run_ = std::max(highest_iter_run_, iter);
+    Progress(iter);
+    int next = iter + 1;
+    if (d.value().plan) {
+      if (Status s = Apply(*d.value().plan, end, &next); !s.ok()) return s;
+    }
+    MaybeCheckpoint(next);
+    if (d.value().stop) return Status::Ok();
+    iter = next;
   }
+}
 
-  void Progress(int iter) const {
-    if (env_.rank != 0 || o_.progress_every <= 0 || (iter + 1) % o_.progress_every != 0) return;
-    const IterationRecord& last = report_.iterations.back();
-    const Summary s = Summarize(report_.iterations);
-    std::fprintf(stderr, "falcon-train-emu: iteration %d done at t=%.3f s: last %.2f ms, median %.2f ms, m=%d, plan v%d\n",
-                 iter, last.start_s + last.duration_s, last.duration_s * 1e3, s.median_s * 1e3, last.micro_batches,
-                 last.plan_version);
-  }
-
-  const Options o_;
-  const JobEnvironment env_;
-  const double local_start_;
-  ReportData report_;
-};
-
-}  // namespace
+void JobRun::Progress(int iter) const {
+  if (env_.rank != 0 || o_.progress_every <= 0 || (iter + 1) % o_.progress_every != 0) return;
+  const IterationRecord& last = report_.iterations.back();
+  const Summary s = Summarize(report_.iterations);
+  std::fprintf(stderr, "falcon-train-emu: iteration %d done at t=%.3f s: last %.2f ms, median %.2f ms, m=%d, plan v%d\n",
+               iter, last.start_s + last.duration_s, last.duration_s * 1e3, s.median_s * 1e3, last.micro_batches,
+               last.plan_version);
+}
 
 Status RunJob(const Options& options, const JobEnvironment& env) { return JobRun(options, env).Run(); }
 

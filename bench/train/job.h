@@ -1,6 +1,7 @@
 // The run loop of one falcon-train-emu rank: builds the communicators and the trainer, runs
-// iterations until rank 0 decides to stop, agrees on stop and micro-batch plans through the
-// per-iteration control all-reduce (mb_plan.h), records the ground truth and writes the report.
+// iterations until rank 0 decides to stop, agrees on stop and mitigation plans through the
+// per-iteration control all-reduce (control_word.h), applies S1..S4 plans (job_run.h), records
+// the ground truth and writes the report.
 //
 // Thread-safety: one thread per process. Must never: let ranks disagree on the iteration at
 // which they stop or switch plans (only the control word decides), or skip the report on an
@@ -20,6 +21,8 @@ struct JobEnvironment {
   int rank = 0;
   int world_size = 1;
   std::string fault_plan;   // FALCON_EMU_FAULT_PLAN (file or inline JSON); empty = none
+  std::string id_file;      // FALCON_EMU_ID_FILE: unique-id exchange (restart rounds add a suffix)
+  int ranks_per_node = 8;   // FALCON_EMU_RANKS_PER_NODE: GPUs per emulated node
   double id_timeout_s = 60; // wait for rank 0's unique id
 };
 

@@ -90,9 +90,25 @@ const std::vector<OptionSpec>& Table() {
        [](Options* o, const std::string& v) { o->report = v; return v.empty() ? std::string("empty path") : ""; }},
       {"--progress-every", "N", "rank 0 prints a progress line on stderr every N iterations (default 10; 0 = off)",
        [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->progress_every); }},
-      {"--plan-file", "PATH", "micro-batch plan JSON {\"version\": V, \"micro_batches\": [m per DP replica]}, "
-       "polled by rank 0 at iteration boundaries and applied by all ranks at the next iteration",
+      {"--plan-file", "PATH", "mitigation plan JSON {\"version\": V, \"strategy\": \"S1\"|\"S2\"|\"S3\"|\"S4\", "
+       "\"micro_batches\": [m per DP replica], \"placement\": [node per rank], \"exclude_nodes\": [node..], "
+       "\"restart\": true} (only version + micro_batches: S2), polled by rank 0 at iteration boundaries and "
+       "applied by all ranks from the next iteration",
        [](Options* o, const std::string& v) { o->plan_file = v; return v.empty() ? std::string("empty path") : ""; }},
+      {"--falcon-plans", nullptr, "take plans from Falcon's C API (falconGetPlan, the LD_PRELOADed shim), polled by "
+       "rank 0 at iteration boundaries; without the shim: one warning, no plans. Not with --plan-file",
+       [](Options* o, const std::string&) { o->falcon_plans = true; return std::string(); }},
+      {"--checkpoint-every", "K", "keep an in-memory checkpoint every K iterations (default 10); an S4 restart rolls "
+       "back to the last one",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 1 << 30, &o->checkpoint_every); }},
+      {"--restart-s", "S", "modelled time of an S4 restart: relaunch, communicator set-up and checkpoint load "
+       "(default 5)",
+       [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e5, &o->restart_s); }},
+      {"--spare-nodes", "N", "idle emulated nodes after the job's own, for S3/S4 placements (default 0)",
+       [](Options* o, const std::string& v) { return ParseInt(v, 0, 65535, &o->spare_nodes); }},
+      {"--state-bytes", "B", "parameter + optimizer bytes per rank, moved with a rank to its new node (default "
+       "8 x gradient bytes)",
+       [](Options* o, const std::string& v) { return ParseSize(v, std::size_t{1} << 40, &o->state_bytes); }},
       {"--inject-corruption", "ITER", "test hook for --check: in iteration ITER every rank perturbs one element of "
        "each buffer it sends or contributes, so the receivers' checks must fail (exit 1)",
        [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->inject_corruption); }},
@@ -134,6 +150,8 @@ std::size_t Options::ActivationBytes() const {
          static_cast<std::size_t>(hidden) * 2;
 }
 
+std::size_t Options::StateBytes() const { return state_bytes > 0 ? state_bytes : 8 * GradBytes(); }
+
 std::size_t Options::GradBytes() const {
   if (grad_bytes > 0) return grad_bytes;
   const std::size_t h = static_cast<std::size_t>(hidden);
@@ -168,6 +186,9 @@ Result<Options> ParseOptions(int argc, const char* const* argv) {
     }
   }
   if (o.iters == 0 && o.duration_s == 0) o.iters = Options::kDefaultIters;
+  if (o.falcon_plans && !o.plan_file.empty()) {
+    return Status::InvalidArgument("--plan-file and --falcon-plans are alternatives: choose one plan source");
+  }
   return o;
 }
 

@@ -33,7 +33,12 @@ struct Options {
   bool check = false;             // --check
   std::string report;             // --report FILE ("{rank}" substituted) or "-" for stdout
   int progress_every = 10;        // --progress-every: rank 0 progress line period; 0 = off
-  std::string plan_file;          // --plan-file: micro-batch plan (mb_plan.h)
+  std::string plan_file;          // --plan-file: mitigation plan file (mitigation_plan.h)
+  bool falcon_plans = false;      // --falcon-plans: plans from Falcon's C API (plan_source.h)
+  int checkpoint_every = 10;      // --checkpoint-every K: in-memory checkpoint period, iterations
+  double restart_s = 5;           // --restart-s: modelled restart time of an S4 plan
+  int spare_nodes = 0;            // --spare-nodes N: idle emulated nodes after the job's
+  std::size_t state_bytes = 0;    // --state-bytes: per-rank parameter + optimizer bytes; 0 = derived
   int inject_corruption = -1;     // --inject-corruption ITER: test hook (with --check), -1 = off
   bool help = false;              // --help / -h
 
@@ -41,12 +46,16 @@ struct Options {
   [[nodiscard]] std::size_t ActivationBytes() const;
   // DP gradient bytes: --grad-bytes, else layers * 12 * H^2 / tp parameters at 2 bytes each.
   [[nodiscard]] std::size_t GradBytes() const;
+  // A rank's parameters and optimizer state (what moves with it to another node): --state-bytes,
+  // else 8 x GradBytes (16 bytes per parameter: bf16 weights and gradients, fp32 master weights
+  // and two Adam moments).
+  [[nodiscard]] std::size_t StateBytes() const;
   // Iterations to run when neither --iters nor --duration-s is given.
   static constexpr int kDefaultIters = 10;
 };
 
 // Parses argv[1..argc). Returns InvalidArgument naming the flag on an unknown flag, a missing or
-// malformed value, or a value out of bounds. Does not check the shape against the world size
+// malformed value, a value out of bounds, or --plan-file together with --falcon-plans. Does not check the shape against the world size
 // (ValidateShape does, once WORLD_SIZE is known).
 [[nodiscard]] Result<Options> ParseOptions(int argc, const char* const* argv);
 

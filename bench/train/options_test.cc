@@ -21,6 +21,22 @@ TEST(OptionsTest, Defaults) {
   EXPECT_EQ(o.value().iters, Options::kDefaultIters);
   EXPECT_EQ(o.value().ActivationBytes(), 2u * 64 * 128 * 2);
   EXPECT_EQ(o.value().GradBytes(), 2u * 12 * 128 * 128 * 2);
+  EXPECT_EQ(o.value().StateBytes(), 8 * o.value().GradBytes());
+  EXPECT_FALSE(o.value().falcon_plans);
+  EXPECT_EQ(o.value().checkpoint_every, 10);
+  EXPECT_DOUBLE_EQ(o.value().restart_s, 5);
+  EXPECT_EQ(o.value().spare_nodes, 0);
+}
+
+TEST(OptionsTest, MitigationFlags) {
+  const Result<Options> o = Parse({"--falcon-plans", "--checkpoint-every", "3", "--restart-s", "0.25", "--spare-nodes",
+                                   "2", "--state-bytes", "1000"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o.value().falcon_plans);
+  EXPECT_EQ(o.value().checkpoint_every, 3);
+  EXPECT_DOUBLE_EQ(o.value().restart_s, 0.25);
+  EXPECT_EQ(o.value().spare_nodes, 2);
+  EXPECT_EQ(o.value().StateBytes(), 1000u);
 }
 
 TEST(OptionsTest, ParsesEveryKind) {
@@ -44,7 +60,9 @@ TEST(OptionsTest, RejectsBadInput) {
   for (const Case& c : {Case{{"--bogus"}, "unknown option --bogus"}, Case{{"--tp"}, "needs a value"},
                         Case{{"--tp", "0"}, "--tp: 0 is outside"}, Case{{"--tp", "two"}, "not an integer"},
                         Case{{"--dp-mode", "ring"}, "not allreduce or rs-ag"}, Case{{"--check=1"}, "takes no value"},
-                        Case{{"--compute-ms", "-1"}, "outside"}, Case{{"--grad-bytes", "-5"}, "not a byte count"}}) {
+                        Case{{"--compute-ms", "-1"}, "outside"}, Case{{"--grad-bytes", "-5"}, "not a byte count"},
+                        Case{{"--checkpoint-every", "0"}, "outside"}, Case{{"--spare-nodes", "-1"}, "outside"},
+                        Case{{"--falcon-plans", "--plan-file", "p.json"}, "alternatives"}}) {
     const Result<Options> o = Parse(c.args);
     ASSERT_FALSE(o.ok()) << c.says;
     EXPECT_NE(o.status().message().find(c.says), std::string::npos) << o.status().message();
@@ -55,7 +73,8 @@ TEST(OptionsTest, HelpListsEveryOption) {
   const std::string help = UsageText();
   for (const char* flag : {"--tp", "--dp", "--pp", "--micro-batches", "--layers", "--hidden", "--seq",
                            "--micro-batch-size", "--compute-ms", "--optimizer-ms", "--grad-bytes", "--dp-mode",
-                           "--iters", "--duration-s", "--check", "--report", "--progress-every", "--plan-file"}) {
+                           "--iters", "--duration-s", "--check", "--report", "--progress-every", "--plan-file",
+                           "--falcon-plans", "--checkpoint-every", "--restart-s", "--spare-nodes", "--state-bytes"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   const Result<Options> o = Parse({"-h"});

@@ -35,19 +35,55 @@ json ConfigJson(const Options& o) {
           {"micro_batch_size", o.micro_batch_size}, {"compute_ms", o.compute_ms},
           {"optimizer_ms", o.optimizer_ms}, {"dp_mode", DpModeName(o.dp_mode)}, {"check", o.check},
           {"activation_bytes", o.ActivationBytes()}, {"grad_bytes", o.GradBytes()},
-          {"iters", o.iters}, {"duration_s", o.duration_s}, {"plan_file", o.plan_file}};
+          {"iters", o.iters}, {"duration_s", o.duration_s}, {"plan_file", o.plan_file},
+          {"plan_source", o.falcon_plans ? "falcon" : (o.plan_file.empty() ? "none" : "file")},
+          {"checkpoint_every", o.checkpoint_every}, {"restart_s", o.restart_s}, {"spare_nodes", o.spare_nodes},
+          {"state_bytes", o.StateBytes()}};
+}
+
+json PlanJson(const PlanRecord& p) {
+  return {{"version", p.version}, {"strategy", p.strategy}, {"source", p.source}, {"status", p.status},
+          {"reason", p.reason}, {"iter", p.iter}, {"at_s", p.at_s}, {"cost_s", p.cost_s},
+          {"modelled_s", p.modelled_s}, {"micro_batches", p.micro_batches}, {"placement", p.placement},
+          {"exclude_nodes", p.exclude_nodes}, {"restart", p.restart}, {"moved_ranks", p.moved_ranks},
+          {"moved_bytes", p.moved_bytes}};
+}
+
+json RestartJson(const RestartRecord& r) {
+  return {{"version", r.version}, {"at_s", r.at_s}, {"next_iter", r.next_iter}, {"rollback_to", r.rollback_to},
+          {"lost_iterations", r.lost_iterations}, {"lost_s", r.lost_s}, {"restart_s", r.restart_s},
+          {"cost_s", r.cost_s}, {"exclude_nodes", r.exclude_nodes}};
+}
+
+json SummaryJson(const ReportData& r) {
+  const Summary s = Summarize(r.iterations);
+  int applied = 0, rejected = 0, lost = 0;
+  double cost = 0;
+  for (const PlanRecord& p : r.plans) {
+    (p.status == "applied" ? applied : rejected) += 1;
+    cost += p.cost_s;
+  }
+  for (const RestartRecord& x : r.restarts) lost += x.lost_iterations;
+  return {{"iterations", s.iterations}, {"median_s", s.median_s}, {"mean_s", s.mean_s}, {"min_s", s.min_s},
+          {"max_s", s.max_s}, {"p95_s", s.p95_s}, {"total_s", s.total_s}, {"plans_applied", applied},
+          {"plans_rejected", rejected}, {"restarts", r.restarts.size()}, {"lost_iterations", lost},
+          {"mitigation_cost_s", cost}};
 }
 
 }  // namespace
 
-std::vector<AffectingFault> FaultsAffecting(const emu::FaultPlan& plan, int rank, int node) {
+std::vector<AffectingFault> FaultsAffecting(const emu::FaultPlan& plan, int rank, const std::vector<int>& nodes) {
   std::vector<AffectingFault> out;
   for (std::size_t i = 0; i < plan.faults().size(); ++i) {
     const emu::Fault& f = plan.faults()[i];
     const auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
     std::string scope;
     if ((f.kind == emu::FaultKind::kCompute || f.kind == emu::FaultKind::kHang) && has(f.ranks, rank)) scope = "rank";
-    if ((f.kind == emu::FaultKind::kLink || f.kind == emu::FaultKind::kNic) && has(f.nodes, node)) scope = "node";
+    if (f.kind == emu::FaultKind::kLink || f.kind == emu::FaultKind::kNic) {
+      for (int node : nodes) {
+        if (has(f.nodes, node)) scope = "node";
+      }
+    }
     if (!scope.empty()) out.push_back({static_cast<int>(i), f, scope});
   }
   return out;
@@ -74,7 +110,7 @@ std::string ReportJson(const ReportData& r, int indent) {
   for (const IterationRecord& it : r.iterations) {
     iters.push_back({{"iter", it.iter}, {"start_s", it.start_s}, {"duration_s", it.duration_s},
                      {"micro_batches", it.micro_batches}, {"plan_version", it.plan_version},
-                     {"compute_factor", it.compute_factor}});
+                     {"compute_factor", it.compute_factor}, {"node", it.node}, {"redo", it.redo}});
   }
   json changes = json::array();
   for (const PlanChange& c : r.plan_changes) {
@@ -82,15 +118,21 @@ std::string ReportJson(const ReportData& r, int indent) {
   }
   json faults = json::array();
   for (const AffectingFault& f : r.faults) faults.push_back(FaultJson(f));
-  const Summary s = Summarize(r.iterations);
+  json plans = json::array();
+  for (const PlanRecord& p : r.plans) plans.push_back(PlanJson(p));
+  json restarts = json::array();
+  for (const RestartRecord& x : r.restarts) restarts.push_back(RestartJson(x));
   const json j = {
       {"schema", "falcon.train.report"}, {"schema_version", kReportSchemaVersion}, {"status", r.status},
       {"rank", r.rank}, {"world_size", r.world_size}, {"pid", r.pid}, {"node", r.node},
+      {"launch_node", r.launch_node},
       {"shape", {{"tp", r.options.shape.tp}, {"dp", r.options.shape.dp}, {"pp", r.options.shape.pp}}},
       {"coords", {{"tp", r.coords.tp}, {"dp", r.coords.dp}, {"pp", r.coords.pp}}},
-      {"config", ConfigJson(r.options)}, {"iterations", iters}, {"plan_changes", changes}, {"faults", faults},
-      {"summary", {{"iterations", s.iterations}, {"median_s", s.median_s}, {"mean_s", s.mean_s},
-                   {"min_s", s.min_s}, {"max_s", s.max_s}, {"p95_s", s.p95_s}, {"total_s", s.total_s}}}};
+      {"config", ConfigJson(r.options)}, {"iterations", iters}, {"plan_changes", changes}, {"plans", plans},
+      {"restarts", restarts},
+      {"checkpoints", {{"every", r.checkpoints.every}, {"taken", r.checkpoints.taken},
+                       {"last_iter", r.checkpoints.last_iter}}},
+      {"faults", faults}, {"summary", SummaryJson(r)}};
   // Strings here are ours or come from UTF-8 clean messages; replace keeps dump() exception-free.
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }
@@ -127,14 +169,19 @@ Status WriteReport(const std::string& spec, const ReportData& data) {
 
 std::string SummaryLine(const ReportData& r) {
   const Summary s = Summarize(r.iterations);
-  char buf[512];
+  int applied = 0, lost = 0;
+  for (const PlanRecord& p : r.plans) applied += p.status == "applied" ? 1 : 0;
+  for (const RestartRecord& x : r.restarts) lost += x.lost_iterations;
+  char buf[640];
   std::snprintf(buf, sizeof buf,
                 "falcon-train-emu: %d ranks %s M=%d L=%d act=%zuB grad=%zuB dp-mode=%s: %d iterations, "
-                "iteration median %.2f ms min %.2f ms max %.2f ms p95 %.2f ms, check=%s, status=%s",
+                "iteration median %.2f ms min %.2f ms max %.2f ms p95 %.2f ms, plans applied %d rejected %zu, "
+                "restarts %zu (lost %d iterations), check=%s, status=%s",
                 r.world_size, ToString(r.options.shape).c_str(), r.options.micro_batches, r.options.layers,
                 r.options.ActivationBytes(), r.options.GradBytes(), DpModeName(r.options.dp_mode), s.iterations,
-                s.median_s * 1e3, s.min_s * 1e3, s.max_s * 1e3, s.p95_s * 1e3, r.options.check ? "on" : "off",
-                r.status.c_str());
+                s.median_s * 1e3, s.min_s * 1e3, s.max_s * 1e3, s.p95_s * 1e3, applied,
+                r.plans.size() - static_cast<std::size_t>(applied), r.restarts.size(), lost,
+                r.options.check ? "on" : "off", r.status.c_str());
   return buf;
 }
 

@@ -94,7 +94,7 @@ TEST_F(TrainEmuTest, Tp2Dp2Pp2CheckPassesAndReportHasTheSchema) {
     const json j = Report(rank);
     ASSERT_FALSE(j.is_discarded()) << rank;
     EXPECT_EQ(j["schema"], "falcon.train.report");
-    EXPECT_EQ(j["schema_version"], 1);
+    EXPECT_EQ(j["schema_version"], 2);
     EXPECT_EQ(j["status"], "ok");
     EXPECT_EQ(j["rank"], rank);
     EXPECT_EQ(j["world_size"], 8);

@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
   env.rank = job.rank;
   env.world_size = job.world_size;
   if (const char* plan = std::getenv("FALCON_EMU_FAULT_PLAN")) env.fault_plan = plan;
+  if (const char* id = std::getenv("FALCON_EMU_ID_FILE")) env.id_file = id;
+  if (const char* rpn = std::getenv("FALCON_EMU_RANKS_PER_NODE")) {
+    const int n = std::atoi(rpn);
+    if (n > 0) env.ranks_per_node = n;
+  }
   const falcon::Status s = falcon::train::RunJob(options, env);
   if (s.ok()) return 0;
   std::fprintf(stderr, "falcon-train-emu: rank %d: %s\n", env.rank, s.ToString().c_str());
