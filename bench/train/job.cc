@@ -153,10 +153,10 @@ Status JobRun::Loop() {
     highest_iter_run_ = std::max(highest_iter_run_, iter);
     Progress(iter);
     int next = iter + 1;
+    MaybeCheckpoint(next);  // the state after this iteration is complete: a restart now loses nothing
     if (d.value().plan) {
       if (Status s = Apply(*d.value().plan, end, &next); !s.ok()) return s;
     }
-    MaybeCheckpoint(next);
     if (d.value().stop) return Status::Ok();
     iter = next;
   }

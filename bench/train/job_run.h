@@ -7,14 +7,14 @@
 //     (polled from its PlanSource and resolved against the job: apply with its effect, or
 //     reject); every rank learns the same decision; a placement or excluded-node list follows
 //     as a broadcast from rank 0 on the world;
-//  2. an applied plan takes effect before the next iteration: S1/S2 set the micro-batch counts;
+//  2. a checkpoint when the next iteration is a multiple of --checkpoint-every;
+//  3. an applied plan takes effect before the next iteration: S1/S2 set the micro-batch counts;
 //     S3 installs the new placement in the emulator (falconEmuSetPlacement, every rank the
 //     same), sleeps the modelled state move of the ranks that changed node, then all ranks meet
 //     in a world barrier; S4 destroys the communicators, sleeps --restart-s, installs the
 //     placement, re-creates the world (a fresh unique id per restart round) and the splits, and
 //     rolls back to the last checkpoint; every rank then acks the plan (falconAckPlan, when the
-//     shim is there), a rejected one with status 1;
-//  3. a checkpoint when the next iteration is a multiple of --checkpoint-every.
+//     shim is there), a rejected one with status 1.
 // All ranks are quiescent at the boundary (their last collective has completed), so placement
 // changes and communicator teardown never race with traffic.
 //

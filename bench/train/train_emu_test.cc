@@ -1,89 +1,19 @@
 // End-to-end tests of falcon-train-emu: real rank processes under falcon-emu-run over the NCCL
 // emulator. Every test waits on process exit (or on a progress line), never on a fixed sleep;
 // falcon-emu-run's --job-timeout bounds each job.
-#include <fcntl.h>
-#include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "train_test_util.h"
+
 namespace {
 
+using falcon::train::testing::JobResult;
+using falcon::train::testing::RunJob;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-struct JobResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr of every rank, "[rank R] " prefixed
-};
-
-// Runs falcon-emu-run with `launcher_args` -- falcon-train-emu `trainer_args`; calls on_line for
-// every output line as it arrives.
-JobResult RunJob(const std::vector<std::string>& launcher_args, const std::vector<std::string>& trainer_args,
-                 const std::function<void(const std::string&)>& on_line = nullptr) {
-  std::vector<std::string> args = {FALCON_EMU_RUN_BIN, "--timeout", "20", "--job-timeout", "90"};
-  args.insert(args.end(), launcher_args.begin(), launcher_args.end());
-  args.push_back("--");
-  args.push_back(FALCON_TRAIN_EMU_BIN);
-  args.insert(args.end(), trainer_args.begin(), trainer_args.end());
-  int fds[2];
-  JobResult r;
-  if (pipe2(fds, O_CLOEXEC) != 0) return r;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  FILE* in = fdopen(fds[0], "r");
-  char line[4096];
-  while (in && std::fgets(line, sizeof line, in)) {
-    r.output += line;
-    if (on_line) on_line(line);
-  }
-  if (in) std::fclose(in);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-class TrainEmuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/falcon-train-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string ReportSpec() const { return dir_ + "/report-{rank}.json"; }
-  json Report(int rank) const {
-    std::ifstream in(dir_ + "/report-" + std::to_string(rank) + ".json");
-    return json::parse(in, nullptr, /*allow_exceptions=*/false);
-  }
-  // Median iteration time of every rank.
-  std::vector<double> Medians(int world) const {
-    std::vector<double> m;
-    for (int r = 0; r < world; ++r) m.push_back(Report(r)["summary"]["median_s"].get<double>());
-    return m;
-  }
-
-  std::string dir_;
-};
+using TrainEmuTest = falcon::train::testing::TrainJobTest;
 
 TEST_F(TrainEmuTest, Tp2Dp2Pp2CheckPassesAndReportHasTheSchema) {
   const JobResult r = RunJob({"-n", "8", "--ranks-per-node", "4"},
