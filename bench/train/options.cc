@@ -202,6 +202,13 @@ std::string UsageText() {
     else left += "\n" + std::string(24, ' ');
     out += left + Wrap(s.help, 24, 100) + "\n";
   }
+  out +=
+      "Mitigation plans (--plan-file or --falcon-plans) apply from the iteration after the boundary that agreed\n"
+      "on them: S1 back to --micro-batches; S2 micro_batches per DP replica; S3 placement (node of every rank;\n"
+      "ranks that change node move --state-bytes over the modelled fabric); S4 restart without exclude_nodes:\n"
+      "the excluded nodes' ranks go to spare nodes (or the plan's placement), --restart-s is slept and training\n"
+      "rolls back to the last checkpoint. Invalid plans are rejected with a line on rank 0's stderr; every rank\n"
+      "acks through falconAckPlan when the shim is loaded. The --report lists every plan with its cost.\n";
   out += "Exit status: 0 ok, 1 a --check verification failed, 2 usage, setup or NCCL error.\n";
   return out;
 }
