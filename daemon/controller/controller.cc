@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "analyzer/localize.h"
 #include "analyzer/robust.h"
@@ -216,8 +217,31 @@ Status Controller::Track(std::int64_t now_ns) {
   if (!inc.localised && inc.attempts < config_.max_attempts && now_ns >= inc.next_attempt_ns) {
     return StartProfiling(now_ns);
   }
+  if (inc.revalidate && m != nullptr && !m->stopped()) {
+    inc.revalidate = false;
+    inc.recheck = true;
+    inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
+    return StartProfiling(now_ns);
+  }
   return FeedMitigation(now_ns);
 }
+
+namespace {
+
+// What a localisation blames: GPU ranks, link host pairs, NIC hosts (evidence left out).
+std::set<std::string> Culprits(const json& findings) {
+  std::set<std::string> out;
+  for (const json& g : findings.value("gpus", json::array())) out.insert("gpu " + g.value("rank", json()).dump());
+  for (const json& k : findings.value("links", json::array())) {
+    json hosts = k.value("hosts", json::array());
+    if (hosts.size() == 2 && hosts[1] < hosts[0]) std::swap(hosts[0], hosts[1]);
+    out.insert("link " + hosts.dump());
+  }
+  for (const json& n : findings.value("nics", json::array())) out.insert("nic " + n.value("host", json()).dump());
+  return out;
+}
+
+}  // namespace
 
 Mitigator* Controller::CurrentMitigator() {
   if (!state_.incident || state_.incident->mitigation.is_null()) {
@@ -554,8 +578,21 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
     return s;
   }
   if (mitigating) {
-    // A mitigation is running: a complete round that finds nothing means the fault is gone.
+    // A mitigation is running: a complete round that finds nothing means the fault is gone;
+    // one that blames others means the fault moved: the old mitigation stops (S2 undone), a new
+    // one starts from the new findings.
     if (!inc.localised) return Resolve(now_ns, "the culprits validate healthy again");
+    if (Culprits(inc.findings) != Culprits(was_findings)) {
+      Result<Decision> d = m->End(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS);
+      if (d.ok()) {
+        d.value().summary = "the culprits changed: " + d.value().summary;
+        if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) return s;
+      }
+      mitigator_.reset();
+      inc.mitigation = json();
+      inc.recheck_interval_s = 0;
+      return StartMitigation(now_ns);
+    }
     return Status::Ok();
   }
   if (inc.localised && config_.mitigation.mode != "off") return StartMitigation(now_ns);

@@ -292,6 +292,13 @@ void Controller::OnAlarm(const json& m) {
       log_->info("event=new_slowdown rank={} incident={} action=allow_new_rounds", rank, state_.incident->id);
       state_.incident->attempts = 0;
       state_.incident->next_attempt_ns = 0;
+    } else if (state_.incident && state_.incident->localised && state_.incident->mitigation.is_object() &&
+               onset > state_.incident->last_round_ns && state_.incident->last_round_ns > 0 &&
+               !state_.incident->revalidate) {
+      // Slower again while a mitigation runs: another fault may have begun (or the mitigation
+      // stopped helping). Look again before paying for the next strategy.
+      log_->info("event=new_slowdown rank={} incident={} action=revalidate", rank, state_.incident->id);
+      state_.incident->revalidate = true;
     }
   } else {
     state_.slow.erase(rank);

@@ -24,7 +24,8 @@ json IncidentJson(const Incident& i) {
           {"healthy_s", i.healthy_s}, {"localised", i.localised}, {"attempts", i.attempts},
           {"next_attempt_ns", i.next_attempt_ns}, {"cause", i.cause}, {"findings", i.findings},
           {"request", i.request}, {"last_round_ns", i.last_round_ns}, {"mitigation", i.mitigation},
-          {"last_feed_ns", i.last_feed_ns}, {"recheck", i.recheck}, {"recheck_interval_s", i.recheck_interval_s}};
+          {"last_feed_ns", i.last_feed_ns}, {"recheck", i.recheck}, {"recheck_interval_s", i.recheck_interval_s},
+          {"revalidate", i.revalidate}};
 }
 
 Incident IncidentFromJson(const json& j) {
@@ -45,6 +46,7 @@ Incident IncidentFromJson(const json& j) {
   i.last_feed_ns = j.value("last_feed_ns", std::int64_t{0});
   i.recheck = j.value("recheck", false);
   i.recheck_interval_s = j.value("recheck_interval_s", 0.0);
+  i.revalidate = j.value("revalidate", false);
   if (!std::isfinite(i.recheck_interval_s) || i.recheck_interval_s < 0) throw std::invalid_argument("bad recheck_interval_s");
   if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
   return i;

@@ -47,6 +47,7 @@ struct Incident {
   // interval to the next one (doubles while they are still slow; 0 = the configured one).
   bool recheck = false;
   double recheck_interval_s = 0;
+  bool revalidate = false;  // a new slowdown began while mitigating: re-check now
 };
 
 struct ControllerState {
