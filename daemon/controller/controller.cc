@@ -591,7 +591,9 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
       mitigator_.reset();
       inc.mitigation = json();
       inc.recheck_interval_s = 0;
-      return StartMitigation(now_ns);
+      if (Status s = StartMitigation(now_ns); !s.ok()) return s;
+      inc.last_feed_ns = now_ns;  // the new culprits' cost counts from now, not from the detection
+      return Status::Ok();
     }
     return Status::Ok();
   }
