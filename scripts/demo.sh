@@ -1,21 +1,17 @@
 #!/usr/bin/env bash
-# Falcon demo: an emulated 4-rank hybrid-parallel job (TP 2 x DP 2, 2 ranks per emulated node)
-# runs over the CPU NCCL emulator with libfalcon_shim.so preloaded; then the calls each rank
-# recorded are shown (falcon-ctl segments / trace) and the detection core finds the iteration
-# period and iteration times from the recording alone (falcon-ctl analyze-trace --records).
-# Does all set-up itself (packages, build). Cleans up everything it made, also on Ctrl-C.
-#   scripts/demo.sh [--ranks N] [--iters N] [--compute-ms MS] [--keep]
+# Falcon demo: a 16-rank emulated training job (TP 2 x DP 4 x PP 2 on 8 emulated nodes + 1 spare)
+# under the shim, with Redis, one falcon-agent per node and falcon-controller. A slow GPU, then a
+# congested link, then both, are detected, localised and mitigated live; the report (JSON + SVG
+# plot of iteration time per rank with faults, localisations and decisions) goes to
+# falcon-demo-out/. Does all set-up itself (packages, build). Stops everything it started and
+# removes its temporary files, also on Ctrl-C. About 7 minutes.
+#   scripts/demo.sh [--mitigation act|advise|off] [--phase-s S] [--out DIR] [--keep] [--quiet] [--json]
+#   (defaults: act, 90 s per fault phase, falcon-demo-out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ranks=4 iters=300 compute_ms=5 keep=0
-while (($#)); do
-  case "$1" in
-    --ranks) ranks=$2; shift 2 ;;
-    --iters) iters=$2; shift 2 ;;
-    --compute-ms) compute_ms=$2; shift 2 ;;
-    --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
-    *) echo "demo.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
   esac
 done
 
@@ -24,49 +20,8 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 say "set-up: system packages and build (first run takes a few minutes)"
 bash scripts/setup.sh
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target falcon_shim falcon-ctl falcon_nccl_emu falcon_emu_run falcon_emu_job
+cmake --build --preset default -j "$(nproc)" --target falcon_shim falcon-ctl falcon-agent falcon-controller \
+  falcon_nccl_emu falcon_emu_run falcon_train_emu
 
-B=build
-work=$(mktemp -d "${TMPDIR:-/tmp}/falcon-demo-XXXXXX")
-cleanup() {
-  if ((keep)); then echo "kept segments and dumps in $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 130' INT TERM
-export FALCON_SHM_DIR=$work FALCON_KEEP_SEGMENT=1 FALCON_JOB=demo
-
-say "run: $ranks ranks x $iters iterations under the shim (falcon-emu-run --preload libfalcon_shim.so)"
-"$B/bench/emu/falcon-emu-run" -n "$ranks" --ranks-per-node 2 --preload "$PWD/$B/shim/libfalcon_shim.so" \
-  -- "$B/bench/emu/falcon-emu-job" --iters "$iters" --compute-ms "$compute_ms" --check
-
-say "what the shim recorded: one shared-memory segment per rank (falcon-ctl segments)"
-"$B/daemon/falcon-ctl" segments
-
-first=$(ls "$work" | grep '^falcon\.' | head -n 1)
-pid=${first##*.}
-say "the first 24 calls of pid $pid (falcon-ctl trace $pid -n 24)"
-"$B/daemon/falcon-ctl" trace "$pid" -n 24
-
-cat > "$work/summary.py" <<'PY'
-import json, statistics, sys
-d = json.load(sys.stdin)
-for proc in d["processes"]:
-    it = proc["iteration_seconds"]
-    periods = ", ".join(str(x["period"]) for x in proc["periods"])
-    if it:
-        print("  pid %s: period %s calls/iteration, %d iterations, median %.2f ms, %d alarm(s)"
-              % (proc["pid"], periods, len(it), statistics.median(it) * 1e3, len(proc["alarms"])))
-        for a in proc["alarms"]:
-            print("      %-9s at iteration %d (onset %d), %.2fx the healthy level"
-                  % (a["type"], a["at"], a["onset"], a["ratio"]))
-    else:
-        print("  pid %s: no period found" % proc["pid"])
-PY
-say "per rank: period and iteration times found from the recorded calls alone (falcon-ctl analyze-trace --records)"
-for seg in "$work"/falcon.*; do
-  p=${seg##*.}
-  "$B/daemon/falcon-ctl" trace "$p" --json > "$work/rank-$p.jsonl"
-  "$B/daemon/falcon-ctl" analyze-trace --records --json "$work/rank-$p.jsonl" | python3 "$work/summary.py"
-done
-say "done: the job's own mean iteration time is in its [rank R] lines above, for comparison"
-echo "(alarms here mean the job really slowed down, e.g. when other work shares this machine's cores)"
+say "run: Redis, 8 agents, the controller and the 16-rank job (Ctrl-C stops everything)"
+exec python3 scripts/demo.py --build build "$@"
