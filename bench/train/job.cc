@@ -122,7 +122,10 @@ Result<ControlDecision> JobRun::Agree(const ControlDecision& proposal) {
   if (!d.ok() || !d.value().plan || PayloadSize(*d.value().plan) == 0) return d;
   Announcement& a = *d.value().plan;
   std::vector<std::int32_t> payload(PayloadSize(a), 0);
-  if (env_.rank == 0) payload = PackPayload(*proposal.plan);
+  if (env_.rank == 0) {
+    if (!proposal.plan) return Status::Corrupt("control word: a plan rank 0 did not announce");
+    payload = PackPayload(*proposal.plan);
+  }
   if (Status s = NcclStatus(ncclBroadcast(payload.data(), payload.data(), payload.size(), ncclInt32, 0, comms_->world(),
                                           nullptr),
                             "ncclBroadcast(world plan payload)");
