@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds Falcon and runs every test: the full suite on an optimised build, then the shim and
-# emulator suites again under AddressSanitizer+UBSan and ThreadSanitizer (and the analyzer
-# under ASan+UBSan).
+# Builds Falcon and runs every test: the full suite on an optimised build, then the shim,
+# emulator, agent and controller unit suites again under AddressSanitizer+UBSan and
+# ThreadSanitizer (and the analyzer under ASan+UBSan).
 #   scripts/test.sh                 every suite but the controller end-to-end one (what CI runs)
 #   scripts/test.sh --no-sanitizers the main build and suite only
 #   scripts/test.sh --e2e           also the controller's 16-rank end-to-end suite (~20 min; needs
@@ -35,15 +35,19 @@ if ((e2e)); then
 fi
 
 if ((sanitizers)); then
-  # The sanitizer runs cover the concurrent and memory-sensitive parts (test labels): shim and
-  # emulator under ASan+UBSan and TSan, the analyzer under ASan+UBSan. Only their targets are
-  # built, which keeps CI well inside its time limit on two cores. (The agent and controller
-  # unit suites carry the label daemon-unit for a sanitizer run of their own: not yet in CI.)
+  # The sanitizer runs cover the concurrent and memory-sensitive parts (test labels in
+  # CMakePresets.json): shim, emulator and the daemons' unit suites (label daemon-unit: the
+  # agent's units and its Redis worker and subscriber threads against a real redis-server, the
+  # controller's units) under ASan+UBSan and TSan, the analyzer under ASan+UBSan. Only their
+  # targets are built, which keeps CI well inside its time limit on two cores: the daemon
+  # suites add about 9 minutes to a run of about 18 (building the daemon libraries under each
+  # sanitizer, ~520 s and ~470 s of CPU; their tests take seconds).
   shim_emu=(falcon_shim falcon_nccl_noop falcon-test-calls falcon_shim_tests falcon-test-emu-comms
             falcon_shim_emu_tests falcon_nccl_emu falcon_emu_run falcon_emu_job
             emu_collectives_test emu_comm_test fault_plan_test datatypes_test)
+  daemon_unit=(falcon_agent_tests falcon_controller_tests)
   for preset in asan tsan; do
-    targets=("${shim_emu[@]}")
+    targets=("${shim_emu[@]}" "${daemon_unit[@]}")
     [[ $preset == asan ]] && targets+=(falcon_analyzer_tests)
     step "build ($preset)"
     cmake --preset "$preset" >/dev/null
