@@ -168,9 +168,10 @@ PeriodResult FindPeriod(std::span<const std::uint32_t> symbols, const PeriodOpti
       1.0 - second.acf > options.divisor_slack * (1.0 - first.acf) + options.divisor_tolerance) {
     return first;
   }
-  // When the unfiltered sequence already repeats, filter only if the occasional block is small
-  // next to an iteration: [40 calls] x 5 + [1 logging call] is filtered; [2 per-layer calls] x 48
-  // + [2 data-parallel calls] is the iteration itself and is not.
+  // Filter only if the occasional block is small next to an iteration: [40 calls] x 5 + [1 logging
+  // call] is filtered; [2 per-layer calls] x 48 + [2 data-parallel calls] is the iteration itself
+  // and is not. Also when the unfiltered sequence does not repeat: a window that mixes two
+  // patterns with a burst of one call must not lock onto the burst's symbol alone (period 1).
   std::size_t rare_calls = symbols.size() - kept.size();
   std::size_t max_rare_count = 0;
   std::vector<std::size_t> rare_counts(rare.size(), 0);
@@ -181,7 +182,7 @@ PeriodResult FindPeriod(std::span<const std::uint32_t> symbols, const PeriodOpti
   }
   const double block = static_cast<double>(rare_calls) /
                        static_cast<double>(std::max<std::size_t>(max_rare_count, 1));
-  if (first.found && block > 0.25 * static_cast<double>(second.period)) {
+  if (block > 0.25 * static_cast<double>(second.period)) {
     return first;
   }
   second.ignored = std::move(rare);

@@ -79,6 +79,19 @@ TEST(PeriodTest, ToleratesOccasionalCalls) {
   EXPECT_TRUE(r.ignored[99]);
 }
 
+TEST(PeriodTest, DominantSymbolOfAMixedWindowIsNoPeriod) {
+  // A window that holds no clean repetition (the tail of one pattern, then a burst of one call
+  // repeated many times, then another pattern): the burst's symbol outnumbers every other call
+  // more than twice, so a "filter the occasional calls" pass would keep only it and find period
+  // 1. Those calls are no small block inside an iteration: no period, not period 1.
+  std::vector<std::uint32_t> seq = Repeat(RandomPattern(26, 8, 3), 3);
+  seq.insert(seq.end(), 400, 50);
+  const auto after = Repeat(RandomPattern(32, 8, 4), 2);
+  seq.insert(seq.end(), after.begin(), after.end());
+  const PeriodResult r = FindPeriod(seq);
+  EXPECT_FALSE(r.found && r.period == 1) << "locked onto the burst";
+}
+
 TEST(PeriodTest, NoisySequenceStillLocks) {
   testing::Rng rng(3);
   auto seq = Repeat(RandomPattern(120, 20, 11), 40);

@@ -52,6 +52,7 @@ TrackerEvent PeriodTracker::TryLock() {
   }
   period_ = r.period;
   acf_ = r.acf;
+  lock_acf_ = r.acf;
   ignored_ = std::move(r.ignored);
   if (!ignored_.empty()) {
     std::erase_if(buf_, [&](const Entry& e) { return Ignored(e.symbol); });
@@ -76,8 +77,11 @@ TrackerEvent PeriodTracker::Check() {
     }
   }
   acf_ = static_cast<double>(same) / static_cast<double>(span - period_);
-  if (acf_ >= options_.lost_rate) {
+  if (acf_ >= options_.lost_rate && acf_ >= lock_acf_ - options_.lost_drop) {
     return TrackerEvent::kNone;
+  }
+  if (TrackerEvent e = Refine(begin); e != TrackerEvent::kNone) {
+    return e;
   }
   // Lost: keep the most recent period's calls (likely the new pattern) and search again.
   lost_at_ = std::min(last_match, buf_.back().index);
@@ -87,6 +91,32 @@ TrackerEvent PeriodTracker::Check() {
   ignored_.clear();
   next_attempt_ = std::max<std::size_t>(options_.min_calls, keep * 2);
   return TrackerEvent::kLost;
+}
+
+// The checked calls (buf_[begin..]) still repeat at the locked period once the symbols that occur
+// only some iterations are set aside: keep the lock, ignore them from now on.
+TrackerEvent PeriodTracker::Refine(std::size_t begin) {
+  std::vector<std::uint32_t> symbols;
+  symbols.reserve(buf_.size() - begin);
+  for (std::size_t i = begin; i < buf_.size(); ++i) {
+    symbols.push_back(buf_[i].symbol);
+  }
+  PeriodResult r = FindPeriod(symbols, options_.period);
+  if (!r.found || r.period != period_ || r.ignored.empty()) {
+    return TrackerEvent::kNone;
+  }
+  if (ignored_.size() < r.ignored.size()) {
+    ignored_.resize(r.ignored.size(), false);
+  }
+  for (std::size_t v = 0; v < r.ignored.size(); ++v) {
+    if (r.ignored[v]) {
+      ignored_[v] = true;
+    }
+  }
+  std::erase_if(buf_, [&](const Entry& e) { return Ignored(e.symbol); });
+  acf_ = r.acf;
+  lock_acf_ = r.acf;
+  return TrackerEvent::kRefined;
 }
 
 std::size_t PeriodTracker::MemoryBytes() const {

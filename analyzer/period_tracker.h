@@ -1,7 +1,9 @@
 // Online period tracking for one rank: signatures arrive one call at a time; the tracker locks
 // onto the iteration period (FindPeriod on a bounded window), keeps checking that the sequence
 // still repeats at that lag, and re-locks when the pattern changes (a mitigation changed the
-// micro-batch count, a topology change, an elastic resize).
+// micro-batch count, a topology change, an elastic resize). A failing check runs FindPeriod on
+// the window again: the same period means occasional calls the lock had not seen (kept, with
+// them ignored); anything else means the pattern changed (lost).
 // Memory: O(window) symbols (16 bytes per call: symbol + index), bounded by options.window.
 // Thread-safety: plain value object; one owner at a time, no internal locking.
 // Must never: read clocks or do I/O; block (a detection attempt costs O(window log window)).
@@ -22,9 +24,15 @@ struct PeriodTrackerOptions {
   std::size_t min_calls = 64;    // first detection attempt
   std::size_t check_cycles = 16; // periods compared at each health check while locked
   double lost_rate = 0.8;        // match rate below which the lock is lost
+  // The lock is also lost when the match rate falls this far below the rate it locked with: a
+  // lock on a run of one repeated call (period 1, rate 1.0) must not hold on iterations whose
+  // per-layer runs of that call still match at lag 1 most of the time (20 in 22: 0.86).
+  double lost_drop = 0.1;
 };
 
-enum class TrackerEvent : std::uint8_t { kNone, kLocked, kLost };
+// kRefined: the lock holds, and calls that began to occur only some iterations (a logging call
+// first seen after the lock) are now ignored as occasional: re-read ignored().
+enum class TrackerEvent : std::uint8_t { kNone, kLocked, kLost, kRefined };
 
 class PeriodTracker {
  public:
@@ -51,6 +59,7 @@ class PeriodTracker {
   };
   TrackerEvent TryLock();
   TrackerEvent Check();
+  TrackerEvent Refine(std::size_t begin);
   [[nodiscard]] bool Ignored(std::uint32_t symbol) const;
 
   PeriodTrackerOptions options_;
@@ -59,6 +68,7 @@ class PeriodTracker {
   std::size_t since_check_ = 0;
   std::size_t period_ = 0;
   double acf_ = 0.0;
+  double lock_acf_ = 0.0;  // match rate at the time of the lock
   std::uint64_t locked_from_ = 0;
   std::uint64_t lost_at_ = 0;
   std::vector<bool> ignored_;

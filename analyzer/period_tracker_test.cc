@@ -36,6 +36,27 @@ TEST(PeriodTrackerTest, LocksHoldsAndRelocksWhenThePatternChanges) {
   EXPECT_TRUE(tracker.locked());
 }
 
+TEST(PeriodTrackerTest, ALockOnARunOfOneCallIsLostWhenIterationsResume) {
+  // A run of one repeated call locks period 1 legitimately. When iterations with runs of that
+  // same call resume (per-layer collectives: 20 alike, then two others), lag 1 still matches
+  // 19 calls in 22: the lock must not hold on that, it must give way to the real period.
+  PeriodTracker tracker;
+  std::uint64_t index = 0;
+  for (int i = 0; i < 300; ++i) (void)tracker.Push(7, index++);
+  ASSERT_TRUE(tracker.locked());
+  ASSERT_EQ(tracker.period(), 1U);
+  bool lost = false;
+  for (int it = 0; it < 200; ++it) {
+    for (int j = 0; j < 22; ++j) {
+      const std::uint32_t symbol = j < 20 ? 7 : static_cast<std::uint32_t>(j);
+      if (tracker.Push(symbol, index++) == TrackerEvent::kLost) lost = true;
+    }
+  }
+  EXPECT_TRUE(lost);
+  ASSERT_TRUE(tracker.locked());
+  EXPECT_EQ(tracker.period(), 22U);
+}
+
 TEST(PeriodTrackerTest, RandomCallsNeverLock) {
   PeriodTracker tracker;
   std::uint64_t x = 88172645463325252ULL;

@@ -42,6 +42,9 @@ void RankAnalysis::Push(const analyzer::CallRecord& call) {
       series_.Stop();
       ++pending_losses_;
       return;
+    case analyzer::TrackerEvent::kRefined:
+      ignored_ = tracker_.ignored();
+      break;
     case analyzer::TrackerEvent::kNone:
       break;
   }

@@ -142,6 +142,8 @@ ProcessResult AnalyzeProcess(std::int64_t pid, const std::vector<analyzer::CallR
       locks.push_back({static_cast<std::size_t>(tracker.locked_from()), seq.symbols.size(),
                        tracker.period(), tracker.ignored()});
       r.periods.emplace_back(tracker.period(), tracker.acf());
+    } else if (e == analyzer::TrackerEvent::kRefined && !locks.empty()) {
+      locks.back().ignored = tracker.ignored();  // offline: the whole segment ignores them
     } else if (e == analyzer::TrackerEvent::kLost && !locks.empty()) {
       locks.back().to = static_cast<std::size_t>(tracker.lost_at()) + 1;
     }
