@@ -79,6 +79,9 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
   lost_ += st.lost;
   if (!buf_.empty()) RefreshComms();
   for (const FalconRecord& r : buf_) {
+    // The benchmark executor's passes during a validation pause are not training: they would
+    // break the period lock (a burst of one call) and skew the communicator profile.
+    if ((r.flags & kFalconFlagBenchmark) != 0) continue;
     const auto comm = r.comm_slot == FALCON_NO_COMM ? comms_.end() : comms_.find(r.comm_slot);
     if (r.comm_slot != FALCON_NO_COMM && comm == comms_.end()) {
       comms_seen_ = 0;  // a communicator newer than our table: refresh on the next poll
