@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -48,6 +49,9 @@ class ControllerEndToEndTest : public ::testing::Test {
     for (int k = 0; k < kNodes; ++k) StartAgent(k);
     StartController();
   }
+
+  // Flags a derived fixture adds to the controller's command line.
+  virtual std::string ControllerExtraArgs() const { return ""; }
 
   void TearDown() override {
     if (job_ > 0) testing::WaitFor(job_, 0);
@@ -83,13 +87,14 @@ class ControllerEndToEndTest : public ::testing::Test {
     const std::string ctl = testing::BinDir("daemon") + "/falcon-controller";
     const std::string cmd = "exec '" + ctl + "' --job " + kJob + " --redis-port " + std::to_string(redis_.port()) +
                             " --view-ms 500 --heartbeat-ms 1000 --p2p-bytes 1048576 --retry-after-s 10"
-                            " --redis-backoff-max-ms 500 --log-level debug 2>>'" + dir_.path() + "/controller.log'";
+                            " --redis-backoff-max-ms 500 --log-level debug " + ControllerExtraArgs() + " 2>>'" +
+                            dir_.path() + "/controller.log'";
     controller_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
     ASSERT_GT(controller_, 0);
   }
 
   // The trainer for `seconds` of job time with `faults` (the fault plan's list), data checked.
-  void StartJob(const std::string& faults, double seconds) {
+  void StartJob(const std::string& faults, double seconds, const std::string& trainer_args = "") {
     const std::string plan = R"({"faults":[)" + faults + "]}";
     const std::string train = testing::BinDir("bench/train") + "/falcon-train-emu";
     const std::string cmd =
@@ -97,7 +102,7 @@ class ControllerEndToEndTest : public ::testing::Test {
         " --node-shm-dirs '" + shm_ + "' --lib-dir '" + testing::EmuLibDir() + "' --preload '" +
         testing::PreloadValue() + "' --fault-plan '" + plan + "' -- '" + train +
         "' --tp 2 --dp 4 --pp 2 --compute-ms 10 --grad-bytes 2097152 --check --progress-every 100 --duration-s " +
-        std::to_string(seconds) + " >'" +
+        std::to_string(seconds) + " " + trainer_args + " >'" +
         dir_.path() + "/job.log' 2>&1";
     job_start_ns_ = testing::WallClockNs();
     job_ = testing::Spawn({"/bin/sh", "-c", cmd}, {"FALCON_JOB=" + std::string(kJob), "FALCON_EMU_INTRA_GBPS=0.05",
@@ -358,6 +363,143 @@ TEST_F(ControllerEndToEndTest, HealthyJobGetsNoLocalisedIncident) {
   }
   std::printf("[ healthy  ] %.0f s: %zu detection(s) (1 manual), %zu validation(s), none named a culprit\n",
               seconds, Stage("detection").size(), Stage("localisation").size());
+}
+
+// act mode: the controller's plans reach the trainer through the shim's C API
+// (falcon-train-emu --falcon-plans) and are applied. The ski-rental overheads are set so that the
+// strategy under test is the one chosen within a few seconds of slowdown; each rank's ground-truth
+// report says which plans it applied and how long its iterations took under each.
+class ControllerEndToEndActTest : public ControllerEndToEndTest {
+ protected:
+  std::string ControllerExtraArgs() const override {
+    return "--mitigation act --micro-batches 4 --plan-sample-s 1 --spare-nodes 1 " + overheads_;
+  }
+  std::string TrainerArgs() const {
+    return "--falcon-plans --spare-nodes 1 --report '" + dir_.path() + "/train-{rank}.json'";
+  }
+  json Report(int rank) const {
+    return json::parse(ReadFile(dir_.path() + "/train-" + std::to_string(rank) + ".json"), nullptr, false);
+  }
+  // The plans a rank applied, in order.
+  static std::vector<json> Applied(const json& report) {
+    std::vector<json> out;
+    for (const json& p : report["plans"]) {
+      if (p["status"] == "applied") out.push_back(p);
+    }
+    return out;
+  }
+  // Mean duration of the rank's iterations that `pick` selects; 0 when none.
+  template <typename Pick>
+  static double MeanIteration(const json& report, Pick pick) {
+    double sum = 0;
+    int n = 0;
+    for (const json& it : report["iterations"]) {
+      if (!pick(it)) continue;
+      sum += it["duration_s"].get<double>();
+      ++n;
+    }
+    return n > 0 ? sum / n : 0.0;
+  }
+  std::vector<std::string> Decisions() {
+    std::vector<std::string> out;
+    for (const json& m : Stage("decision")) out.push_back(m.value("strategy", "?"));
+    return out;
+  }
+
+  std::string overheads_;
+};
+
+class ControllerEndToEndActS2Test : public ControllerEndToEndActTest {
+ protected:
+  void SetUp() override {
+    overheads_ = "--s2-overhead-s 2 --s3-overhead-s 600 --s4-overhead-s 6000 --recheck-s 10";
+    ControllerEndToEndActTest::SetUp();
+  }
+};
+
+// A slow GPU: S2 gives its DP replica fewer micro-batches (all 16 still done), iterations get
+// shorter while the fault lasts, and once re-checks find the GPU healthy the plan is undone.
+TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceIsUndoneAfterIt) {
+  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":35,"factor":2.5})", 105, TrainerArgs());
+  EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
+  const json slow = Report(5);
+  ASSERT_TRUE(slow.is_object()) << "no report from rank 5";
+  const int replica = slow["coords"]["dp"].get<int>();
+  const std::vector<json> plans = Applied(slow);
+  ASSERT_GE(plans.size(), 2u) << slow["plans"].dump() << "\ndecisions: " << ::testing::PrintToString(Decisions());
+  EXPECT_EQ(plans[0]["strategy"], "S2") << plans[0].dump();
+  const std::vector<int> m = plans[0]["micro_batches"].get<std::vector<int>>();
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[0] + m[1] + m[2] + m[3], 16) << "every micro-batch is still trained";
+  for (int d = 0; d < 4; ++d) {
+    if (d != replica) {
+      EXPECT_LT(m[static_cast<std::size_t>(replica)], m[static_cast<std::size_t>(d)]) << plans[0].dump();
+    }
+  }
+  EXPECT_EQ(plans.back()["strategy"], "S1") << "the re-balancing was undone: " << plans.back().dump();
+  EXPECT_EQ(plans.back()["micro_batches"], json({4, 4, 4, 4}));
+  // While the GPU was slow: iterations under the S2 plan vs before it.
+  const int s2 = plans[0]["version"].get<int>();
+  const double before = MeanIteration(slow, [](const json& it) {
+    return it["compute_factor"].get<double>() > 1.0 && it["plan_version"] == 0;
+  });
+  const double during = MeanIteration(slow, [&](const json& it) {
+    return it["compute_factor"].get<double>() > 1.0 && it["plan_version"] == s2;
+  });
+  ASSERT_GT(before, 0.0);
+  ASSERT_GT(during, 0.0) << "no slow iteration ran under the S2 plan";
+  EXPECT_LT(during, 0.85 * before) << "S2 did not shorten the slow iterations: " << during << " s vs " << before;
+  std::printf("[ act S2   ] slow GPU: %.0f ms per iteration unmitigated, %.0f ms under S2 %s\n", before * 1e3,
+              during * 1e3, plans[0]["micro_batches"].dump().c_str());
+}
+
+class ControllerEndToEndActS3Test : public ControllerEndToEndActTest {
+ protected:
+  void SetUp() override {
+    overheads_ = "--s2-overhead-s 2 --s3-overhead-s 2 --s4-overhead-s 6000 --recheck-s 600";
+    ControllerEndToEndActTest::SetUp();
+  }
+};
+
+// A slow link on DP traffic: S3 re-places ranks so that the link carries lighter traffic and the
+// iterations get shorter. A GPU that turns slow afterwards, on the new placement, is still
+// detected and named (the agents' period locks survive the re-placement and the validation).
+TEST_F(ControllerEndToEndActS3Test, SlowLinkIsRelievedByReplacementAndALaterSlowGpuIsStillNamed) {
+  StartJob(R"({"kind":"link","nodes":[1,2],"start_s":15,"factor":4},)"
+           R"({"kind":"compute","ranks":[12],"start_s":60,"factor":2.5})", 110, TrainerArgs());
+  const json later = [&] {
+    json found;
+    WaitUntil([&] {
+      for (json& m : Stage("localisation")) {
+        for (const json& g : m["detail"]["gpus"]) {
+          if (g["rank"] == 12) found = m;
+        }
+      }
+      return !found.is_null();
+    }, 200);
+    return found;
+  }();
+  EXPECT_FALSE(later.is_null()) << "the slow GPU after the re-placement was never named";
+  EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
+  const json r0 = Report(0);
+  ASSERT_TRUE(r0.is_object()) << "no report from rank 0";
+  const std::vector<json> plans = Applied(r0);
+  const auto s3 = std::find_if(plans.begin(), plans.end(), [](const json& p) { return p["strategy"] == "S3"; });
+  ASSERT_NE(s3, plans.end()) << r0["plans"].dump() << "\ndecisions: " << ::testing::PrintToString(Decisions());
+  EXPECT_FALSE((*s3)["moved_ranks"].empty()) << s3->dump();
+  // Before the GPU fault: iterations with the slow link before vs after the re-placement.
+  const int v = (*s3)["version"].get<int>();
+  const auto slow_link = [](const json& it) {
+    const double t = it["start_s"].get<double>();
+    return t > 18 && t < 58;
+  };
+  const double before = MeanIteration(r0, [&](const json& it) { return slow_link(it) && it["plan_version"] < v; });
+  const double after = MeanIteration(r0, [&](const json& it) { return slow_link(it) && it["plan_version"] == v; });
+  ASSERT_GT(before, 0.0);
+  ASSERT_GT(after, 0.0) << "the re-placement came after the link's window";
+  EXPECT_LT(after, 0.9 * before) << "S3 did not shorten the iterations: " << after << " s vs " << before;
+  std::printf("[ act S3   ] slow link: %.0f ms per iteration unmitigated, %.0f ms after moving ranks %s\n",
+              before * 1e3, after * 1e3, (*s3)["moved_ranks"].dump().c_str());
 }
 
 // The binary's own checks: --help, the sample config loads and equals the defaults, bad values
