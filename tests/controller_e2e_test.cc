@@ -47,8 +47,14 @@ class ControllerEndToEndTest : public ::testing::Test {
     ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
     shm_ = dir_.path() + "/shm";
     for (int k = 0; k < kNodes; ++k) StartAgent(k);
+    BeforeController();
     StartController();
   }
+
+  // A derived fixture's set-up of Redis before the controller connects.
+  virtual void BeforeController() {}
+  // Environment of the controller process.
+  virtual std::vector<std::string> ControllerEnv() const { return {}; }
 
   // Flags a derived fixture adds to the controller's command line.
   virtual std::string ControllerExtraArgs() const { return ""; }
@@ -89,7 +95,7 @@ class ControllerEndToEndTest : public ::testing::Test {
                             " --view-ms 500 --heartbeat-ms 1000 --p2p-bytes 1048576 --retry-after-s 10"
                             " --redis-backoff-max-ms 500 --log-level debug " + ControllerExtraArgs() + " 2>>'" +
                             dir_.path() + "/controller.log'";
-    controller_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+    controller_ = testing::Spawn({"/bin/sh", "-c", cmd}, ControllerEnv());
     ASSERT_GT(controller_, 0);
   }
 
@@ -451,6 +457,53 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
   EXPECT_LT(during, 0.85 * before) << "S2 did not shorten the slow iterations: " << during << " s vs " << before;
   std::printf("[ act S2   ] slow GPU: %.0f ms per iteration unmitigated, %.0f ms under S2 %s\n", before * 1e3,
               during * 1e3, plans[0]["micro_batches"].dump().c_str());
+}
+
+// The controller's Redis user may not write the plan hash until the test allows it: the S2
+// decision taken meanwhile fails to publish and must be taken again once it can be.
+class ControllerEndToEndActPublishTest : public ControllerEndToEndActTest {
+ protected:
+  void SetUp() override {
+    overheads_ = "--s2-overhead-s 2 --s3-overhead-s 600 --s4-overhead-s 6000 --recheck-s 600";
+    ControllerEndToEndActTest::SetUp();
+  }
+  std::string ControllerExtraArgs() const override {
+    return ControllerEndToEndActTest::ControllerExtraArgs() + " --redis-user falcon-ctl";
+  }
+  std::vector<std::string> ControllerEnv() const override { return {"FALCON_CONTROLLER_REDIS_PASSWORD=ctl-pw"}; }
+  void BeforeController() override {
+    // Every key of the job but the plan hash (read-only): "falcon:ctl-e2e:" then anything that does
+    // not start with 'p', or "pr" (profiles).
+    const std::string job = std::string("falcon:") + kJob + ":";
+    SetUser({"on", ">ctl-pw", "resetkeys", "~" + job + "[a-oq-z]*", "~" + job + "pr*", "%R~" + job + "plan",
+             "resetchannels", "&*", "+@all"});
+  }
+  void SetUser(const std::vector<std::string>& rules) {
+    auto c = Connect();
+    ASSERT_TRUE(c != nullptr);
+    std::vector<std::string> argv = {"ACL", "SETUSER", "falcon-ctl"};
+    argv.insert(argv.end(), rules.begin(), rules.end());
+    Result<redis::RedisReply> r = c->Command(argv);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+};
+
+TEST_F(ControllerEndToEndActPublishTest, ADecisionThatCouldNotBePublishedIsTakenAgainOnceItCan) {
+  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"factor":2.5})", 90, TrainerArgs());
+  const std::string log = dir_.path() + "/controller.log";
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log).find("event=decision_deferred") != std::string::npos; }, 150))
+      << "the S2 decision was never attempted";
+  EXPECT_TRUE(Stage("decision").size() == 1u) << "only the S1 'ignore for now' is recorded while the plan is refused";
+  SetUser({"allkeys"});
+  EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
+  const json slow = Report(5);
+  ASSERT_TRUE(slow.is_object()) << "no report from rank 5";
+  const std::vector<json> plans = Applied(slow);
+  ASSERT_FALSE(plans.empty()) << "the deferred S2 never reached the job; decisions: "
+                              << ::testing::PrintToString(Decisions());
+  EXPECT_EQ(plans[0]["strategy"], "S2") << plans[0].dump();
+  const std::vector<std::string> decided = Decisions();
+  EXPECT_EQ(std::count(decided.begin(), decided.end(), "S2"), 1) << "published once: " << ::testing::PrintToString(decided);
 }
 
 class ControllerEndToEndActS3Test : public ControllerEndToEndActTest {

@@ -299,6 +299,8 @@ Status Controller::FeedMitigation(std::int64_t now_ns) {
   if (!cur || *cur <= 0 || inc.healthy_s <= 0) return Status::Ok();
   // The first sample covers the time since detection: the slowdown before the localisation
   // counts towards the switch budget too.
+  const json before = inc.mitigation;
+  const std::int64_t fed_before = inc.last_feed_ns;
   const std::int64_t from = inc.last_feed_ns > 0 ? inc.last_feed_ns : inc.opened_ns;
   const double dt = static_cast<double>(std::max<std::int64_t>(0, now_ns - from)) / kNsPerS;
   const auto iterations = std::max<std::int64_t>(1, std::llround(dt / *cur));
@@ -311,7 +313,21 @@ Status Controller::FeedMitigation(std::int64_t now_ns) {
     log_->warn("event=mitigation_sample_refused incident={} error=\"{}\"", inc.id, d.status().message());
     return Status::Ok();
   }
-  return d.value() ? PublishDecision(*d.value(), now_ns) : Status::Ok();
+  if (!d.value()) return Status::Ok();
+  if (Status s = PublishDecision(*d.value(), now_ns); !s.ok()) {
+    // Not published: the planner takes this step again on the next sample.
+    Unpublished(before, s);
+    inc.last_feed_ns = fed_before;
+    return s;
+  }
+  return Status::Ok();
+}
+
+void Controller::Unpublished(const json& mitigation_before, const Status& why) {
+  log_->warn("event=decision_deferred incident={} error=\"{}\"", state_.incident->id, why.message());
+  state_.incident->mitigation = mitigation_before;
+  mitigator_.reset();  // rebuilt from the state before the decision
+  dirty_ = true;
 }
 
 Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
@@ -583,10 +599,14 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
     // one starts from the new findings.
     if (!inc.localised) return Resolve(now_ns, "the culprits validate healthy again");
     if (Culprits(inc.findings) != Culprits(was_findings)) {
+      const json before = inc.mitigation;
       Result<Decision> d = m->End(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS);
       if (d.ok()) {
         d.value().summary = "the culprits changed: " + d.value().summary;
-        if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) return s;
+        if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) {
+          Unpublished(before, s);
+          return s;
+        }
       }
       mitigator_.reset();
       inc.mitigation = json();
@@ -603,10 +623,14 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
 
 Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
   if (Mitigator* m = CurrentMitigator(); m != nullptr && !m->stopped()) {
+    const json before = state_.incident->mitigation;
     Result<Decision> d = m->End(static_cast<double>(now_ns - state_.incident->opened_ns) / kNsPerS);
     state_.incident->mitigation = m->ToJson();
     if (d.ok()) {
-      if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) return s;
+      if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) {
+        Unpublished(before, s);  // the stop (and S2's undo) is decided again on the next try
+        return s;
+      }
     } else {
       log_->warn("event=mitigation_end_failed error=\"{}\"", d.status().message());
     }

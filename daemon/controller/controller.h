@@ -92,6 +92,9 @@ class Controller {
   Status StartMitigation(std::int64_t now_ns);
   Status FeedMitigation(std::int64_t now_ns);
   Status PublishDecision(const Decision& d, std::int64_t now_ns);
+  // A decision that could not be published: the mitigation goes back to `mitigation_before`,
+  // so the planner decides it again (and it is published) once Redis answers.
+  void Unpublished(const nlohmann::json& mitigation_before, const Status& why);
   Mitigator* CurrentMitigator();
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
