@@ -90,6 +90,9 @@ class AgentPlanTest : public ::testing::Test {
     ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
     c_ = std::make_unique<redis::RedisConnection>(redis_.ClientOptions());
     ASSERT_TRUE(c_->Connect().ok());
+    StartAgent();
+  }
+  void StartAgent() {
     const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
     const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
                             "' --redis-port " + std::to_string(redis_.port()) + " --metrics-port " +
@@ -98,6 +101,17 @@ class AgentPlanTest : public ::testing::Test {
                             " --command-block-ms 100 --log-level debug 2>'" + agent_log_ + "'";
     agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
     ASSERT_GT(agent_, 0);
+  }
+  // SIGTERM, a clean exit, and a new agent process in its place.
+  void RestartAgent() {
+    // Up (its loop runs, so SIGTERM is handled) once it has reported its command connection.
+    ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=redis_up role=commands") != std::string::npos; },
+                          20))
+        << ReadFile(agent_log_);
+    ASSERT_EQ(::kill(agent_, SIGTERM), 0);
+    ASSERT_EQ(testing::WaitFor(agent_, 15), 0) << ReadFile(agent_log_);
+    agent_ = -1;
+    StartAgent();
   }
   void TearDown() override {
     Touch(dir_.path() + "/stop");  // lets the programs end by themselves
@@ -285,6 +299,50 @@ TEST_F(AgentPlanTest, PlansReachFrameworksAcksComeBackAndLateRanksCatchUp) {
   EXPECT_EQ(late_out_.exit_code, 0) << late_out_.out << late_out_.err;
   EXPECT_EQ(late_out_.out.find("FAIL"), std::string::npos) << late_out_.out;
   EXPECT_NE(late_out_.out.find("mb version 3 count 2 [1,7]"), std::string::npos) << late_out_.out;
+}
+
+// The plan hash is the plan in force: an agent that starts (or restarts) reads it once and, in
+// act mode, hands it to the ranks that start after it, as if the controller had just sent it.
+// An advised plan is not the agent's to apply; a malformed one is dropped with a log line.
+TEST_F(AgentPlanTest, ARestartedAgentHandsThePlanInForceToRanksThatStartLater) {
+  const std::string key = Key(protocol::kPlanKey);
+  auto set_plan = [&](const std::string& msg) {
+    ASSERT_TRUE(redis::HSet(*c_, key, {{"msg", msg}}).ok());
+  };
+  auto plan = [&](const std::string& mode, int version) {
+    return json{{"v", 1}, {"type", "mitigation_plan"}, {"job", kJob}, {"at_ns", WallClockNs()}, {"mode", mode},
+                {"plan_version", version}, {"strategy", "S2"}, {"micro_batches", {2, 6}}}
+        .dump();
+  };
+  set_plan("{\"v\": 1, \"type\": \"mitigation_plan\"");
+  RestartAgent();
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_dropped") != std::string::npos; },
+                        20))
+      << ReadFile(agent_log_);
+  set_plan(plan("advise", 4));
+  RestartAgent();
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_skipped") != std::string::npos; },
+                        20))
+      << ReadFile(agent_log_);
+  set_plan(plan("act", 4));
+  RestartAgent();
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force version=4") != std::string::npos; },
+                        20))
+      << ReadFile(agent_log_);
+
+  std::vector<std::string> env = ProgEnv();
+  env.push_back("RANK=7");
+  env.push_back("LD_LIBRARY_PATH=" + testing::NoopLibDir());
+  env.push_back("LD_PRELOAD=" + testing::PreloadValue());
+  const std::vector<std::string> argv{testing::BinDir("tests") + "/falcon-test-plan", "api", "--want", "4", "--late",
+                                      "1", "--stop-file", dir_.path() + "/stop", "--timeout", "60"};
+  late_ = std::thread([this, argv, env] { late_out_ = testing::Run(argv, env, 90); });
+  ASSERT_TRUE(WaitUntil([&] { return RegisteredWith(7, "plan_applied", 4); }, 30))
+      << Registration(7).dump() << "\n" << ReadFile(agent_log_);
+  Touch(dir_.path() + "/stop");
+  late_.join();
+  EXPECT_EQ(late_out_.exit_code, 0) << late_out_.out << late_out_.err;
+  EXPECT_NE(late_out_.out.find("mb version 4 count 2 [2,6]"), std::string::npos) << late_out_.out;
 }
 
 }  // namespace

@@ -103,11 +103,13 @@ Status Agent::Start() {
   ro.stream = Key(protocol::kCommandsStream);
   ro.consumer = env_.host;
   ro.block_ms = static_cast<int>(config_.command_block_ms);
+  ro.plan_key = Key(protocol::kPlanKey);
   reader_ = std::make_unique<CommandReader>(
       io_, redis, ro,
       [this](const std::string& id, const Result<protocol::Command>& c,
              const std::optional<protocol::CommandIdentity>& identity) { OnCommand(id, c, identity); },
       log_);
+  reader_->OnPlanInForce([this](const std::string& text) { OnPlanInForce(text); });
   if (config_.metrics_port > 0) {
     http_ = std::make_unique<HttpServer>(
         io_, [this] { return RenderPrometheus(Snapshot()); },

@@ -91,6 +91,7 @@ class Agent {
   void OnCommand(const std::string& entry_id, const Result<protocol::Command>& command,
                  const std::optional<protocol::CommandIdentity>& identity);
   void TrackPlans();  // late plan delivery and prompt re-registration on framework acks
+  void OnPlanInForce(const std::string& text);
   void OnAck(const std::string& entry_id, const protocol::Command& c, const CommandOutcome& o);
   protocol::ReportHeader Header() const;
   std::string Key(const protocol::KeySpec& spec, std::int64_t rank = -1) const;

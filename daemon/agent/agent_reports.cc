@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "daemon/agent/agent.h"
+#include "daemon/agent/plan_delivery.h"
 #include "daemon/protocol/keys.h"
 
 namespace falcon::agent {
@@ -147,6 +148,23 @@ void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Comman
   log_->info("event=command entry={} id={} type={}", entry_id, c.id, c.type);
   const std::vector<RankFollower*> followers = Followers();
   executor_->Execute(entry_id, c, followers, RealNowNs(), Clock::now());
+}
+
+void Agent::OnPlanInForce(const std::string& text) {
+  Result<protocol::Command> c = PlanInForceCommand(text);
+  if (!c.ok()) {
+    if (c.status().code() == Status::Code::kNotFound) {
+      log_->info("event=plan_in_force_skipped reason=\"{}\"", c.status().message());
+    } else {
+      ++invalid_messages_;
+      log_->warn("event=plan_in_force_dropped reason=\"{}\"", c.status().message());
+    }
+    return;
+  }
+  const std::vector<RankFollower*> followers = Followers();
+  const CommandOutcome o = executor_->AdoptPlanInForce(c.value(), followers, RealNowNs());
+  log_->info("event=plan_in_force version={} strategy={} status={} detail=\"{}\"", c.value().plan_version,
+             c.value().strategy, o.status, o.detail);
 }
 
 void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const CommandOutcome& o) {

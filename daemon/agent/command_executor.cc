@@ -102,6 +102,12 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
   }
 }
 
+CommandOutcome CommandExecutor::AdoptPlanInForce(const protocol::Command& plan,
+                                                 std::span<RankFollower* const> followers,
+                                                 std::int64_t now_real_ns) {
+  return plans_->Execute(plan, followers, now_real_ns);
+}
+
 void CommandExecutor::Check(Clock::time_point now) {
   trap_->Check(std::chrono::duration_cast<std::chrono::nanoseconds>(
                    std::chrono::system_clock::now().time_since_epoch())

@@ -3,6 +3,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include <map>
+
 #include "daemon/redis/redis_commands.h"
 #include "falcon/protocol.h"
 
@@ -67,6 +69,13 @@ void CommandReader::Read() {
                                pending ? kPendingCount : o.count, pending ? -1 : o.block_ms);
       if (!read.ok()) r.status = read.status();
     }
+    if (r.status.ok() && pending && !o.plan_key.empty()) {
+      Result<std::map<std::string, std::string>> plan = redis::HGetAll(c, o.plan_key);
+      if (plan.ok()) {
+        auto it = plan.value().find(std::string(protocol::kPayloadField));
+        if (it != plan.value().end()) r.plan_text = it->second;
+      }
+    }
     if (r.status.ok()) {
       for (const redis::StreamRead& s : read.value()) {
         for (const redis::StreamEntry& e : s.entries) {
@@ -104,6 +113,7 @@ void CommandReader::OnRead(ReadResult r) {
     return;
   }
   if (r.pending_phase) pending_phase_ = false;
+  if (r.plan_text && on_plan_) on_plan_(*r.plan_text);
   for (const Entry& e : r.entries) on_command_(e.id, e.command, e.identity);
   Read();
 }

@@ -7,6 +7,8 @@
 // the entry still names a valid id and a known command type, that identity (so that the loop
 // can ack it "rejected").
 // The loop must call Done(entry_id) once it has handled an entry (after queuing the ack).
+// With options.plan_key, the first successful read also returns the plan in force (one HGETALL;
+// its failure only costs the recovery, never the commands).
 // Thread-safety: public methods on the loop thread only; the worker runs job closures only.
 // Invariants: at most one read job in flight; after a failed read the next waits retry_ms.
 // Must never: block the loop; execute anything itself.
@@ -33,6 +35,9 @@ struct CommandReaderOptions {
   int block_ms = 1000;
   int retry_ms = 250;
   std::size_t count = 32;  // entries per read
+  // falcon:{job}:plan, read once with the first read (""= not read): the plan in force when the
+  // agent starts, for processes that start after it (an agent restart forgets the plans it held).
+  std::string plan_key;
 };
 
 class CommandReader {
@@ -45,6 +50,9 @@ class CommandReader {
                 CommandReaderOptions options, OnCommand on_command,
                 std::shared_ptr<spdlog::logger> log);
   ~CommandReader();
+
+  // Receives the plan hash's message text (unvalidated) when the first read found one.
+  void OnPlanInForce(std::function<void(const std::string& text)> fn) { on_plan_ = std::move(fn); }
 
   void Start();
   void Stop();
@@ -61,6 +69,7 @@ class CommandReader {
     Status status;
     std::vector<Entry> entries;
     bool pending_phase = false;
+    std::optional<std::string> plan_text;  // the plan hash's "msg", read with the pending phase
   };
   void Read();
   void OnRead(ReadResult r);
@@ -68,6 +77,7 @@ class CommandReader {
   boost::asio::io_context& io_;
   CommandReaderOptions options_;
   OnCommand on_command_;
+  std::function<void(const std::string&)> on_plan_;
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // before worker_ (captured)
   redis::RedisWorker worker_;

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
+#include "daemon/protocol/validate.h"
 #include "falcon/falcon.h"
 
 namespace falcon::agent {
@@ -33,6 +36,25 @@ std::uint32_t StrategyCode(const std::string& strategy) {
   if (strategy == "S3") return kFalconStrategyTopology;
   if (strategy == "S4") return kFalconStrategyRestart;
   return kFalconStrategyNone;
+}
+
+Result<protocol::Command> PlanInForceCommand(const std::string& text) {
+  Result<nlohmann::json> m = protocol::ParseMessage(text, protocol::kMitigationPlan);
+  if (!m.ok()) return Status::InvalidArgument("plan in force: " + m.status().message());
+  const nlohmann::json& j = m.value();
+  if (j["mode"] != "act") return Status::NotFound("plan in force is advice (mode " + j["mode"].get<std::string>() + ")");
+  protocol::Command c;
+  c.type = protocol::kPlanCommand.type;
+  c.plan_version = j["plan_version"].get<std::int32_t>();
+  c.id = "plan-in-force-v" + std::to_string(c.plan_version);
+  c.issued_ns = j["at_ns"].get<std::int64_t>();
+  c.strategy = j["strategy"].get<std::string>();
+  for (const auto& [key, into] : {std::pair{"micro_batches", &c.micro_batches}, std::pair{"placement", &c.placement},
+                                  std::pair{"exclude_nodes", &c.exclude_nodes}}) {
+    if (j.contains(key)) *into = j[key].get<std::vector<std::int32_t>>();
+  }
+  c.restart = j.value("restart", false);
+  return c;
 }
 
 bool PlanDelivery::Held::Targets(std::int64_t rank) const {

@@ -30,6 +30,11 @@ namespace falcon::agent {
 // FalconStrategy value of "S1".."S4" (0 for anything else; the schema admits only those).
 std::uint32_t StrategyCode(const std::string& strategy);
 
+// The plan command (every rank) that carries the plan in force of `text`, the plan hash's
+// mitigation_plan message: InvalidArgument when it is malformed, NotFound when its mode is not
+// act (an advised plan is the operator's to apply, never the agent's).
+Result<protocol::Command> PlanInForceCommand(const std::string& text);
+
 class PlanDelivery {
  public:
   static constexpr std::size_t kHeldPlans = 8;
