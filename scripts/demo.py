@@ -263,6 +263,11 @@ class Demo:
             "fault_plan": plan, "phases": [{"name": n, "start_s": lo, "end_s": hi} for n, lo, hi in phases],
             "throughput_iters_per_min": throughput, "fault_windows_iters_per_min": faulted,
             "incidents": self.entries, "plan": plan_doc.get("plan"), "decisions": plan_doc.get("decisions", []),
+            # Rank 0's iterations [start_s, duration_s, plan_version] and the plans it applied, for
+            # throughput under a plan (bench/mitigation_e2e.py).
+            "rank0_iterations": [[it["start_s"], it["duration_s"], it["plan_version"]] for it in iters],
+            "rank0_plans": [{"version": p["version"], "strategy": p["strategy"], "status": p["status"],
+                             "at_s": p["at_s"]} for p in (reports[0].get("plans", []) if reports else [])],
             "ranks": [{"rank": r.get("rank"), "status": r.get("status"), "summary": r.get("summary"),
                        "plans_applied": r.get("plans_applied", r.get("plan_changes", []))} for r in reports],
         }
