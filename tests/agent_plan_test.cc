@@ -85,7 +85,6 @@ class AgentPlanTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
     metrics_port_ = testing::FreeLoopbackPort();
-    agent_log_ = dir_.path() + "/agent.log";
     shm_ = dir_.path() + "/shm";
     ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
     c_ = std::make_unique<redis::RedisConnection>(redis_.ClientOptions());
@@ -93,6 +92,8 @@ class AgentPlanTest : public ::testing::Test {
     StartAgent();
   }
   void StartAgent() {
+    // A log file per agent process: a restarted agent's waits never see its predecessor's lines.
+    agent_log_ = dir_.path() + "/agent" + std::to_string(++agents_started_) + ".log";
     const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
     const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
                             "' --redis-port " + std::to_string(redis_.port()) + " --metrics-port " +
@@ -193,6 +194,7 @@ class AgentPlanTest : public ::testing::Test {
   std::thread job_, late_;
   testing::ProcessResult job_out_, late_out_;
   int commands_ = 0;
+  int agents_started_ = 0;
 };
 
 TEST_F(AgentPlanTest, PlansReachFrameworksAcksComeBackAndLateRanksCatchUp) {
@@ -315,6 +317,13 @@ TEST_F(AgentPlanTest, ARestartedAgentHandsThePlanInForceToRanksThatStartLater) {
         .dump();
   };
   set_plan("{\"v\": 1, \"type\": \"mitigation_plan\"");
+  RestartAgent();
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_dropped") != std::string::npos; },
+                        20))
+      << ReadFile(agent_log_);
+  json out_of_range = json::parse(plan("act", 4));
+  out_of_range["micro_batches"] = {2, -6};
+  set_plan(out_of_range.dump());
   RestartAgent();
   ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_dropped") != std::string::npos; },
                         20))

@@ -54,7 +54,11 @@ Result<protocol::Command> PlanInForceCommand(const std::string& text) {
     if (j.contains(key)) *into = j[key].get<std::vector<std::int32_t>>();
   }
   c.restart = j.value("restart", false);
-  return c;
+  // Through the command parser: the plan in force meets exactly the checks a plan command does
+  // (element ranges included).
+  Result<protocol::Command> checked = protocol::ParseCommand(protocol::ToJson(c).dump());
+  if (!checked.ok()) return Status::InvalidArgument("plan in force: " + checked.status().message());
+  return checked;
 }
 
 bool PlanDelivery::Held::Targets(std::int64_t rank) const {
