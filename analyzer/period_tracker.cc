@@ -32,13 +32,17 @@ TrackerEvent PeriodTracker::Push(std::uint32_t symbol, std::uint64_t index) {
   return TrackerEvent::kNone;
 }
 
-TrackerEvent PeriodTracker::TryLock() {
+std::vector<std::uint32_t> PeriodTracker::Symbols(std::size_t begin) const {
   std::vector<std::uint32_t> symbols;
-  symbols.reserve(buf_.size());
-  for (const Entry& e : buf_) {
-    symbols.push_back(e.symbol);
+  symbols.reserve(buf_.size() - begin);
+  for (std::size_t i = begin; i < buf_.size(); ++i) {
+    symbols.push_back(buf_[i].symbol);
   }
-  PeriodResult r = FindPeriod(symbols, options_.period);
+  return symbols;
+}
+
+TrackerEvent PeriodTracker::TryLock() {
+  PeriodResult r = FindPeriod(Symbols(0), options_.period);
   // Next attempt when the buffer has doubled, or a quarter window later once it is full.
   next_attempt_ = buf_.size() < options_.window
                       ? std::min(buf_.size() * 2, options_.window)
@@ -96,12 +100,7 @@ TrackerEvent PeriodTracker::Check() {
 // The checked calls (buf_[begin..]) still repeat at the locked period once the symbols that occur
 // only some iterations are set aside: keep the lock, ignore them from now on.
 TrackerEvent PeriodTracker::Refine(std::size_t begin) {
-  std::vector<std::uint32_t> symbols;
-  symbols.reserve(buf_.size() - begin);
-  for (std::size_t i = begin; i < buf_.size(); ++i) {
-    symbols.push_back(buf_[i].symbol);
-  }
-  PeriodResult r = FindPeriod(symbols, options_.period);
+  PeriodResult r = FindPeriod(Symbols(begin), options_.period);
   if (!r.found || r.period != period_ || r.ignored.empty()) {
     return TrackerEvent::kNone;
   }

@@ -57,6 +57,8 @@ class PeriodTracker {
     std::uint32_t symbol;
     std::uint64_t index;
   };
+  // The buffered symbols from buf_[begin] on.
+  [[nodiscard]] std::vector<std::uint32_t> Symbols(std::size_t begin) const;
   TrackerEvent TryLock();
   TrackerEvent Check();
   TrackerEvent Refine(std::size_t begin);

@@ -18,10 +18,8 @@ done
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "set-up: system packages and build (first run takes a few minutes)"
-bash scripts/setup.sh
-cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target falcon_shim falcon-ctl falcon-agent falcon-controller \
-  falcon_nccl_emu falcon_emu_run falcon_train_emu
+bash scripts/build.sh falcon_shim falcon-ctl falcon-agent falcon-controller falcon_nccl_emu falcon_emu_run \
+  falcon_train_emu
 
 say "run: Redis, 8 agents, the controller and the 16-rank job (Ctrl-C stops everything)"
 exec python3 scripts/demo.py --build build "$@"

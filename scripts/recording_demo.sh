@@ -22,9 +22,7 @@ done
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "set-up: system packages and build (first run takes a few minutes)"
-bash scripts/setup.sh
-cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target falcon_shim falcon-ctl falcon_nccl_emu falcon_emu_run falcon_emu_job
+bash scripts/build.sh falcon_shim falcon-ctl falcon_nccl_emu falcon_emu_run falcon_emu_job
 
 B=build
 work=$(mktemp -d "${TMPDIR:-/tmp}/falcon-demo-XXXXXX")

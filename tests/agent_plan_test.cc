@@ -106,9 +106,7 @@ class AgentPlanTest : public ::testing::Test {
   // SIGTERM, a clean exit, and a new agent process in its place.
   void RestartAgent() {
     // Up (its loop runs, so SIGTERM is handled) once it has reported its command connection.
-    ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=redis_up role=commands") != std::string::npos; },
-                          20))
-        << ReadFile(agent_log_);
+    ASSERT_TRUE(AgentLogged("event=redis_up role=commands")) << ReadFile(agent_log_);
     ASSERT_EQ(::kill(agent_, SIGTERM), 0);
     ASSERT_EQ(testing::WaitFor(agent_, 15), 0) << ReadFile(agent_log_);
     agent_ = -1;
@@ -136,6 +134,24 @@ class AgentPlanTest : public ::testing::Test {
                                   "train", "--reject-status", "5", "--stop-file", dir_.path() + "/stop",
                                   "--timeout", "90"};
     job_ = std::thread([this, argv] { job_out_ = testing::Run(argv, ProgEnv(), 120); });
+  }
+
+  // A process started after the plans, as rank 7 with the shim over the no-op NCCL: it waits for
+  // plan `want` through falcon.h (falcon-test-plan api --late); its output in late_out_.
+  void StartLateRank7(int want) {
+    std::vector<std::string> env = ProgEnv();
+    env.push_back("RANK=7");
+    env.push_back("LD_LIBRARY_PATH=" + testing::NoopLibDir());
+    env.push_back("LD_PRELOAD=" + testing::PreloadValue());
+    const std::vector<std::string> argv{testing::BinDir("tests") + "/falcon-test-plan", "api", "--want",
+                                        std::to_string(want), "--late", "1", "--stop-file", dir_.path() + "/stop",
+                                        "--timeout", "60"};
+    late_ = std::thread([this, argv, env] { late_out_ = testing::Run(argv, env, 90); });
+  }
+
+  // True once the current agent's log holds `text` (within timeout_s).
+  bool AgentLogged(const std::string& text, double timeout_s = 20) {
+    return WaitUntil([&] { return ReadFile(agent_log_).find(text) != std::string::npos; }, timeout_s);
   }
 
   // The registration of `rank` (validated), or null.
@@ -276,13 +292,7 @@ TEST_F(AgentPlanTest, PlansReachFrameworksAcksComeBackAndLateRanksCatchUp) {
   EXPECT_EQ(ack["status"], "ok") << ack.dump();
   EXPECT_TRUE(ack["ranks"].empty());
   EXPECT_NE(ack["detail"].get<std::string>().find("held"), std::string::npos) << ack.dump();
-  std::vector<std::string> env = ProgEnv();
-  env.push_back("RANK=7");
-  env.push_back("LD_LIBRARY_PATH=" + testing::NoopLibDir());
-  env.push_back("LD_PRELOAD=" + testing::PreloadValue());
-  const std::vector<std::string> argv{testing::BinDir("tests") + "/falcon-test-plan", "api", "--want", "3", "--late",
-                                      "1", "--stop-file", dir_.path() + "/stop", "--timeout", "60"};
-  late_ = std::thread([this, argv, env] { late_out_ = testing::Run(argv, env, 90); });
+  StartLateRank7(3);
   ASSERT_TRUE(WaitUntil([&] { return RegisteredWith(7, "plan_applied", 3); }, 30))
       << Registration(7).dump() << "\n" << ReadFile(agent_log_);
   EXPECT_EQ(Registration(7).value("plan_delivered", 0), 3);
@@ -318,34 +328,20 @@ TEST_F(AgentPlanTest, ARestartedAgentHandsThePlanInForceToRanksThatStartLater) {
   };
   set_plan("{\"v\": 1, \"type\": \"mitigation_plan\"");
   RestartAgent();
-  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_dropped") != std::string::npos; },
-                        20))
-      << ReadFile(agent_log_);
+  ASSERT_TRUE(AgentLogged("event=plan_in_force_dropped")) << ReadFile(agent_log_);
   json out_of_range = json::parse(plan("act", 4));
   out_of_range["micro_batches"] = {2, -6};
   set_plan(out_of_range.dump());
   RestartAgent();
-  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_dropped") != std::string::npos; },
-                        20))
-      << ReadFile(agent_log_);
+  ASSERT_TRUE(AgentLogged("event=plan_in_force_dropped")) << ReadFile(agent_log_);
   set_plan(plan("advise", 4));
   RestartAgent();
-  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force_skipped") != std::string::npos; },
-                        20))
-      << ReadFile(agent_log_);
+  ASSERT_TRUE(AgentLogged("event=plan_in_force_skipped")) << ReadFile(agent_log_);
   set_plan(plan("act", 4));
   RestartAgent();
-  ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=plan_in_force version=4") != std::string::npos; },
-                        20))
-      << ReadFile(agent_log_);
+  ASSERT_TRUE(AgentLogged("event=plan_in_force version=4")) << ReadFile(agent_log_);
 
-  std::vector<std::string> env = ProgEnv();
-  env.push_back("RANK=7");
-  env.push_back("LD_LIBRARY_PATH=" + testing::NoopLibDir());
-  env.push_back("LD_PRELOAD=" + testing::PreloadValue());
-  const std::vector<std::string> argv{testing::BinDir("tests") + "/falcon-test-plan", "api", "--want", "4", "--late",
-                                      "1", "--stop-file", dir_.path() + "/stop", "--timeout", "60"};
-  late_ = std::thread([this, argv, env] { late_out_ = testing::Run(argv, env, 90); });
+  StartLateRank7(4);
   ASSERT_TRUE(WaitUntil([&] { return RegisteredWith(7, "plan_applied", 4); }, 30))
       << Registration(7).dump() << "\n" << ReadFile(agent_log_);
   Touch(dir_.path() + "/stop");

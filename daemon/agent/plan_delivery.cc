@@ -49,11 +49,7 @@ Result<protocol::Command> PlanInForceCommand(const std::string& text) {
   c.id = "plan-in-force-v" + std::to_string(c.plan_version);
   c.issued_ns = j["at_ns"].get<std::int64_t>();
   c.strategy = j["strategy"].get<std::string>();
-  for (const auto& [key, into] : {std::pair{"micro_batches", &c.micro_batches}, std::pair{"placement", &c.placement},
-                                  std::pair{"exclude_nodes", &c.exclude_nodes}}) {
-    if (j.contains(key)) *into = j[key].get<std::vector<std::int32_t>>();
-  }
-  c.restart = j.value("restart", false);
+  protocol::CopyPlanFields(j, &c);
   // Through the command parser: the plan in force meets exactly the checks a plan command does
   // (element ranges included).
   Result<protocol::Command> checked = protocol::ParseCommand(protocol::ToJson(c).dump());

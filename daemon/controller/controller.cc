@@ -370,11 +370,7 @@ Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
         c.issued_ns = now_ns;
         c.plan_version = state_.plan_version;
         c.strategy = d.strategy;
-        for (const auto& [key, into] : {std::pair{"micro_batches", &c.micro_batches}, std::pair{"placement", &c.placement},
-                                        std::pair{"exclude_nodes", &c.exclude_nodes}}) {
-          if (plan.contains(key)) *into = plan[key].get<std::vector<std::int32_t>>();
-        }
-        c.restart = plan.value("restart", false);
+        protocol::CopyPlanFields(plan, &c);
         out.push_back({host, std::move(c)});
       }
       if (Status s = Send(out); !s.ok()) return s;

@@ -1,6 +1,8 @@
 // Protocol messages to and from JSON. See messages.h for the contract.
 #include "daemon/protocol/messages.h"
 
+#include <utility>
+
 #include <cstdio>
 
 #include "daemon/protocol/validate.h"
@@ -131,6 +133,14 @@ json ToJson(const CommProfileReport& m) {
   }
   j["comms"] = std::move(comms);
   return j;
+}
+
+void CopyPlanFields(const json& plan, Command* c) {
+  for (const auto& [key, into] : {std::pair{"micro_batches", &c->micro_batches}, std::pair{"placement", &c->placement},
+                                  std::pair{"exclude_nodes", &c->exclude_nodes}}) {
+    if (plan.contains(key)) *into = plan[key].get<std::vector<std::int32_t>>();
+  }
+  c->restart = plan.value("restart", false);
 }
 
 json ToJson(const Command& m) {
