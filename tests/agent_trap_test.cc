@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -71,11 +72,12 @@ class AgentTrapTest : public ::testing::Test {
 
   // The agent and the job; returns once the agent follows all 4 ranks (their keys exist) and
   // the test has every rank's segment, ordered by world rank.
-  void Start(int iters) {
+  void Start(int iters, int poll_ms = 20, int flush_ms = 100) {
     const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
     const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
                             "' --redis-port " + std::to_string(redis_.port()) +
-                            " --metrics-port 0 --poll-ms 20 --flush-ms 100 --heartbeat-ms 300"
+                            " --metrics-port 0 --poll-ms " + std::to_string(poll_ms) + " --flush-ms " +
+                            std::to_string(flush_ms) + " --heartbeat-ms 300"
                             " --command-block-ms 100 --trap-wait-ms 20000 --log-level debug 2>'" +
                             agent_log_ + "'";
     agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
@@ -216,6 +218,26 @@ TEST_F(AgentTrapTest, PauseValidateResumeThroughRedisLosesNoTrainingData) {
   // lock it had before the pause.
   const std::string log = ReadFile(agent_log_);
   EXPECT_EQ(log.find("event=period_lost"), std::string::npos) << log;
+}
+
+// A validation is a chain of command round trips with the job stopped: the agent answers each as
+// soon as the shims have, not at its next tick (poll_ms) or report flush (flush_ms).
+TEST_F(AgentTrapTest, CommandsAreAnsweredWithoutWaitingForTheTickOrTheFlush) {
+  constexpr int kPollMs = 4000, kFlushMs = 8000;
+  Start(/*iters=*/100000, kPollMs, kFlushMs);
+  const json paused = Send(Pause(WorldCalls() + 300, 60), 30);
+  ASSERT_EQ(paused["status"], "ok") << paused.dump();
+  protocol::Command gemm = NewCommand("validate");
+  gemm.task = "gemm";
+  gemm.size = 32;
+  gemm.repeats = 1;
+  for (const protocol::Command& c : {gemm, NewCommand("resume")}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const json ack = Send(c, 30);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(ack["status"], "ok") << ack.dump();
+    EXPECT_LT(s, kPollMs / 2000.0) << c.type << " was answered at a tick or a flush, not when done";
+  }
 }
 
 TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {

@@ -62,6 +62,7 @@ Agent::Agent(boost::asio::io_context& io, const AgentConfig& config, const Agent
       env_(env),
       log_(std::move(log)),
       timer_(io),
+      command_timer_(io),
       follower_options_(FollowerFrom(config)) {}
 
 Agent::~Agent() { Stop(); }
@@ -140,6 +141,7 @@ void Agent::Stop() {
   if (stopped_) return;
   stopped_ = true;
   timer_.cancel();
+  command_timer_.cancel();
   if (http_) http_->Stop();
   if (reader_) reader_->Stop();
   if (!started_) return;
@@ -159,6 +161,7 @@ void Agent::Tick() {
   Discover();
   for (auto& [path, f] : followers_) Poll(f, daemon::SegmentReader::ReadMode::kLive);
   executor_->Check(t0);
+  WatchCommands();
   TrackPlans();
   if (t0 >= next_heartbeat_) {
     next_heartbeat_ = t0 + std::chrono::milliseconds(config_.heartbeat_ms);
@@ -179,6 +182,18 @@ void Agent::Tick() {
   timer_.expires_at(next_tick_);
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Tick();
+  });
+}
+
+void Agent::WatchCommands() {
+  if (stopped_ || command_timer_armed_ || executor_->pending() == 0) return;
+  command_timer_armed_ = true;
+  command_timer_.expires_after(std::chrono::milliseconds(config_.command_poll_ms));
+  command_timer_.async_wait([this](const boost::system::error_code& ec) {
+    command_timer_armed_ = false;
+    if (ec || stopped_) return;
+    executor_->Check(Clock::now());
+    WatchCommands();
   });
 }
 

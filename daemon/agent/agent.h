@@ -1,7 +1,9 @@
 // Agent: falcon-agent's event loop state (DESIGN.md "The agent"). One Boost.Asio loop thread
 // owns everything here; a fixed-rate tick (poll_ms, like Redis's cron) discovers shim segments,
 // reads new call records of every followed rank, runs the per-rank analysis, resolves pending
-// command acks and, when due, queues heartbeats, iteration batches and profiles. Redis I/O runs
+// command acks and, when due, queues heartbeats, iteration batches and profiles. While a command
+// waits on the shims a second timer checks their answers every command_poll_ms and an ack is
+// flushed at once: a validation is a chain of such round trips with the job paused. Redis I/O runs
 // on two named workers (ReportPublisher "redis-pub", CommandReader "redis-cmd") whose results
 // come back as posted events; the metrics endpoint is asynchronous on the same loop. When Redis
 // is down the agent keeps reading and analysing; reports wait in the bounded outbox.
@@ -76,6 +78,7 @@ class Agent {
   };
 
   void Tick();
+  void WatchCommands();  // arms command_timer_ while the executor has commands outstanding
   void Discover();
   void Follow(const daemon::SegmentInfo& info);
   void Unfollow(const std::string& path, const char* state);
@@ -101,6 +104,8 @@ class Agent {
   const AgentEnvironment env_;
   std::shared_ptr<spdlog::logger> log_;
   boost::asio::steady_timer timer_;
+  boost::asio::steady_timer command_timer_;
+  bool command_timer_armed_ = false;
   std::unique_ptr<ReportPublisher> publisher_;
   std::unique_ptr<CommandReader> reader_;
   std::unique_ptr<CommandExecutor> executor_;

@@ -52,6 +52,8 @@ const ConfigEntry kTable[] = {
      "dropped (and counted) beyond this", &C::outbox_max},
     {"command_block_ms", T::kInt, 10, 60000, "XREADGROUP BLOCK on the command stream, ms",
      &C::command_block_ms},
+    {"command_poll_ms", T::kInt, 1, 1000, "while a command waits on the shims (pause, resume, "
+     "validate, set_mode), how often their answers are checked, ms", &C::command_poll_ms},
     {"mode_ack_timeout_ms", T::kInt, 100, 600000, "set_mode is acked failed if a shim has not "
      "applied it by then, ms", &C::mode_ack_timeout_ms},
     {"trap_backend", T::kString, 1, 16, "who carries out pause / resume / validate: the shim's "

@@ -43,6 +43,7 @@ struct AgentConfig {
   std::int64_t stream_maxlen = 100000;
   std::int64_t outbox_max = 100000;
   std::int64_t command_block_ms = 1000;
+  std::int64_t command_poll_ms = 2;
   std::int64_t mode_ack_timeout_ms = 3000;
   std::string trap_backend = "shim";
   std::int64_t trap_wait_ms = 30000;

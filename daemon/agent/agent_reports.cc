@@ -148,6 +148,7 @@ void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Comman
   log_->info("event=command entry={} id={} type={}", entry_id, c.id, c.type);
   const std::vector<RankFollower*> followers = Followers();
   executor_->Execute(entry_id, c, followers, RealNowNs(), Clock::now());
+  WatchCommands();
 }
 
 void Agent::OnPlanInForce(const std::string& text) {
@@ -178,6 +179,7 @@ void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const
   a.ranks = o.ranks;
   a.results = o.results;
   publisher_->Queue(Key(protocol::kAcksStream), protocol::ToJson(a));
+  publisher_->FlushSoon();  // the controller waits on it, often with the job paused
   reader_->Done(entry_id);
   log_->info("event=ack id={} type={} status={} ranks={} detail=\"{}\"", c.id, c.type, o.status,
              o.ranks.size(), o.detail);

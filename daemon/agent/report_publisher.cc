@@ -4,6 +4,7 @@
 #include <boost/asio/post.hpp>
 
 #include <future>
+#include <utility>
 
 #include "falcon/protocol.h"
 
@@ -116,6 +117,14 @@ void ReportPublisher::Flush() {
   if (!worker_.Submit(std::move(job))) in_flight_ = false;
 }
 
+void ReportPublisher::FlushSoon() {
+  if (in_flight_) {
+    flush_soon_ = true;
+    return;
+  }
+  Flush();
+}
+
 std::size_t ReportPublisher::FinalFlush(std::chrono::milliseconds budget) {
   if (outbox_.empty() && hashes_.empty() && pubs_.empty()) return 0;
   Batch batch = TakeBatch(outbox_.size());
@@ -144,8 +153,10 @@ void ReportPublisher::OnFlushed(FlushResult r) {
   if (!r.status.ok() && r.ok) {
     log_->warn("event=redis_write_refused reason=\"{}\"", r.status.message());
   }
-  // Catch up: more queued and Redis answered: flush again now rather than next period.
-  if (r.ok && r.status.ok() && !outbox_.empty() && r.remaining_hint > 0) Flush();
+  // Catch up: more queued and Redis answered (or an ack is waiting): flush again now rather than
+  // next period. A failed flush leaves the retry to the period (Redis is away).
+  const bool soon = std::exchange(flush_soon_, false);
+  if (r.ok && r.status.ok() && !outbox_.empty() && (r.remaining_hint > 0 || soon)) Flush();
 }
 
 }  // namespace falcon::agent

@@ -7,6 +7,8 @@
 // with the next flush or dropped if that flush fails. Flush() hands one batch at a time to the
 // "redis-pub" RedisWorker as a pipeline; the result comes back to the loop as a posted event.
 // While a backlog remains after a successful flush, the next flush is posted at once (catch up).
+// FlushSoon() is for entries someone waits on (command acks): flushed now, or right after the
+// flush in flight returns, instead of at the next period.
 // Thread-safety: every method runs on the loop thread; the worker only runs the job closure,
 // which owns copies of its data and posts its result back.
 // Invariants:
@@ -52,6 +54,7 @@ class ReportPublisher {
   void SetHash(const std::string& key, redis::FieldList fields, std::int64_t ttl_s);
   void Publish(const std::string& channel, const nlohmann::json& message);
   void Flush();
+  void FlushSoon();
   // Shutdown only, after the loop has stopped: writes everything queued through the worker,
   // waiting up to `budget` (this blocks the calling thread). Returns the entries left unwritten.
   std::size_t FinalFlush(std::chrono::milliseconds budget);
@@ -98,6 +101,7 @@ class ReportPublisher {
   std::map<std::string, HashWrite> hashes_;
   std::vector<std::pair<std::string, std::string>> pubs_;
   std::uint64_t hash_version_ = 0;
+  bool flush_soon_ = false;  // FlushSoon() met a flush in flight: flush again when it returns
   bool in_flight_ = false;
   std::uint64_t in_flight_seq_ = 0;  // last outbox seq of the flush in flight
   bool connected_ = false;
