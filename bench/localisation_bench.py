@@ -3,17 +3,30 @@
 
 Each run starts a redis-server on a free loopback port, one falcon-agent per emulated node (8),
 falcon-controller, and falcon-train-emu (TP 2 x DP 4 x PP 2, 2 ranks per node) under the shim
-with one random fault: a slow GPU (compute, one rank, x2-x4), a slow link (two nodes carrying DP
-traffic, x3-x6) or a slow NIC (one node, x3-x6), starting at a random time. It records, from the
-controller's incident stream (read with falcon-ctl incidents --json):
+with one random fault, factor --min-factor..--max-factor (default 1.3-3): a slow GPU (compute,
+one rank), a slow link (two nodes carrying DP traffic) or a slow NIC (one node), starting at a
+random time. It records, from the controller's incident stream (read with falcon-ctl incidents
+--json) and rank 0's ground-truth report:
+  slowdown    the job's median iteration time under the fault / before it (what the detectors see)
   detect_s    fault onset -> the incident's detection stage
   localise_s  fault onset -> the first localisation naming a culprit
-  correct     that localisation named exactly the injected culprit (and nothing else)
+  localise_it the same in iterations (rank 0's iterations that ended in between)
+  verdict     exact: that localisation named exactly the injected culprit (and nothing else, and
+              nobody before the onset); wrong: it named something else, or someone was accused
+              before the onset, or the job failed; missed: nothing was named
   pause_s     how long the job was paused for that validation
   agent_cpu   mean agent CPU over the run, % of one core (agent heartbeats' cpu_seconds)
-and prints one row per run, then medians and worst cases. Exit status 1 if any run was wrong.
+and prints one row per run, then medians and worst cases. A fault that slows the job by less than
+--threshold (default 1.10: the detectors' 10 % verification rule) is no fail-slow to them: such a
+run counts as passed unless it is wrong. Exit status 1 if any run failed.
+
+The job is shaped so that every kind of fault matters: modelled compute is about half of an
+iteration and DP gradient traffic about a third (fabric 0.02 GB/s), so a x1.3 fault slows it by
+roughly 10-20 %. It runs without --check: verifying 4 MiB buffers on every rank is host CPU work
+that no model accounts for (the pause/resume tests run with it).
 
   bench/localisation_bench.py --build build --runs 20 [--seed 1] [--json out.json]
+  bench/localisation_bench.py --fault '{"kind":"compute","ranks":[6],"start_s":27,"factor":2}' --keep
 
 The onset is the launcher's job epoch + the fault's start_s; the epoch is taken as the wall clock
 just before falcon-emu-run starts (off by the launcher's start-up, a few milliseconds).
@@ -41,20 +54,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def random_fault(rng):
+def random_fault(rng, lo, hi):
     kind = rng.choice(["compute", "link", "nic"])
     start = round(rng.uniform(18, 28), 1)
+    factor = round(rng.uniform(lo, hi), 2)
     if kind == "compute":
-        rank = rng.randrange(RANKS)
-        f = {"kind": "compute", "ranks": [rank], "start_s": start, "factor": round(rng.uniform(2, 4), 2)}
-        return f, {"gpus": [rank], "links": [], "nics": []}
-    if kind == "link":
-        a, b = rng.choice(DP_LINKS)
-        f = {"kind": "link", "nodes": [a, b], "start_s": start, "factor": round(rng.uniform(3, 6), 2)}
-        return f, {"gpus": [], "links": [sorted([f"node{a}", f"node{b}"])], "nics": []}
-    node = rng.randrange(NODES)
-    f = {"kind": "nic", "nodes": [node], "start_s": start, "factor": round(rng.uniform(3, 6), 2)}
-    return f, {"gpus": [], "links": [], "nics": [f"node{node}"]}
+        f = {"kind": "compute", "ranks": [rng.randrange(RANKS)], "start_s": start, "factor": factor}
+    elif kind == "link":
+        f = {"kind": "link", "nodes": list(rng.choice(DP_LINKS)), "start_s": start, "factor": factor}
+    else:
+        f = {"kind": "nic", "nodes": [rng.randrange(NODES)], "start_s": start, "factor": factor}
+    return f, truth_of(f)
+
+
+def truth_of(f):
+    if f["kind"] == "compute":
+        return {"gpus": list(f["ranks"]), "links": [], "nics": []}
+    if f["kind"] == "link":
+        return {"gpus": [], "links": [sorted(f"node{n}" for n in f["nodes"])], "nics": []}
+    if f["kind"] == "nic":
+        return {"gpus": [], "links": [], "nics": [f"node{f['nodes'][0]}"]}
+    raise ValueError(f"fault kind {f['kind']!r}: compute, link or nic")
 
 
 def named(loc):
@@ -108,18 +128,19 @@ class Run:
                         "--flush-ms", "250", "--heartbeat-ms", "500", "--key-ttl-s", "3", "--profile-ms", "2000",
                         "--command-block-ms", "200"], f"agent{k}.log")
         self.spawn([self.bin("daemon/falcon-controller"), "--job", self.job, "--redis-port", str(self.port),
-                    "--view-ms", "500", "--heartbeat-ms", "1000", "--p2p-bytes", "1048576", "--retry-after-s", "10"],
+                    "--view-ms", "500", "--heartbeat-ms", "1000", "--p2p-bytes", "524288", "--retry-after-s", "10"],
                    "controller.log")
-        env = dict(os.environ, FALCON_JOB=self.job, FALCON_EMU_INTRA_GBPS="0.05", FALCON_EMU_INTER_GBPS="0.05",
+        env = dict(os.environ, FALCON_JOB=self.job, FALCON_EMU_INTRA_GBPS="0.02", FALCON_EMU_INTER_GBPS="0.02",
                    FALCON_EMU_GPU_TFLOPS="10")
         plan = json.dumps({"faults": [self.fault]})
         epoch = time.time()
         job = self.spawn([self.bin("bench/emu/falcon-emu-run"), "-n", str(RANKS), "--ranks-per-node", "2",
                           "--timeout", "120", "--node-shm-dirs", shm, "--preload", self.bin("shim/libfalcon_shim.so"),
                           "--fault-plan", plan, "--", self.bin("bench/train/falcon-train-emu"), "--tp", "2", "--dp",
-                          "4", "--pp", "2", "--compute-ms", "10", "--grad-bytes", "2097152", "--check",
-                          "--progress-every", "0", "--duration-s",
-                          str(self.args.duration)], "job.log", env)
+                          "4", "--pp", "2", "--compute-ms", str(self.args.compute_ms), "--grad-bytes",
+                          str(self.args.grad_bytes),
+                          "--progress-every", "0", "--report", os.path.join(self.dir, "report.json"),
+                          "--duration-s", str(self.args.duration)], "job.log", env)
         onset = epoch + self.fault["start_s"]
         rc = job.wait(timeout=self.args.duration + 120)
         time.sleep(1.5)  # the last heartbeats and incident stages
@@ -131,13 +152,45 @@ class Run:
         row = {"run": self.index, "fault": self.fault, "truth": self.truth, "job_rc": rc, "agent_cpu_pct": cpu,
                "detect_s": det["at_ns"] / 1e9 - onset if det else None,
                "localise_s": loc["at_ns"] / 1e9 - onset if loc else None,
+               "localise_it": self.iterations_between(self.fault["start_s"], loc["at_ns"] / 1e9 - epoch)
+               if loc else None,
+               "slowdown": self.slowdown(),
                "named": named(loc) if loc else None,
                "pause_s": loc["detail"]["validation"].get("pause_s") if loc else None,
                "false_accusations": sum(1 for i in incs if i["stage"] == "localisation"
                                         and i.get("cause", "unknown") != "unknown" and i["at_ns"] / 1e9 < onset)}
-        row["correct"] = bool(loc) and row["named"] == truth_norm(self.truth) and rc == 0 and \
-            row["false_accusations"] == 0
+        named_all = [named(i) for i in incs if i["stage"] == "localisation" and
+                     i.get("cause", "unknown") != "unknown" and i["at_ns"] / 1e9 >= onset]
+        truth = truth_norm(self.truth)
+        if rc != 0 or row["false_accusations"] or any(n != truth for n in named_all):
+            row["verdict"] = "wrong"
+        else:
+            row["verdict"] = "exact" if loc else "missed"
+        row["eligible"] = row["slowdown"] is None or row["slowdown"] >= self.args.threshold
+        row["passed"] = row["verdict"] == "exact" or (row["verdict"] == "missed" and not row["eligible"])
         return row
+
+    def rank0_iterations(self):
+        try:
+            with open(os.path.join(self.dir, "report.json.rank0")) as f:
+                return json.load(f)["iterations"]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    def iterations_between(self, t0, t1):
+        """Rank 0's iterations that ended in (t0, t1], job seconds."""
+        return sum(1 for it in self.rank0_iterations() if t0 < it["start_s"] + it["duration_s"] <= t1)
+
+    def slowdown(self):
+        """Median iteration time from the onset to the first pause or the job's end, over the median before."""
+        its = self.rank0_iterations()
+        start = self.fault["start_s"]
+        before = [it["duration_s"] for it in its if it["start_s"] + it["duration_s"] <= start and it["iter"] >= 5]
+        after = [it["duration_s"] for it in its if it["start_s"] >= start]
+        if not before or not after:
+            return None
+        # The first localisation's pause shows as one long iteration; the median ignores it.
+        return statistics.median(after) / statistics.median(before)
 
     def agent_cpu(self, elapsed):
         total = []
@@ -179,16 +232,35 @@ def main():
     ap.add_argument("--duration", type=float, default=55, help="job seconds per run (default 55)")
     ap.add_argument("--json", help="write the records here as JSON")
     ap.add_argument("--keep", action="store_true", help="keep each run's logs")
+    ap.add_argument("--min-factor", type=float, default=1.3, help="slowest fault factor drawn (default 1.3)")
+    ap.add_argument("--max-factor", type=float, default=3.0, help="largest fault factor drawn (default 3)")
+    ap.add_argument("--compute-ms", type=float, default=20,
+                    help="the job's modelled forward time of a layer per micro-batch (default 20)")
+    ap.add_argument("--threshold", type=float, default=1.10,
+                    help="job slowdown below which a fault need not be found (default 1.10)")
+    ap.add_argument("--grad-bytes", type=int, default=4 << 20, help="DP gradient bytes per rank (default 4 MiB)")
+    ap.add_argument("--fault", help="run this fault (a fault-plan entry as JSON) instead of random ones")
     args = ap.parse_args()
+    if not 1.0 < args.min_factor <= args.max_factor:
+        ap.error("need 1 < --min-factor <= --max-factor")
+    fixed = None
+    if args.fault:
+        try:
+            fixed = json.loads(args.fault)
+            truth_of(fixed)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            ap.error(f"--fault: {e}")
     rng = random.Random(args.seed)
-    print(f"# falcon localisation benchmark: {args.runs} runs, seed {args.seed}, 16 ranks TP2xDP4xPP2 on 8 "
-          f"emulated nodes, {args.duration:.0f} s jobs, build {args.build}")
+    print(f"# falcon localisation benchmark: {args.runs} runs, seed {args.seed}, factors "
+          f"{args.min_factor}-{args.max_factor}, 16 ranks TP2xDP4xPP2 on 8 emulated nodes, {args.duration:.0f} s "
+          f"jobs, build {args.build}")
     print(f"# machine: {os.cpu_count()} cpus, {os.uname().release}")
-    print(f"# {'run':>3} {'fault':<34} {'detect(s)':>9} {'localise(s)':>11} {'pause(s)':>8} {'agentCPU%':>9} "
-          f"{'job':>4} {'correct':>7}")
+    print(f"# {'run':>3} {'fault':<34} {'slowdown':>8} {'detect(s)':>9} {'localise(s)':>11} {'(iters)':>7} "
+          f"{'pause(s)':>8} {'agentCPU%':>9} {'job':>4} {'verdict':>7}")
     rows = []
     for i in range(args.runs):
-        fault, truth = random_fault(rng)
+        fault, truth = (dict(fixed), truth_of(fixed)) if fixed else random_fault(rng, args.min_factor,
+                                                                                 args.max_factor)
         run = Run(args, i, fault, truth)
         try:
             row = run.go()
@@ -197,27 +269,41 @@ def main():
         rows.append(row)
         where = fault.get("ranks") or fault.get("nodes")
         desc = f"{fault['kind']} {where} x{fault['factor']} @{fault['start_s']}s"
-        print(f"  {i:>3} {desc:<34} {fmt(row['detect_s']):>9} {fmt(row['localise_s']):>11} "
-              f"{fmt(row['pause_s']):>8} {fmt(row['agent_cpu_pct']):>9} {row['job_rc']:>4} "
-              f"{'yes' if row['correct'] else 'NO':>7}", flush=True)
-    ok = [r for r in rows if r["correct"]]
+        print(f"  {i:>3} {desc:<34} {fmt(row['slowdown']):>8} {fmt(row['detect_s']):>9} "
+              f"{fmt(row['localise_s']):>11} {fmt(row['localise_it'], 'd'):>7} {fmt(row['pause_s']):>8} "
+              f"{fmt(row['agent_cpu_pct']):>9} {row['job_rc']:>4} "
+              f"{row['verdict'] + ('' if row['eligible'] else '*'):>8}", flush=True)
+    ok = [r for r in rows if r["verdict"] == "exact"]
+    eligible = [r for r in rows if r["eligible"]]
+    below = [r for r in rows if not r["eligible"]]
+    failed = [r for r in rows if not r["passed"]]
     loc = sorted(r["localise_s"] for r in ok)
+    loc_it = sorted(r["localise_it"] for r in ok)
     det = sorted(r["detect_s"] for r in rows if r["detect_s"] is not None)
     pause = sorted(r["pause_s"] for r in ok if r["pause_s"] is not None)
     cpu = [r["agent_cpu_pct"] for r in rows if r["agent_cpu_pct"] is not None]
-    summary = {"runs": len(rows), "correct": len(ok),
+    summary = {"runs": len(rows), "exact": len(ok), "eligible": len(eligible),
+               "eligible_exact": sum(1 for r in eligible if r["verdict"] == "exact"),
+               "below_threshold": len(below), "below_threshold_exact": sum(1 for r in below if r["verdict"] == "exact"),
+               "wrong": sum(1 for r in rows if r["verdict"] == "wrong"), "failed": len(failed),
                "detect_s": {"p50": statistics.median(det) if det else None, "max": max(det) if det else None},
                "localise_s": {"p50": statistics.median(loc) if loc else None, "max": max(loc) if loc else None},
+               "localise_iterations": {"p50": statistics.median(loc_it) if loc_it else None,
+                                       "max": max(loc_it) if loc_it else None},
                "pause_s": {"p50": statistics.median(pause) if pause else None, "max": max(pause) if pause else None},
                "agent_cpu_pct": {"mean": statistics.mean(cpu) if cpu else None, "max": max(cpu) if cpu else None}}
-    print(f"# correct {len(ok)}/{len(rows)}; onset->detection p50 {fmt(summary['detect_s']['p50'])} s worst "
+    print(f"# localised exactly {summary['eligible_exact']}/{len(eligible)} runs whose fault slowed the job >= "
+          f"{args.threshold:g}x; below that (*): {len(below)} runs, {summary['below_threshold_exact']} localised "
+          f"exactly; wrong {summary['wrong']}")
+    print(f"# onset->detection p50 {fmt(summary['detect_s']['p50'])} s worst "
           f"{fmt(summary['detect_s']['max'])} s; onset->localised p50 {fmt(summary['localise_s']['p50'])} s worst "
-          f"{fmt(summary['localise_s']['max'])} s; pause p50 {fmt(summary['pause_s']['p50'])} s worst "
+          f"{fmt(summary['localise_s']['max'])} s (iterations p50 {fmt(summary['localise_iterations']['p50'], 'g')} "
+          f"worst {fmt(summary['localise_iterations']['max'], 'g')}); pause p50 {fmt(summary['pause_s']['p50'])} s worst "
           f"{fmt(summary['pause_s']['max'])} s; agent CPU mean {fmt(summary['agent_cpu_pct']['mean'])} % of a core")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"v": 1, "summary": summary, "runs": rows}, f, indent=1)
-    return 0 if len(ok) == len(rows) else 1
+    return 0 if not failed else 1
 
 
 if __name__ == "__main__":
