@@ -76,11 +76,11 @@ class CommandExecutor {
   // `followers`: every rank the agent follows now. now_real_ns: wall clock, for deadlines.
   void Execute(const std::string& entry_id, const protocol::Command& command,
                std::span<RankFollower* const> followers, std::int64_t now_real_ns, Clock::time_point now);
-  // Resolves set_mode acks whose shims answered or whose time is up.
   // A plan taken from the plan hash at start (not a command: no ack): delivered to `followers`
   // and held for the ranks that start later. Returns what PlanDelivery made of it.
   CommandOutcome AdoptPlanInForce(const protocol::Command& plan, std::span<RankFollower* const> followers,
                                   std::int64_t now_real_ns);
+  // Resolves set_mode acks whose shims answered or whose time is up.
   void Check(Clock::time_point now);
   void Forget(const RankFollower* follower);
   // Gives every follower the newest held plan that targets it and that its segment lacks (a

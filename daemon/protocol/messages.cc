@@ -1,9 +1,8 @@
 // Protocol messages to and from JSON. See messages.h for the contract.
 #include "daemon/protocol/messages.h"
 
-#include <utility>
-
 #include <cstdio>
+#include <utility>
 
 #include "daemon/protocol/validate.h"
 

@@ -181,13 +181,13 @@ nlohmann::json ToJson(const IterationBatch& m);
 nlohmann::json ToJson(const AlarmReport& m);
 nlohmann::json ToJson(const CommProfileReport& m);
 nlohmann::json ToJson(const Command& m);  // for the controller and tests
+nlohmann::json ToJson(const Ack& m);
+nlohmann::json ToJson(const Alert& m);
 
 // Copies a plan's fields (micro_batches, placement, exclude_nodes, restart — those present) from
 // a plan object (the controller's decision, or a mitigation_plan message) into a plan command.
 // REQUIRES: the fields present have their schema types (arrays of integers, a boolean).
 void CopyPlanFields(const nlohmann::json& plan, Command* c);
-nlohmann::json ToJson(const Ack& m);
-nlohmann::json ToJson(const Alert& m);
 
 // Validates `text` as any command type and extracts it.
 [[nodiscard]] Result<Command> ParseCommand(std::string_view text);
