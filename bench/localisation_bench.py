@@ -7,7 +7,8 @@ with one random fault, factor --min-factor..--max-factor (default 1.3-3): a slow
 one rank), a slow link (two nodes carrying DP traffic) or a slow NIC (one node), starting at a
 random time. It records, from the controller's incident stream (read with falcon-ctl incidents
 --json) and rank 0's ground-truth report:
-  slowdown    the job's median iteration time under the fault / before it (what the detectors see)
+  slowdown    the job's median iteration time over the 10 iterations after the onset / the 10
+              before it (what the detectors see)
   detect_s    fault onset -> the incident's detection stage
   localise_s  fault onset -> the first localisation naming a culprit
   localise_it the same in iterations (rank 0's iterations that ended in between)
@@ -45,6 +46,7 @@ import tempfile
 import time
 
 NODES, RANKS = 8, 16
+WINDOW = 10  # iterations either side of the onset for the slowdown
 DP_LINKS = [(0, 1), (1, 2), (2, 3), (0, 3), (4, 5), (5, 6), (6, 7), (4, 7)]  # carry DP traffic
 
 
@@ -182,14 +184,17 @@ class Run:
         return sum(1 for it in self.rank0_iterations() if t0 < it["start_s"] + it["duration_s"] <= t1)
 
     def slowdown(self):
-        """Median iteration time from the onset to the first pause or the job's end, over the median before."""
+        """Median iteration time of the WINDOW iterations that began after the onset, over the median
+        of the WINDOW that ended before it: the change the detectors see, local to the onset so that
+        host load elsewhere in the run does not count (a validation pause is one long iteration;
+        the median ignores it)."""
         its = self.rank0_iterations()
         start = self.fault["start_s"]
         before = [it["duration_s"] for it in its if it["start_s"] + it["duration_s"] <= start and it["iter"] >= 5]
         after = [it["duration_s"] for it in its if it["start_s"] >= start]
+        before, after = before[-WINDOW:], after[:WINDOW]
         if not before or not after:
             return None
-        # The first localisation's pause shows as one long iteration; the median ignores it.
         return statistics.median(after) / statistics.median(before)
 
     def agent_cpu(self, elapsed):

@@ -888,6 +888,83 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
   }
 }
 
+// Every GEMM takes 10 ms except the ranks in `slow_first` the first time each host's GEMM is run
+// and those in `slow_always` every time (2x); P2P as P2pMin.
+Responder GemmTimes(std::set<std::int64_t> slow_first, std::set<std::int64_t> slow_always, int& gemm_commands) {
+  return [=, &gemm_commands](const OutgoingCommand& c) -> std::optional<json> {
+    if (c.command.type != "validate" || c.command.task != "gemm") return AckTo(c, "ok");
+    const bool first = gemm_commands++ < static_cast<int>(kHosts.size());
+    std::vector<protocol::AckRankResult> results;
+    for (std::int64_t r : *c.command.ranks) {
+      const bool slow = slow_always.count(r) > 0 || (first && slow_first.count(r) > 0);
+      const double m = slow ? 0.020 : 0.010;
+      results.push_back({r, "ok", "ok", m, m, m, std::nullopt});
+    }
+    return AckTo(c, "ok", results);
+  };
+}
+
+TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
+  struct Case {
+    const char* name;
+    bool remeasure;
+    std::set<std::int64_t> slow_first, slow_always;
+    std::size_t gemm_commands;            // GEMM commands sent: 2 hosts per GEMM step run
+    std::set<std::int32_t> slow_in_input;  // what Localize finds in the final measurements
+  } cases[] = {
+      {"a transient second culprit is taken back", true, {5}, {2}, 4, {2}},
+      {"two real culprits stay", true, {}, {2, 5}, 4, {2, 5}},
+      {"one culprit is clean: no second run", true, {}, {2}, 2, {2}},
+      {"nothing found: no second run", true, {}, {}, 2, {}},
+      {"remeasure off", false, {5}, {2}, 2, {2, 5}},
+  };
+  const JobView view = RunningJob();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ValidationSettings s;
+    s.remeasure = c.remeasure;
+    ValidationRun run("v3", GemmThenP2p(), s, false);
+    int gemm_commands = 0;
+    const Responder respond = GemmTimes(c.slow_first, c.slow_always, gemm_commands);
+    std::int64_t now = kReportedNs;
+    std::vector<std::string> types;
+    for (int i = 0; i < 20 && !run.done(); ++i) {
+      const std::vector<OutgoingCommand> cmds = run.Next(view, now);
+      if (!cmds.empty()) types.push_back(cmds.front().command.type + ":" + cmds.front().command.task);
+      Answer(run, cmds, respond);
+      now += kSec;
+    }
+    ASSERT_TRUE(run.done());
+    EXPECT_TRUE(run.completed());
+    EXPECT_EQ(gemm_commands, static_cast<int>(c.gemm_commands));
+    const bool again = c.gemm_commands > kHosts.size();
+    // The second GEMM comes after the P2P step and before the resume: the job is still paused.
+    std::vector<std::string> expected = {"pause:", "validate:gemm", "validate:p2p"};
+    if (again) expected.push_back("validate:gemm");
+    expected.push_back("resume:");
+    EXPECT_EQ(types, expected);
+    const json summary = run.Summary();
+    EXPECT_EQ(summary["steps_done"], 2);
+    EXPECT_EQ(summary["steps_remeasured"], again ? 1 : 0);
+    const json* note = nullptr;
+    for (const json& e : summary["log"]) {
+      if (e["step"] == "remeasure") note = &e;
+    }
+    ASSERT_EQ(note != nullptr, again);
+    if (again) {
+      EXPECT_EQ((*note)["steps"], json::array({"gemm 1/1"}));
+      EXPECT_NE((*note)["why"].get<std::string>().find("2 culprits"), std::string::npos) << *note;
+    }
+    const analyzer::LocalizationInput in = run.Input();
+    EXPECT_EQ(in.gemms.size(), static_cast<std::size_t>(kRanks)) << "one measurement per rank, merged";
+    const Result<analyzer::Localization> loc = analyzer::Localize(in);
+    ASSERT_TRUE(loc.ok());
+    std::set<std::int32_t> slow;
+    for (const analyzer::SlowGpu& g : loc.value().gpus) slow.insert(g.rank);
+    EXPECT_EQ(slow, c.slow_in_input);
+  }
+}
+
 TEST(ValidationRunTest, MissedCutIsReleasedThenRetriedWithADoubledLead) {
   struct Case {
     int attempts;

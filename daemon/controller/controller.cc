@@ -496,20 +496,26 @@ Status Controller::StartValidation(std::int64_t now_ns, bool release_first) {
   if (!steps.ok()) return steps.status();
   Incident& inc = *state_.incident;
   ++inc.attempts;
+  ValidationSettings settings = config_.validation;
+  settings.localization = LocalizationOptions();
   run_ = std::make_unique<ValidationRun>(inc.id + "-v" + std::to_string(inc.attempts), std::move(steps.value()),
-                                         config_.validation, release_first);
+                                         settings, release_first);
   if (state_.phase != Phase::kValidating) Enter(Phase::kValidating, now_ns);
   dirty_ = true;
   return Status::Ok();
 }
 
-Status Controller::FinishValidation(std::int64_t now_ns) {
-  std::unique_ptr<ValidationRun> run = std::move(run_);
-  Incident& inc = *state_.incident;
+analyzer::LocalizationOptions Controller::LocalizationOptions() const {
   analyzer::LocalizationOptions lo;
   lo.gemm_ratio = config_.gemm_ratio;
   lo.link_ratio = config_.link_ratio;
-  Result<analyzer::Localization> loc = analyzer::Localize(run->Input(), lo);
+  return lo;
+}
+
+Status Controller::FinishValidation(std::int64_t now_ns) {
+  std::unique_ptr<ValidationRun> run = std::move(run_);
+  Incident& inc = *state_.incident;
+  Result<analyzer::Localization> loc = analyzer::Localize(run->Input(), LocalizationOptions());
   json detail = {{"validation", run->Summary()}, {"suspicion", state_.suspicion}, {"attempt", inc.attempts}};
   if (!inc.request.empty()) detail["request"] = inc.request;
   std::vector<std::int64_t> ranks;

@@ -87,6 +87,8 @@ class Controller {
   Status FinishProfiling(std::int64_t now_ns);
   Status StartValidation(std::int64_t now_ns, bool release_first);
   Status FinishValidation(std::int64_t now_ns);
+  // What counts as a slow GPU or link (config ratios): for the round's re-measuring and its verdict.
+  [[nodiscard]] analyzer::LocalizationOptions LocalizationOptions() const;
   Status Resolve(std::int64_t now_ns, const std::string& why);
   Status SetMode(const std::string& mode, std::int64_t now_ns);
   Status StartMitigation(std::int64_t now_ns);

@@ -82,6 +82,8 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
                                                                           {"median", Statistic::kMedian}}))
       ->capture_default_str();
   Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(CLI::Range(1, 1000));
+  Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
+        "(several culprits, a NIC slow to only some peers) and keep each measurement's lower value");
   MitigationSettings& m = c.mitigation;
   Entry(app, "mitigation", m.mode, "decisions: off (none), advise (publish plans), act (also hand them to the "
         "frameworks through the agents and shims)")

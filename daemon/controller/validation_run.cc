@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <string>
+#include <utility>
 
 namespace falcon::controller {
 namespace {
@@ -16,6 +18,48 @@ std::int64_t AfterSeconds(std::int64_t now_ns, double s) {
   return now_ns + static_cast<std::int64_t>(s * static_cast<double>(kNsPerS));
 }
 
+std::vector<std::size_t> Sequence(std::size_t n) {
+  std::vector<std::size_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// Why findings call for a second measurement ("" when they are clean): more than one culprit, or
+// a NIC that only some of its peers found slow (a slow NIC slows every link it carries, so the
+// rest of its slow links may be noise, or a slow link's neighbour).
+std::string Ambiguity(const analyzer::Localization& l) {
+  const std::size_t culprits = l.gpus.size() + l.links.size() + l.nics.size();
+  if (culprits > 1) return std::to_string(culprits) + " culprits at once";
+  for (const analyzer::SlowNic& n : l.nics) {
+    if (n.slow_peer_nodes < n.tested_peer_nodes) {
+      return "NIC of node " + std::to_string(n.node) + " slow to " + std::to_string(n.slow_peer_nodes) + " of " +
+             std::to_string(n.tested_peer_nodes) + " peer nodes";
+    }
+  }
+  return "";
+}
+
+// Adds `m` to `list`, or, when that exchange was measured already, keeps the lower time.
+void Merge(std::vector<analyzer::TransferMeasurement>& list, const analyzer::TransferMeasurement& m) {
+  for (analyzer::TransferMeasurement& t : list) {
+    if (t.pass == m.pass && t.sender == m.sender && t.receiver == m.receiver) {
+      t.median_s = std::min(t.median_s, m.median_s);
+      return;
+    }
+  }
+  list.push_back(m);
+}
+
+void Merge(std::vector<analyzer::GemmMeasurement>& list, const analyzer::GemmMeasurement& m) {
+  for (analyzer::GemmMeasurement& g : list) {
+    if (g.rank == m.rank) {
+      g.median_s = std::min(g.median_s, m.median_s);
+      return;
+    }
+  }
+  list.push_back(m);
+}
+
 }  // namespace
 
 ValidationRun::ValidationRun(std::string id, std::vector<ValidationStep> steps, ValidationSettings settings,
@@ -24,7 +68,8 @@ ValidationRun::ValidationRun(std::string id, std::vector<ValidationStep> steps, 
       steps_(std::move(steps)),
       settings_(settings),
       phase_(release_first ? Phase::kResume : Phase::kPause),
-      lead_s_(settings.pause_lead_s) {}
+      lead_s_(settings.pause_lead_s),
+      order_(Sequence(steps_.size())) {}
 
 protocol::Command ValidationRun::NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s) {
   protocol::Command c;
@@ -148,7 +193,7 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
 
 std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
-  const ValidationStep& step = steps_[steps_done_];
+  const ValidationStep& step = steps_[order_[cursor_]];
   std::vector<OutgoingCommand> out;
   std::map<std::string, std::vector<std::int64_t>> gemm_hosts;
   for (const RankTaskSpec& t : step.tasks) {
@@ -183,8 +228,10 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
 }
 
 void ValidationRun::FinishStep(const JobView& view) {
-  const ValidationStep& step = steps_[steps_done_];
-  std::map<std::int64_t, double>& medians = medians_[steps_done_];
+  const ValidationStep& step = steps_[order_[cursor_]];
+  const bool again = cursor_ >= steps_.size();
+  std::map<std::int64_t, double>& medians = medians_;
+  medians.clear();
   int missing = 0, failed = 0;
   for (const auto& [id, p] : pending_) {
     if (!p.ack) {
@@ -206,7 +253,7 @@ void ValidationRun::FinishStep(const JobView& view) {
     auto mine = medians.find(t.rank);
     if (mine == medians.end()) continue;
     if (t.task == "gemm") {
-      gemms_.push_back({static_cast<std::int32_t>(t.rank), view.NodeOf(t.rank), mine->second});
+      Merge(gemms_, {static_cast<std::int32_t>(t.rank), view.NodeOf(t.rank), mine->second});
       continue;
     }
     if (t.rank > t.peer_global) continue;  // each exchange once, from its lower rank
@@ -216,12 +263,44 @@ void ValidationRun::FinishStep(const JobView& view) {
                                     static_cast<std::int32_t>(t.peer_global), view.NodeOf(t.rank),
                                     view.NodeOf(t.peer_global), std::max(mine->second, theirs->second),
                                     static_cast<std::uint64_t>(settings_.p2p_bytes)};
-    (t.judged ? transfers_ : peer_transfers_).push_back(m);
+    Merge(t.judged ? transfers_ : peer_transfers_, m);
   }
-  log_.push_back({{"step", step.what}, {"commands", pending_.size()}, {"missing_acks", missing},
-                  {"failed_tasks", failed}, {"results", medians.size()}});
-  ++steps_done_;
-  phase_ = steps_done_ < steps_.size() ? Phase::kStep : Phase::kResume;
+  log_.push_back({{"step", again ? step.what + " again" : step.what}, {"commands", pending_.size()},
+                  {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()}});
+  ++cursor_;
+  if (cursor_ == order_.size()) PlanRemeasure();
+  phase_ = cursor_ < order_.size() ? Phase::kStep : Phase::kResume;
+}
+
+void ValidationRun::PlanRemeasure() {
+  if (!settings_.remeasure || remeasure_planned_) return;
+  remeasure_planned_ = true;
+  const Result<analyzer::Localization> loc = analyzer::Localize(Input(), settings_.localization);
+  if (!loc.ok()) return;  // the controller reports the error
+  const std::string why = Ambiguity(loc.value());
+  if (why.empty()) return;
+  // The steps behind each finding: GEMM of a slow GPU's rank, the passes of a slow exchange.
+  std::set<std::int64_t> gpu_ranks;
+  std::set<std::pair<std::int64_t, std::int64_t>> pairs;
+  for (const analyzer::SlowGpu& g : loc.value().gpus) gpu_ranks.insert(g.rank);
+  auto add_link = [&](const analyzer::SlowLink& k) {
+    pairs.insert({std::min(k.sender, k.receiver), std::max(k.sender, k.receiver)});
+  };
+  for (const analyzer::SlowLink& k : loc.value().links) add_link(k);
+  for (const analyzer::SlowNic& n : loc.value().nics) {
+    for (const analyzer::SlowLink& k : n.links) add_link(k);
+  }
+  json again = json::array();
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    const bool involved = std::any_of(steps_[i].tasks.begin(), steps_[i].tasks.end(), [&](const RankTaskSpec& t) {
+      if (t.task == "gemm") return gpu_ranks.count(t.rank) > 0;
+      return pairs.count({std::min(t.rank, t.peer_global), std::max(t.rank, t.peer_global)}) > 0;
+    });
+    if (!involved) continue;
+    order_.push_back(i);
+    again.push_back(steps_[i].what);
+  }
+  log_.push_back({{"step", "remeasure"}, {"why", why}, {"steps", again}});
 }
 
 std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {
@@ -250,7 +329,8 @@ analyzer::LocalizationInput ValidationRun::Input() const {
 
 json ValidationRun::Summary() const {
   json s = {{"steps_planned", steps_.size()},
-            {"steps_done", steps_done_},
+            {"steps_done", std::min(cursor_, steps_.size())},
+            {"steps_remeasured", cursor_ > steps_.size() ? cursor_ - steps_.size() : 0},
             {"pause_attempts", pause_attempt_ + (paused_ ? 1 : 0)},
             {"gemms", gemms_.size()},
             {"transfers", transfers_.size()},

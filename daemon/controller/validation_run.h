@@ -9,6 +9,13 @@
 //    two reports), it waits up to `ack_timeout_s` before giving up.
 //  - Each step sends its commands, then waits for every ack up to `ack_timeout_s`. A task that
 //    failed or was never acked leaves its measurement out; the round goes on.
+//  - Re-measuring (`remeasure`): when the steps are done and the findings are ambiguous (more than
+//    one culprit, or a NIC only some of whose links were slow), the steps that produced a finding
+//    run once more before the resume and each measurement keeps the lower of its two values.
+//    Interference (a starved host, a co-scheduled process) only ever adds time and rarely hits
+//    the same transfers twice, whereas a fail-slow slows both runs: what noise made of a slow link
+//    (a second slow link, a NIC) is taken back, a real culprit stays. A clean finding (one GPU,
+//    one link, a NIC slow to every peer) keeps the pause short.
 //  - Any pause failure, and the end of the steps, lead to resume. Resume is sent even when the
 //    pause never fully took (agents release only what they trapped), and the shims' own deadline
 //    (`max_pause_s`) releases the job if nobody resumes it.
@@ -44,6 +51,8 @@ struct ValidationSettings {
   std::int64_t gemm_repeats = 5;
   std::int64_t p2p_bytes = std::int64_t{64} << 20;
   std::int64_t p2p_repeats = 5;
+  bool remeasure = true;                   // re-measure ambiguous findings (see above)
+  analyzer::LocalizationOptions localization;  // what counts as a finding, as the controller's
 };
 
 struct OutgoingCommand {
@@ -66,7 +75,7 @@ class ValidationRun {
 
   [[nodiscard]] bool done() const { return phase_ == Phase::kDone; }
   [[nodiscard]] bool paused() const { return paused_; }  // the pause took on every rank
-  [[nodiscard]] bool completed() const { return done() && paused_ && steps_done_ == steps_.size(); }
+  [[nodiscard]] bool completed() const { return done() && paused_ && cursor_ >= steps_.size() && cursor_ == order_.size(); }
   [[nodiscard]] const std::string& failure() const { return failure_; }  // "" unless it failed
 
   // The measurements, as Localize() wants them (views into this object: keep it alive).
@@ -87,6 +96,7 @@ class ValidationRun {
   std::vector<OutgoingCommand> SendResume(const JobView& view, std::int64_t now_ns);
   void FinishPause(const JobView& view, std::int64_t now_ns);
   void FinishStep(const JobView& view);
+  void PlanRemeasure();  // after the last step: append the steps to run again, if any
   bool AllAcked() const;
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
 
@@ -103,12 +113,14 @@ class ValidationRun {
   bool paused_ = false;
   bool retry_pause_ = false;
   std::int64_t cut_wait_deadline_ns_ = 0;  // give up waiting for a cut communicator then
-  std::size_t steps_done_ = 0;
+  std::vector<std::size_t> order_;  // indices into steps_: each once, then those re-measured
+  std::size_t cursor_ = 0;          // into order_: the step under way or next
+  bool remeasure_planned_ = false;
   std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
   std::string failure_;
   nlohmann::json log_ = nlohmann::json::array();
-  // Results: step index -> rank -> seconds (settings_.statistic of the repetitions).
-  std::map<std::size_t, std::map<std::int64_t, double>> medians_;
+  // Results of the step under way: rank -> seconds (settings_.statistic of the repetitions).
+  std::map<std::int64_t, double> medians_;
   std::vector<analyzer::TransferMeasurement> transfers_, peer_transfers_;
   std::vector<analyzer::GemmMeasurement> gemms_;
 };
