@@ -965,6 +965,43 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
   }
 }
 
+TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairAndPartialNics) {
+  auto link = [](std::int32_t a, std::int32_t b, std::int32_t na, std::int32_t nb) {
+    analyzer::SlowLink k;
+    k.sender = a;
+    k.receiver = b;
+    k.sender_node = na;
+    k.receiver_node = nb;
+    return k;
+  };
+  auto nic = [](std::int32_t node, std::size_t slow, std::size_t tested) {
+    analyzer::SlowNic n;
+    n.node = node;
+    n.slow_peer_nodes = slow;
+    n.tested_peer_nodes = tested;
+    return n;
+  };
+  struct Case {
+    const char* name;
+    analyzer::Localization findings;
+    bool ambiguous;
+  } cases[] = {
+      {"nothing", {}, false},
+      {"one GPU", {{{3, 1, {}}}, {}, {}}, false},
+      {"two GPUs", {{{3, 1, {}}, {9, 4, {}}}, {}, {}}, true},
+      {"two rank pairs across one node pair", {{}, {link(0, 2, 0, 1), link(3, 1, 1, 0)}, {}}, false},
+      {"links between two node pairs", {{}, {link(0, 2, 0, 1), link(4, 6, 2, 3)}, {}}, true},
+      {"two rank pairs, nodes unknown", {{}, {link(0, 2, -1, -1), link(1, 3, -1, -1)}, {}}, true},
+      {"a GPU and a link", {{{3, 1, {}}}, {link(0, 2, 0, 1)}, {}}, true},
+      {"a NIC slow to every peer", {{}, {}, {nic(2, 3, 3)}}, false},
+      {"a NIC slow to some peers", {{}, {}, {nic(2, 2, 3)}}, true},
+      {"two NICs", {{}, {}, {nic(0, 2, 2), nic(2, 2, 2)}}, true},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(!RemeasureReason(c.findings).empty(), c.ambiguous) << c.name << ": " << RemeasureReason(c.findings);
+  }
+}
+
 TEST(ValidationRunTest, MissedCutIsReleasedThenRetriedWithADoubledLead) {
   struct Case {
     int attempts;

@@ -24,21 +24,6 @@ std::vector<std::size_t> Sequence(std::size_t n) {
   return v;
 }
 
-// Why findings call for a second measurement ("" when they are clean): more than one culprit, or
-// a NIC that only some of its peers found slow (a slow NIC slows every link it carries, so the
-// rest of its slow links may be noise, or a slow link's neighbour).
-std::string Ambiguity(const analyzer::Localization& l) {
-  const std::size_t culprits = l.gpus.size() + l.links.size() + l.nics.size();
-  if (culprits > 1) return std::to_string(culprits) + " culprits at once";
-  for (const analyzer::SlowNic& n : l.nics) {
-    if (n.slow_peer_nodes < n.tested_peer_nodes) {
-      return "NIC of node " + std::to_string(n.node) + " slow to " + std::to_string(n.slow_peer_nodes) + " of " +
-             std::to_string(n.tested_peer_nodes) + " peer nodes";
-    }
-  }
-  return "";
-}
-
 // Adds `m` to `list`, or, when that exchange was measured already, keeps the lower time.
 void Merge(std::vector<analyzer::TransferMeasurement>& list, const analyzer::TransferMeasurement& m) {
   for (analyzer::TransferMeasurement& t : list) {
@@ -61,6 +46,26 @@ void Merge(std::vector<analyzer::GemmMeasurement>& list, const analyzer::GemmMea
 }
 
 }  // namespace
+
+std::string RemeasureReason(const analyzer::Localization& l) {
+  std::set<std::pair<std::int64_t, std::int64_t>> links;
+  for (const analyzer::SlowLink& k : l.links) {
+    const bool known = k.sender_node >= 0 && k.receiver_node >= 0;
+    const std::int64_t a = known ? k.sender_node : k.sender, b = known ? k.receiver_node : k.receiver;
+    // Rank pairs stand for themselves when a node is unknown (offset off the node numbers).
+    const std::int64_t offset = known ? 0 : std::int64_t{1} << 32;
+    links.insert({std::min(a, b) + offset, std::max(a, b) + offset});
+  }
+  const std::size_t culprits = l.gpus.size() + links.size() + l.nics.size();
+  if (culprits > 1) return std::to_string(culprits) + " culprits at once";
+  for (const analyzer::SlowNic& n : l.nics) {
+    if (n.slow_peer_nodes < n.tested_peer_nodes) {
+      return "NIC of node " + std::to_string(n.node) + " slow to " + std::to_string(n.slow_peer_nodes) + " of " +
+             std::to_string(n.tested_peer_nodes) + " peer nodes";
+    }
+  }
+  return "";
+}
 
 ValidationRun::ValidationRun(std::string id, std::vector<ValidationStep> steps, ValidationSettings settings,
                              bool release_first)
@@ -277,7 +282,7 @@ void ValidationRun::PlanRemeasure() {
   remeasure_planned_ = true;
   const Result<analyzer::Localization> loc = analyzer::Localize(Input(), settings_.localization);
   if (!loc.ok()) return;  // the controller reports the error
-  const std::string why = Ambiguity(loc.value());
+  const std::string why = RemeasureReason(loc.value());
   if (why.empty()) return;
   // The steps behind each finding: GEMM of a slow GPU's rank, the passes of a slow exchange.
   std::set<std::int64_t> gpu_ranks;

@@ -60,6 +60,12 @@ struct OutgoingCommand {
   protocol::Command command;
 };
 
+// Why findings call for a second measurement ("" when they are clean): more than one culprit, or
+// a NIC that only some of its peers found slow (a slow NIC slows every link it carries, so the
+// rest of its slow links may be noise, or a slow link's neighbour). Slow exchanges between the
+// same two nodes are one link: a congested node pair slows every rank pair across it.
+[[nodiscard]] std::string RemeasureReason(const analyzer::Localization& findings);
+
 class ValidationRun {
  public:
   // `id` prefixes every command id ("<id>-1", ...). Steps come from PlanValidationSteps.
