@@ -35,15 +35,14 @@ FailSlowDetector::FailSlowDetector(const DetectorOptions& options)
   options_.window = std::clamp<std::size_t>(options_.window, 2, kHistory - kPreSamples);
   options_.warmup = std::max<std::size_t>(options_.warmup, 3);
   options_.min_post = std::clamp<std::size_t>(options_.min_post, 1, options_.window);
-  options_.baseline_lag = std::min(options_.baseline_lag, kHistory);
 }
 
 double FailSlowDetector::baseline_seconds() const { return warm_ ? std::exp(baseline_) : 0.0; }
 
 std::size_t FailSlowDetector::MemoryBytes() const {
   return sizeof(*this) + bocd_.MemoryBytes() + kHistory * sizeof(Sample) +
-         (kDiffs + options_.baseline_lag) * sizeof(double) +
-         (pending_.capacity() + scratch_.capacity() + scratch2_.capacity()) * sizeof(double) * 2;
+         kDiffs * sizeof(double) + (pending_.capacity() + scratch_.capacity() +
+                                    scratch2_.capacity()) * sizeof(double) * 2;
 }
 
 double FailSlowDetector::Level() {
@@ -240,9 +239,6 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
     released_level_.reset();
     alarm.type = post > pre ? AlarmType::kSlow : AlarmType::kRecovered;
     slow_ = post > baseline_;
-    if (slow_) {
-      baseline_lag_.clear();
-    }
     return alarm;
   }
   const double margin = options_.confidence_z * 1.2533 * Sigma() /
@@ -254,7 +250,6 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
     released_level_.reset();
     slow_ = true;
     slow_level_ = post;
-    baseline_lag_.clear();  // samples of the change itself, or of its approach
     return alarm;
   }
   if (slow_ && post - baseline_ < std::log1p(options_.min_change) - margin) {
@@ -274,15 +269,10 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
 
 void FailSlowDetector::UpdateBaseline(double y) {
   if (slow_) {
-    baseline_lag_.clear();  // what waited may be the start of the slow level
     return;
   }
-  baseline_lag_.push_back(y);
-  while (baseline_lag_.size() > options_.baseline_lag) {
-    baseline_n_ = std::min<std::uint64_t>(baseline_n_ + 1, options_.baseline_horizon);
-    baseline_ += (baseline_lag_.front() - baseline_) / static_cast<double>(baseline_n_);
-    baseline_lag_.pop_front();
-  }
+  baseline_n_ = std::min<std::uint64_t>(baseline_n_ + 1, options_.baseline_horizon);
+  baseline_ += (y - baseline_) / static_cast<double>(baseline_n_);
 }
 
 }  // namespace falcon::analyzer

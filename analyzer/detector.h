@@ -51,11 +51,6 @@ struct DetectorOptions {
   // max_outlier_run: far longer than the bursts the spread test is for. 0 disables.
   std::size_t persistent_run = 8;
   std::size_t baseline_horizon = 256;  // healthy baseline: running mean of log time over this
-  // A sample joins the healthy baseline only this many samples later, and not at all when a slow
-  // alarm comes first: the samples of a change still being verified would otherwise pull the
-  // baseline towards themselves (early in a job, each by 1/n of the change) and a marginal
-  // fail-slow would shrink below the bar while it is being verified. 0: at once; at most 256.
-  std::size_t baseline_lag = 8;
   bool verify = true;               // false: plain BOCD, no persistence filter, no 10 % test
 };
 
@@ -117,7 +112,6 @@ class FailSlowDetector {
   bool slow_ = false;
   double baseline_ = 0.0;              // healthy log level (running mean of healthy samples)
   std::uint64_t baseline_n_ = 0;       // healthy samples averaged into baseline_
-  std::deque<double> baseline_lag_;    // healthy samples waiting to join it, newest last
   double slow_level_ = 0.0;            // current slow log level when slow_
   std::deque<Sample> kept_;            // kept samples, newest last (bounded by kHistory)
   std::uint64_t regime_kept_ = 0;      // kept samples since the current regime began
