@@ -15,7 +15,6 @@ constexpr std::size_t kDiffs = 64;       // successive differences for the noise
 constexpr std::size_t kLevelSamples = 16;  // recent regime samples for the current level
 constexpr std::size_t kPreSamples = 64;    // samples before a change point for verification
 constexpr std::size_t kSmallPost = 5;      // up to this many post samples, spread = half range
-constexpr double kPersistentShare = 0.8;   // of post samples above the bar: a persistent rise
 
 // Spread of the samples after a change point, in the units of a noise sigma: for a handful of
 // samples the half range (a median-based scale of 3 or 4 values ignores the disagreeing ones),
@@ -212,19 +211,10 @@ std::optional<Alarm> FailSlowDetector::Verify(std::uint64_t at) {
   post.insert(post.begin(), kept_[first_post].y);
   const double post_level = Median(post, scratch_);
   if (options_.verify && options_.level_spread_z > 0.0 && post_level > pre_level &&
-      !PersistentRise(post, pre_level) && LevelSpread(post, scratch_) > options_.level_spread_z * Sigma()) {
+      LevelSpread(post, scratch_) > options_.level_spread_z * Sigma()) {
     return std::nullopt;  // not (yet) one level: a burst of spikes of varying size, wait it out
   }
   return Decide(at, kept_[first_post].index, post_level, pre_level, probability);
-}
-
-bool FailSlowDetector::PersistentRise(std::span<const double> post, double pre_level) const {
-  if (options_.persistent_run == 0 || post.size() < options_.persistent_run) {
-    return false;
-  }
-  const double bar = pre_level + std::log1p(options_.min_change);
-  const auto above = std::count_if(post.begin(), post.end(), [&](double y) { return y > bar; });
-  return static_cast<double>(above) >= kPersistentShare * static_cast<double>(post.size());
 }
 
 std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t onset, double post,

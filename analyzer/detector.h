@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
-#include <span>
 #include <vector>
 
 #include "analyzer/bocd.h"
@@ -44,12 +43,6 @@ struct DetectorOptions {
   // robust spread (1.4826 x MAD) is at most this many noise sigmas. Bursts of spikes, whose sizes
   // vary far more than the noise, are waited out; a real level is not delayed. 0 disables.
   double level_spread_z = 3.0;
-  // ... unless the rise persists: once this many samples follow the change point and at least
-  // 80 % of them lie more than min_change above the level before it, the rise is verified however
-  // much it varies (a congested link or NIC makes iterations both slower and more erratic, and
-  // the noise estimate of the healthy regime would wait such a level out). Twice
-  // max_outlier_run: far longer than the bursts the spread test is for. 0 disables.
-  std::size_t persistent_run = 8;
   std::size_t baseline_horizon = 256;  // healthy baseline: running mean of log time over this
   bool verify = true;               // false: plain BOCD, no persistence filter, no 10 % test
 };
@@ -96,8 +89,6 @@ class FailSlowDetector {
   std::optional<Alarm> Feed(const Sample& s, std::uint64_t at);
   void Absorb(const Sample& s);
   std::optional<Alarm> Verify(std::uint64_t at);
-  // A rise that has lasted options_.persistent_run samples, mostly min_change above pre_level.
-  [[nodiscard]] bool PersistentRise(std::span<const double> post, double pre_level) const;
   std::optional<Alarm> Decide(std::uint64_t at, std::uint64_t onset, double post, double pre,
                               double probability);
   void Warm();
