@@ -235,8 +235,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
 void ValidationRun::FinishStep(const JobView& view) {
   const ValidationStep& step = steps_[order_[cursor_]];
   const bool again = cursor_ >= steps_.size();
-  std::map<std::int64_t, double>& medians = medians_;
-  medians.clear();
+  std::map<std::int64_t, double> medians;  // rank -> seconds (settings_.statistic of the repetitions)
   int missing = 0, failed = 0;
   for (const auto& [id, p] : pending_) {
     if (!p.ack) {

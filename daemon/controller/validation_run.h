@@ -81,7 +81,7 @@ class ValidationRun {
 
   [[nodiscard]] bool done() const { return phase_ == Phase::kDone; }
   [[nodiscard]] bool paused() const { return paused_; }  // the pause took on every rank
-  [[nodiscard]] bool completed() const { return done() && paused_ && cursor_ >= steps_.size() && cursor_ == order_.size(); }
+  [[nodiscard]] bool completed() const { return done() && paused_ && cursor_ == order_.size(); }
   [[nodiscard]] const std::string& failure() const { return failure_; }  // "" unless it failed
 
   // The measurements, as Localize() wants them (views into this object: keep it alive).
@@ -125,8 +125,6 @@ class ValidationRun {
   std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
   std::string failure_;
   nlohmann::json log_ = nlohmann::json::array();
-  // Results of the step under way: rank -> seconds (settings_.statistic of the repetitions).
-  std::map<std::int64_t, double> medians_;
   std::vector<analyzer::TransferMeasurement> transfers_, peer_transfers_;
   std::vector<analyzer::GemmMeasurement> gemms_;
 };
