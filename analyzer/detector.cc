@@ -166,7 +166,7 @@ void FailSlowDetector::Absorb(const Sample& s) {
   }
   ++regime_kept_;
   if (warm_) {
-    UpdateBaseline(s.y);
+    UpdateBaseline(s.y, sigma);
   }
 }
 
@@ -257,12 +257,20 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
   return std::nullopt;
 }
 
-void FailSlowDetector::UpdateBaseline(double y) {
+void FailSlowDetector::UpdateBaseline(double y, double sigma) {
   if (slow_) {
     return;
   }
   baseline_n_ = std::min<std::uint64_t>(baseline_n_ + 1, options_.baseline_horizon);
-  baseline_ += (y - baseline_) / static_cast<double>(baseline_n_);
+  // A Huber running mean: a sample moves the baseline by at most baseline_clip_z noise sigmas'
+  // worth, so a burst of host noise inside the healthy period cannot raise the level a later
+  // fail-slow is judged against, while drift within the noise is followed as by a plain mean.
+  double step = y - baseline_;
+  if (options_.baseline_clip_z > 0.0) {
+    const double clip = options_.baseline_clip_z * sigma;
+    step = std::clamp(step, -clip, clip);
+  }
+  baseline_ += step / static_cast<double>(baseline_n_);
 }
 
 }  // namespace falcon::analyzer

@@ -277,6 +277,9 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--spread-z", d.level_spread_z,
                   "a rise is verified when the post-change spread is <= this many sigmas (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--baseline-clip-z", d.baseline_clip_z,
+                  "a healthy sample moves the baseline by at most this many sigmas (0: plain mean)")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--max-hypotheses", d.bocd.max_hypotheses, "BOCD run lengths kept")
       ->capture_default_str()->check(CLI::Range(4, 4096));
   cmd->add_option("--acf-threshold", opts->tracker.period.acf_threshold,
