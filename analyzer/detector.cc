@@ -262,13 +262,14 @@ void FailSlowDetector::UpdateBaseline(double y, double sigma) {
     return;
   }
   baseline_n_ = std::min<std::uint64_t>(baseline_n_ + 1, options_.baseline_horizon);
-  // A Huber running mean: a sample moves the baseline by at most baseline_clip_z noise sigmas'
-  // worth, so a burst of host noise inside the healthy period cannot raise the level a later
-  // fail-slow is judged against, while drift within the noise is followed as by a plain mean.
+  // A running mean whose upward pulls are clipped (one-sided Huber): a slow sample raises the
+  // baseline by at most baseline_clip_z noise sigmas' worth, so a burst of host noise inside the
+  // healthy period cannot lift the level a later fail-slow is judged against; drift within the
+  // noise is followed as by a plain mean, and so is a job that becomes faster (the end of a slow
+  // warm-up), which a two-sided clip would follow only over thousands of iterations.
   double step = y - baseline_;
   if (options_.baseline_clip_z > 0.0) {
-    const double clip = options_.baseline_clip_z * sigma;
-    step = std::clamp(step, -clip, clip);
+    step = std::min(step, options_.baseline_clip_z * sigma);
   }
   baseline_ += step / static_cast<double>(baseline_n_);
 }

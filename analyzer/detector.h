@@ -44,8 +44,8 @@ struct DetectorOptions {
   // vary far more than the noise, are waited out; a real level is not delayed. 0 disables.
   double level_spread_z = 3.0;
   std::size_t baseline_horizon = 256;  // healthy baseline: running mean of log time over this
-  // Each healthy sample's pull on the baseline is clipped to this many noise sigmas (Huber's
-  // 1.345: 95 % of a plain mean's efficiency on Gaussian noise). 0: a plain running mean.
+  // A healthy sample above the baseline pulls it up by at most this many noise sigmas (Huber's
+  // 1.345, one-sided: iteration-time noise is skewed slow). 0: a plain running mean.
   double baseline_clip_z = 1.345;
   bool verify = true;               // false: plain BOCD, no persistence filter, no 10 % test
 };

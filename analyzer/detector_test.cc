@@ -96,6 +96,22 @@ TEST(DetectorTest, NoiseBurstInTheHealthyPeriodDoesNotLiftTheBaseline) {
   EXPECT_GE(plain_missed, 1);
 }
 
+// A job whose first iterations are slower than its steady state (warm-up: compilation, caches,
+// data loaders) gets a baseline that follows it down, so a later x1.3 fail-slow is reported at
+// its ratio and not hidden under the warm-up level.
+TEST(DetectorTest, BaselineFollowsTheEndOfASlowWarmUp) {
+  for (std::uint64_t seed : {1, 2, 3}) {
+    const auto xs = Series({{16, 1.5}, {150, 1.0}, {40, 1.3}}, 2.0, 0.01, seed);
+    const auto alarms = Detect(xs);
+    ASSERT_EQ(alarms.size(), 1U) << "seed " << seed;
+    EXPECT_EQ(alarms[0].type, AlarmType::kSlow);
+    EXPECT_NEAR(static_cast<double>(alarms[0].onset), 166.0, 2.0);
+    // The warm-up samples stay in the running mean with their weight (16 of ~170 samples here).
+    EXPECT_GT(alarms[0].ratio, 1.2) << "seed " << seed;
+    EXPECT_LT(alarms[0].ratio, 1.32) << "seed " << seed;
+  }
+}
+
 TEST(DetectorTest, SpikesPausesAndSmallDriftDoNotAlarm) {
   auto xs = Series({{3000, 1.0}}, 4.0, 0.02, 11);
   testing::Rng rng(12);
