@@ -965,13 +965,14 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
   }
 }
 
-TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairAndPartialNics) {
-  auto link = [](std::int32_t a, std::int32_t b, std::int32_t na, std::int32_t nb) {
+TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairPartialNicsAndLoneSlowTransfers) {
+  auto link = [](std::int32_t a, std::int32_t b, std::int32_t na, std::int32_t nb, std::size_t measurements = 1) {
     analyzer::SlowLink k;
     k.sender = a;
     k.receiver = b;
     k.sender_node = na;
     k.receiver_node = nb;
+    k.measurements = measurements;
     return k;
   };
   auto nic = [](std::int32_t node, std::size_t slow, std::size_t tested) {
@@ -990,6 +991,9 @@ TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairAndPartialNics) {
       {"one GPU", {{{3, 1, {}}}, {}, {}}, false},
       {"two GPUs", {{{3, 1, {}}, {9, 4, {}}}, {}, {}}, true},
       {"two rank pairs across one node pair", {{}, {link(0, 2, 0, 1), link(3, 1, 1, 0)}, {}}, false},
+      {"one link slow in two passes", {{}, {link(0, 2, 0, 1, 2)}, {}}, false},
+      {"one link slow in one transfer", {{}, {link(0, 2, 0, 1, 1)}, {}}, true},
+      {"one rank pair, nodes unknown, one transfer", {{}, {link(0, 2, -1, -1, 1)}, {}}, true},
       {"links between two node pairs", {{}, {link(0, 2, 0, 1), link(4, 6, 2, 3)}, {}}, true},
       {"two rank pairs, nodes unknown", {{}, {link(0, 2, -1, -1), link(1, 3, -1, -1)}, {}}, true},
       {"a GPU and a link", {{{3, 1, {}}}, {link(0, 2, 0, 1)}, {}}, true},

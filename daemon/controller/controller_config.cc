@@ -83,7 +83,8 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->capture_default_str();
   Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(CLI::Range(1, 1000));
   Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
-        "(several culprits, a NIC slow to only some peers) and keep each measurement's lower value");
+        "(several culprits, a NIC slow to only some peers, a link slow in one transfer only) and keep each "
+        "measurement's lower value");
   MitigationSettings& m = c.mitigation;
   Entry(app, "mitigation", m.mode, "decisions: off (none), advise (publish plans), act (also hand them to the "
         "frameworks through the agents and shims)")

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -48,16 +49,21 @@ void Merge(std::vector<analyzer::GemmMeasurement>& list, const analyzer::GemmMea
 }  // namespace
 
 std::string RemeasureReason(const analyzer::Localization& l) {
-  std::set<std::pair<std::int64_t, std::int64_t>> links;
+  std::map<std::pair<std::int64_t, std::int64_t>, std::size_t> links;  // node pair -> slow measurements
   for (const analyzer::SlowLink& k : l.links) {
     const bool known = k.sender_node >= 0 && k.receiver_node >= 0;
     const std::int64_t a = known ? k.sender_node : k.sender, b = known ? k.receiver_node : k.receiver;
     // Rank pairs stand for themselves when a node is unknown (offset off the node numbers).
     const std::int64_t offset = known ? 0 : std::int64_t{1} << 32;
-    links.insert({std::min(a, b) + offset, std::max(a, b) + offset});
+    links[{std::min(a, b) + offset, std::max(a, b) + offset}] += std::max<std::size_t>(k.measurements, 1);
   }
   const std::size_t culprits = l.gpus.size() + links.size() + l.nics.size();
   if (culprits > 1) return std::to_string(culprits) + " culprits at once";
+  for (const auto& [pair, measurements] : links) {
+    // One slow transfer is what a preempted sender or receiver gives; a congested link slows
+    // every exchange across it (both rank pairs of a TP-2 job, or both ring passes).
+    if (measurements < 2) return "a slow link that rests on one slow measurement";
+  }
   for (const analyzer::SlowNic& n : l.nics) {
     if (n.slow_peer_nodes < n.tested_peer_nodes) {
       return "NIC of node " + std::to_string(n.node) + " slow to " + std::to_string(n.slow_peer_nodes) + " of " +

@@ -10,12 +10,14 @@
 //  - Each step sends its commands, then waits for every ack up to `ack_timeout_s`. A task that
 //    failed or was never acked leaves its measurement out; the round goes on.
 //  - Re-measuring (`remeasure`): when the steps are done and the findings are ambiguous (more than
-//    one culprit, or a NIC only some of whose links were slow), the steps that produced a finding
+//    one culprit, a NIC only some of whose links were slow, or a slow link that rests on a single
+//    slow transfer across its node pair), the steps that produced a finding
 //    run once more before the resume and each measurement keeps the lower of its two values.
 //    Interference (a starved host, a co-scheduled process) only ever adds time and rarely hits
 //    the same transfers twice, whereas a fail-slow slows both runs: what noise made of a slow link
-//    (a second slow link, a NIC) is taken back, a real culprit stays. A clean finding (one GPU,
-//    one link, a NIC slow to every peer) keeps the pause short.
+//    (a second slow link, a NIC, one preempted transfer) is taken back, a real culprit stays. A
+//    clean finding (one GPU, one link slow in two or more transfers, a NIC slow to every peer)
+//    keeps the pause short.
 //  - Any pause failure, and the end of the steps, lead to resume. Resume is sent even when the
 //    pause never fully took (agents release only what they trapped), and the shims' own deadline
 //    (`max_pause_s`) releases the job if nobody resumes it.
