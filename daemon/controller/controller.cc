@@ -195,20 +195,25 @@ Status Controller::Track(std::int64_t now_ns) {
   }
   Incident& inc = *state_.incident;
   Mitigator* m = CurrentMitigator();
+  // While S2 holds, the iteration time cannot tell whether the culprits are still slow: S2 may be
+  // what makes the job look healthy, and once the fault is gone the re-balanced split itself
+  // keeps the job slower than its even split did. So the culprits are validated again now and
+  // then (recheck-s, doubling while they stay slow), whether the ranks look slow or not.
+  const bool rebalancing = m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
+                           config_.mitigation.mode == "act";
+  auto recheck_due = [&] {
+    const double interval = inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
+    return now_ns - inc.last_round_ns >= Seconds(interval);
+  };
+  auto recheck = [&] {
+    inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
+    inc.recheck = true;
+    return StartProfiling(now_ns);
+  };
   if (slow.empty()) {
     const bool gone = std::none_of(inc.ranks.begin(), inc.ranks.end(),
                                    [&](std::int64_t r) { return view_.ranks().count(r) > 0; });
-    if (!gone && m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
-        config_.mitigation.mode == "act") {
-      // S2 may be what makes the job look healthy: look at the culprits again now and then.
-      const double interval = inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
-      if (now_ns - inc.last_round_ns >= Seconds(interval)) {
-        inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
-        inc.recheck = true;
-        return StartProfiling(now_ns);
-      }
-      return FeedMitigation(now_ns);
-    }
+    if (!gone && rebalancing) return recheck_due() ? recheck() : FeedMitigation(now_ns);
     return Resolve(now_ns, gone ? "the slow ranks are gone (exited, or their agents stopped reporting)"
                                 : m != nullptr && m->current() != "S1" && config_.mitigation.mode == "act"
                                       ? "iteration time is back to healthy under " + m->current()
@@ -219,10 +224,9 @@ Status Controller::Track(std::int64_t now_ns) {
   }
   if (inc.revalidate && m != nullptr && !m->stopped()) {
     inc.revalidate = false;
-    inc.recheck = true;
-    inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
-    return StartProfiling(now_ns);
+    return recheck();
   }
+  if (rebalancing && recheck_due()) return recheck();
   return FeedMitigation(now_ns);
 }
 

@@ -103,8 +103,8 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->check(CLI::Range(0, 65535));
   Entry(app, "plan-sample-s", m.sample_s, "feed the mitigation planner the iteration time this often, s")
       ->check(CLI::Range(0.05, 3600.0));
-  Entry(app, "recheck-s", m.recheck_s, "while S2 holds the job at healthy speed, re-validate the culprits this "
-        "often to see whether the fault is gone, s")
+  Entry(app, "recheck-s", m.recheck_s, "while S2 holds (act mode), re-validate the culprits this often to see "
+        "whether the fault is gone (doubling while they stay slow), s")
       ->check(CLI::Range(1.0, 86400.0));
   Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));

@@ -47,7 +47,7 @@ struct MitigationSettings {
   std::string job_shape;           // "TPxDPxPP"; empty: inferred from the communicators
   std::int32_t spare_nodes = 0;    // idle nodes an S4 restart may use (the controller names them spare0, ...)
   double sample_s = 1.0;           // how often the planner is fed the iteration time
-  double recheck_s = 60;           // while S2 holds the job at healthy speed, re-validate this often
+  double recheck_s = 60;           // while S2 holds, re-validate the culprits this often (doubling)
 };
 
 struct JobLayout {
