@@ -96,6 +96,24 @@ Segment::Status Segment::Create(int fd, uint64_t key, int nranks, size_t slot_by
   return Status::kOk;
 }
 
+bool Segment::UnfinishedTooLong(const struct stat& st) {
+  // The timer belongs to one object: when the name now holds another (a peer unlinked the
+  // stale one and is creating its replacement), the wait starts again. Otherwise a rank whose
+  // timer ran on the dead job's segment would unlink its peer's fresh one, and the two would
+  // rendezvous in different segments until the deadline.
+  const int64_t now = NowNs();
+  const auto ino = static_cast<uint64_t>(st.st_ino), dev = static_cast<uint64_t>(st.st_dev);
+  if (unsized_since_ns_ == 0 || ino != unsized_ino_ || dev != unsized_dev_) {
+    unsized_since_ns_ = now;
+    unsized_ino_ = ino;
+    unsized_dev_ = dev;
+    return false;
+  }
+  if (now - unsized_since_ns_ <= kUnsizedStaleNs) return false;
+  unsized_since_ns_ = 0;
+  return true;
+}
+
 Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nranks,
                                  size_t slot_bytes, size_t p2p_bytes, std::string* err) {
   name_ = name;
@@ -113,12 +131,7 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
   }
   struct stat st{};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(SegHeader)) {
-    const int64_t now = NowNs();
-    if (unsized_since_ns_ == 0) unsized_since_ns_ = now;
-    if (now - unsized_since_ns_ > kUnsizedStaleNs) {
-      UnlinkIfSame(name, fd);  // creator died between O_EXCL and ftruncate
-      unsized_since_ns_ = 0;
-    }
+    if (UnfinishedTooLong(st)) UnlinkIfSame(name, fd);  // creator died between O_EXCL and ftruncate
     close(fd);
     return Status::kPending;
   }
@@ -143,12 +156,7 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
     // Sized but no creator recorded yet: the creator is between ftruncate and publishing, or
     // died there. Same rule as an unsized segment: stale after kUnsizedStaleNs.
     munmap(p, size);
-    const int64_t now = NowNs();
-    if (unsized_since_ns_ == 0) unsized_since_ns_ = now;
-    if (now - unsized_since_ns_ > kUnsizedStaleNs) {
-      UnlinkIfSame(name, fd);
-      unsized_since_ns_ = 0;
-    }
+    if (UnfinishedTooLong(st)) UnlinkIfSame(name, fd);
     close(fd);
     return Status::kPending;
   }

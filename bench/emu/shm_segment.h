@@ -39,6 +39,8 @@
 #include <cstdint>
 #include <string>
 
+struct stat;
+
 namespace falcon::emu {
 
 inline constexpr uint64_t kSegMagic = 0x46414C434F4E454Dull;  // "FALCONEM"
@@ -143,6 +145,9 @@ class Segment {
   void ComputeOffsets();
   Status Create(int fd, uint64_t key, int nranks, size_t slot_bytes, size_t p2p_bytes,
                 std::string* err);
+  // True once the object `st` describes has looked unfinished (unsized, or no creator recorded)
+  // for longer than the stale limit across this rank's attempts; then the timer is reset.
+  bool UnfinishedTooLong(const struct stat& st);
 
   std::string name_;
   bool unlinked_ = true;
@@ -152,7 +157,8 @@ class Segment {
   size_t slot_bytes_ = 0;
   size_t p2p_bytes_ = 0;
   size_t off_ranks_ = 0, off_slots_ = 0, off_chans_ = 0, off_chan_data_ = 0;
-  int64_t unsized_since_ns_ = 0;
+  int64_t unsized_since_ns_ = 0;   // when the object below first looked unfinished; 0: not timing
+  uint64_t unsized_ino_ = 0, unsized_dev_ = 0;
 };
 
 }  // namespace falcon::emu
