@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "analyzer/robust.h"
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/validate.h"
 #include "daemon/redis/redis_commands.h"
@@ -398,13 +399,11 @@ class ControllerEndToEndActTest : public ControllerEndToEndTest {
   // iterations that a validation pause (a re-check) stretched say nothing about the plan.
   template <typename Pick>
   static double MedianIteration(const json& report, Pick pick) {
-    std::vector<double> d;
+    std::vector<double> d, scratch;
     for (const json& it : report["iterations"]) {
       if (pick(it)) d.push_back(it["duration_s"].get<double>());
     }
-    if (d.empty()) return 0.0;
-    std::sort(d.begin(), d.end());
-    return d.size() % 2 == 1 ? d[d.size() / 2] : 0.5 * (d[d.size() / 2 - 1] + d[d.size() / 2]);
+    return d.empty() ? 0.0 : analyzer::Median(d, scratch);
   }
   std::vector<std::string> Decisions() {
     std::vector<std::string> out;

@@ -201,10 +201,7 @@ Status Controller::Track(std::int64_t now_ns) {
   // then (recheck-s, doubling while they stay slow), whether the ranks look slow or not.
   const bool rebalancing = m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
                            config_.mitigation.mode == "act";
-  auto recheck_due = [&] {
-    const double interval = inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
-    return now_ns - inc.last_round_ns >= Seconds(interval);
-  };
+  auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
   auto recheck = [&] {
     inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
     inc.recheck = true;
@@ -590,10 +587,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
     inc.findings = was_findings;
     summary = "re-check did not complete: " + run->failure() + "; " + m->current() + " stays in force";
   }
-  if (recheck && inc.localised) {
-    const double interval = inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
-    inc.recheck_interval_s = std::min(2 * interval, 3600.0);
-  }
+  if (recheck && inc.localised) inc.recheck_interval_s = std::min(2 * RecheckIntervalS(inc), 3600.0);
   if (Status s = Record("localisation", (recheck ? "re-check: " : "") + summary, fields,
                         inc.localised && !recheck ? "critical" : mitigating ? "info" : "warning");
       !s.ok()) {
@@ -625,6 +619,10 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   }
   if (inc.localised && config_.mitigation.mode != "off") return StartMitigation(now_ns);
   return Status::Ok();
+}
+
+double Controller::RecheckIntervalS(const Incident& inc) const {
+  return inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
 }
 
 Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {

@@ -98,6 +98,9 @@ class Controller {
   // so the planner decides it again (and it is published) once Redis answers.
   void Unpublished(const nlohmann::json& mitigation_before, const Status& why);
   Mitigator* CurrentMitigator();
+  // The wait before the incident's next re-check while S2 holds: recheck-s, doubled per round
+  // that found the culprits still slow.
+  [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
   std::vector<std::int64_t> LiveSlow() const;

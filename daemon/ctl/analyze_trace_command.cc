@@ -278,7 +278,7 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx) {
                   "a rise is verified when the post-change spread is <= this many sigmas (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--baseline-clip-z", d.baseline_clip_z,
-                  "a healthy sample moves the baseline by at most this many sigmas (0: plain mean)")
+                  "a healthy sample above the baseline raises it by at most this many sigmas (0: plain mean)")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--max-hypotheses", d.bocd.max_hypotheses, "BOCD run lengths kept")
       ->capture_default_str()->check(CLI::Range(4, 4096));
