@@ -13,11 +13,15 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "analyzer/validation_plan.h"
+#include "daemon/controller/controller_config.h"
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
@@ -759,6 +763,41 @@ TEST(ValidationRunTest, PauseCutIsPlacedAheadOfWhereTheJobIsNow) {
     EXPECT_FALSE(run.done());
     EXPECT_TRUE(run.Next(view, now + kSec).empty()) << "waiting for the acks";
   }
+}
+
+// --statistic reaches the validation settings by name from a flag, the environment or a config
+// file, and --print-config writes the name back (a config it wrote must load again).
+TEST(ControllerConfigTest, StatisticIsParsedAndPrintedByName) {
+  struct Case {
+    std::vector<std::string> args;  // after the program name
+    std::string config;             // config file text ("" for none)
+    Statistic want;
+  } cases[] = {{{}, "", Statistic::kMin},
+               {{"--statistic", "median"}, "", Statistic::kMedian},
+               {{"--statistic", "min"}, "", Statistic::kMin},
+               {{}, "statistic=\"median\"\n", Statistic::kMedian}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config + (c.args.empty() ? "" : c.args[1]));
+    CLI::App app;
+    ControllerConfig config;
+    AddConfigOptions(app, config);
+    if (!c.config.empty()) {
+      std::istringstream in(c.config);
+      app.parse_from_stream(in);
+    } else {
+      std::vector<std::string> argv(c.args.rbegin(), c.args.rend());  // CLI11 takes them reversed
+      app.parse(argv);
+    }
+    EXPECT_EQ(config.validation.statistic, c.want);
+    const std::string printed = app.config_to_str(true, false);
+    EXPECT_NE(printed.find(c.want == Statistic::kMin ? "statistic=\"min\"" : "statistic=\"median\""),
+              std::string::npos)
+        << printed;
+  }
+  CLI::App app;
+  ControllerConfig config;
+  AddConfigOptions(app, config);
+  EXPECT_THROW(app.parse(std::vector<std::string>{"mean", "--statistic"}), CLI::ValidationError);
 }
 
 TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {

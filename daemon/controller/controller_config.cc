@@ -75,12 +75,15 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "gemm-size", v.gemm_size, "GEMM validation matrix dimension")->check(CLI::Range(1, 8192));
   Entry(app, "gemm-repeats", v.gemm_repeats, "timed GEMM repetitions")->check(CLI::Range(1, 1000));
   Entry(app, "p2p-bytes", v.p2p_bytes, "bytes per P2P validation transfer")->check(CLI::Range(1, 1 << 30));
-  app.add_option("--statistic", v.statistic, "which repetition time stands for a benchmark: min (robust to "
-                 "interference) or median")
+  // Parsed as its name and converted in a callback: a transformer would store the enum's number
+  // as the option's result, and --print-config would write "statistic=1".
+  app.add_option_function<std::string>(
+         "--statistic",
+         [&v](const std::string& name) { v.statistic = name == "min" ? Statistic::kMin : Statistic::kMedian; },
+         "which repetition time stands for a benchmark: min (robust to interference) or median")
       ->envname(EnvName("statistic"))
-      ->transform(CLI::CheckedTransformer(std::map<std::string, Statistic>{{"min", Statistic::kMin},
-                                                                          {"median", Statistic::kMedian}}))
-      ->capture_default_str();
+      ->check(CLI::IsMember({"min", "median"}))
+      ->default_str(v.statistic == Statistic::kMin ? "min" : "median");
   Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(CLI::Range(1, 1000));
   Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
         "(several culprits, a NIC slow to only some peers, a link slow in one transfer only) and keep each "
