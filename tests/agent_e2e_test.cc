@@ -163,6 +163,32 @@ class AgentEndToEndTest : public ::testing::Test {
   std::int64_t job_start_ns_ = 0;
 };
 
+// SIGTERM while the agent is still connecting: Stop() shuts down the Redis sockets to wake
+// their threads, and a thread writing a command on one then gets EPIPE. The agent ignores
+// SIGPIPE, so that is a transport error and the stop stays clean (exit 0), however the signal
+// falls against the start.
+TEST_F(AgentEndToEndTest, ASignalDuringTheStartStopsItCleanly) {
+  StartAgent();
+  EXPECT_TRUE(testing::IgnoresSignal(agent_, SIGPIPE)) << "a closed Redis socket would kill the agent";
+  for (int i = 0; i < 10; ++i) {
+    ::kill(agent_, SIGTERM);
+    ASSERT_EQ(testing::WaitFor(agent_, 15), 0) << ReadFile(agent_log_);
+    agent_ = -1;
+    agent_log_ = dir_.path() + "/agent" + std::to_string(i) + ".log";  // never its predecessor's lines
+    const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
+    const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
+                            "' --redis-port " + std::to_string(redis_.port()) +
+                            " --metrics-port 0 --command-block-ms 100 --log-level debug 2>'" + agent_log_ + "'";
+    agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+    ASSERT_GT(agent_, 0);
+    // Its handlers are in place once it logs the start; it is signalled at a different point of
+    // its connecting each time: right away, then 2 ms later, ...
+    ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=start ") != std::string::npos; }, 20))
+        << ReadFile(agent_log_);
+    ::usleep(static_cast<useconds_t>(2000 * i));
+  }
+}
+
 TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   StartAgent();
   // The fault must start after the detector's warm-up (16 samples after the period lock); the

@@ -2,6 +2,7 @@
 // flags and config (defaults < file < FALCON_AGENT_* < flags), logging, the event loop, the
 // Agent, signal handling. Exit status: 0 after SIGINT/SIGTERM, 1 if the agent cannot start,
 // 2 for bad flags or configuration.
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -106,13 +107,14 @@ int main(int argc, char** argv) {
   env.uid = static_cast<std::uint32_t>(getuid());
   env.pid = static_cast<std::int32_t>(getpid());
 
+  // A write to a Redis socket that the peer closed, or that Stop() shut down to wake a blocked
+  // read, must fail with EPIPE (a transport error the connection handles), not kill the agent:
+  // hiredis writes without MSG_NOSIGNAL. Before any thread starts.
+  ::signal(SIGPIPE, SIG_IGN);
   boost::asio::io_context io(1);
   falcon::agent::Agent agent(io, config, env, log);
-  const falcon::Status s = agent.Start();
-  if (!s.ok()) {
-    log->error("event=start_failed reason=\"{}\"", s.message());
-    return kExitStartFailed;
-  }
+  // Handled from before the start: a SIGTERM while the agent connects waits for io.run() and
+  // stops it cleanly instead of killing it half-started.
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
@@ -120,6 +122,11 @@ int main(int argc, char** argv) {
     agent.Stop();
     io.stop();
   });
+  const falcon::Status s = agent.Start();
+  if (!s.ok()) {
+    log->error("event=start_failed reason=\"{}\"", s.message());
+    return kExitStartFailed;
+  }
   io.run();
   agent.Stop();
   return 0;

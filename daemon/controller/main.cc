@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // A write to a Redis socket that the peer closed must fail with EPIPE (a transport error the
+  // connection handles), not kill the controller: hiredis writes without MSG_NOSIGNAL.
+  ::signal(SIGPIPE, SIG_IGN);
   falcon::controller::Controller controller(config, log);
   return controller.Run(g_stop);
 }

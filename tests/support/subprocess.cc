@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <map>
+#include <string>
 
 extern char** environ;
 
@@ -129,6 +130,17 @@ int WaitFor(pid_t pid, double timeout_s) {
     return -1;
   }
   return DecodeStatus(status);
+}
+
+bool IgnoresSignal(pid_t pid, int sig) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("SigIgn:", 0) != 0) continue;
+    const std::uint64_t mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1u) != 0;
+  }
+  return false;
 }
 
 TempDir::TempDir() {

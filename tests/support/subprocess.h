@@ -29,6 +29,10 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>
 // Waits up to timeout_s for `pid`; returns its exit code, or -1 on timeout (the child is killed).
 int WaitFor(pid_t pid, double timeout_s);
 
+// Whether the running process `pid` ignores signal `sig` (the SigIgn mask of /proc/PID/status);
+// false if it cannot be read.
+bool IgnoresSignal(pid_t pid, int sig);
+
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
 class TempDir {
  public:
