@@ -765,8 +765,8 @@ TEST(ValidationRunTest, PauseCutIsPlacedAheadOfWhereTheJobIsNow) {
   }
 }
 
-// --statistic reaches the validation settings by name from a flag, the environment or a config
-// file, and --print-config writes the name back (a config it wrote must load again).
+// --statistic reaches the validation settings by name from a flag or a config file, and the
+// printed config (--print-config) writes the name back, not the enum's number.
 TEST(ControllerConfigTest, StatisticIsParsedAndPrintedByName) {
   struct Case {
     std::vector<std::string> args;  // after the program name
