@@ -126,7 +126,14 @@ class AgentEndToEndTest : public ::testing::Test {
     }
   }
 
+  // Starts the agent (logging to agent_log_) and waits until it serves /healthz.
   void StartAgent() {
+    SpawnAgent();
+    ASSERT_TRUE(WaitUntil([&] { return HttpGet(metrics_port_, "/healthz").find("ok") != std::string::npos; }, 20))
+        << ReadFile(agent_log_);
+  }
+  // Starts the agent without waiting for it.
+  void SpawnAgent() {
     const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
     std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" +
                       shm_ + "' --redis-port " + std::to_string(redis_.port()) +
@@ -136,8 +143,6 @@ class AgentEndToEndTest : public ::testing::Test {
                       " --redis-backoff-max-ms 200 --log-level debug 2>'" + agent_log_ + "'";
     agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
     ASSERT_GT(agent_, 0);
-    ASSERT_TRUE(WaitUntil([&] { return HttpGet(metrics_port_, "/healthz").find("ok") != std::string::npos; }, 20))
-        << ReadFile(agent_log_);
   }
 
   // 4 ranks, 2 per emulated node; inter-node links slow enough that a NIC fault on node 1 from
@@ -175,12 +180,7 @@ TEST_F(AgentEndToEndTest, ASignalDuringTheStartStopsItCleanly) {
     ASSERT_EQ(testing::WaitFor(agent_, 15), 0) << ReadFile(agent_log_);
     agent_ = -1;
     agent_log_ = dir_.path() + "/agent" + std::to_string(i) + ".log";  // never its predecessor's lines
-    const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
-    const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
-                            "' --redis-port " + std::to_string(redis_.port()) +
-                            " --metrics-port 0 --command-block-ms 100 --log-level debug 2>'" + agent_log_ + "'";
-    agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
-    ASSERT_GT(agent_, 0);
+    SpawnAgent();
     // Its handlers are in place once it logs the start; it is signalled at a different point of
     // its connecting each time: right away, then 2 ms later, ...
     ASSERT_TRUE(WaitUntil([&] { return ReadFile(agent_log_).find("event=start ") != std::string::npos; }, 20))
