@@ -1207,6 +1207,9 @@ ControllerState FullState() {
   s.pending_excluded = {0};
   s.incident->mitigation = {{"cause", "compute"}, {"applied", {"S2"}}};
   s.incident->last_feed_ns = kT0 + 2 * kSec;
+  s.incident->revalidate = true;
+  s.incident->deferred_rounds = 2;
+  s.incident->best_since_round_s = 0.61;
   return s;
 }
 
@@ -1266,6 +1269,9 @@ TEST(ControllerStateTest, CorruptDocumentFallsBackToAFreshStateButKeepsValidCurs
       {"suspicion missing", [](json& j) { j.erase("suspicion"); }, "suspicion", true},
       {"healthy_s a string", [](json& j) { j["healthy_s"] = "0.5"; }, "type", true},
       {"cursors missing", [](json& j) { j.erase("cursors"); }, "cursors", false},
+      {"deferred_rounds negative", [](json& j) { j["incident"]["deferred_rounds"] = -1; }, "deferred_rounds", true},
+      {"deferred_rounds huge", [](json& j) { j["incident"]["deferred_rounds"] = 1000; }, "deferred_rounds", true},
+      {"best_since_round_s negative", [](json& j) { j["incident"]["best_since_round_s"] = -0.5; }, "best_since_round_s", true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -202,15 +202,23 @@ Status Controller::Track(std::int64_t now_ns) {
   const bool rebalancing = m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
                            config_.mitigation.mode == "act";
   auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
+  if (inc.localised && m != nullptr && !m->stopped()) {
+    if (const auto cur = CurrentIterationS(); cur && *cur > 0 && (inc.best_since_round_s <= 0 || *cur < inc.best_since_round_s)) {
+      inc.best_since_round_s = *cur;
+    }
+  }
+  // A new slowdown (OnAlarm), or a round whose outcome Redis refused, asks for a re-check.
+  const bool revalidate_due = inc.revalidate && m != nullptr && !m->stopped() && now_ns >= inc.next_attempt_ns;
   auto recheck = [&] {
     inc.attempts = std::min(inc.attempts, config_.max_attempts - 1);
     inc.recheck = true;
+    inc.revalidate = false;
     return StartProfiling(now_ns);
   };
   if (slow.empty()) {
     const bool gone = std::none_of(inc.ranks.begin(), inc.ranks.end(),
                                    [&](std::int64_t r) { return view_.ranks().count(r) > 0; });
-    if (!gone && rebalancing) return recheck_due() ? recheck() : FeedMitigation(now_ns);
+    if (!gone && rebalancing) return recheck_due() || revalidate_due ? recheck() : FeedMitigation(now_ns);
     return Resolve(now_ns, gone ? "the slow ranks are gone (exited, or their agents stopped reporting)"
                                 : m != nullptr && m->current() != "S1" && config_.mitigation.mode == "act"
                                       ? "iteration time is back to healthy under " + m->current()
@@ -219,11 +227,7 @@ Status Controller::Track(std::int64_t now_ns) {
   if (!inc.localised && inc.attempts < config_.max_attempts && now_ns >= inc.next_attempt_ns) {
     return StartProfiling(now_ns);
   }
-  if (inc.revalidate && m != nullptr && !m->stopped()) {
-    inc.revalidate = false;
-    return recheck();
-  }
-  if (rebalancing && recheck_due()) return recheck();
+  if (revalidate_due || (rebalancing && recheck_due())) return recheck();
   return FeedMitigation(now_ns);
 }
 
@@ -516,6 +520,7 @@ analyzer::LocalizationOptions Controller::LocalizationOptions() const {
 Status Controller::FinishValidation(std::int64_t now_ns) {
   std::unique_ptr<ValidationRun> run = std::move(run_);
   Incident& inc = *state_.incident;
+  const Incident before_round = inc;
   Result<analyzer::Localization> loc = analyzer::Localize(run->Input(), LocalizationOptions());
   json detail = {{"validation", run->Summary()}, {"suspicion", state_.suspicion}, {"attempt", inc.attempts}};
   if (!inc.request.empty()) detail["request"] = inc.request;
@@ -568,10 +573,13 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
                                       : "validation found no slow GPU, link or NIC (attempt " +
                                             std::to_string(inc.attempts) + " of " + std::to_string(config_.max_attempts) + ")";
     inc.next_attempt_ns = now_ns + Seconds(config_.retry_after_s);
+  } else {
+    inc.next_attempt_ns = 0;
   }
   inc.cause = cause;
   inc.findings = detail;
   inc.last_round_ns = now_ns;
+  inc.best_since_round_s = 0;
   log_->debug("event=localisation detail={}", detail.dump());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
@@ -591,34 +599,54 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   if (Status s = Record("localisation", (recheck ? "re-check: " : "") + summary, fields,
                         inc.localised && !recheck ? "critical" : mitigating ? "info" : "warning");
       !s.ok()) {
-    return s;
+    return RoundUnpublished(before_round, now_ns, s);
   }
+  inc.deferred_rounds = 0;
   if (mitigating) {
     // A mitigation is running: a complete round that finds nothing means the fault is gone;
     // one that blames others means the fault moved: the old mitigation stops (S2 undone), a new
     // one starts from the new findings.
-    if (!inc.localised) return Resolve(now_ns, "the culprits validate healthy again");
+    if (!inc.localised) {
+      if (Status s = Resolve(now_ns, "the culprits validate healthy again"); !s.ok()) {
+        return RoundUnpublished(before_round, now_ns, s);
+      }
+      return Status::Ok();
+    }
     if (Culprits(inc.findings) != Culprits(was_findings)) {
-      const json before = inc.mitigation;
       Result<Decision> d = m->End(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS);
       if (d.ok()) {
         d.value().summary = "the culprits changed: " + d.value().summary;
-        if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) {
-          Unpublished(before, s);
-          return s;
-        }
+        if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
       }
       mitigator_.reset();
       inc.mitigation = json();
       inc.recheck_interval_s = 0;
-      if (Status s = StartMitigation(now_ns); !s.ok()) return s;
+      if (Status s = StartMitigation(now_ns); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
       inc.last_feed_ns = now_ns;  // the new culprits' cost counts from now, not from the detection
       return Status::Ok();
     }
     return Status::Ok();
   }
-  if (inc.localised && config_.mitigation.mode != "off") return StartMitigation(now_ns);
+  if (inc.localised && config_.mitigation.mode != "off") {
+    if (Status s = StartMitigation(now_ns); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
+  }
   return Status::Ok();
+}
+
+Status Controller::RoundUnpublished(Incident before, std::int64_t now_ns, const Status& why) {
+  // The redo is this round again, not another attempt; it waits retry-after-s, doubling per
+  // round in a row that could not be written, so a Redis that keeps refusing writes costs the
+  // job a pause now and then, not one per tick.
+  before.attempts = std::max(0, before.attempts - 1);
+  before.deferred_rounds = std::min(before.deferred_rounds + 1, 16);
+  const double wait_s = std::min(std::max(config_.retry_after_s, 1.0) * std::ldexp(1.0, before.deferred_rounds - 1), 3600.0);
+  before.next_attempt_ns = now_ns + Seconds(wait_s);
+  if (before.localised && before.mitigation.is_object()) before.revalidate = true;  // re-check its culprits
+  log_->warn("event=round_deferred incident={} redo_in_s={} error=\"{}\"", before.id, Fixed(wait_s, 0), why.message());
+  state_.incident = std::move(before);
+  mitigator_.reset();  // rebuilt from the state before the round
+  dirty_ = true;
+  return why;
 }
 
 double Controller::RecheckIntervalS(const Incident& inc) const {

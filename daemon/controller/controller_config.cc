@@ -55,12 +55,12 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "heartbeat-ms", c.heartbeat_ms, "state written at least this often, ms")->check(CLI::Range(100, 600000));
   Entry(app, "profile-wait-s", c.profile_wait_s, "longest wait for a full profile window from every rank, s")
       ->check(CLI::Range(0.1, 3600.0));
-  Entry(app, "retry-after-s", c.retry_after_s, "retry a validation that named nobody after this, s")
+  Entry(app, "retry-after-s", c.retry_after_s, "retry a validation that named nobody after this, s (also the first wait to redo a round whose outcome Redis refused, doubling)")
       ->check(CLI::Range(0.0, 86400.0));
   Entry(app, "max-attempts", c.max_attempts, "validation rounds per incident at most")->check(CLI::Range(1, 100));
   Entry(app, "min-slow-fraction", c.min_slow_fraction, "open an incident when this fraction of live ranks is slow")
       ->check(CLI::Range(0.0, 1.0));
-  Entry(app, "suspicious-ratio", c.suspicious_ratio, "a communicator slower than this x its class median is suspicious")
+  Entry(app, "suspicious-ratio", c.suspicious_ratio, "a communicator slower than this x its class median is suspicious; while mitigating, a new slowdown is re-checked only above this x the best iteration time since the last round")
       ->check(CLI::Range(1.0, 100.0));
   Entry(app, "gemm-ratio", c.gemm_ratio, "a GEMM slower than this x the median names its GPU")->check(CLI::Range(1.0, 100.0));
   Entry(app, "link-ratio", c.link_ratio, "a transfer slower than this x its baselines names its link")

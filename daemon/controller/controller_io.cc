@@ -296,9 +296,16 @@ void Controller::OnAlarm(const json& m) {
                onset > state_.incident->last_round_ns && state_.incident->last_round_ns > 0 &&
                !state_.incident->revalidate) {
       // Slower again while a mitigation runs: another fault may have begun (or the mitigation
-      // stopped helping). Look again before paying for the next strategy.
-      log_->info("event=new_slowdown rank={} incident={} action=revalidate", rank, state_.incident->id);
-      state_.incident->revalidate = true;
+      // stopped helping). Look again before paying for the next strategy -- but only when the
+      // job is slower than it has been since the last round: a round's pause and a plan's
+      // change shift the ranks' series too, and an alarm about that is no news.
+      Incident& inc = *state_.incident;
+      const double level = m["level_s"].get<double>();
+      const double best = inc.best_since_round_s;
+      const bool slower = best <= 0 || level > config_.suspicious_ratio * best;
+      log_->info("event=new_slowdown rank={} incident={} level_s={:.4f} best_since_round_s={:.4f} action={}", rank,
+                 inc.id, level, best, slower ? "revalidate" : "none");
+      inc.revalidate = slower;
     }
   } else {
     state_.slow.erase(rank);

@@ -25,7 +25,8 @@ json IncidentJson(const Incident& i) {
           {"next_attempt_ns", i.next_attempt_ns}, {"cause", i.cause}, {"findings", i.findings},
           {"request", i.request}, {"last_round_ns", i.last_round_ns}, {"mitigation", i.mitigation},
           {"last_feed_ns", i.last_feed_ns}, {"recheck", i.recheck}, {"recheck_interval_s", i.recheck_interval_s},
-          {"revalidate", i.revalidate}};
+          {"revalidate", i.revalidate}, {"deferred_rounds", i.deferred_rounds},
+          {"best_since_round_s", i.best_since_round_s}};
 }
 
 Incident IncidentFromJson(const json& j) {
@@ -47,6 +48,10 @@ Incident IncidentFromJson(const json& j) {
   i.recheck = j.value("recheck", false);
   i.recheck_interval_s = j.value("recheck_interval_s", 0.0);
   i.revalidate = j.value("revalidate", false);
+  i.deferred_rounds = j.value("deferred_rounds", 0);
+  if (i.deferred_rounds < 0 || i.deferred_rounds > 16) throw std::invalid_argument("bad deferred_rounds");
+  i.best_since_round_s = j.value("best_since_round_s", 0.0);
+  if (!std::isfinite(i.best_since_round_s) || i.best_since_round_s < 0) throw std::invalid_argument("bad best_since_round_s");
   if (!std::isfinite(i.recheck_interval_s) || i.recheck_interval_s < 0) throw std::invalid_argument("bad recheck_interval_s");
   if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
   return i;

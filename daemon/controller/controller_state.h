@@ -47,7 +47,11 @@ struct Incident {
   // interval to the next one (doubles while they are still slow; 0 = the configured one).
   bool recheck = false;
   double recheck_interval_s = 0;
-  bool revalidate = false;  // a new slowdown began while mitigating: re-check now
+  bool revalidate = false;  // a new slowdown began while mitigating: re-check (at next_attempt_ns)
+  int deferred_rounds = 0;  // rounds in a row whose outcome Redis did not take (each is redone)
+  // The job's fastest iteration time (worst rank's recent median) seen while mitigating since
+  // the last round ended; 0 = none yet. A new slowdown re-validates only above it.
+  double best_since_round_s = 0;
 };
 
 struct ControllerState {
