@@ -12,7 +12,7 @@ figures of slowdown removed, (mode - off) / (healthy - off):
     plan (S2..S4) shaped in each fault window to the window's end, against the off run over the
     same intervals. The reaction time (onset to that iteration) is reported per phase.
 
-Usage: bench/mitigation_e2e.py [--build build] [--phase-s 90] [--out DIR] [--json] [--reuse]
+Usage: bench/mitigation_e2e.py [--build build] [--phase-s 90] [--out DIR] [--json] [--reuse] [--keep]
 Runs about 3 x 7 minutes (--reuse: only re-reads the reports in --out). Exit status 0 when every
 run's job passed its data checks.
 """
@@ -57,6 +57,14 @@ def under_plan(act, off, healthy):
     return {"phases": phases, "act": a_rate, "off": o_rate, "slowdown_removed": removed}
 
 
+def DemoWorkDir(output):
+    """The log directory a --keep demo run printed ("# logs: DIR"), or None."""
+    for line in output.splitlines():
+        if line.startswith("# logs: "):
+            return line[len("# logs: "):].strip()
+    return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default="build")
@@ -64,6 +72,7 @@ def main():
     p.add_argument("--out", default="mitigation-e2e-out", help="per-run reports (JSON + SVG)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     p.add_argument("--reuse", action="store_true", help="analyse the reports already in --out; run nothing")
+    p.add_argument("--keep", action="store_true", help="keep each run's logs (their directories are printed)")
     args = p.parse_args()
     demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "demo.py")
     runs = {}
@@ -72,7 +81,10 @@ def main():
         if not args.reuse:
             print(f"# run: mitigation {mode} ...", file=sys.stderr, flush=True)
             r = subprocess.run([sys.executable, demo, "--build", args.build, "--mitigation", mode, "--phase-s",
-                                str(args.phase_s), "--out", args.out, "--quiet"], capture_output=True, text=True)
+                                str(args.phase_s), "--out", args.out, "--quiet"] + (["--keep"] if args.keep else []),
+                               capture_output=True, text=True)
+            if args.keep:
+                print(f"# logs of {mode}: {DemoWorkDir(r.stdout + r.stderr) or 'not printed'}", file=sys.stderr)
         path = os.path.join(args.out, f"falcon-demo-{mode}.json")
         try:
             with open(path) as f:

@@ -368,8 +368,8 @@ def main():
         demo.stop_all()
         if not args.keep:
             shutil.rmtree(demo.work, ignore_errors=True)
-        elif not args.quiet:
-            print(f"# logs: {demo.work}")
+        else:
+            print(f"# logs: {demo.work}", file=sys.stderr)
     return rc
 
 

@@ -294,11 +294,13 @@ void Controller::OnAlarm(const json& m) {
       state_.incident->next_attempt_ns = 0;
     } else if (state_.incident && state_.incident->localised && state_.incident->mitigation.is_object() &&
                onset > state_.incident->last_round_ns && state_.incident->last_round_ns > 0 &&
-               !state_.incident->revalidate) {
+               !state_.incident->revalidate && (state_.phase == Phase::kTracking || onset > state_.since_ns)) {
       // Slower again while a mitigation runs: another fault may have begun (or the mitigation
       // stopped helping). Look again before paying for the next strategy -- but only when the
       // job is slower than it has been since the last round: a round's pause and a plan's
-      // change shift the ranks' series too, and an alarm about that is no news.
+      // change shift the ranks' series too, and an alarm about that is no news. A round under
+      // way covers whatever began before its phase did: the other ranks' alarms about the
+      // slowdown that started it do not ask for a second round.
       Incident& inc = *state_.incident;
       const double level = m["level_s"].get<double>();
       const double best = inc.best_since_round_s;
