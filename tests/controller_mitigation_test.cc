@@ -196,16 +196,19 @@ TEST(MitigationTest, LinkFaultGetsLinkReliefAndNoRebalance) {
   EXPECT_EQ(d->strategy, "S3");
 }
 
-TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefAfterRebalancing) {
+TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefThatAlsoRebalances) {
   // Rank 11 (node 5) is slow and so is the stage-0 DP link node1 -> node2; one straggler alone
-  // cannot be consolidated, so S3 relieves the link while S2 keeps re-balancing.
+  // cannot be consolidated, so S3 relieves the link, and its plan carries S2's counts: once the
+  // planner has gone past S2 it never comes back to it.
   const json findings = {{"gpus", {Gpu(11, 2.0)}},
                          {"links", {{{"ranks", {2, 4}}, {"hosts", {"node1", "node2"}}, {"evidence", {{"ratio", 4.0}}}}}}};
   Mitigator m = Mitigator::Start(Settings(), "compute", findings, InferLayout(View(2, 4, 2), "")).value();
   const json& c = m.candidates();
   ASSERT_TRUE(c["S2"].contains("plan")) << c.dump();
   ASSERT_TRUE(c["S3"].contains("plan")) << c.dump();
-  EXPECT_EQ(c["S3"]["kind"], "link relief");
+  EXPECT_EQ(c["S3"]["kind"], "link relief + re-balance");
+  EXPECT_EQ(c["S3"]["plan"]["micro_batches"], c["S2"]["plan"]["micro_batches"]);
+  EXPECT_EQ(c["S3"]["rebalance_expected_gain"], c["S2"]["expected_gain"]);
   EXPECT_EQ(c["S4"]["plan"]["exclude_nodes"], json({2, 5})) << "the GPU's node and the link's far end";
   std::vector<std::string> seen;
   for (int t = 1; t <= 200 && seen.size() < 2; ++t) {
@@ -213,6 +216,27 @@ TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefAfterRebalancing) {
   }
   EXPECT_EQ(seen, (std::vector<std::string>{"S2", "S3"}));
   EXPECT_TRUE(m.rebalance_in_effect()) << "S3 does not undo S2";
+
+  // A cost that covers S3 at the first sample skips S2, and S3 alone re-balances: it counts as
+  // a re-balance in effect (re-checked while it holds) and its stop restores the job's counts.
+  Mitigator jump = Mitigator::Start(Settings(), "compute", findings, InferLayout(View(2, 4, 2), "")).value();
+  const std::optional<Decision> d = jump.Observe(100, 2.0, 1.0, 100).value();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->strategy, "S3");
+  EXPECT_EQ(d->plan["micro_batches"], c["S2"]["plan"]["micro_batches"]) << d->plan.dump();
+  EXPECT_FALSE(d->plan["placement"].empty());
+  EXPECT_TRUE(jump.rebalance_in_effect());
+  const Decision stop = jump.End(101).value();
+  EXPECT_EQ(stop.strategy, "S1");
+  EXPECT_TRUE(stop.publish_plan);
+  EXPECT_EQ(stop.plan["micro_batches"], json(std::vector<int>(4, 8))) << stop.plan.dump();
+  EXPECT_NE(stop.summary.find("undo the micro-batch re-balancing"), std::string::npos) << stop.summary;
+
+  // A slow link alone: plain link relief, no counts.
+  const json link_only = {{"links", findings["links"]}};
+  Mitigator link = Mitigator::Start(Settings(), "link", link_only, InferLayout(View(2, 4, 2), "")).value();
+  EXPECT_EQ(link.candidates()["S3"]["kind"], "link relief");
+  EXPECT_FALSE(link.candidates()["S3"]["plan"].contains("micro_batches"));
 }
 
 TEST(MitigationTest, UnplannableCandidatesAreUnavailableWithAReason) {

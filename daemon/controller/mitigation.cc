@@ -337,6 +337,16 @@ Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std
     candidates["S2"] = PlanRebalance(settings, findings.value("gpus", json::array()), layout);
   }
   candidates["S3"] = PlanTopology(settings, cause, findings, layout);
+  // A slow GPU and a slow link at once: link relief leaves the GPU slow, and the planner, once
+  // the cost covers S3, goes past S2 for good. So that S3 also re-balances (the counts are a
+  // function of the ranks' DP replicas, which re-placing nodes does not change).
+  json& s3 = candidates["S3"];
+  const json& s2 = candidates.contains("S2") ? candidates["S2"] : json();
+  if (s3.value("kind", "") == "link relief" && s2.is_object() && s2.contains("plan")) {
+    s3["plan"]["micro_batches"] = s2["plan"]["micro_batches"];
+    s3["kind"] = "link relief + re-balance";
+    s3["rebalance_expected_gain"] = s2.value("expected_gain", 0.0);
+  }
   candidates["S4"] = PlanRestartCandidate(settings, findings, layout);
   Result<analyzer::SkiRentalPlanner> planner = analyzer::SkiRentalPlanner::Create(root, OptionsFrom(settings, candidates));
   if (!planner.ok()) return planner.status();
@@ -401,12 +411,13 @@ Decision Mitigator::MakeDecision(const analyzer::MitigationDecision& d) const {
                   "): expected " + Fixed(out.expected_gain * 100, 0) + "% shorter iterations; " + d.reason;
   } else {
     out.plan = {{"strategy", "S1"}};
-    if (d.undo_rebalance) {
+    const bool undo = d.undo_rebalance || CarriesRebalance(Code(d.from));
+    if (undo) {
       const json c = candidates_.value("S2", json::object());
       if (c.contains("baseline")) out.plan["micro_batches"] = c["baseline"];
       out.publish_plan = true;
     }
-    out.summary = "stop mitigating: " + d.reason;
+    out.summary = "stop mitigating: " + d.reason + (undo && !d.undo_rebalance ? "; undo the micro-batch re-balancing" : "");
   }
   return out;
 }
@@ -429,7 +440,15 @@ Result<Decision> Mitigator::End(double now_s) {
 }
 
 std::string Mitigator::current() const { return Code(planner_.current()); }
-bool Mitigator::rebalance_in_effect() const { return planner_.Snapshot().rebalance_in_effect; }
+bool Mitigator::rebalance_in_effect() const {
+  return planner_.Snapshot().rebalance_in_effect || CarriesRebalance(current());
+}
+
+bool Mitigator::CarriesRebalance(const std::string& strategy) const {
+  if (strategy != "S3") return false;  // S2 is the planner's to track; S4 restarts with its own counts
+  const json c = candidates_.value(strategy, json::object());
+  return c.contains("plan") && c["plan"].contains("micro_batches");
+}
 bool Mitigator::stopped() const { return planner_.stopped(); }
 double Mitigator::accumulated_slowdown_s() const { return planner_.accumulated_slowdown_s(); }
 

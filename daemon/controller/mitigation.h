@@ -6,7 +6,10 @@
 //       micro-batches per replica, config micro_batches): replica i's time per micro-batch is
 //       the slowest GEMM ratio among its culprit GPUs (1 for healthy replicas);
 //   S3  re-place nodes: link relief for a slow link, straggler consolidation for slow GPUs (no
-//       S3 for a slow NIC: every placement keeps the node's inter-node traffic);
+//       S3 for a slow NIC: every placement keeps the node's inter-node traffic); when a slow
+//       GPU and a slow link were named together and S3 is link relief, its plan carries S2's
+//       micro-batch counts as well (the planner would never come back to S2 after S3), and
+//       its stop undoes them like S2's;
 //   S4  checkpoint-restart without the culprit nodes, onto spare nodes (config spare_nodes).
 // A candidate that cannot be planned (no layout, S2 without micro-batch counts, a plan that
 // gains nothing) is made unavailable (infinite overhead) with the reason kept. Then a ski-rental
@@ -109,6 +112,8 @@ class Mitigator {
   Mitigator(analyzer::RootCause cause, nlohmann::json candidates, analyzer::SkiRentalPlanner planner)
       : cause_(cause), candidates_(std::move(candidates)), planner_(std::move(planner)) {}
   Decision MakeDecision(const analyzer::MitigationDecision& d) const;
+  // The strategy's plan re-balances micro-batches too (an S3 for a slow GPU and a slow link).
+  [[nodiscard]] bool CarriesRebalance(const std::string& strategy) const;
 
   analyzer::RootCause cause_;
   nlohmann::json candidates_;  // {"S2": {overhead_s, plan?, expected_gain?, unavailable?}, ...}

@@ -19,7 +19,8 @@
  *   - micro-batch counts (S2), one per data-parallel replica, indexed by the rank's rank in its
  *     data-parallel communicator; the counts sum to the job's global micro-batch count. Keep the
  *     loss unbiased by weighting replica i's gradient by counts[i] / sum(counts).
- *   - placement (S3, S4): the node index of every global rank after re-placement.
+ *   - placement (S3, S4): the node index of every global rank after re-placement. An S3 may
+ *     carry micro-batch counts too (a slow GPU and a slow link at once): apply both.
  *   - S4 also names nodes to leave out and asks for a restart from the last checkpoint.
  * Apply a plan at an iteration boundary on which every rank agrees (e.g. rank 0 polls and
  * broadcasts), then call falconAckPlan on every rank.
