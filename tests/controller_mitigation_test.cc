@@ -239,6 +239,34 @@ TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefThatAlsoRebalances) 
   EXPECT_FALSE(link.candidates()["S3"]["plan"].contains("micro_batches"));
 }
 
+TEST(MitigationTest, AReplacedSlowLinkThatNoLongerShowsIsNoChangeOfCulprits) {
+  const json link = {{"ranks", {12, 14}}, {"hosts", {"node7", "node6"}}, {"evidence", {{"ratio", 4.0}}}};
+  const json gpu_and_link = {{"gpus", {Gpu(11, 2.0)}}, {"links", {link}}};
+  const json gpu = {{"gpus", {Gpu(11, 2.0)}}};
+  const json other_gpu = {{"gpus", {Gpu(3, 2.0)}}};
+  const json link_only = {{"links", {link}}};
+  EXPECT_EQ(Culprits(gpu_and_link), (std::set<std::string>{"gpu 11", R"(link ["node6","node7"])"}));
+  struct Case {
+    const char* name;
+    json before, after;
+    const char* strategy;
+    bool changed;
+  } cases[] = {
+      {"the same", gpu_and_link, gpu_and_link, "S3", false},
+      {"the link hidden by S3", gpu_and_link, gpu, "S3", false},
+      {"the link hidden by S4", gpu_and_link, gpu, "S4", false},
+      {"the link gone under S2: it recovered", gpu_and_link, gpu, "S2", true},
+      {"the GPU recovered", gpu_and_link, link_only, "S3", true},
+      {"someone new", gpu, gpu_and_link, "S3", true},
+      {"another GPU", gpu, other_gpu, "S2", true},
+      {"a link hidden, another GPU", gpu_and_link, other_gpu, "S3", true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(CulpritsChanged(c.before, c.after, c.strategy), c.changed);
+  }
+}
+
 TEST(MitigationTest, UnplannableCandidatesAreUnavailableWithAReason) {
   MitigationSettings s = Settings();
   s.micro_batches = 0;

@@ -231,22 +231,6 @@ Status Controller::Track(std::int64_t now_ns) {
   return FeedMitigation(now_ns);
 }
 
-namespace {
-
-// What a localisation blames: GPU ranks, link host pairs, NIC hosts (evidence left out).
-std::set<std::string> Culprits(const json& findings) {
-  std::set<std::string> out;
-  for (const json& g : findings.value("gpus", json::array())) out.insert("gpu " + g.value("rank", json()).dump());
-  for (const json& k : findings.value("links", json::array())) {
-    json hosts = k.value("hosts", json::array());
-    if (hosts.size() == 2 && hosts[1] < hosts[0]) std::swap(hosts[0], hosts[1]);
-    out.insert("link " + hosts.dump());
-  }
-  for (const json& n : findings.value("nics", json::array())) out.insert("nic " + n.value("host", json()).dump());
-  return out;
-}
-
-}  // namespace
 
 Mitigator* Controller::CurrentMitigator() {
   if (!state_.incident || state_.incident->mitigation.is_null()) {
@@ -612,7 +596,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
       }
       return Status::Ok();
     }
-    if (Culprits(inc.findings) != Culprits(was_findings)) {
+    if (CulpritsChanged(was_findings, inc.findings, m->current())) {
       Result<Decision> d = m->End(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS);
       if (d.ok()) {
         d.value().summary = "the culprits changed: " + d.value().summary;

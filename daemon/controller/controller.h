@@ -97,6 +97,7 @@ class Controller {
   // A decision that could not be published: the mitigation goes back to `mitigation_before`,
   // so the planner decides it again (and it is published) once Redis answers.
   void Unpublished(const nlohmann::json& mitigation_before, const Status& why);
+  [[nodiscard]] bool CoveredByTheRound(std::int64_t onset_ns) const;
   // Part of a round's outcome (its localisation entry, a mitigation it started, stopped or
   // switched) could not be written: the incident goes back to `before` the round, which is then
   // done again, so no localisation or decision is lost to an outage. Returns `why`.

@@ -294,13 +294,12 @@ void Controller::OnAlarm(const json& m) {
       state_.incident->next_attempt_ns = 0;
     } else if (state_.incident && state_.incident->localised && state_.incident->mitigation.is_object() &&
                onset > state_.incident->last_round_ns && state_.incident->last_round_ns > 0 &&
-               !state_.incident->revalidate && (state_.phase == Phase::kTracking || onset > state_.since_ns)) {
+               !state_.incident->revalidate && !CoveredByTheRound(onset)) {
       // Slower again while a mitigation runs: another fault may have begun (or the mitigation
       // stopped helping). Look again before paying for the next strategy -- but only when the
       // job is slower than it has been since the last round: a round's pause and a plan's
-      // change shift the ranks' series too, and an alarm about that is no news. A round under
-      // way covers whatever began before its phase did: the other ranks' alarms about the
-      // slowdown that started it do not ask for a second round.
+      // change shift the ranks' series too, and an alarm about that is no news; nor is one about
+      // a slowdown that the round under way measures (CoveredByTheRound).
       Incident& inc = *state_.incident;
       const double level = m["level_s"].get<double>();
       const double best = inc.best_since_round_s;
@@ -312,6 +311,18 @@ void Controller::OnAlarm(const json& m) {
   } else {
     state_.slow.erase(rank);
   }
+}
+
+// A round under way measures the job from its validation on: a slowdown that began before the
+// validation started (while profiling, or earlier) is in its measurements, so the other ranks'
+// alarms about the slowdown that started the round do not ask for a second one.
+bool Controller::CoveredByTheRound(std::int64_t onset_ns) const {
+  switch (state_.phase) {
+    case Phase::kTracking: return false;
+    case Phase::kProfiling: return true;
+    case Phase::kValidating: return onset_ns <= state_.since_ns;
+  }
+  return false;
 }
 
 void Controller::OnProfile(const json& m) {

@@ -452,4 +452,24 @@ bool Mitigator::CarriesRebalance(const std::string& strategy) const {
 bool Mitigator::stopped() const { return planner_.stopped(); }
 double Mitigator::accumulated_slowdown_s() const { return planner_.accumulated_slowdown_s(); }
 
+std::set<std::string> Culprits(const json& findings) {
+  std::set<std::string> out;
+  for (const json& g : findings.value("gpus", json::array())) out.insert("gpu " + g.value("rank", json()).dump());
+  for (const json& k : findings.value("links", json::array())) {
+    json hosts = k.value("hosts", json::array());
+    if (hosts.size() == 2 && hosts[1] < hosts[0]) std::swap(hosts[0], hosts[1]);
+    out.insert("link " + hosts.dump());
+  }
+  for (const json& n : findings.value("nics", json::array())) out.insert("nic " + n.value("host", json()).dump());
+  return out;
+}
+
+bool CulpritsChanged(const json& before, const json& after, const std::string& strategy) {
+  const std::set<std::string> was = Culprits(before), now = Culprits(after);
+  if (was == now) return false;
+  if (!std::includes(was.begin(), was.end(), now.begin(), now.end())) return true;  // someone new
+  if (strategy != "S3" && strategy != "S4") return true;
+  return std::any_of(was.begin(), was.end(), [&](const std::string& c) { return !now.count(c) && c.rfind("link ", 0) != 0; });
+}
+
 }  // namespace falcon::controller

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -119,5 +120,16 @@ class Mitigator {
   nlohmann::json candidates_;  // {"S2": {overhead_s, plan?, expected_gain?, unavailable?}, ...}
   analyzer::SkiRentalPlanner planner_;
 };
+
+// What a localisation's findings blame: "gpu 5", "link [\"node1\",\"node2\"]" (hosts in order),
+// "nic \"node4\"" (evidence left out).
+[[nodiscard]] std::set<std::string> Culprits(const nlohmann::json& findings);
+
+// Whether a re-check's findings name other culprits than the ones a mitigation (`strategy` in
+// force) answers. Culprits that are gone count, except slow links while a re-placement (S3, S4)
+// is in force: the placement routes the job's heavy traffic around them, so the round's profile
+// no longer flags them, but they are still slow and the placement is still what helps.
+[[nodiscard]] bool CulpritsChanged(const nlohmann::json& before, const nlohmann::json& after,
+                                   const std::string& strategy);
 
 }  // namespace falcon::controller
