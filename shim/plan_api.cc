@@ -1,10 +1,10 @@
 // The exported C API for frameworks (include/falcon/falcon.h): the mitigation plan the agent
-// wrote into this process's segment, and the framework's acknowledgement.
+// wrote into this process's segment, and the framework's acknowledgement and cost reports.
 //
 // The plan block exists once the shim has its segment, i.e. after the process's first NCCL
 // call; before that, in a fork child before its own first call, and while the shim passes
 // through (FALCON_DISABLE, no room for the segment) every reader answers FALCON_ERR_NO_PLAN /
-// version 0 and falconAckPlan FALCON_ERR_NO_PLAN. Asking never initialises the shim.
+// version 0 and falconAckPlan / falconReportCost FALCON_ERR_NO_PLAN (bad arguments: INVALID first). Asking never initialises the shim.
 // Thread-safety: any thread, any time (plan_reader.h). Must never: initialise the tracer,
 // block, lock, allocate, make a syscall or log — these functions may sit in a training loop.
 #include "falcon/falcon.h"
@@ -70,6 +70,13 @@ FALCON_EXPORT int falconAckPlan(uint32_t version, int status) {
   FalconPlanBlock* b = Block();
   if (b == nullptr) return FALCON_ERR_NO_PLAN;
   return falcon::shim::AckPlan(*b, version, status);
+}
+
+FALCON_EXPORT int falconReportCost(uint32_t strategy, double seconds) {
+  if (!falcon::shim::ValidCostReport(strategy, seconds)) return FALCON_ERR_INVALID;
+  FalconPlanBlock* b = Block();
+  if (b == nullptr) return FALCON_ERR_NO_PLAN;
+  return falcon::shim::ReportCost(*b, strategy, seconds);
 }
 
 }  // extern "C"

@@ -107,4 +107,17 @@ int AckPlan(FalconPlanBlock& block, uint32_t version, int status) {
   return FALCON_OK;
 }
 
+bool ValidCostReport(uint32_t strategy, double seconds) {
+  return strategy >= kFalconStrategyRebalance && strategy <= kFalconStrategyRestart && seconds >= 0 &&
+         seconds <= kMaxReportedCostS;  // NaN fails the comparisons
+}
+
+int ReportCost(FalconPlanBlock& block, uint32_t strategy, double seconds) {
+  if (!ValidCostReport(strategy, seconds)) return FALCON_ERR_INVALID;
+  const auto us = static_cast<uint64_t>(seconds * 1e6 + 0.5);
+  std::atomic_ref<uint64_t>(block.cost_us[strategy - kFalconStrategyRebalance])
+      .store(us == 0 ? 1 : us, std::memory_order_release);
+  return FALCON_OK;
+}
+
 }  // namespace falcon::shim

@@ -42,4 +42,12 @@ int ReadPlanPart(const FalconPlanBlock& block, PlanPart part, int32_t* out, int 
 // FALCON_ERR_INVALID for version 0.
 int AckPlan(FalconPlanBlock& block, uint32_t version, int status);
 
+// Records what applying `strategy` (kFalconStrategyRebalance..Restart) costs, `seconds` >= 0,
+// rounded to microseconds (a report of 0 s is stored as 1 us: 0 means "none"). FALCON_OK, or
+// FALCON_ERR_INVALID for another strategy, a negative or non-finite figure, or one over
+// kMaxReportedCostS.
+inline constexpr double kMaxReportedCostS = 49.0 * 86400;
+bool ValidCostReport(uint32_t strategy, double seconds);
+int ReportCost(FalconPlanBlock& block, uint32_t strategy, double seconds);
+
 }  // namespace falcon::shim

@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -151,6 +153,34 @@ TEST(PlanBlockTest, AcksKeepTheHighestVersionsAndTheLatestAnswer) {
   EXPECT_EQ(a.last_version, 4u);
   EXPECT_EQ(a.last_status, -7);
   EXPECT_EQ(a.count, 3u);
+}
+
+TEST(PlanBlockTest, CostReportsKeepTheLatestFigurePerStrategyAndRefuseBadOnes) {
+  auto block = FreshBlock();
+  const daemon::PlanAcks none = daemon::ReadPlanAcks(*block);
+  for (double c : none.cost_s) EXPECT_LT(c, 0) << "unreported until the framework says";
+  struct Case {
+    uint32_t strategy;
+    double seconds;
+    int rc;
+  };
+  const Case cases[] = {
+      {kFalconStrategyNone, 1, FALCON_ERR_INVALID},      {kFalconStrategyIgnore, 1, FALCON_ERR_INVALID},
+      {5, 1, FALCON_ERR_INVALID},                        {kFalconStrategyRebalance, -0.5, FALCON_ERR_INVALID},
+      {kFalconStrategyTopology, std::nan(""), FALCON_ERR_INVALID},
+      {kFalconStrategyRestart, 1e9, FALCON_ERR_INVALID},  // beyond 49 days
+      {kFalconStrategyRestart, std::numeric_limits<double>::infinity(), FALCON_ERR_INVALID},
+      {kFalconStrategyRebalance, 0.25, FALCON_OK},       {kFalconStrategyTopology, 0, FALCON_OK},
+      {kFalconStrategyRestart, 600, FALCON_OK},          {kFalconStrategyRestart, 75.5, FALCON_OK},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(shim::ReportCost(*block, c.strategy, c.seconds), c.rc) << c.strategy << " " << c.seconds;
+  }
+  const daemon::PlanAcks a = daemon::ReadPlanAcks(*block);
+  EXPECT_DOUBLE_EQ(a.cost_s[0], 0.25);
+  EXPECT_DOUBLE_EQ(a.cost_s[1], 1e-6) << "0 s is stored as 1 us: reported, and nearly free";
+  EXPECT_DOUBLE_EQ(a.cost_s[2], 75.5) << "the latest report counts";
+  EXPECT_EQ(a.count, 0u) << "a cost report is no ack";
 }
 
 TEST(PlanBlockTest, AWriterThatDiedMidWriteIsTakenOver) {
@@ -310,7 +340,10 @@ TEST_F(ShimPlanApiTest, NoPlanUntilTheAgentWritesOneThenEveryGetterReturnsIt) {
   EXPECT_EQ(Line(r.out, "truncate placement"), "truncate placement count 5 copied [0,0] sentinel intact");
   EXPECT_EQ(Line(r.out, "truncate exclude"), "truncate exclude count 1 copied [2] sentinel intact");
   EXPECT_EQ(Line(r.out, "acked "), "acked 3 0 rc 0");
+  EXPECT_EQ(Line(r.out, "cost "), "cost S4 rc 0");
   const daemon::PlanAcks acks = seg.plan_acks();
+  EXPECT_DOUBLE_EQ(acks.cost_s[2], 42.5) << "falconReportCost reached the segment";
+  EXPECT_LT(acks.cost_s[0], 0);
   EXPECT_EQ(acks.last_version, 3u);
   EXPECT_EQ(acks.last_status, 0);
   EXPECT_EQ(acks.rejected, 0u);

@@ -26,13 +26,16 @@ struct ShmPlan {
   std::vector<int32_t> exclude_nodes;
 };
 
-// What the framework answered (falconAckPlan), as last published by the shim.
+// What the framework answered (falconAckPlan, falconReportCost), as last published by the shim.
 struct PlanAcks {
   uint32_t applied = 0;       // highest version acked with status 0 (0: none)
   uint32_t rejected = 0;      // highest version acked with another status (0: none)
   uint32_t last_version = 0;  // the latest ack's version and status (0: no ack yet)
   int32_t last_status = 0;
   uint64_t count = 0;         // acks so far
+  // falconReportCost: seconds of training applying S2, S3, S4 costs (index strategy - 2);
+  // negative while not reported.
+  double cost_s[3] = {-1, -1, -1};
 };
 
 // InvalidArgument naming the first array that exceeds the block's capacity, or version 0.

@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define FALCON_API_VERSION 1
+#define FALCON_API_VERSION 2 /* 2: falconReportCost */
 
 /* Return codes (negative = no data was written). */
 #define FALCON_OK 0
@@ -93,6 +93,21 @@ int falconGetExcludedNodes(int32_t* nodes, int capacity, uint32_t* version);
  * status 0 / with another status). FALCON_OK, FALCON_ERR_INVALID for version 0, or
  * FALCON_ERR_NO_PLAN when no shared memory is attached. */
 int falconAckPlan(uint32_t version, int status);
+
+/* What applying a strategy costs this rank, measured by the framework: `seconds` of training
+ * lost, >= 0 and finite (at most 49 days). For kFalconStrategyRebalance, the time from the plan's
+ * arrival to the first iteration on the new counts beyond a normal iteration; for
+ * kFalconStrategyTopology, the stop, state move and communicator rebuild; for
+ * kFalconStrategyRestart, checkpoint save (or the work since the last checkpoint that a restart
+ * loses) + relaunch + load + warm-up: a framework may report this from its own checkpoint
+ * history before any restart is planned. Call it after applying a plan, after a checkpoint, or
+ * whenever the figure changes; the latest report per strategy counts. The agent reports it to
+ * the controller (rank_register cost_s2 / cost_s3 / cost_s4), whose ski-rental rule then uses
+ * the slowest rank's figure instead of the configured overhead (falcon-controller s2-overhead-s
+ * etc.) for its next decisions. FALCON_OK, FALCON_ERR_INVALID for another strategy or a
+ * negative, NaN or too large `seconds`, or FALCON_ERR_NO_PLAN when no shared memory is attached.
+ * (API version 2.) */
+int falconReportCost(uint32_t strategy, double seconds);
 
 #ifdef __cplusplus
 } /* extern "C" */

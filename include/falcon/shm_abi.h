@@ -44,7 +44,8 @@
  *     only if both saw the same even value; otherwise it retries a bounded number of times and
  *     then gives up (FALCON_ERR_BUSY in falcon.h). `version` alone may be read without the
  *     seqlock: a reader that sees a version sees its arrays complete. seq 0 = never written.
- *     The ack words are written by the shim only (falconAckPlan), each an atomic on its own.
+ *     The ack and cost words are written by the shim only (falconAckPlan, falconReportCost),
+ *     each an atomic on its own.
  *
  * Nothing in this file depends on NCCL or CUDA: enum values mirror nccl.h where they must.
  * C and C++ may both include it. */
@@ -351,7 +352,10 @@ typedef struct FalconPlanBlock {
   uint64_t ack_count;         /* falconAckPlan calls so far */
   uint32_t applied_version;   /* highest version acked with status 0 (0: none) */
   uint32_t rejected_version;  /* highest version acked with status != 0 (0: none) */
-  uint8_t reserved1[40];
+  /* written by falconReportCost: what applying S2, S3, S4 costs this rank (index strategy - 2),
+   * in microseconds of lost training; 0: never reported */
+  uint64_t cost_us[3];
+  uint8_t reserved1[16];
   /* agent → shim arrays, under the seqlock; entries past each count are meaningless */
   int32_t micro_batches[FALCON_PLAN_MAX_MICRO_BATCHES]; /* per DP replica, 1..4096 */
   int32_t placement[FALCON_PLAN_MAX_PLACEMENT];         /* node index of each global rank */
@@ -421,6 +425,7 @@ static_assert(sizeof(FalconPlanBlock) == 128 + 4 * (FALCON_PLAN_MAX_MICRO_BATCHE
               "FalconPlanBlock is ABI: two 64-byte lines of words, then the arrays");
 static_assert(sizeof(FalconPlanBlock) % 64 == 0, "FalconPlanBlock keeps 64-byte alignment");
 static_assert(offsetof(FalconPlanBlock, ack_last) == 64, "the shim's ack words have their own cache line");
+static_assert(offsetof(FalconPlanBlock, cost_us) == 88, "the cost words follow the ack words (ABI 4, once reserved)");
 static_assert(offsetof(FalconPlanBlock, micro_batches) == 128, "the plan arrays start on a cache line");
 static_assert(offsetof(FalconShmHeader, plan_offset) % 8 == 0, "plan_offset is naturally aligned");
 static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");

@@ -52,6 +52,7 @@ struct Api {
   int (*get_plan)(FalconPlanInfo*) = nullptr;
   int (*get_part[3])(int32_t*, int, uint32_t*) = {nullptr, nullptr, nullptr};  // mb, placement, exclude
   int (*ack)(uint32_t, int) = nullptr;
+  int (*report_cost)(uint32_t, double) = nullptr;
 };
 
 template <typename Fn>
@@ -65,7 +66,7 @@ bool ResolveApi(Api* a) {
   return Resolve("falconApiVersion", &a->api_version) && Resolve("falconPlanVersion", &a->plan_version) &&
          Resolve("falconGetPlan", &a->get_plan) && Resolve("falconGetMicroBatchPlan", &a->get_part[0]) &&
          Resolve("falconGetPlacementPlan", &a->get_part[1]) && Resolve("falconGetExcludedNodes", &a->get_part[2]) &&
-         Resolve("falconAckPlan", &a->ack);
+         Resolve("falconAckPlan", &a->ack) && Resolve("falconReportCost", &a->report_cost);
 }
 
 struct Options {
@@ -177,6 +178,8 @@ void CheckInvalid(const Api& a) {
     Check(get(buf, -1, nullptr) == FALCON_ERR_INVALID, "getter(capacity -1) is INVALID");
   }
   Check(a.ack(0, 0) == FALCON_ERR_INVALID, "falconAckPlan(0, ...) is INVALID");
+  Check(a.report_cost(kFalconStrategyIgnore, 1) == FALCON_ERR_INVALID, "falconReportCost(S1) is INVALID");
+  Check(a.report_cost(kFalconStrategyRestart, -1) == FALCON_ERR_INVALID, "falconReportCost(-1 s) is INVALID");
 }
 
 int RunApi(const Api& a, const Options& o) {
@@ -184,6 +187,7 @@ int RunApi(const Api& a, const Options& o) {
   CheckNoPlan(a, "before the first NCCL call");
   CheckInvalid(a);
   Check(a.ack(1, 0) == FALCON_ERR_NO_PLAN, "before the first NCCL call: falconAckPlan NO_PLAN");
+  Check(a.report_cost(kFalconStrategyRestart, 1) == FALCON_ERR_NO_PLAN, "before the first NCCL call: falconReportCost NO_PLAN");
   ncclComm_t comm = InitComm(0, 1, o.timeout_s);
   if (comm == nullptr) {
     std::printf("FAIL communicator\n");
@@ -236,6 +240,9 @@ int RunApi(const Api& a, const Options& o) {
   const int rc = a.ack(info.version, o.ack_status);
   std::printf("acked %u %d rc %d\n", info.version, o.ack_status, rc);
   Check(rc == FALCON_OK, "falconAckPlan OK");
+  const int cost_rc = a.report_cost(kFalconStrategyRestart, 42.5);
+  std::printf("cost S4 rc %d\n", cost_rc);
+  Check(cost_rc == FALCON_OK, "falconReportCost OK");
   std::fflush(stdout);
   while (!o.stop_file.empty() && !Exists(o.stop_file) && MonoSeconds() < deadline) {
     (void)ncclAllReduce(x, x, 4, ncclFloat, ncclSum, comm, nullptr);
@@ -360,6 +367,10 @@ int RunTrain(const Api& a, const Options& o) {
       const int n = a.get_part[0](mb.data(), static_cast<int>(mb.size()), &mb_version);
       if (a.get_plan(&info) == FALCON_OK && n >= 0 && mb_version == info.version) {
         const int status = rank == 1 && o.reject_status >= 0 ? o.reject_status : 0;
+        // An applied plan's cost: (rank + 1) x version tenths of a second, so the figures differ per rank.
+        if (status == 0 && info.strategy >= kFalconStrategyRebalance) {
+          (void)a.report_cost(info.strategy, 0.1 * (rank + 1) * info.version);
+        }
         std::printf("rank %d plan %u strategy %u mb %s at iteration %ld ack %d rc %d\n", rank, info.version,
                     info.strategy, List(mb.data(), n).c_str(), iter, status, a.ack(info.version, status));
         std::fflush(stdout);
