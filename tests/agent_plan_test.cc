@@ -234,6 +234,11 @@ TEST_F(AgentPlanTest, PlansReachFrameworksAcksComeBackAndLateRanksCatchUp) {
   EXPECT_EQ(Registration(0).value("plan_delivered", 0), 1);
   EXPECT_FALSE(Registration(0).contains("plan_rejected"));
   EXPECT_FALSE(Registration(1).contains("plan_applied"));
+  // Rank 0's framework reported what applying S2 cost it (falconReportCost: 0.1 s); rank 1
+  // rejected the plan and reported nothing.
+  EXPECT_DOUBLE_EQ(Registration(0).value("cost_s2", -1.0), 0.1) << Registration(0).dump();
+  EXPECT_FALSE(Registration(0).contains("cost_s3"));
+  EXPECT_FALSE(Registration(1).contains("cost_s2"));
   ASSERT_TRUE(WaitUntil([&] {
     const std::string m = HttpGet(metrics_port_, "/metrics");
     return PlanMetric(m, 0, "applied") == 1 && PlanMetric(m, 1, "rejected") == 1;
@@ -241,6 +246,8 @@ TEST_F(AgentPlanTest, PlansReachFrameworksAcksComeBackAndLateRanksCatchUp) {
   const std::string metrics = HttpGet(metrics_port_, "/metrics");
   EXPECT_EQ(PlanMetric(metrics, 0, "delivered"), 1);
   EXPECT_EQ(PlanMetric(metrics, 1, "applied"), 0);
+  EXPECT_NE(metrics.find("falcon_agent_plan_cost_seconds{"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("strategy=\"S2\"} 0.10000000000000001"), std::string::npos) << metrics;
   EXPECT_NE(ReadFile(agent_log_).find("event=plan_ack"), std::string::npos);
 
   // 2. The same version again (with other counts): every rank already holds it, left alone.

@@ -5,6 +5,9 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <algorithm>
+#include <iterator>
+
 #include "daemon/agent/shim_trap.h"
 #include "daemon/protocol/keys.h"
 
@@ -317,9 +320,10 @@ AgentMetrics Agent::Snapshot() const {
   for (const auto& [path, f] : followers_) {
     const RankAnalysis& a = f.follower->analysis();
     const daemon::PlanAcks acks = f.follower->plan_acks();
-    m.ranks.push_back({f.follower->rank(), f.follower->pid(), f.last_seconds, a.samples(),
-                       a.locked() ? a.period() : 0, a.slow(), f.follower->plan_version(),
-                       acks.applied, acks.rejected});
+    RankMetrics& r = m.ranks.emplace_back(RankMetrics{f.follower->rank(), f.follower->pid(), f.last_seconds,
+                                                      a.samples(), a.locked() ? a.period() : 0, a.slow(),
+                                                      f.follower->plan_version(), acks.applied, acks.rejected});
+    std::copy(std::begin(acks.cost_s), std::end(acks.cost_s), std::begin(r.cost_s));
   }
   m.records_read = records_read_;
   m.records_lost = records_lost_;

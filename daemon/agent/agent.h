@@ -21,6 +21,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/logger.h>
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -72,9 +73,10 @@ class Agent {
     std::unique_ptr<RankFollower> follower;
     std::vector<RankSample> batch;  // samples not yet queued
     double last_seconds = 0;
-    // Plan version and framework ack count last registered: a change re-registers at once.
+    // Plan version, framework ack count and cost reports last registered: a change re-registers at once.
     std::uint32_t plan_registered = 0;
     std::uint64_t acks_registered = 0;
+    std::array<double, 3> costs_registered{-1, -1, -1};  // falconReportCost figures last registered
   };
 
   void Tick();

@@ -1,7 +1,9 @@
 // Agent: what goes to Redis (registrations, heartbeats, iteration batches, alarms, profiles,
 // acks, alerts) and what comes from it (commands). Every message is built from the typed
 // protocol structs (daemon/protocol/messages.h); every key from FormatKey. See agent.h.
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <unistd.h>
 
 #include "daemon/agent/agent.h"
@@ -193,13 +195,19 @@ void Agent::TrackPlans() {
   for (auto& [path, f] : followers_) {
     const std::uint32_t version = f.follower->plan_version();
     const daemon::PlanAcks acks = f.follower->plan_acks();
-    if (version == f.plan_registered && acks.count == f.acks_registered) continue;
+    const bool costs_changed = !std::equal(std::begin(acks.cost_s), std::end(acks.cost_s), f.costs_registered.begin());
+    if (version == f.plan_registered && acks.count == f.acks_registered && !costs_changed) continue;
     if (acks.count != f.acks_registered && acks.last_version != 0) {
       log_->info("event=plan_ack pid={} rank={} version={} status={} applied={} rejected={}", f.follower->pid(),
                  f.follower->rank(), acks.last_version, acks.last_status, acks.applied, acks.rejected);
     }
+    if (costs_changed) {
+      log_->info("event=plan_cost pid={} rank={} s2={} s3={} s4={}", f.follower->pid(), f.follower->rank(),
+                 acks.cost_s[0], acks.cost_s[1], acks.cost_s[2]);
+    }
     f.plan_registered = version;
     f.acks_registered = acks.count;
+    std::copy(std::begin(acks.cost_s), std::end(acks.cost_s), f.costs_registered.begin());
     QueueRegistration(*f.follower);
   }
 }

@@ -68,6 +68,14 @@ std::string RenderPrometheus(const AgentMetrics& m) {
     w.Line("plan_version", RankLabels(r) + ",state=\"applied\"", r.plan_applied);
     w.Line("plan_version", RankLabels(r) + ",state=\"rejected\"", r.plan_rejected);
   }
+  w.Head("plan_cost_seconds", "gauge",
+         "What applying a mitigation strategy costs per rank, seconds, as its framework reported it "
+         "(falconReportCost); absent while not reported.");
+  for (const RankMetrics& r : m.ranks) {
+    for (int i = 0; i < 3; ++i) {
+      if (r.cost_s[i] >= 0) w.Line("plan_cost_seconds", RankLabels(r) + ",strategy=\"S" + std::to_string(i + 2) + "\"", r.cost_s[i]);
+    }
+  }
   w.Head("alarms_total", "counter", "Detector alarms by kind.");
   w.Line("alarms_total", "kind=\"slow\"", static_cast<double>(m.alarms_slow));
   w.Line("alarms_total", "kind=\"recovered\"", static_cast<double>(m.alarms_recovered));

@@ -71,6 +71,9 @@ json ToJson(const RankRegistration& m) {
   SetIf(j, "plan_delivered", m.plan_delivered);
   SetIf(j, "plan_applied", m.plan_applied);
   SetIf(j, "plan_rejected", m.plan_rejected);
+  SetIf(j, "cost_s2", m.cost_s2);
+  SetIf(j, "cost_s3", m.cost_s3);
+  SetIf(j, "cost_s4", m.cost_s4);
   return j;
 }
 

@@ -55,6 +55,9 @@ struct RankRegistration {
   // The mitigation plan in the process's shared memory and the framework's answers
   // (falconAckPlan: highest version applied / rejected); absent while none.
   std::optional<std::uint32_t> plan_delivered, plan_applied, plan_rejected;
+  // What applying S2, S3, S4 costs this rank in seconds, as its framework reported it
+  // (falconReportCost); absent while not reported.
+  std::optional<double> cost_s2, cost_s3, cost_s4;
 };
 
 struct AgentHeartbeat {

@@ -162,6 +162,13 @@ inline constexpr FieldSpec kRankRegisterFields[] = {
     {"plan_rejected", JsonType::kInteger, false,
      "highest plan version the framework acked as rejected (falconAckPlan status != 0)", "", 1,
      2147483647},
+    {"cost_s2", JsonType::kNumber, false,
+     "seconds of training applying S2 costs this rank, as its framework measured (falconReportCost)", "", 0,
+     4233600},
+    {"cost_s3", JsonType::kNumber, false, "the same for S3 (stop, state move, communicator rebuild)", "", 0,
+     4233600},
+    {"cost_s4", JsonType::kNumber, false, "the same for S4 (checkpoint, relaunch, load, warm-up)", "", 0,
+     4233600},
 };
 inline constexpr MessageSpec kRankRegister{"rank_register", kRankRegisterFields,
                                            "rank registration and heartbeat (kRankKey)"};
