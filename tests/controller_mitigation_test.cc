@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <numeric>
 
 #include "daemon/controller/mitigation.h"
@@ -36,7 +37,9 @@ std::vector<protocol::CommSummary> CommsOf(std::int64_t r, int tp, int dp, int p
 
 // The view as the controller has it once a mitigation started: node numbering fixed, spares
 // ("spare0", ...) after the job's hosts.
-JobView View(int tp, int dp, int pp, int spares = 2) {
+// `edit` may add what a rank's agent reports beyond that (e.g. plan costs).
+JobView View(int tp, int dp, int pp, int spares = 2,
+             const std::function<void(protocol::RankRegistration&)>& edit = {}) {
   std::vector<json> ranks, agents;
   for (std::int64_t r = 0; r < kWorldRanks; ++r) {
     protocol::RankRegistration m;
@@ -46,6 +49,7 @@ JobView View(int tp, int dp, int pp, int spares = 2) {
     m.state = "live";
     m.started_ns = kT0 - 1;
     m.comms = CommsOf(r, tp, dp, pp);
+    if (edit) edit(m);
     ranks.push_back(protocol::ParseMessage(protocol::ToJson(m).dump(), protocol::kRankRegister).value());
   }
   JobView v;
@@ -308,6 +312,78 @@ TEST(MitigationTest, StateSurvivesARestartAndGarbageIsRefused) {
   json twice = doc;
   twice["applied"] = {"S2", "S2"};
   EXPECT_FALSE(Mitigator::FromJson(Settings(), twice).ok());
+}
+
+// The first switch an endless 2x slowdown (healthy 1 s, a sample a second from t0 + 1) leads to,
+// and when; {"", 0} when none within `until`.
+std::pair<std::string, int> FirstSwitch(Mitigator& m, int t0, int until) {
+  for (int t = t0 + 1; t <= until; ++t) {
+    Result<std::optional<Decision>> d = m.Observe(t, 2.0, 1.0, 1);
+    if (d.ok() && d.value()) return {d.value()->strategy, t};
+  }
+  return {"", 0};
+}
+
+TEST(MitigationTest, OverheadsTheJobMeasuredReplaceTheConfiguredOnes) {
+  // Ranks 3 and 7 report what S3 cost them, rank 0 what a restart would cost: the slowest
+  // rank's figure is the job's (everyone waits for it); S2 was never reported.
+  const JobView v = View(2, 4, 2, 2, [](protocol::RankRegistration& m) {
+    if (m.rank == 3) m.cost_s3 = 1.5;
+    if (m.rank == 7) m.cost_s3 = 2.5;
+    if (m.rank == 0) m.cost_s4 = 100;
+  });
+  const MeasuredOverheads measured = MeasuredFrom(v);
+  EXPECT_FALSE(measured.rebalance_s);
+  ASSERT_TRUE(measured.topology_s && measured.restart_s);
+  EXPECT_DOUBLE_EQ(*measured.topology_s, 2.5);
+  EXPECT_DOUBLE_EQ(*measured.restart_s, 100);
+  EXPECT_TRUE(MeasuredFrom(View(2, 4, 2)).empty());
+
+  const json findings = {{"gpus", {Gpu(5, 2.0), Gpu(11, 1.5)}}};
+  Mitigator m = Mitigator::Start(Settings(), "compute", findings, InferLayout(v, ""), measured).value();
+  const json& c = m.candidates();
+  EXPECT_EQ(c["S2"]["overhead_s"], 10);
+  EXPECT_EQ(c["S2"]["overhead_source"], "configured");
+  EXPECT_EQ(c["S3"]["overhead_s"], 2.5);
+  EXPECT_EQ(c["S3"]["overhead_source"], "measured");
+  EXPECT_EQ(c["S4"]["overhead_s"], 100);
+  // Measured this cheap, S3 comes first: after 2.5 s of slowdown, at the third sample.
+  EXPECT_EQ(FirstSwitch(m, 0, 100), (std::pair<std::string, int>{"S3", 3}));
+
+  MeasuredOverheads bad;
+  bad.topology_s = -1;
+  EXPECT_FALSE(Mitigator::Start(Settings(), "compute", findings, InferLayout(v, ""), bad).ok());
+}
+
+TEST(MitigationTest, AMeasurementDuringAMitigationMovesTheNextSwitchAndSurvivesARestart) {
+  const json findings = {{"gpus", {Gpu(5, 2.0), Gpu(11, 2.0)}}};
+  Mitigator configured = Mitigator::Start(Settings(), "compute", findings, InferLayout(View(2, 4, 2), "")).value();
+  Mitigator m = Mitigator::Start(Settings(), "compute", findings, InferLayout(View(2, 4, 2), "")).value();
+  ASSERT_EQ(FirstSwitch(m, 0, 100), (std::pair<std::string, int>{"S2", 10}));
+  ASSERT_EQ(FirstSwitch(configured, 0, 100), (std::pair<std::string, int>{"S2", 10}));
+  // The framework applied S2 and has since reported what an S3 move costs it: 15 s, not 60.
+  MeasuredOverheads measured;
+  measured.topology_s = 15;
+  Result<std::vector<std::string>> changes = m.UseMeasured(measured);
+  ASSERT_TRUE(changes.ok()) << changes.status().ToString();
+  EXPECT_EQ(changes.value(), (std::vector<std::string>{"S3 60.00 s -> 15.00 s (measured)"}));
+  EXPECT_EQ(m.candidates()["S3"]["overhead_source"], "measured");
+  EXPECT_TRUE(m.UseMeasured(measured).value().empty()) << "the same figure again changes nothing";
+  measured.topology_s = 15.05;
+  EXPECT_TRUE(m.UseMeasured(measured).value().empty()) << "within 1 %: no churn";
+  measured.topology_s = -3;
+  EXPECT_FALSE(m.UseMeasured(measured).ok());
+  EXPECT_EQ(m.candidates()["S3"]["overhead_s"], 15);
+
+  // A restarted controller goes on with the measured figure, not the configured one.
+  Mitigator back = Mitigator::FromJson(Settings(), json::parse(m.ToJson().dump())).value();
+  const auto next = FirstSwitch(m, 10, 200), next_back = FirstSwitch(back, 10, 200);
+  const auto next_configured = FirstSwitch(configured, 10, 200);
+  EXPECT_EQ(next.first, "S3");
+  EXPECT_EQ(next, next_back);
+  // Cost since onset (slowdown + S2's 10 s paid) covers 15 s at once, 60 s only at t = 50.
+  EXPECT_EQ(next.second, 11);
+  EXPECT_EQ(next_configured, (std::pair<std::string, int>{"S3", 50}));
 }
 
 }  // namespace

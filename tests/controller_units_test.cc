@@ -280,6 +280,25 @@ TEST(JobViewTest, PeriodIsTheMostCommonAmongRanksThatHaveOne) {
   }
 }
 
+TEST(JobViewTest, PlanCostReportsAreReadAndOutOfRangeOnesRefusedByTheSchema) {
+  json m = RankMsg({0, "node0", {{kWorld, 0, 1, "world", 5}}});
+  m["cost_s3"] = 0.75;
+  m["cost_s4"] = 0;
+  ASSERT_TRUE(protocol::ValidateMessage(m, protocol::kRankRegister).ok());
+  JobView v;
+  v.Update({m}, {AgentMsg("node0")});
+  const RankInfo& r = v.ranks().at(0);
+  EXPECT_FALSE(r.cost_s[0]);
+  ASSERT_TRUE(r.cost_s[1] && r.cost_s[2]);
+  EXPECT_DOUBLE_EQ(*r.cost_s[1], 0.75);
+  EXPECT_DOUBLE_EQ(*r.cost_s[2], 0);
+  for (const json& bad : {json(-1.0), json("2"), json(1e12), json(true)}) {
+    json b = m;
+    b["cost_s2"] = bad;
+    EXPECT_FALSE(protocol::ValidateMessage(b, protocol::kRankRegister).ok()) << bad.dump();
+  }
+}
+
 TEST(JobViewTest, MalformedCommEntriesAreSkipped) {
   const char* bad[] = {
       R"({"id": "zz0b545ea07bb513", "rank": 0, "nranks": 2, "name": "", "calls": 1})",

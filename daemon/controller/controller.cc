@@ -26,6 +26,12 @@ std::int64_t WallNs() {
   return static_cast<std::int64_t>(ts.tv_sec) * kNsPerS + ts.tv_nsec;
 }
 
+std::int64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * kNsPerS + ts.tv_nsec;
+}
+
 std::int64_t Seconds(double s) { return static_cast<std::int64_t>(s * static_cast<double>(kNsPerS)); }
 
 std::string Fixed(double v, int digits = 2) {
@@ -257,8 +263,10 @@ Status Controller::StartMitigation(std::int64_t now_ns) {
     for (std::int32_t i = 0; i < config_.mitigation.spare_nodes; ++i) state_.node_hosts.push_back("spare" + std::to_string(i));
     view_.SetNodes(state_.node_hosts, state_.placement);
   }
-  Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings,
-                                         InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes));
+  const Result<JobLayout> layout = InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes);
+  const std::int64_t planning_from = MonotonicNs();
+  Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings, layout, Measured());
+  plan_s_ = static_cast<double>(MonotonicNs() - planning_from) / kNsPerS;  // counts towards S2's from now on
   if (!m.ok()) {
     log_->warn("event=mitigation_not_started incident={} error=\"{}\"", inc.id, m.status().message());
     return Status::Ok();
@@ -269,13 +277,16 @@ Status Controller::StartMitigation(std::int64_t now_ns) {
   dirty_ = true;
   std::string options;
   for (const auto& [code, c] : mitigator_->candidates().items()) {
+    const bool measured = c.value("overhead_source", "") == "measured";
     options += (options.empty() ? "" : ", ") + code +
                (c.contains("unavailable") ? std::string(" unavailable")
-                                          : " after " + Fixed(c.value("overhead_s", 0.0), 0) + " s of slowdown");
+                                          : " after " + Fixed(c.value("overhead_s", 0.0), measured ? 1 : 0) +
+                                                " s of slowdown" + (measured ? " (measured)" : ""));
   }
   return Record("decision", "S1 ignore for now; candidates: " + options,
                 {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause}, {"strategy", "S1"},
-                 {"detail", {{"mode", config_.mitigation.mode}, {"candidates", mitigator_->candidates()}}}},
+                 {"detail",
+                  {{"mode", config_.mitigation.mode}, {"candidates", mitigator_->candidates()}, {"planning_s", plan_s_}}}},
                 "info");
 }
 
@@ -288,6 +299,7 @@ Status Controller::FeedMitigation(std::int64_t now_ns) {
   if (!cur || *cur <= 0 || inc.healthy_s <= 0) return Status::Ok();
   // The first sample covers the time since detection: the slowdown before the localisation
   // counts towards the switch budget too.
+  TakeMeasuredOverheads(*m);
   const json before = inc.mitigation;
   const std::int64_t fed_before = inc.last_feed_ns;
   const std::int64_t from = inc.last_feed_ns > 0 ? inc.last_feed_ns : inc.opened_ns;
@@ -310,6 +322,28 @@ Status Controller::FeedMitigation(std::int64_t now_ns) {
     return s;
   }
   return Status::Ok();
+}
+
+MeasuredOverheads Controller::Measured() const {
+  MeasuredOverheads m = MeasuredFrom(view_);
+  if (m.rebalance_s) *m.rebalance_s += plan_s_;
+  return m;
+}
+
+// What the frameworks report about their plans' costs replaces the configured guesses for the
+// strategies the planner may still choose (FALCON §5: overheads measured where possible).
+void Controller::TakeMeasuredOverheads(Mitigator& m) {
+  Result<std::vector<std::string>> changes = m.UseMeasured(Measured());
+  if (!changes.ok()) {
+    log_->warn("event=overhead_refused incident={} error=\"{}\"", state_.incident->id, changes.status().message());
+    return;
+  }
+  if (changes.value().empty()) return;
+  for (const std::string& c : changes.value()) {
+    log_->info("event=overhead_measured incident={} change=\"{}\"", state_.incident->id, c);
+  }
+  state_.incident->mitigation = m.ToJson();
+  dirty_ = true;
 }
 
 void Controller::Unpublished(const json& mitigation_before, const Status& why) {

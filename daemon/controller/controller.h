@@ -103,6 +103,9 @@ class Controller {
   // done again, so no localisation or decision is lost to an outage. Returns `why`.
   Status RoundUnpublished(Incident before, std::int64_t now_ns, const Status& why);
   Mitigator* CurrentMitigator();
+  // The overheads the job measured (MeasuredFrom the view; S2 plus plan_s_).
+  [[nodiscard]] MeasuredOverheads Measured() const;
+  void TakeMeasuredOverheads(Mitigator& m);
   // The wait before the incident's next re-check while S2 holds: recheck-s, doubled per round
   // that found the culprits still slow.
   [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
@@ -133,6 +136,7 @@ class Controller {
   std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
   std::optional<Mitigator> mitigator_;  // the open incident's; mirrors state_.incident->mitigation
+  double plan_s_ = 0;  // how long preparing the last mitigation's plans took (S2's solve among them), s
   std::vector<nlohmann::json> requests_;  // validated controller_request messages not yet served
   std::uint64_t dropped_messages_ = 0;
 };

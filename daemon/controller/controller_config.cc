@@ -92,11 +92,11 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "mitigation", m.mode, "decisions: off (none), advise (publish plans), act (also hand them to the "
         "frameworks through the agents and shims)")
       ->check(CLI::IsMember({"off", "advise", "act"}));
-  Entry(app, "s2-overhead-s", m.overheads.rebalance_s, "S2 re-balance micro-batches: lost training it costs, s")
+  Entry(app, "s2-overhead-s", m.overheads.rebalance_s, "S2 re-balance micro-batches: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
       ->check(CLI::Range(0.0, 1e9));
-  Entry(app, "s3-overhead-s", m.overheads.topology_s, "S3 re-place nodes: lost training it costs, s")
+  Entry(app, "s3-overhead-s", m.overheads.topology_s, "S3 re-place nodes: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
       ->check(CLI::Range(0.0, 1e9));
-  Entry(app, "s4-overhead-s", m.overheads.restart_s, "S4 checkpoint-restart: lost training it costs, s")
+  Entry(app, "s4-overhead-s", m.overheads.restart_s, "S4 checkpoint-restart: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
       ->check(CLI::Range(0.0, 1e9));
   Entry(app, "micro-batches", m.micro_batches, "micro-batches per DP replica per iteration in the job's own "
         "schedule (0: unknown, no S2 plans)")

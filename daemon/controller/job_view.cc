@@ -2,6 +2,7 @@
 #include "daemon/controller/job_view.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "daemon/protocol/messages.h"
@@ -23,6 +24,12 @@ RankInfo ParseRank(const nlohmann::json& m) {
   r.at_ns = m["at_ns"].get<std::int64_t>();
   const auto applied = m.find("plan_applied");
   if (applied != m.end() && applied->is_number_integer()) r.plan_applied = applied->get<std::int64_t>();
+  for (std::size_t i = 0; i < r.cost_s.size(); ++i) {
+    const auto cost = m.find("cost_s" + std::to_string(i + 2));
+    if (cost != m.end() && cost->is_number() && std::isfinite(cost->get<double>()) && cost->get<double>() >= 0) {
+      r.cost_s[i] = cost->get<double>();
+    }
+  }
   for (const nlohmann::json& c : m["comms"]) {
     if (!c.is_object() || !c.contains("id") || !c["id"].is_string()) continue;
     const std::optional<std::uint64_t> id = protocol::ParseCommIdHex(c["id"].get<std::string>());

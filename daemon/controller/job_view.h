@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -38,6 +39,9 @@ struct RankInfo {
   bool slow = false;
   std::int64_t at_ns = 0;  // when its agent wrote the registration
   std::int64_t plan_applied = 0;  // last mitigation plan version its framework applied
+  // What applying S2, S3, S4 costs this rank, seconds, as its framework reported it
+  // (falconReportCost; index strategy - 2); unset while not reported.
+  std::array<std::optional<double>, 3> cost_s;
   std::vector<RankComm> comms;
 };
 

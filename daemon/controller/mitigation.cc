@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -215,12 +216,19 @@ json PlanRestartCandidate(const MitigationSettings& s, const json& findings,
           {"expected_gain", 1.0}};  // replaced below by the slow/healthy ratio when known
 }
 
+// The planner's overheads are the candidates' (configured or measured, as Start or UseMeasured
+// left them), so a restored planner goes on with the figures its predecessor used.
 analyzer::SkiRentalOptions OptionsFrom(const MitigationSettings& s, const json& candidates) {
   analyzer::SkiRentalOptions o;
   o.overheads = s.overheads;
   auto pick = [&](const char* code, double* out) {
     const json c = candidates.value(code, json::object());
-    if (c.contains("unavailable") || !c.contains("overhead_s")) *out = kInf;
+    const auto x = c.find("overhead_s");
+    if (c.contains("unavailable") || x == c.end() || !x->is_number()) {
+      *out = kInf;
+    } else if (const double v = x->get<double>(); std::isfinite(v) && v >= 0) {
+      *out = v;
+    }
   };
   pick("S2", &o.overheads.rebalance_s);
   pick("S3", &o.overheads.topology_s);
@@ -228,7 +236,51 @@ analyzer::SkiRentalOptions OptionsFrom(const MitigationSettings& s, const json& 
   return o;
 }
 
+struct MeasuredEntry {
+  const char* code;
+  Strategy strategy;
+  std::optional<double> MeasuredOverheads::*field;
+};
+constexpr MeasuredEntry kMeasured[] = {
+    {"S2", Strategy::kRebalanceMicrobatches, &MeasuredOverheads::rebalance_s},
+    {"S3", Strategy::kAdjustTopology, &MeasuredOverheads::topology_s},
+    {"S4", Strategy::kCheckpointRestart, &MeasuredOverheads::restart_s},
+};
+
+bool ValidMeasured(const MeasuredOverheads& m) {
+  return std::all_of(std::begin(kMeasured), std::end(kMeasured), [&](const MeasuredEntry& e) {
+    const std::optional<double>& v = m.*e.field;
+    return !v || (std::isfinite(*v) && *v >= 0);
+  });
+}
+
+// Marks where each available candidate's overhead comes from, taking the measured ones.
+void ApplyMeasured(const MeasuredOverheads& m, json* candidates) {
+  for (const MeasuredEntry& e : kMeasured) {
+    if (!candidates->contains(e.code)) continue;
+    json& c = (*candidates)[e.code];
+    if (c.contains("unavailable")) continue;
+    if (const std::optional<double>& v = m.*e.field) {
+      c["overhead_s"] = *v;
+      c["overhead_source"] = "measured";
+    } else {
+      c["overhead_source"] = "configured";
+    }
+  }
+}
+
 }  // namespace
+
+MeasuredOverheads MeasuredFrom(const JobView& view) {
+  MeasuredOverheads out;
+  for (const auto& [rank, r] : view.ranks()) {
+    for (std::size_t i = 0; i < std::size(kMeasured); ++i) {
+      std::optional<double>& v = out.*kMeasured[i].field;
+      if (r.cost_s[i] && (!v || *r.cost_s[i] > *v)) v = r.cost_s[i];
+    }
+  }
+  return out;
+}
 
 Result<analyzer::JobShape> ParseJobShape(const std::string& text) {
   analyzer::JobShape s;
@@ -322,7 +374,8 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
 }
 
 Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std::string& cause,
-                                   const json& findings, const Result<JobLayout>& layout) {
+                                   const json& findings, const Result<JobLayout>& layout,
+                                   const MeasuredOverheads& measured) {
   analyzer::RootCause root;
   if (cause == "compute") {
     if (findings.value("gpus", json::array()).empty()) return Status::InvalidArgument("compute cause without a slow GPU");
@@ -348,6 +401,8 @@ Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std
     s3["rebalance_expected_gain"] = s2.value("expected_gain", 0.0);
   }
   candidates["S4"] = PlanRestartCandidate(settings, findings, layout);
+  if (!ValidMeasured(measured)) return Status::InvalidArgument("measured overheads must be >= 0 seconds");
+  ApplyMeasured(measured, &candidates);
   Result<analyzer::SkiRentalPlanner> planner = analyzer::SkiRentalPlanner::Create(root, OptionsFrom(settings, candidates));
   if (!planner.ok()) return planner.status();
   return Mitigator(root, std::move(candidates), std::move(planner.value()));
@@ -431,6 +486,23 @@ Result<std::optional<Decision>> Mitigator::Observe(double now_s, double iteratio
   Decision out = MakeDecision(*d.value());
   if (out.strategy == "S4" && iteration_s > 0) out.expected_gain = std::max(0.0, 1.0 - healthy_s / iteration_s);
   return std::optional<Decision>(std::move(out));
+}
+
+Result<std::vector<std::string>> Mitigator::UseMeasured(const MeasuredOverheads& measured) {
+  if (!ValidMeasured(measured)) return Status::InvalidArgument("measured overheads must be >= 0 seconds");
+  std::vector<std::string> changes;
+  for (const MeasuredEntry& e : kMeasured) {
+    const std::optional<double>& v = measured.*e.field;
+    if (!v || !candidates_.contains(e.code) || candidates_[e.code].contains("unavailable")) continue;
+    json& c = candidates_[e.code];
+    const double old = c.value("overhead_s", kInf);
+    if (std::abs(*v - old) <= std::max(0.01, 0.01 * old)) continue;
+    if (Status st = planner_.SetOverhead(e.strategy, *v); !st.ok()) continue;  // not the planner's candidate
+    changes.push_back(std::string(e.code) + " " + Fixed(old, 2) + " s -> " + Fixed(*v, 2) + " s (measured)");
+    c["overhead_s"] = *v;
+    c["overhead_source"] = "measured";
+  }
+  return changes;
 }
 
 Result<Decision> Mitigator::End(double now_s) {

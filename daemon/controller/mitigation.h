@@ -54,6 +54,17 @@ struct MitigationSettings {
   double recheck_s = 60;           // while S2 holds, re-validate the culprits this often (doubling)
 };
 
+// Overheads the job measured itself: what applying each strategy cost, as the frameworks reported
+// it (falcon.h falconReportCost; the slowest rank's figure, since every rank waits for it), plus,
+// for S2, the controller's own planning time. Unset: the configured overhead holds.
+struct MeasuredOverheads {
+  std::optional<double> rebalance_s, topology_s, restart_s;
+  [[nodiscard]] bool empty() const { return !rebalance_s && !topology_s && !restart_s; }
+};
+
+// The slowest live rank's reported cost per strategy (RankInfo::cost_s).
+[[nodiscard]] MeasuredOverheads MeasuredFrom(const JobView& view);
+
 struct JobLayout {
   analyzer::JobPlacement placement;  // shape, gpus_per_node, num_nodes, node_of_rank
   std::vector<std::string> hosts;    // node index -> host name
@@ -86,10 +97,13 @@ class Mitigator {
   // (gpus, links, nics as the controller records them), `cause` compute | link | nic.
   // InvalidArgument for a cause without culprits or bad settings; a layout error only makes
   // S2/S3/S4 unavailable.
+  // Each available candidate's overhead is the measured one where `measured` has it, else the
+  // configured one; its "overhead_source" says which ("measured" | "configured").
   [[nodiscard]] static Result<Mitigator> Start(const MitigationSettings& settings,
                                                const std::string& cause,
                                                const nlohmann::json& findings,
-                                               const Result<JobLayout>& layout);
+                                               const Result<JobLayout>& layout,
+                                               const MeasuredOverheads& measured = {});
   // From ToJson(); InvalidArgument when the document is not one this class wrote.
   [[nodiscard]] static Result<Mitigator> FromJson(const MitigationSettings& settings,
                                                   const nlohmann::json& doc);
@@ -99,6 +113,13 @@ class Mitigator {
   // ending at now_s. A decision when the planner switches.
   [[nodiscard]] Result<std::optional<Decision>> Observe(double now_s, double iteration_s,
                                                         double healthy_s, std::int64_t iterations);
+  // Newly measured overheads for a running mitigation: every available candidate whose measured
+  // overhead differs from the one it has (by more than 1 % and 10 ms) takes it, and the planner
+  // re-sorts the strategies not yet applied. Returns one line per change ("S3 120 s -> 2.1 s
+  // (measured)"), empty when nothing changed. InvalidArgument for a negative or NaN figure
+  // (nothing is changed then).
+  [[nodiscard]] Result<std::vector<std::string>> UseMeasured(const MeasuredOverheads& measured);
+
   // The fail-slow is over (or the incident closed): the stop decision.
   [[nodiscard]] Result<Decision> End(double now_s);
 
