@@ -83,6 +83,13 @@ Status JobRun::Apply(const Announcement& a, double decided_at, int* next_iter) {
     std::fprintf(stderr, "falcon-train-emu: plan version %d (%s) applies from iteration %d (cost %.3f s)\n", a.version,
                  rec.strategy.c_str(), *next_iter, rec.cost_s);
   }
+  // What the plan cost this rank (the controller takes the slowest rank's figure as the
+  // strategy's measured overhead): the stop and state move, or the restart plus the work it
+  // rolled back.
+  if (a.strategy && *a.strategy != Strategy::kIgnore) {
+    const double lost = a.effect.restart && !report_.restarts.empty() ? report_.restarts.back().lost_s : 0.0;
+    ack_.ReportCost(static_cast<std::uint32_t>(*a.strategy), rec.cost_s + lost);
+  }
   report_.plans.push_back(std::move(rec));
   ack_.Ack(a.version, 0);
   return Status::Ok();
@@ -152,6 +159,16 @@ void JobRun::MaybeCheckpoint(int next_iter) {
   checkpoint_ = {next_iter};
   ++report_.checkpoints.taken;
   report_.checkpoints.last_iter = next_iter;
+  // From the job's history, what an S4 restart would cost now: the relaunch plus, on average,
+  // half a checkpoint period of work rolled back at the recent iteration time.
+  const std::size_t n = report_.iterations.size();
+  const std::size_t k = std::min(n, static_cast<std::size_t>(o_.checkpoint_every));
+  if (k > 0) {
+    double recent = 0;
+    for (std::size_t i = n - k; i < n; ++i) recent += report_.iterations[i].duration_s;
+    recent /= static_cast<double>(k);
+    ack_.ReportCost(static_cast<std::uint32_t>(Strategy::kRestart), o_.restart_s + 0.5 * o_.checkpoint_every * recent);
+  }
 }
 
 }  // namespace falcon::train

@@ -120,7 +120,13 @@ std::optional<PlanOffer> FalconPlanSource::Poll(std::int32_t last_version, std::
   return OfferFromApi(api);
 }
 
-FalconAck::FalconAck() : ack_(Resolve<decltype(&falconAckPlan)>("falconAckPlan")) {}
+FalconAck::FalconAck()
+    : ack_(Resolve<decltype(&falconAckPlan)>("falconAckPlan")),
+      report_cost_(Resolve<decltype(&falconReportCost)>("falconReportCost")) {}
+
+bool FalconAck::ReportCost(std::uint32_t strategy, double seconds) const {
+  return report_cost_ != nullptr && report_cost_(strategy, seconds) == FALCON_OK;
+}
 
 bool FalconAck::Ack(std::int32_t version, int status) const {
   return ack_ != nullptr && version > 0 && ack_(static_cast<std::uint32_t>(version), status) == FALCON_OK;

@@ -9,8 +9,8 @@
 //    read (versions of its parts differ, FALCON_ERR_BUSY) is read again at the next boundary.
 //
 // Both return only offers whose version is greater than the last one considered (applied or
-// rejected). FalconAck (every rank) reports the verdict back through falconAckPlan when the
-// symbol exists.
+// rejected). FalconAck (every rank) reports the verdict back through falconAckPlan, and what
+// plans cost through falconReportCost, when the symbols exist.
 //
 // Thread-safety: one thread per object. Must never: block (file reads are small; the C API never
 // blocks), or call into a missing symbol.
@@ -75,10 +75,15 @@ class FalconAck {
   // Reports plan `version` applied (status 0) or rejected (non-zero). False when there is no
   // falconAckPlan or it refused (e.g. no shim segment yet); the trainer goes on either way.
   bool Ack(std::int32_t version, int status) const;
+  // Reports what applying `strategy` (kFalconStrategyRebalance..Restart) costs this rank, in
+  // seconds (falconReportCost, API version 2). False when the symbol is missing (an older shim,
+  // or none) or the call refused; the trainer goes on either way.
+  bool ReportCost(std::uint32_t strategy, double seconds) const;
   [[nodiscard]] bool available() const { return ack_ != nullptr; }
 
  private:
   decltype(&falconAckPlan) ack_ = nullptr;
+  decltype(&falconReportCost) report_cost_ = nullptr;
 };
 
 }  // namespace falcon::train

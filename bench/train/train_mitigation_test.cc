@@ -2,14 +2,24 @@
 // falcon-emu-run over the NCCL emulator. S3 moves ranks off a congested link that carries DP
 // traffic and the iterations get faster; S4 leaves a node with a slow GPU or NIC for a spare,
 // restarts, rolls back and finishes with --check intact; S1 undoes S2; invalid plans are rejected
-// while training goes on; --falcon-plans without the shim warns once, and with it finds the API.
+// while training goes on; --falcon-plans without the shim warns once, and with it finds the API
+// and reports what a restart would cost.
 // Plans are written when the job's own output says it is ready for the next one (events, not
 // sleeps); iteration times are compared with wide margins (a shared 2-core machine), the
 // modelled slowdowns being several times larger than the margins.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "falcon/falcon.h"
+#include "falcon/shm_abi.h"
 
 #include "train_test_util.h"
 
@@ -284,14 +294,47 @@ TEST_F(TrainMitigationTest, FalconPlansWithoutTheShimWarnOnceAndTrain) {
 }
 
 #ifdef FALCON_SHIM_LIB
-TEST_F(TrainMitigationTest, FalconPlansUnderTheShimFindTheApi) {
+// The S4 cost a rank reported through falconReportCost, read from its kept segment (the shm
+// ABI: header -> plan block -> cost words); negative when none was reported.
+double ReportedRestartCost(const std::string& segment_path) {
+  const int fd = ::open(segment_path.c_str(), O_RDONLY);
+  if (fd < 0) return -2;
+  struct stat st {};
+  void* p = ::fstat(fd, &st) == 0 ? ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0)
+                                 : MAP_FAILED;
+  ::close(fd);
+  if (p == MAP_FAILED) return -2;
+  const auto* h = static_cast<const FalconShmHeader*>(p);
+  double cost = -1;
+  if (h->magic == FALCON_SHM_MAGIC && h->plan_offset + sizeof(FalconPlanBlock) <= static_cast<std::uint64_t>(st.st_size)) {
+    const auto* b = reinterpret_cast<const FalconPlanBlock*>(static_cast<const char*>(p) + h->plan_offset);
+    const std::uint64_t us = b->cost_us[kFalconStrategyRestart - kFalconStrategyRebalance];
+    if (us > 0) cost = static_cast<double>(us) / 1e6;
+  }
+  ::munmap(p, static_cast<std::size_t>(st.st_size));
+  return cost;
+}
+
+TEST_F(TrainMitigationTest, FalconPlansUnderTheShimFindTheApiAndReportWhatARestartWouldCost) {
   // The shim is preloaded: the C API resolves, no plan has arrived (no agent), training runs.
+  // After each checkpoint every rank reports an S4 restart's cost from its history: --restart-s
+  // plus half a checkpoint period of work at its recent iteration time.
   const JobResult r = RunJob({"-n", "2", "--preload", FALCON_SHIM_LIB},
-                             {"--dp", "2", "--iters", "5", "--compute-ms", "0.5", "--falcon-plans", "--report", ReportSpec()},
-                             nullptr, {{"FALCON_SHM_DIR", dir_}});
+                             {"--dp", "2", "--iters", "6", "--compute-ms", "0.5", "--checkpoint-every", "2",
+                              "--restart-s", "7", "--falcon-plans", "--report", ReportSpec()},
+                             nullptr, {{"FALCON_SHM_DIR", dir_}, {"FALCON_KEEP_SEGMENT", "1"}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("no falconGetPlan"), std::string::npos) << r.output;
   EXPECT_EQ(Report(0)["plans"].size(), 0u);
+  int segments = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().filename().string().rfind("falcon.", 0) != 0) continue;
+    ++segments;
+    const double cost = ReportedRestartCost(e.path().string());
+    EXPECT_GT(cost, 7.0) << e.path();
+    EXPECT_LT(cost, 7.0 + 5.0) << "relaunch + one iteration's worth of a fast job: " << e.path();
+  }
+  EXPECT_EQ(segments, 2);
 }
 #endif
 
