@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "shim/gpu_bench.h"
 #include "shim/log.h"
 #include "shim/real_nccl.h"
 #include "shim/tracer.h"
@@ -79,15 +80,13 @@ FalconTaskResult Finish(double* samples, const FalconTask& t, double flops, Falc
   return r;
 }
 
-FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer) {
+FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer, int64_t deadline_mono_ns) {
   if (t.m == 0 || t.n == 0 || t.k == 0 || t.m > kMaxDim || t.n > kMaxDim || t.k > kMaxDim) {
     r.status = kFalconTaskBadRequest;
     return r;
   }
-  if (tracer.gpu().available()) {  // a GPU GEMM (cuBLAS via dlopen) is not implemented yet
-    r.status = kFalconTaskUnsupported;
-    return r;
-  }
+  if (GpuBenchWanted()) return GpuGemm(t, r, deadline_mono_ns);
+  r.timing_source = kFalconTimingHost;
   const double flops = 2.0 * static_cast<double>(t.m) * t.n * t.k;
   double samples[kMaxRepeats];
   // Over the emulator the "GPU" is modelled like its fabric: the GEMM takes the modelled time,
@@ -139,7 +138,21 @@ void LogBenchmarkCall(Tracer& tracer, ThreadState& ts, FalconOp op, uint32_t slo
   tracer.Publish(rec, ts.lane_index);
 }
 
-FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer, ThreadState& ts) {
+struct P2pLog {
+  Tracer* tracer;
+  ThreadState* ts;
+  const FalconTask* task;
+};
+
+void LogGpuP2pCall(void* ctx, int64_t t0, int64_t t1, uint64_t bytes, int result) {
+  const auto* l = static_cast<const P2pLog*>(ctx);
+  const FalconTask& t = *l->task;
+  if (t.send_peer >= 0) LogBenchmarkCall(*l->tracer, *l->ts, kFalconOpSend, t.comm_slot, bytes, t.send_peer, t0, t1, result);
+  if (t.recv_peer >= 0) LogBenchmarkCall(*l->tracer, *l->ts, kFalconOpRecv, t.comm_slot, bytes, t.recv_peer, t0, t1, result);
+}
+
+FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer, ThreadState& ts,
+                        int64_t deadline_mono_ns) {
   const FalconShmHeader* h = tracer.segment().header();
   if (t.comm_slot >= h->comm_capacity || t.bytes == 0 || t.bytes > kMaxBytes || (t.send_peer < 0 && t.recv_peer < 0)) {
     r.status = kFalconTaskBadRequest;
@@ -151,10 +164,17 @@ FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer,
     r.status = kFalconTaskBadRequest;
     return r;
   }
-  if (tracer.gpu().available()) {  // device buffers (cuMemAlloc) are not implemented yet
+  auto* comm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(entry.handle));
+  if (GpuBenchWanted()) {
+    P2pLog log{&tracer, &ts, &t};
+    return GpuP2p(t, r, comm, GpuP2pObserver{&LogGpuP2pCall, &log}, deadline_mono_ns);
+  }
+  if (tracer.gpu().available()) {  // a CUDA process without a current context: host buffers could fault
+    Log(LogLevel::kWarn, "benchmark p2p refused: the CUDA driver is loaded but this thread has no current context");
     r.status = kFalconTaskUnsupported;
     return r;
   }
+  r.timing_source = kFalconTimingHost;
   auto group_start = RealSymbol<decltype(&pncclGroupStart)>(kFalconOpGroupStart);
   auto group_end = RealSymbol<decltype(&pncclGroupEnd)>(kFalconOpGroupEnd);
   auto send = RealSymbol<decltype(&pncclSend)>(kFalconOpSend);
@@ -169,19 +189,19 @@ FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer,
     return r;
   }
   std::memset(sendbuf, 0x5a, t.bytes);
-  auto* comm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(entry.handle));
   double samples[kMaxRepeats];
   r.status = kFalconTaskOk;
   for (uint32_t rep = 0; rep <= t.repeats && r.status == kFalconTaskOk; ++rep) {  // rep 0: warm-up
     const int64_t t0 = SystemMonoNs();
     ncclResult_t res = group_start();
-    if (res == ncclSuccess && t.send_peer >= 0) res = send(sendbuf, t.bytes, ncclInt8, t.send_peer, comm, nullptr);
-    if (res == ncclSuccess && t.recv_peer >= 0) res = recv(recvbuf, t.bytes, ncclInt8, t.recv_peer, comm, nullptr);
+    const uint64_t bytes = rep == 0 ? std::min<uint64_t>(t.bytes, FALCON_P2P_WARMUP_BYTES) : t.bytes;
+    if (res == ncclSuccess && t.send_peer >= 0) res = send(sendbuf, bytes, ncclInt8, t.send_peer, comm, nullptr);
+    if (res == ncclSuccess && t.recv_peer >= 0) res = recv(recvbuf, bytes, ncclInt8, t.recv_peer, comm, nullptr);
     const ncclResult_t end = group_end();
     if (res == ncclSuccess) res = end;
     const int64_t t1 = SystemMonoNs();
-    if (t.send_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpSend, t.comm_slot, t.bytes, t.send_peer, t0, t1, res);
-    if (t.recv_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpRecv, t.comm_slot, t.bytes, t.recv_peer, t0, t1, res);
+    if (t.send_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpSend, t.comm_slot, bytes, t.send_peer, t0, t1, res);
+    if (t.recv_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpRecv, t.comm_slot, bytes, t.recv_peer, t0, t1, res);
     if (res != ncclSuccess) {
       Log(LogLevel::kWarn, "benchmark p2p on comm slot %u failed: NCCL result %d", t.comm_slot, static_cast<int>(res));
       r.status = kFalconTaskFailed;
@@ -202,12 +222,13 @@ FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer,
 
 }  // namespace
 
-FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts) {
+FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts,
+                                  int64_t deadline_mono_ns) {
   FalconTaskResult r;
   std::memset(&r, 0, sizeof(r));
   r.task_seq = task_seq;
   r.kind = task.kind;
-  r.timing_source = tracer.gpu().available() ? kFalconTimingCudaEvents : kFalconTimingHost;
+  r.timing_source = kFalconTimingHost;
   if (ts.group_depth > 0) {  // never nest validation traffic in the job's open group
     r.status = kFalconTaskFailed;
     return r;
@@ -217,8 +238,8 @@ FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tra
     return r;
   }
   switch (task.kind) {
-    case kFalconTaskGemm: return RunGemm(task, r, tracer);
-    case kFalconTaskP2p: return RunP2p(task, r, tracer, ts);
+    case kFalconTaskGemm: return RunGemm(task, r, tracer, deadline_mono_ns);
+    case kFalconTaskP2p: return RunP2p(task, r, tracer, ts, deadline_mono_ns);
     default: r.status = kFalconTaskBadRequest; return r;
   }
 }

@@ -5,11 +5,15 @@
 // Runs only on the trapped training thread, so no other NCCL call of that thread is in flight.
 // Allocates its buffers per task (off the hot path) and frees them. NCCL calls go straight to
 // the real library and are logged with kFalconFlagBenchmark and no per-communicator sequence
-// number, so they are never mistaken for training traffic. Without a GPU the GEMM is a host
-// GEMM; over the NCCL emulator, a slow-compute fault of the emulator's plan (falconEmuComputeFactor,
-// looked up at run time if the process has it) stretches the measured time as it stretches the
-// trainer's compute. GPU buffers and GPU GEMM are not implemented yet: such tasks report
-// kFalconTaskUnsupported when the process has a CUDA driver loaded.
+// number, so they are never mistaken for training traffic.
+//  - A process that drives a GPU (CUDA driver loaded, a current context on this thread): the
+//    GEMM is a cuBLAS SGEMM and the transfers move device buffers, both timed with CUDA events
+//    (gpu_bench.h). A CUDA process without a current context gets kFalconTaskUnsupported for
+//    P2P: host buffers could fault on a GPU communicator.
+//  - Otherwise the GEMM is a host GEMM and the buffers host memory. Over the NCCL emulator, its
+//    GEMM model (falconEmuGemmSeconds) or, failing that, a slow-compute fault of its plan
+//    (falconEmuComputeFactor), looked up at run time if the process has them, sets the measured
+//    time as it sets the trainer's compute.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,8 @@ class Tracer;
 struct ThreadState;
 
 // Runs `task` and returns its result (task_seq filled in). Never throws; errors are statuses.
-FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts);
+// Waits for device work end at `deadline_mono_ns` (CLOCK_MONOTONIC): the task then fails.
+FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts,
+                                  int64_t deadline_mono_ns);
 
 }  // namespace falcon::shim

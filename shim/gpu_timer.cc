@@ -51,7 +51,9 @@ bool GpuTimer::Init() {
             Load(lib, "cuEventRecord", &g_cu.event_record) &&
             Load(lib, "cuEventQuery", &g_cu.event_query) &&
             Load(lib, "cuEventSynchronize", &g_cu.event_synchronize) &&
-            Load(lib, "cuEventElapsedTime", &g_cu.event_elapsed) &&
+            // CUDA 13 names it cuEventElapsedTime_v2; older drivers have only the first version.
+            (Load(lib, "cuEventElapsedTime_v2", &g_cu.event_elapsed) ||
+             Load(lib, "cuEventElapsedTime", &g_cu.event_elapsed)) &&
             Load(lib, "cuStreamIsCapturing", &g_cu.stream_is_capturing);
   if (!ok) {
     LogOnce(OnceKey::kCudaDriver, LogLevel::kWarn, "CUDA driver lacks event entry points; host timing only");

@@ -141,7 +141,9 @@ void Trap::Hold(Tracer& tracer, ThreadState& ts) {
     if (task_seq != Load(control_->task_ack, std::memory_order_relaxed)) {
       FalconTask task;
       std::memcpy(&task, &control_->task, sizeof(task));  // the agent wrote it before task_seq
-      const FalconTaskResult result = RunBenchmarkTask(task, task_seq, tracer, ts);
+      // Device work may run until the pause's own deadline, never past it.
+      const int64_t device_deadline = SystemMonoNs() + std::max<int64_t>(0, deadline - RealNowNs());
+      const FalconTaskResult result = RunBenchmarkTask(task, task_seq, tracer, ts, device_deadline);
       std::memcpy(&control_->task_result, &result, sizeof(result));
       Store(control_->task_ack, task_seq);
       poll_ns = kPollNs;  // the next task often follows at once

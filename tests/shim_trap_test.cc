@@ -39,13 +39,21 @@ class ShimTrapTest : public ::testing::Test {
 
   // Starts the job and opens every rank's segment read-write, ordered by world rank. The job
   // runs until FinishJob() (at most `iters` iterations), so slow builds never run out of job.
-  void StartJob(int iters = 1'000'000) {
-    job_ = testing::Spawn({testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
-                           "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload",
-                           testing::PreloadValue(), "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
-                           std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check", "--stop-file",
-                           dir_.path() + "/stop"},
-                          {"FALCON_SHM_DIR=" + dir_.path(), "FALCON_KEEP_SEGMENT=1", "FALCON_RING_RECORDS=131072"});
+  // `gpu`: the job is a CUDA program over the CUDA driver and cuBLAS emulators (falcon-emu-job
+  // --cuda), so the shim takes its GPU paths; `env` is added to the job's environment.
+  void StartJob(int iters = 1'000'000, bool gpu = false, std::vector<std::string> env = {}) {
+    std::vector<std::string> argv = {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
+                                     "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(),
+                                     "--preload", testing::PreloadValue(), "--",
+                                     testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters", std::to_string(iters),
+                                     "--compute-ms", "2", "--bytes", "65536", "--check", "--stop-file",
+                                     dir_.path() + "/stop"};
+    env.insert(env.end(), {"FALCON_SHM_DIR=" + dir_.path(), "FALCON_KEEP_SEGMENT=1", "FALCON_RING_RECORDS=131072"});
+    if (gpu) {
+      argv.insert(argv.end(), {"--cuda", testing::BinDir("cuda-emu-lib") + "/libcuda.so.1"});
+      env.push_back("FALCON_CUBLAS=" + testing::BinDir("cuda-emu-lib") + "/libcublas.so.13");
+    }
+    job_ = testing::Spawn(argv, env);
     ASSERT_GT(job_, 0);
     ASSERT_TRUE(testing::WaitUntil([&] { return OpenAll(); }, 60)) << "segments did not appear";
   }
@@ -200,6 +208,71 @@ TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
   bad.clear();
   for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1, RealNow() - 1));
   ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
+}
+
+// A CUDA program (over the CUDA driver and cuBLAS emulators): the GEMM runs through cuBLAS on
+// device memory, the ring pass moves device buffers on the job's stream-less world communicator
+// through Falcon's own stream, both timed with CUDA events; profile mode times the job's calls
+// with events too. The job's --check proves its data survived.
+TEST_F(ShimTrapTest, OnAGpuTasksUseDeviceBuffersCublasAndCudaEvents) {
+  StartJob(1'000'000, /*gpu=*/true);
+  for (auto& s : segs_) EXPECT_EQ(s.control().timing_source, kFalconTimingCudaEvents) << "the shim saw the driver";
+  segs_[0].RequestMode(kFalconModeProfile, 1);
+  std::vector<uint64_t> gens = PauseAll(RealNow() + 20'000'000'000LL);
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  std::vector<FalconTask> gemm(kRanks);
+  for (auto& t : gemm) t = FalconTask{kFalconTaskGemm, 3, 0, -1, -1, 64, 32, 48, 0, {}};
+  for (const FalconTaskResult& r : RunOnAll(gemm)) {
+    EXPECT_EQ(r.status, kFalconTaskOk);
+    EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "the GEMM ran on the device path";
+    EXPECT_GT(r.rate, 0.0);
+    EXPECT_LE(r.min_s, r.median_s);
+    EXPECT_LE(r.median_s, r.max_s);
+  }
+  std::vector<FalconTask> ring(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    ring[static_cast<size_t>(r)] =
+        FalconTask{kFalconTaskP2p, 3, kWorldSlot, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, 262144, {}};
+  }
+  for (const FalconTaskResult& r : RunOnAll(ring)) {
+    EXPECT_EQ(r.status, kFalconTaskOk);
+    EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "the transfers ran on the device path";
+    EXPECT_GT(r.rate, 0.0);
+  }
+  for (size_t r = 0; r < segs_.size(); ++r) segs_[r].RequestResume(gens[r]);
+  ASSERT_TRUE(AllIn(kFalconPauseResumed, gens, 10));
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
+  std::vector<FalconRecord> recs;
+  daemon::ReadCursor cursor;
+  segs_[0].Read(&cursor, ~size_t{0}, SegmentReader::ReadMode::kFinal, &recs);
+  size_t gpu_timed = 0, bench = 0, warmups = 0;
+  for (const FalconRecord& r : recs) {
+    if (r.op == kFalconOpGpuTiming && r.result == 0) {
+      ++gpu_timed;
+      EXPECT_GE(r.t_end_ns, r.t_start_ns);
+    }
+    if (r.flags & kFalconFlagBenchmark) {
+      ++bench;
+      if (r.count == FALCON_P2P_WARMUP_BYTES) ++warmups;
+      else EXPECT_EQ(r.count, 262144u);
+    }
+  }
+  EXPECT_GT(gpu_timed, 0u) << "profile mode timed the job's calls with events";
+  EXPECT_EQ(bench, 8u) << "(1 warm-up + 3) x send+recv";
+  EXPECT_EQ(warmups, 2u) << "the warm-up moves only enough to set up connections";
+}
+
+// A device that never finishes (every event stays pending): the task fails at the pause's
+// deadline instead of waiting for ever, the pause ends by itself, and training goes on.
+TEST_F(ShimTrapTest, OnAStalledGpuATaskFailsAtThePauseDeadlineAndTrainingGoesOn) {
+  StartJob(1'000'000, /*gpu=*/true, {"FALCON_EMU_CUDA_EVENT_DELAY_S=100000"});
+  std::vector<uint64_t> gens = PauseAll(RealNow() + 8'000'000'000LL);
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  std::vector<FalconTask> gemm(kRanks);
+  for (auto& t : gemm) t = FalconTask{kFalconTaskGemm, 2, 0, -1, -1, 32, 32, 32, 0, {}};
+  for (const FalconTaskResult& r : RunOnAll(gemm)) EXPECT_EQ(r.status, kFalconTaskFailed);
+  ASSERT_TRUE(AllIn(kFalconPauseTimedOut, gens, 20));
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }
 

@@ -4,7 +4,7 @@
 // all-reduces / an all-gather / a reduce-scatter on TP, a grouped send/recv ring on the world, one
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
-//   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH]
+//   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]
 //
 // --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
 // exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
@@ -12,8 +12,13 @@
 // however slow the build (sanitizers) or the machine.
 // --check fills buffers with small integers (exact in float) and verifies every result; a wrong
 // value exits 1. Prints one summary line per rank.
+// --cuda LIB makes the job a CUDA program as far as a preloaded shim can tell: it loads LIB (the
+// CUDA driver emulator's libcuda.so.1, or a real driver), makes device rank % 8's primary context
+// current and passes a stream of its own to every NCCL call. Host buffers stay host buffers: only
+// the emulators accept that.
 // Thread-safety: single-threaded. Must never: hang without bound (the emulator's deadline fails
 // the job) or ignore an NCCL error (any error exits 2).
+#include <dlfcn.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,7 +38,45 @@ struct Options {
   size_t bytes = 1 << 20;
   bool check = false;
   std::string stop_file;
+  std::string cuda;
 };
+
+// --cuda: the driver calls a CUDA program makes before NCCL (cuInit, a current primary context,
+// a stream). Returns the stream, or exits 2 with the reason.
+void* StartCuda(const std::string& lib, int rank) {
+  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (h == nullptr) {
+    std::fprintf(stderr, "falcon-emu-job: --cuda %s: %s\n", lib.c_str(), dlerror());
+    std::exit(2);
+  }
+  using InitFn = int (*)(unsigned);
+  using DeviceGetFn = int (*)(int*, int);
+  using RetainFn = int (*)(void**, int);
+  using SetCurrentFn = int (*)(void*);
+  using StreamCreateFn = int (*)(void**, unsigned);
+  auto init = reinterpret_cast<InitFn>(dlsym(h, "cuInit"));
+  auto device_get = reinterpret_cast<DeviceGetFn>(dlsym(h, "cuDeviceGet"));
+  auto retain = reinterpret_cast<RetainFn>(dlsym(h, "cuDevicePrimaryCtxRetain"));
+  auto set_current = reinterpret_cast<SetCurrentFn>(dlsym(h, "cuCtxSetCurrent"));
+  auto stream_create = reinterpret_cast<StreamCreateFn>(dlsym(h, "cuStreamCreate"));
+  int device = 0;
+  void* ctx = nullptr;
+  void* stream = nullptr;
+  int rc = -1;
+  const char* step = "dlsym";
+  if (init && device_get && retain && set_current && stream_create) {
+    if ((rc = init(0)) != 0) step = "cuInit";
+    else if ((rc = device_get(&device, rank % 8)) != 0) step = "cuDeviceGet";
+    else if ((rc = retain(&ctx, device)) != 0) step = "cuDevicePrimaryCtxRetain";
+    else if ((rc = set_current(ctx)) != 0) step = "cuCtxSetCurrent";
+    else if ((rc = stream_create(&stream, 0)) != 0) step = "cuStreamCreate";
+  }
+  if (rc != 0) {
+    std::fprintf(stderr, "falcon-emu-job: --cuda %s: %s failed (%d)\n", lib.c_str(), step, rc);
+    std::exit(2);
+  }
+  return stream;
+}
 
 double Now() {
   timespec ts{};
@@ -81,8 +124,9 @@ int main(int argc, char** argv) {
     else if (a == "--bytes" && i + 1 < argc) o.bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--check") o.check = true;
     else if (a == "--stop-file" && i + 1 < argc) o.stop_file = argv[++i];
+    else if (a == "--cuda" && i + 1 < argc) o.cuda = argv[++i];
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH]\n");
+      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -91,6 +135,7 @@ int main(int argc, char** argv) {
   }
   const falcon::emu::JobEnv env = falcon::emu::ReadJobEnv();
   const int rank = env.rank, world = env.world_size;
+  auto* stream = static_cast<cudaStream_t>(o.cuda.empty() ? nullptr : StartCuda(o.cuda, rank));
   ncclUniqueId id;
   std::string err;
   if (falcon::emu::BootstrapUniqueId(rank, &id, {}, &err) != ncclSuccess) {
@@ -117,7 +162,7 @@ int main(int argc, char** argv) {
     Compute(o.compute_ms);
     for (int k = 0; k < 3; ++k) {
       std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
-      NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, tp, nullptr));
+      NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, tp, stream));
       if (o.check) {
         // TP group = consecutive ranks base..base+tp_n-1
         const int base = rank - tp_rank;
@@ -127,26 +172,26 @@ int main(int argc, char** argv) {
       }
     }
     std::fill(s.begin(), s.end(), static_cast<float>(rank));
-    NCCL_OK(ncclAllGather(s.data(), g.data(), shard, ncclFloat, tp, nullptr));
-    NCCL_OK(ncclReduceScatter(g.data(), s.data(), shard, ncclFloat, ncclSum, tp, nullptr));
+    NCCL_OK(ncclAllGather(s.data(), g.data(), shard, ncclFloat, tp, stream));
+    NCCL_OK(ncclReduceScatter(g.data(), s.data(), shard, ncclFloat, ncclSum, tp, stream));
     if (o.check) {
       // Every member's gathered block tp_rank holds `rank`; the reduce-scatter sums tp_n of them.
       Verify(s, shard, static_cast<float>(tp_n * rank), "tp gather+scatter", &wrong);
     }
     std::fill(ring_in.begin(), ring_in.end(), static_cast<float>(rank * 1000 + it));
     NCCL_OK(ncclGroupStart());
-    NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (rank + 1) % world, comm, nullptr));
-    NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (rank + world - 1) % world, comm, nullptr));
+    NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (rank + 1) % world, comm, stream));
+    NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (rank + world - 1) % world, comm, stream));
     NCCL_OK(ncclGroupEnd());
     if (o.check) Verify(ring_out, count, static_cast<float>(((rank + world - 1) % world) * 1000 + it), "ring", &wrong);
     Compute(o.compute_ms);
     std::fill(a.begin(), a.end(), 1.0f);
-    NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, nullptr));
+    NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, stream));
     if (o.check) Verify(a, count, static_cast<float>(dp_n), "dp allreduce", &wrong);
     const bool want_stop = rank == 0 && !o.stop_file.empty() && access(o.stop_file.c_str(), F_OK) == 0;
     const float word = want_stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it);
     std::fill(a.begin(), a.end(), rank == 0 ? word : -1.0f);
-    NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, nullptr));
+    NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, stream));
     stop = a[0] == static_cast<float>(-(it + 1));
     if (o.check) Verify(a, count, stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it), "broadcast", &wrong);
     done = it + 1;

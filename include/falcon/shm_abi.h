@@ -249,9 +249,12 @@ typedef enum {
 } FalconTaskStatus;
 
 /* 64 bytes. P2P: ranks are ranks in the communicator at comm_slot of this process's table. */
+#define FALCON_P2P_WARMUP_BYTES 65536
+
 typedef struct FalconTask {
   uint32_t kind;       /* FalconTaskKind */
-  uint32_t repeats;    /* timed repetitions, 1..1000 (after one untimed warm-up) */
+  uint32_t repeats;    /* timed repetitions, 1..1000 (after one untimed warm-up; a P2P warm-up
+                          moves min(bytes, FALCON_P2P_WARMUP_BYTES): it sets up connections) */
   uint32_t comm_slot;  /* P2P: the communicator */
   int32_t send_peer;   /* P2P: rank to send to, -1 for none */
   int32_t recv_peer;   /* P2P: rank to receive from, -1 for none */

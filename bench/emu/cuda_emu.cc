@@ -1,0 +1,248 @@
+// The CUDA driver emulator: a libcuda.so.1 with the part of the driver API that Falcon's shim
+// uses (contexts, streams, events, device memory), on the CPU. Test fabric for the CUDA driver,
+// as the NCCL emulator is for NCCL: it lets the shim's GPU paths (CUDA-event timing, device-buffer
+// P2P and cuBLAS GEMM validation) run for real in tests on machines without a GPU.
+//
+// Model: every device is host memory and every stream runs its work at once, so an event is
+// complete when recorded and its time is the host's monotonic clock then. Device pointers are
+// host pointers, which the NCCL emulator (host buffers) accepts.
+// Knob: FALCON_EMU_CUDA_EVENT_DELAY_S=S makes each event complete only S seconds after it is
+// recorded (cuEventQuery answers CUDA_ERROR_NOT_READY until then): a stalled GPU, for testing
+// deadlines.
+// Thread-safety: the current context is per thread, as in the driver; handles are heap objects
+// owned by the caller. Unknown handles are not detected (as in the driver: undefined).
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+using CuResult = int;
+constexpr CuResult kSuccess = 0;
+constexpr CuResult kInvalidValue = 1;
+constexpr CuResult kOutOfMemory = 2;
+constexpr CuResult kNotInitialized = 3;
+constexpr CuResult kInvalidDevice = 101;
+constexpr CuResult kInvalidContext = 201;
+constexpr CuResult kInvalidHandle = 400;
+constexpr CuResult kNotReady = 600;
+constexpr int kDevices = 8;
+
+struct Context {
+  int device;
+};
+Context g_contexts[kDevices] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+std::atomic<bool> g_initialised{false};
+thread_local Context* t_current = nullptr;
+
+struct Stream {
+  Context* ctx;
+};
+struct Event {
+  Context* ctx;
+  int64_t recorded_ns;  // -1: never recorded
+};
+
+int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+int64_t EventDelayNs() {
+  static const int64_t delay = [] {
+    const char* v = std::getenv("FALCON_EMU_CUDA_EVENT_DELAY_S");
+    const double s = v != nullptr ? std::atof(v) : 0.0;
+    return s > 0 ? static_cast<int64_t>(s * 1e9) : int64_t{0};
+  }();
+  return delay;
+}
+
+CuResult NeedContext() {
+  if (!g_initialised.load(std::memory_order_acquire)) return kNotInitialized;
+  return t_current != nullptr ? kSuccess : kInvalidContext;
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) CuResult cuInit(unsigned flags) {
+  if (flags != 0) return kInvalidValue;
+  g_initialised.store(true, std::memory_order_release);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuDriverGetVersion(int* version) {
+  if (version == nullptr) return kInvalidValue;
+  *version = 13000;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuDeviceGetCount(int* count) {
+  if (!g_initialised.load(std::memory_order_acquire)) return kNotInitialized;
+  if (count == nullptr) return kInvalidValue;
+  *count = kDevices;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuDeviceGet(int* device, int ordinal) {
+  if (!g_initialised.load(std::memory_order_acquire)) return kNotInitialized;
+  if (device == nullptr) return kInvalidValue;
+  if (ordinal < 0 || ordinal >= kDevices) return kInvalidDevice;
+  *device = ordinal;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuDevicePrimaryCtxRetain(void** ctx, int device) {
+  if (!g_initialised.load(std::memory_order_acquire)) return kNotInitialized;
+  if (ctx == nullptr) return kInvalidValue;
+  if (device < 0 || device >= kDevices) return kInvalidDevice;
+  *ctx = &g_contexts[device];
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuCtxSetCurrent(void* ctx) {
+  if (!g_initialised.load(std::memory_order_acquire)) return kNotInitialized;
+  t_current = static_cast<Context*>(ctx);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuCtxGetCurrent(void** ctx) {
+  if (!g_initialised.load(std::memory_order_acquire)) return kNotInitialized;
+  if (ctx == nullptr) return kInvalidValue;
+  *ctx = t_current;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuCtxSynchronize() { return NeedContext(); }
+
+__attribute__((visibility("default"))) CuResult cuStreamCreate(void** stream, unsigned /*flags*/) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (stream == nullptr) return kInvalidValue;
+  auto* s = static_cast<Stream*>(std::malloc(sizeof(Stream)));
+  if (s == nullptr) return kOutOfMemory;
+  s->ctx = t_current;
+  *stream = s;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuStreamDestroy_v2(void* stream) {
+  if (stream == nullptr) return kInvalidHandle;
+  std::free(stream);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuStreamSynchronize(void* /*stream*/) { return NeedContext(); }
+
+__attribute__((visibility("default"))) CuResult cuStreamIsCapturing(void* /*stream*/, int* status) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (status == nullptr) return kInvalidValue;
+  *status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE: graphs are not emulated
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventCreate(void** event, unsigned /*flags*/) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (event == nullptr) return kInvalidValue;
+  auto* e = static_cast<Event*>(std::malloc(sizeof(Event)));
+  if (e == nullptr) return kOutOfMemory;
+  e->ctx = t_current;
+  e->recorded_ns = -1;
+  *event = e;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventDestroy_v2(void* event) {
+  if (event == nullptr) return kInvalidHandle;
+  std::free(event);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventRecord(void* event, void* /*stream*/) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (event == nullptr) return kInvalidHandle;
+  static_cast<Event*>(event)->recorded_ns = NowNs();  // the stream's earlier work is done: it ran at once
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventQuery(void* event) {
+  if (event == nullptr) return kInvalidHandle;
+  const int64_t at = static_cast<const Event*>(event)->recorded_ns;
+  return at >= 0 && NowNs() < at + EventDelayNs() ? kNotReady : kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventSynchronize(void* event) {
+  if (event == nullptr) return kInvalidHandle;
+  const int64_t at = static_cast<const Event*>(event)->recorded_ns;
+  if (at >= 0) {
+    const int64_t wait = at + EventDelayNs() - NowNs();
+    if (wait > 0) {
+      timespec ts{static_cast<time_t>(wait / 1'000'000'000), static_cast<long>(wait % 1'000'000'000)};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventElapsedTime_v2(float* ms, void* start, void* end) {
+  if (ms == nullptr) return kInvalidValue;
+  if (start == nullptr || end == nullptr) return kInvalidHandle;
+  const int64_t a = static_cast<const Event*>(start)->recorded_ns, b = static_cast<const Event*>(end)->recorded_ns;
+  if (a < 0 || b < 0) return kInvalidHandle;  // as the driver: an event never recorded
+  if (cuEventQuery(end) == kNotReady || cuEventQuery(start) == kNotReady) return kNotReady;
+  *ms = static_cast<float>(static_cast<double>(b - a) / 1e6);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuEventElapsedTime(float* ms, void* start, void* end) {
+  return cuEventElapsedTime_v2(ms, start, end);
+}
+
+__attribute__((visibility("default"))) CuResult cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (dptr == nullptr || bytes == 0) return kInvalidValue;
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p == nullptr) return kOutOfMemory;
+  *dptr = reinterpret_cast<uintptr_t>(p);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuMemFree_v2(unsigned long long dptr) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  std::free(reinterpret_cast<void*>(static_cast<uintptr_t>(dptr)));
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuMemsetD32Async(unsigned long long dptr, unsigned value, size_t n,
+                                                                  void* /*stream*/) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  auto* p = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(dptr));
+  for (size_t i = 0; i < n; ++i) p[i] = value;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuMemsetD32_v2(unsigned long long dptr, unsigned value, size_t n) {
+  return cuMemsetD32Async(dptr, value, n, nullptr);
+}
+
+__attribute__((visibility("default"))) CuResult cuGetErrorString(CuResult error, const char** str) {
+  if (str == nullptr) return kInvalidValue;
+  switch (error) {
+    case kSuccess: *str = "no error"; break;
+    case kInvalidValue: *str = "invalid argument"; break;
+    case kOutOfMemory: *str = "out of memory"; break;
+    case kNotInitialized: *str = "initialization error"; break;
+    case kInvalidDevice: *str = "invalid device ordinal"; break;
+    case kInvalidContext: *str = "invalid device context"; break;
+    case kInvalidHandle: *str = "invalid resource handle"; break;
+    case kNotReady: *str = "device not ready"; break;
+    default: *str = nullptr; return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+}  // extern "C"

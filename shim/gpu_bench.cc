@@ -1,0 +1,382 @@
+// Validation benchmarks on the GPU: see gpu_bench.h.
+// Types mirror the ABIs of the driver API (cuda.h) and cuBLAS (cublas_api.h): handles are opaque
+// pointers, device pointers 64-bit integers, results ints; so the shim needs neither header.
+#include "shim/gpu_bench.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "shim/fast_clock.h"
+#include "shim/log.h"
+#include "shim/real_nccl.h"
+
+namespace falcon::shim {
+namespace {
+
+using CuResult = int;
+using CuDevicePtr = unsigned long long;
+constexpr CuResult kCudaSuccess = 0;
+constexpr CuResult kCudaNotReady = 600;
+constexpr unsigned kStreamNonBlocking = 0x1;
+constexpr int kCublasOpN = 0;
+constexpr int kCublasSuccess = 0;
+constexpr uint32_t kMaxRepeats = 1000;
+constexpr int kMaxContexts = 16;
+
+struct Driver {
+  bool ok = false;
+  CuResult (*ctx_get_current)(void**) = nullptr;
+  CuResult (*mem_alloc)(CuDevicePtr*, size_t) = nullptr;
+  CuResult (*mem_free)(CuDevicePtr) = nullptr;
+  CuResult (*memset_d32_async)(CuDevicePtr, unsigned, size_t, void*) = nullptr;
+  CuResult (*stream_create)(void**, unsigned) = nullptr;
+  CuResult (*event_create)(void**, unsigned) = nullptr;
+  CuResult (*event_destroy)(void*) = nullptr;
+  CuResult (*event_record)(void*, void*) = nullptr;
+  CuResult (*event_query)(void*) = nullptr;
+  CuResult (*event_elapsed)(float*, void*, void*) = nullptr;
+};
+
+struct Cublas {
+  bool ok = false;
+  int (*create)(void**) = nullptr;
+  int (*set_stream)(void*, void*) = nullptr;
+  int (*sgemm)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int, const float*,
+               float*, int) = nullptr;
+};
+
+template <typename Fn>
+bool Load(void* lib, const char* name, Fn* out) {
+  *out = reinterpret_cast<Fn>(dlsym(lib, name));
+  return *out != nullptr;
+}
+
+const Driver& TheDriver() {
+  static const Driver d = [] {
+    Driver x;
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (lib == nullptr) return x;
+    x.ok = Load(lib, "cuCtxGetCurrent", &x.ctx_get_current) && Load(lib, "cuMemAlloc_v2", &x.mem_alloc) &&
+           Load(lib, "cuMemFree_v2", &x.mem_free) && Load(lib, "cuMemsetD32Async", &x.memset_d32_async) &&
+           Load(lib, "cuStreamCreate", &x.stream_create) && Load(lib, "cuEventCreate", &x.event_create) &&
+           Load(lib, "cuEventDestroy_v2", &x.event_destroy) && Load(lib, "cuEventRecord", &x.event_record) &&
+           Load(lib, "cuEventQuery", &x.event_query) &&
+           // CUDA 13 names it cuEventElapsedTime_v2; older drivers have only the first version.
+           (Load(lib, "cuEventElapsedTime_v2", &x.event_elapsed) || Load(lib, "cuEventElapsedTime", &x.event_elapsed));
+    if (!x.ok) Log(LogLevel::kWarn, "the CUDA driver lacks entry points the GPU benchmarks need; they are off");
+    return x;
+  }();
+  return d;
+}
+
+const Cublas& TheCublas() {
+  static const Cublas c = [] {
+    Cublas x;
+    const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"};
+    void* lib = nullptr;
+    const char* env = std::getenv("FALCON_CUBLAS");
+    if (env != nullptr && env[0] != '\0') {
+      lib = dlopen(env, RTLD_LAZY | RTLD_LOCAL);
+      if (lib == nullptr) Log(LogLevel::kWarn, "FALCON_CUBLAS=%s cannot be loaded: %s", env, dlerror());
+    }
+    for (const char* n : names) {  // the process's own cuBLAS first
+      if (lib == nullptr) lib = dlopen(n, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    }
+    for (const char* n : names) {
+      if (lib == nullptr) lib = dlopen(n, RTLD_LAZY | RTLD_LOCAL);
+    }
+    if (lib == nullptr) {
+      Log(LogLevel::kWarn, "no cuBLAS could be loaded (set FALCON_CUBLAS to its path): GEMM validation is off");
+      return x;
+    }
+    x.ok = Load(lib, "cublasCreate_v2", &x.create) && Load(lib, "cublasSetStream_v2", &x.set_stream) &&
+           Load(lib, "cublasSgemm_v2", &x.sgemm);
+    if (!x.ok) Log(LogLevel::kWarn, "the loaded cuBLAS lacks cublasCreate_v2/SetStream_v2/Sgemm_v2: GEMM validation is off");
+    return x;
+  }();
+  return c;
+}
+
+// Falcon's stream and cuBLAS handle per context, made on first use and kept.
+struct ContextState {
+  void* ctx = nullptr;
+  void* stream = nullptr;
+  void* cublas = nullptr;
+};
+std::mutex g_contexts_mu;
+ContextState g_contexts[kMaxContexts];
+
+ContextState* StateFor(const Driver& cu, void* ctx) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (ContextState& s : g_contexts) {
+    if (s.ctx == ctx) return &s;
+    if (s.ctx == nullptr) {
+      if (const CuResult rc = cu.stream_create(&s.stream, kStreamNonBlocking); rc != kCudaSuccess) {
+        Log(LogLevel::kWarn, "GPU benchmark: cuStreamCreate failed (CUresult %d)", rc);
+        return nullptr;
+      }
+      s.ctx = ctx;
+      return &s;
+    }
+  }
+  Log(LogLevel::kWarn, "GPU benchmark: more than %d CUDA contexts in this process", kMaxContexts);
+  return nullptr;
+}
+
+void* CurrentContext(const Driver& cu) {
+  void* ctx = nullptr;
+  if (!cu.ok || cu.ctx_get_current(&ctx) != kCudaSuccess) return nullptr;
+  return ctx;
+}
+
+// Device memory and events of one task. Released at the end unless the work may still be
+// running (a missed deadline): then leaked on purpose.
+class TaskResources {
+ public:
+  static constexpr size_t kMaxEvents = kMaxRepeats + 2;
+  explicit TaskResources(const Driver& cu) : cu_(cu) {}
+  TaskResources(const TaskResources&) = delete;
+  TaskResources& operator=(const TaskResources&) = delete;
+  ~TaskResources() {
+    if (leak_) return;
+    for (size_t i = 0; i < n_events_; ++i) cu_.event_destroy(events_[i]);
+    for (size_t i = 0; i < n_buffers_; ++i) cu_.mem_free(buffers_[i]);
+  }
+  CuDevicePtr Alloc(size_t bytes, CuResult* rc) {
+    CuDevicePtr p = 0;
+    *rc = n_buffers_ < kMaxBuffers ? cu_.mem_alloc(&p, bytes) : -1;
+    if (*rc != kCudaSuccess) return 0;
+    buffers_[n_buffers_++] = p;
+    return p;
+  }
+  bool MakeEvents(size_t n) {
+    if (n > kMaxEvents) return false;
+    while (n_events_ < n) {
+      void* e = nullptr;
+      if (cu_.event_create(&e, 0) != kCudaSuccess) return false;
+      events_[n_events_++] = e;
+    }
+    return true;
+  }
+  void* event(size_t i) const { return events_[i]; }
+  void Leak() { leak_ = true; }
+
+ private:
+  static constexpr size_t kMaxBuffers = 3;
+  const Driver& cu_;
+  CuDevicePtr buffers_[kMaxBuffers] = {};
+  size_t n_buffers_ = 0;
+  void* events_[kMaxEvents] = {};
+  size_t n_events_ = 0;
+  bool leak_ = false;
+};
+
+// Polls `e` until it completed, failed, or the deadline passed.
+CuResult WaitEvent(const Driver& cu, void* e, int64_t deadline_mono_ns) {
+  long sleep_ns = 20'000;
+  for (;;) {
+    const CuResult q = cu.event_query(e);
+    if (q != kCudaNotReady) return q;
+    if (SystemMonoNs() > deadline_mono_ns) return kCudaNotReady;
+    timespec ts{0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    sleep_ns = std::min(sleep_ns * 2, 1'000'000L);
+  }
+}
+
+// Fills r from events 0..repeats (sample i = event i -> event i+1).
+FalconTaskResult Summarise(const Driver& cu, const TaskResources& res, uint32_t repeats, double work,
+                           FalconTaskResult r) {
+  double samples[kMaxRepeats] = {};
+  if (repeats == 0 || repeats > kMaxRepeats) return r;
+  for (uint32_t i = 0; i < repeats; ++i) {
+    float ms = 0;
+    if (const CuResult rc = cu.event_elapsed(&ms, res.event(i), res.event(i + 1)); rc != kCudaSuccess) {
+      Log(LogLevel::kWarn, "GPU benchmark: cuEventElapsedTime failed (CUresult %d)", rc);
+      r.status = kFalconTaskFailed;
+      return r;
+    }
+    samples[i] = static_cast<double>(ms) / 1e3;
+  }
+  std::sort(samples, samples + repeats);
+  r.median_s = samples[repeats / 2];
+  r.min_s = samples[0];
+  r.max_s = samples[repeats - 1];
+  r.rate = r.median_s > 0 ? work / r.median_s / 1e9 : 0.0;
+  r.status = kFalconTaskOk;
+  return r;
+}
+
+// Waits for the last event and summarises; on a missed deadline, leaks the task's resources.
+FalconTaskResult Complete(const Driver& cu, TaskResources& res, uint32_t repeats, double work, const char* what,
+                          int64_t deadline_mono_ns, FalconTaskResult r) {
+  const CuResult rc = WaitEvent(cu, res.event(repeats), deadline_mono_ns);
+  if (rc == kCudaNotReady) {
+    Log(LogLevel::kWarn, "GPU benchmark %s did not finish before the pause's deadline; its buffers are left to the device",
+        what);
+    res.Leak();
+    r.status = kFalconTaskFailed;
+    return r;
+  }
+  if (rc != kCudaSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark %s failed on the device (CUresult %d)", what, rc);
+    r.status = kFalconTaskFailed;
+    return r;
+  }
+  return Summarise(cu, res, repeats, work, r);
+}
+
+constexpr unsigned kQuarterBits = 0x3e800000u;  // 0.25f: GEMM inputs that stay finite
+
+// After a failure part-way: waits (bounded) for whatever was queued, so the buffers can be
+// freed; leaks them when that cannot be known. The task's last event is the fence.
+void Drain(const Driver& cu, TaskResources& res, size_t fence, void* stream, int64_t deadline_mono_ns) {
+  if (cu.event_record(res.event(fence), stream) != kCudaSuccess ||
+      WaitEvent(cu, res.event(fence), deadline_mono_ns) != kCudaSuccess) {
+    res.Leak();
+  }
+}
+
+}  // namespace
+
+bool GpuBenchWanted() { return CurrentContext(TheDriver()) != nullptr; }
+
+FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadline_mono_ns) {
+  r.timing_source = kFalconTimingCudaEvents;
+  r.status = kFalconTaskFailed;
+  const Driver& cu = TheDriver();
+  void* ctx = CurrentContext(cu);
+  if (ctx == nullptr) return r;
+  const Cublas& blas = TheCublas();
+  if (!blas.ok) {
+    r.status = kFalconTaskUnsupported;
+    return r;
+  }
+  ContextState* st = StateFor(cu, ctx);
+  if (st == nullptr) return r;
+  if (st->cublas == nullptr) {
+    if (const int s = blas.create(&st->cublas); s != kCublasSuccess) {
+      st->cublas = nullptr;
+      Log(LogLevel::kWarn, "GPU benchmark: cublasCreate failed (status %d)", s);
+      return r;
+    }
+    if (const int s = blas.set_stream(st->cublas, st->stream); s != kCublasSuccess) {
+      Log(LogLevel::kWarn, "GPU benchmark: cublasSetStream failed (status %d)", s);
+      return r;
+    }
+  }
+  TaskResources res(cu);
+  const size_t a_n = size_t{t.m} * t.k, b_n = size_t{t.k} * t.n, c_n = size_t{t.m} * t.n;
+  CuResult rc = kCudaSuccess;
+  const CuDevicePtr a = res.Alloc(a_n * sizeof(float), &rc);
+  const CuDevicePtr b = rc == kCudaSuccess ? res.Alloc(b_n * sizeof(float), &rc) : 0;
+  const CuDevicePtr c = rc == kCudaSuccess ? res.Alloc(c_n * sizeof(float), &rc) : 0;
+  if (rc != kCudaSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cannot allocate %zu bytes for a %ux%ux%u GEMM (CUresult %d)",
+        (a_n + b_n + c_n) * sizeof(float), t.m, t.n, t.k, rc);
+    return r;
+  }
+  if (!res.MakeEvents(t.repeats + 2)) {  // one per repetition boundary, and a fence
+    Log(LogLevel::kWarn, "GPU benchmark: cuEventCreate failed");
+    return r;
+  }
+  rc = cu.memset_d32_async(a, kQuarterBits, a_n, st->stream);
+  if (rc == kCudaSuccess) rc = cu.memset_d32_async(b, kQuarterBits, b_n, st->stream);
+  if (rc == kCudaSuccess) rc = cu.memset_d32_async(c, 0, c_n, st->stream);
+  if (rc != kCudaSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cuMemsetD32Async failed (CUresult %d)", rc);
+    Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
+    return r;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const int m = static_cast<int>(t.m), n = static_cast<int>(t.n), k = static_cast<int>(t.k);
+  auto* pa = reinterpret_cast<const float*>(a);
+  auto* pb = reinterpret_cast<const float*>(b);
+  auto* pc = reinterpret_cast<float*>(c);
+  // Column-major C(m x n) = A(m x k) B(k x n). The first call is the untimed warm-up.
+  int s = blas.sgemm(st->cublas, kCublasOpN, kCublasOpN, m, n, k, &alpha, pa, m, pb, k, &beta, pc, m);
+  if (s == kCublasSuccess && cu.event_record(res.event(0), st->stream) != kCudaSuccess) s = -1;
+  for (uint32_t i = 0; i < t.repeats && s == kCublasSuccess; ++i) {
+    s = blas.sgemm(st->cublas, kCublasOpN, kCublasOpN, m, n, k, &alpha, pa, m, pb, k, &beta, pc, m);
+    if (s == kCublasSuccess && cu.event_record(res.event(i + 1), st->stream) != kCudaSuccess) s = -1;
+  }
+  if (s != kCublasSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cublasSgemm or cuEventRecord failed (status %d)", s);
+    Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
+    return r;
+  }
+  const double flops = 2.0 * static_cast<double>(t.m) * t.n * t.k;
+  return Complete(cu, res, t.repeats, flops, "GEMM", deadline_mono_ns, r);
+}
+
+FalconTaskResult GpuP2p(const FalconTask& t, FalconTaskResult r, void* comm, const GpuP2pObserver& observer,
+                        int64_t deadline_mono_ns) {
+  r.timing_source = kFalconTimingCudaEvents;
+  r.status = kFalconTaskFailed;
+  const Driver& cu = TheDriver();
+  void* ctx = CurrentContext(cu);
+  if (ctx == nullptr) return r;
+  auto group_start = RealSymbol<decltype(&pncclGroupStart)>(kFalconOpGroupStart);
+  auto group_end = RealSymbol<decltype(&pncclGroupEnd)>(kFalconOpGroupEnd);
+  auto send = RealSymbol<decltype(&pncclSend)>(kFalconOpSend);
+  auto recv = RealSymbol<decltype(&pncclRecv)>(kFalconOpRecv);
+  ContextState* st = StateFor(cu, ctx);
+  if (st == nullptr || group_start == nullptr || group_end == nullptr || send == nullptr || recv == nullptr) return r;
+  TaskResources res(cu);
+  CuResult rc = kCudaSuccess;
+  const CuDevicePtr sendbuf = res.Alloc(t.bytes, &rc);
+  const CuDevicePtr recvbuf = rc == kCudaSuccess ? res.Alloc(t.bytes, &rc) : 0;
+  if (rc != kCudaSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cannot allocate 2 x %llu bytes for a P2P exchange (CUresult %d)",
+        static_cast<unsigned long long>(t.bytes), rc);
+    return r;
+  }
+  if (!res.MakeEvents(t.repeats + 2)) {  // one per repetition boundary, and a fence
+    Log(LogLevel::kWarn, "GPU benchmark: cuEventCreate failed");
+    return r;
+  }
+  const size_t words = t.bytes / 4;
+  if (words > 0 && (rc = cu.memset_d32_async(sendbuf, 0x5a5a5a5au, words, st->stream)) != kCudaSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cuMemsetD32Async failed (CUresult %d)", rc);
+    Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
+    return r;
+  }
+  auto* stream = static_cast<cudaStream_t>(st->stream);
+  auto* nccl_comm = static_cast<ncclComm_t>(comm);
+  bool ok = true;
+  for (uint32_t rep = 0; rep <= t.repeats && ok; ++rep) {  // rep 0: the untimed warm-up
+    // The warm-up only sets up connections: a full-size one over a slow link would lengthen the pause.
+    const uint64_t bytes = rep == 0 ? std::min<uint64_t>(t.bytes, FALCON_P2P_WARMUP_BYTES) : t.bytes;
+    const int64_t t0 = SystemMonoNs();
+    ncclResult_t res_nccl = group_start();
+    if (res_nccl == ncclSuccess && t.send_peer >= 0) {
+      res_nccl = send(reinterpret_cast<const void*>(sendbuf), bytes, ncclInt8, t.send_peer, nccl_comm, stream);
+    }
+    if (res_nccl == ncclSuccess && t.recv_peer >= 0) {
+      res_nccl = recv(reinterpret_cast<void*>(recvbuf), bytes, ncclInt8, t.recv_peer, nccl_comm, stream);
+    }
+    const ncclResult_t end = group_end();
+    if (res_nccl == ncclSuccess) res_nccl = end;
+    const int64_t t1 = SystemMonoNs();
+    if (observer.on_call != nullptr) observer.on_call(observer.ctx, t0, t1, bytes, static_cast<int>(res_nccl));
+    if (res_nccl != ncclSuccess) {
+      Log(LogLevel::kWarn, "GPU benchmark p2p failed: NCCL result %d", static_cast<int>(res_nccl));
+      ok = false;
+    } else if (cu.event_record(res.event(rep), st->stream) != kCudaSuccess) {
+      ok = false;
+    }
+  }
+  if (!ok) {
+    Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
+    return r;
+  }
+  return Complete(cu, res, t.repeats, static_cast<double>(t.bytes), "P2P", deadline_mono_ns, r);
+}
+
+}  // namespace falcon::shim

@@ -1,0 +1,46 @@
+// Validation benchmarks on the rank's GPU: a cuBLAS SGEMM and NCCL send/recv between device
+// buffers, timed with CUDA events. Used by the benchmark executor (bench_executor.h) when the
+// process drives a GPU: libcuda.so.1 is already loaded and the trapped thread has a current
+// context. Nothing here loads the CUDA driver into a process that has not loaded it itself.
+//
+//  - Driver entry points come from the loaded libcuda.so.1 (dlopen RTLD_NOLOAD; types mirror
+//    cuda.h's ABI, so no toolkit header is needed). cuBLAS is the process's own if it has one
+//    loaded, else the first of FALCON_CUBLAS (a path), libcublas.so.13/.12/.11, libcublas.so
+//    that loads; without cuBLAS a GEMM task reports kFalconTaskUnsupported (one log line).
+//  - Work goes to a non-blocking stream of Falcon's own, kept per context for the process's life
+//    like the cuBLAS handle (creating them for every round would lengthen each pause). Buffers
+//    are allocated per task and freed after it.
+//  - Every wait has a deadline (`deadline_mono_ns`): the executor polls the last event. When it
+//    passes, the task fails and its buffers are deliberately leaked: the device may still be
+//    using them.
+// Thread-safety: called only from the trapped training thread (one task at a time per process).
+#pragma once
+
+#include <cstdint>
+
+#include "falcon/shm_abi.h"
+
+namespace falcon::shim {
+
+// True when the process has the CUDA driver loaded and the calling thread has a current
+// context: NCCL then needs device buffers (host buffers would fault on a GPU communicator), and
+// the GEMM belongs on the GPU.
+bool GpuBenchWanted();
+
+// GEMM m x n x k (single precision), `task.repeats` times after one warm-up; fills the timing
+// fields and the status of `r`.
+FalconTaskResult GpuGemm(const FalconTask& task, FalconTaskResult r, int64_t deadline_mono_ns);
+
+// Called once per repetition of a P2P exchange (the warm-up included) with the host times around
+// its enqueue, the bytes it moved and the NCCL result, for the benchmark records.
+struct GpuP2pObserver {
+  void (*on_call)(void* ctx, int64_t t0_ns, int64_t t1_ns, uint64_t bytes, int nccl_result);
+  void* ctx;
+};
+
+// One exchange on `comm` (send to task.send_peer, receive from task.recv_peer, either may be
+// -1) between device buffers, timed per repetition between events around the group.
+FalconTaskResult GpuP2p(const FalconTask& task, FalconTaskResult r, void* comm, const GpuP2pObserver& observer,
+                        int64_t deadline_mono_ns);
+
+}  // namespace falcon::shim
