@@ -147,6 +147,9 @@ class Run:
         rc = job.wait(timeout=self.args.duration + 120)
         time.sleep(1.5)  # the last heartbeats and incident stages
         incs = self.incidents()
+        if self.args.keep:  # the incidents (validation steps and timings included) for a later look
+            with open(os.path.join(self.dir, "incidents.json"), "w") as f:
+                json.dump(incs, f, indent=1)
         cpu = self.agent_cpu(time.time() - epoch)
         det = next((i for i in incs if i["stage"] == "detection" and i["at_ns"] / 1e9 >= onset), None)
         loc = next((i for i in incs if i["stage"] == "localisation" and i.get("cause", "unknown") != "unknown"
