@@ -266,10 +266,11 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadli
       Log(LogLevel::kWarn, "GPU benchmark: cublasCreate failed (status %d)", s);
       return r;
     }
-    if (const int s = blas.set_stream(st->cublas, st->stream); s != kCublasSuccess) {
-      Log(LogLevel::kWarn, "GPU benchmark: cublasSetStream failed (status %d)", s);
-      return r;
-    }
+  }
+  // Every time (it is cheap): the GEMMs must run on the stream the events are recorded on.
+  if (const int s = blas.set_stream(st->cublas, st->stream); s != kCublasSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cublasSetStream failed (status %d)", s);
+    return r;
   }
   TaskResources res(cu);
   const size_t a_n = size_t{t.m} * t.k, b_n = size_t{t.k} * t.n, c_n = size_t{t.m} * t.n;
