@@ -9,14 +9,18 @@
 // Knob: FALCON_EMU_CUDA_EVENT_DELAY_S=S makes each event complete only S seconds after it is
 // recorded (cuEventQuery answers CUDA_ERROR_NOT_READY until then): a stalled GPU, for testing
 // deadlines.
-// Thread-safety: the current context is per thread, as in the driver; handles are heap objects
-// owned by the caller. Unknown handles are not detected (as in the driver: undefined).
+// Thread-safety: the current context is per thread, as in the driver. Streams, events and device
+// memory are heap objects the emulated driver keeps track of (as the real one does), so what a
+// program never frees is released at exit, not reported as a leak. Unknown handles are not
+// detected (as in the driver: undefined).
 #include <time.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_set>
 
 namespace {
 
@@ -45,6 +49,24 @@ struct Event {
   Context* ctx;
   int64_t recorded_ns;  // -1: never recorded
 };
+
+// Every live stream, event and allocation: the driver's, until destroyed or freed.
+std::mutex g_objects_mu;
+std::unordered_set<void*>& Objects() {
+  static auto* objects = new std::unordered_set<void*>();  // reachable for the process's life
+  return *objects;
+}
+void Track(void* p) {
+  std::lock_guard<std::mutex> lock(g_objects_mu);
+  Objects().insert(p);
+}
+void Release(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_objects_mu);
+    Objects().erase(p);
+  }
+  std::free(p);
+}
 
 int64_t NowNs() {
   timespec ts{};
@@ -126,13 +148,14 @@ __attribute__((visibility("default"))) CuResult cuStreamCreate(void** stream, un
   auto* s = static_cast<Stream*>(std::malloc(sizeof(Stream)));
   if (s == nullptr) return kOutOfMemory;
   s->ctx = t_current;
+  Track(s);
   *stream = s;
   return kSuccess;
 }
 
 __attribute__((visibility("default"))) CuResult cuStreamDestroy_v2(void* stream) {
   if (stream == nullptr) return kInvalidHandle;
-  std::free(stream);
+  Release(stream);
   return kSuccess;
 }
 
@@ -152,13 +175,14 @@ __attribute__((visibility("default"))) CuResult cuEventCreate(void** event, unsi
   if (e == nullptr) return kOutOfMemory;
   e->ctx = t_current;
   e->recorded_ns = -1;
+  Track(e);
   *event = e;
   return kSuccess;
 }
 
 __attribute__((visibility("default"))) CuResult cuEventDestroy_v2(void* event) {
   if (event == nullptr) return kInvalidHandle;
-  std::free(event);
+  Release(event);
   return kSuccess;
 }
 
@@ -207,13 +231,14 @@ __attribute__((visibility("default"))) CuResult cuMemAlloc_v2(unsigned long long
   if (dptr == nullptr || bytes == 0) return kInvalidValue;
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) return kOutOfMemory;
+  Track(p);
   *dptr = reinterpret_cast<uintptr_t>(p);
   return kSuccess;
 }
 
 __attribute__((visibility("default"))) CuResult cuMemFree_v2(unsigned long long dptr) {
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
-  std::free(reinterpret_cast<void*>(static_cast<uintptr_t>(dptr)));
+  if (dptr != 0) Release(reinterpret_cast<void*>(static_cast<uintptr_t>(dptr)));
   return kSuccess;
 }
 
