@@ -40,7 +40,9 @@ struct Context {
 };
 Context g_contexts[kDevices] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
 std::atomic<bool> g_initialised{false};
-thread_local Context* t_current = nullptr;
+// Static TLS (initial-exec), as the shim uses: LeakSanitizer crashed scanning a dlopen-ed
+// library's dynamic TLS in threads that had touched it.
+__attribute__((tls_model("initial-exec"))) thread_local Context* t_current = nullptr;
 
 struct Stream {
   Context* ctx;
