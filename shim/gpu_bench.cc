@@ -80,13 +80,13 @@ const Cublas& TheCublas() {
     Cublas x;
     const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"};
     void* lib = nullptr;
+    for (const char* n : names) {  // the process's own cuBLAS first: never load a second one
+      if (lib == nullptr) lib = dlopen(n, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    }
     const char* env = std::getenv("FALCON_CUBLAS");
-    if (env != nullptr && env[0] != '\0') {
+    if (lib == nullptr && env != nullptr && env[0] != '\0') {
       lib = dlopen(env, RTLD_LAZY | RTLD_LOCAL);
       if (lib == nullptr) Log(LogLevel::kWarn, "FALCON_CUBLAS=%s cannot be loaded: %s", env, dlerror());
-    }
-    for (const char* n : names) {  // the process's own cuBLAS first
-      if (lib == nullptr) lib = dlopen(n, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
     }
     for (const char* n : names) {
       if (lib == nullptr) lib = dlopen(n, RTLD_LAZY | RTLD_LOCAL);
