@@ -1,6 +1,6 @@
 // Validation benchmarks on the GPU: see gpu_bench.h.
-// Types mirror the ABIs of the driver API (cuda.h) and cuBLAS (cublas_api.h): handles are opaque
-// pointers, device pointers 64-bit integers, results ints; so the shim needs neither header.
+// The driver's entry points come from cuda_driver.h; cuBLAS's types below mirror its ABI
+// (cublas_api.h): handles are opaque pointers, statuses ints; so the shim needs neither header.
 #include "shim/gpu_bench.h"
 
 #include <dlfcn.h>
@@ -8,10 +8,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 
+#include "shim/cuda_driver.h"
 #include "shim/fast_clock.h"
 #include "shim/log.h"
 #include "shim/real_nccl.h"
@@ -19,29 +21,11 @@
 namespace falcon::shim {
 namespace {
 
-using CuResult = int;
-using CuDevicePtr = unsigned long long;
-constexpr CuResult kCudaSuccess = 0;
-constexpr CuResult kCudaNotReady = 600;
 constexpr unsigned kStreamNonBlocking = 0x1;
 constexpr int kCublasOpN = 0;
 constexpr int kCublasSuccess = 0;
 constexpr uint32_t kMaxRepeats = 1000;
 constexpr int kMaxContexts = 16;
-
-struct Driver {
-  bool ok = false;
-  CuResult (*ctx_get_current)(void**) = nullptr;
-  CuResult (*mem_alloc)(CuDevicePtr*, size_t) = nullptr;
-  CuResult (*mem_free)(CuDevicePtr) = nullptr;
-  CuResult (*memset_d32_async)(CuDevicePtr, unsigned, size_t, void*) = nullptr;
-  CuResult (*stream_create)(void**, unsigned) = nullptr;
-  CuResult (*event_create)(void**, unsigned) = nullptr;
-  CuResult (*event_destroy)(void*) = nullptr;
-  CuResult (*event_record)(void*, void*) = nullptr;
-  CuResult (*event_query)(void*) = nullptr;
-  CuResult (*event_elapsed)(float*, void*, void*) = nullptr;
-};
 
 struct Cublas {
   bool ok = false;
@@ -57,21 +41,20 @@ bool Load(void* lib, const char* name, Fn* out) {
   return *out != nullptr;
 }
 
-const Driver& TheDriver() {
-  static const Driver d = [] {
-    Driver x;
-    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-    if (lib == nullptr) return x;
-    x.ok = Load(lib, "cuCtxGetCurrent", &x.ctx_get_current) && Load(lib, "cuMemAlloc_v2", &x.mem_alloc) &&
-           Load(lib, "cuMemFree_v2", &x.mem_free) && Load(lib, "cuMemsetD32Async", &x.memset_d32_async) &&
-           Load(lib, "cuStreamCreate", &x.stream_create) && Load(lib, "cuEventCreate", &x.event_create) &&
-           Load(lib, "cuEventDestroy_v2", &x.event_destroy) && Load(lib, "cuEventRecord", &x.event_record) &&
-           Load(lib, "cuEventQuery", &x.event_query) &&
-           // CUDA 13 names it cuEventElapsedTime_v2; older drivers have only the first version.
-           (Load(lib, "cuEventElapsedTime_v2", &x.event_elapsed) || Load(lib, "cuEventElapsedTime", &x.event_elapsed));
-    if (!x.ok) Log(LogLevel::kWarn, "the CUDA driver lacks entry points the GPU benchmarks need; they are off");
-    return x;
-  }();
+// The driver, when it is loaded and has every entry point the benchmarks use; else nullptr.
+const CudaDriver* BenchDriver() {
+  const CudaDriver* d = LoadedCudaDriver();
+  if (d == nullptr) return nullptr;
+  if (d->ctx_get_current == nullptr || d->mem_alloc == nullptr || d->mem_free == nullptr ||
+      d->memset_d32_async == nullptr || d->stream_create == nullptr || d->event_create == nullptr ||
+      d->event_destroy == nullptr || d->event_record == nullptr || d->event_query == nullptr ||
+      d->event_elapsed == nullptr) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      Log(LogLevel::kWarn, "the CUDA driver lacks entry points the GPU benchmarks need; they are off");
+    }
+    return nullptr;
+  }
   return d;
 }
 
@@ -112,7 +95,7 @@ struct ContextState {
 std::mutex g_contexts_mu;
 ContextState g_contexts[kMaxContexts];
 
-ContextState* StateFor(const Driver& cu, void* ctx) {
+ContextState* StateFor(const CudaDriver& cu, void* ctx) {
   std::lock_guard<std::mutex> lock(g_contexts_mu);
   for (ContextState& s : g_contexts) {
     if (s.ctx == ctx) return &s;
@@ -129,9 +112,9 @@ ContextState* StateFor(const Driver& cu, void* ctx) {
   return nullptr;
 }
 
-void* CurrentContext(const Driver& cu) {
+void* CurrentContext(const CudaDriver* cu) {
   void* ctx = nullptr;
-  if (!cu.ok || cu.ctx_get_current(&ctx) != kCudaSuccess) return nullptr;
+  if (cu == nullptr || cu->ctx_get_current(&ctx) != kCudaSuccess) return nullptr;
   return ctx;
 }
 
@@ -140,7 +123,7 @@ void* CurrentContext(const Driver& cu) {
 class TaskResources {
  public:
   static constexpr size_t kMaxEvents = kMaxRepeats + 2;
-  explicit TaskResources(const Driver& cu) : cu_(cu) {}
+  explicit TaskResources(const CudaDriver& cu) : cu_(cu) {}
   TaskResources(const TaskResources&) = delete;
   TaskResources& operator=(const TaskResources&) = delete;
   ~TaskResources() {
@@ -169,7 +152,7 @@ class TaskResources {
 
  private:
   static constexpr size_t kMaxBuffers = 3;
-  const Driver& cu_;
+  const CudaDriver& cu_;
   CuDevicePtr buffers_[kMaxBuffers] = {};
   size_t n_buffers_ = 0;
   void* events_[kMaxEvents] = {};
@@ -178,7 +161,7 @@ class TaskResources {
 };
 
 // Polls `e` until it completed, failed, or the deadline passed.
-CuResult WaitEvent(const Driver& cu, void* e, int64_t deadline_mono_ns) {
+CuResult WaitEvent(const CudaDriver& cu, void* e, int64_t deadline_mono_ns) {
   long sleep_ns = 20'000;
   for (;;) {
     const CuResult q = cu.event_query(e);
@@ -191,7 +174,7 @@ CuResult WaitEvent(const Driver& cu, void* e, int64_t deadline_mono_ns) {
 }
 
 // Fills r from events 0..repeats (sample i = event i -> event i+1).
-FalconTaskResult Summarise(const Driver& cu, const TaskResources& res, uint32_t repeats, double work,
+FalconTaskResult Summarise(const CudaDriver& cu, const TaskResources& res, uint32_t repeats, double work,
                            FalconTaskResult r) {
   double samples[kMaxRepeats] = {};
   if (repeats == 0 || repeats > kMaxRepeats) return r;
@@ -214,7 +197,7 @@ FalconTaskResult Summarise(const Driver& cu, const TaskResources& res, uint32_t 
 }
 
 // Waits for the last event and summarises; on a missed deadline, leaks the task's resources.
-FalconTaskResult Complete(const Driver& cu, TaskResources& res, uint32_t repeats, double work, const char* what,
+FalconTaskResult Complete(const CudaDriver& cu, TaskResources& res, uint32_t repeats, double work, const char* what,
                           int64_t deadline_mono_ns, FalconTaskResult r) {
   const CuResult rc = WaitEvent(cu, res.event(repeats), deadline_mono_ns);
   if (rc == kCudaNotReady) {
@@ -236,7 +219,7 @@ constexpr unsigned kQuarterBits = 0x3e800000u;  // 0.25f: GEMM inputs that stay 
 
 // After a failure part-way: waits (bounded) for whatever was queued, so the buffers can be
 // freed; leaks them when that cannot be known. The task's last event is the fence.
-void Drain(const Driver& cu, TaskResources& res, size_t fence, void* stream, int64_t deadline_mono_ns) {
+void Drain(const CudaDriver& cu, TaskResources& res, size_t fence, void* stream, int64_t deadline_mono_ns) {
   if (cu.event_record(res.event(fence), stream) != kCudaSuccess ||
       WaitEvent(cu, res.event(fence), deadline_mono_ns) != kCudaSuccess) {
     res.Leak();
@@ -245,14 +228,15 @@ void Drain(const Driver& cu, TaskResources& res, size_t fence, void* stream, int
 
 }  // namespace
 
-bool GpuBenchWanted() { return CurrentContext(TheDriver()) != nullptr; }
+bool GpuBenchWanted() { return CurrentContext(BenchDriver()) != nullptr; }
 
 FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadline_mono_ns) {
   r.timing_source = kFalconTimingCudaEvents;
   r.status = kFalconTaskFailed;
-  const Driver& cu = TheDriver();
-  void* ctx = CurrentContext(cu);
+  const CudaDriver* driver = BenchDriver();
+  void* ctx = CurrentContext(driver);
   if (ctx == nullptr) return r;
+  const CudaDriver& cu = *driver;
   const Cublas& blas = TheCublas();
   if (!blas.ok) {
     r.status = kFalconTaskUnsupported;
@@ -320,9 +304,10 @@ FalconTaskResult GpuP2p(const FalconTask& t, FalconTaskResult r, void* comm, con
                         int64_t deadline_mono_ns) {
   r.timing_source = kFalconTimingCudaEvents;
   r.status = kFalconTaskFailed;
-  const Driver& cu = TheDriver();
-  void* ctx = CurrentContext(cu);
+  const CudaDriver* driver = BenchDriver();
+  void* ctx = CurrentContext(driver);
   if (ctx == nullptr) return r;
+  const CudaDriver& cu = *driver;
   auto group_start = RealSymbol<decltype(&pncclGroupStart)>(kFalconOpGroupStart);
   auto group_end = RealSymbol<decltype(&pncclGroupEnd)>(kFalconOpGroupEnd);
   auto send = RealSymbol<decltype(&pncclSend)>(kFalconOpSend);

@@ -3,10 +3,10 @@
 // process drives a GPU: libcuda.so.1 is already loaded and the trapped thread has a current
 // context. Nothing here loads the CUDA driver into a process that has not loaded it itself.
 //
-//  - Driver entry points come from the loaded libcuda.so.1 (dlopen RTLD_NOLOAD; types mirror
-//    cuda.h's ABI, so no toolkit header is needed). cuBLAS is the process's own if it has one
-//    loaded, else the first of FALCON_CUBLAS (a path), libcublas.so.13/.12/.11, libcublas.so
-//    that loads; without cuBLAS a GEMM task reports kFalconTaskUnsupported (one log line).
+//  - Driver entry points come from the loaded libcuda.so.1 (cuda_driver.h). cuBLAS is the
+//    process's own if it has one loaded, else the first of FALCON_CUBLAS (a path),
+//    libcublas.so.13/.12/.11, libcublas.so that loads; without cuBLAS a GEMM task reports
+//    kFalconTaskUnsupported (one log line).
 //  - Work goes to a non-blocking stream of Falcon's own, kept per context for the process's life
 //    like the cuBLAS handle (creating them for every round would lengthen each pause). Buffers
 //    are allocated per task and freed after it.

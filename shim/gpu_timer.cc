@@ -1,11 +1,8 @@
-// GPU timing with CUDA events through the driver API: see gpu_timer.h.
-// Types below mirror the driver API's ABI (cuda.h) so the shim does not need the toolkit's
-// driver header: handles are opaque pointers, CUresult is an int.
+// GPU timing with CUDA events through the driver API (cuda_driver.h): see gpu_timer.h.
 #include "shim/gpu_timer.h"
 
-#include <dlfcn.h>
-
 #include "falcon/shm_abi.h"
+#include "shim/cuda_driver.h"
 #include "shim/log.h"
 #include "shim/segment.h"
 #include "shim/tracer.h"
@@ -13,52 +10,25 @@
 namespace falcon::shim {
 namespace {
 
-using CuResult = int;
-constexpr CuResult kCudaSuccess = 0;
-constexpr CuResult kCudaNotReady = 600;
 constexpr int kCaptureStatusNone = 0;
 constexpr int64_t kReanchorNs = 30LL * 1000 * 1000 * 1000;
 
-struct Driver {
-  CuResult (*ctx_get_current)(void**) = nullptr;
-  CuResult (*ctx_set_current)(void*) = nullptr;
-  CuResult (*event_create)(void**, unsigned) = nullptr;
-  CuResult (*event_destroy)(void*) = nullptr;
-  CuResult (*event_record)(void*, void*) = nullptr;
-  CuResult (*event_query)(void*) = nullptr;
-  CuResult (*event_synchronize)(void*) = nullptr;
-  CuResult (*event_elapsed)(float*, void*, void*) = nullptr;
-  CuResult (*stream_is_capturing)(void*, int*) = nullptr;
-};
-Driver g_cu;
-
-template <typename Fn>
-bool Load(void* lib, const char* name, Fn* out) {
-  *out = reinterpret_cast<Fn>(dlsym(lib, name));
-  return *out != nullptr;
-}
+// A copy of the driver's entry points, taken once by Init: the hot path reads it directly.
+CudaDriver g_cu;
 
 }  // namespace
 
 bool GpuTimer::Init() {
   // Only a process that already uses the GPU has libcuda loaded; never load it ourselves.
-  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-  if (lib == nullptr) return false;
-  bool ok = Load(lib, "cuCtxGetCurrent", &g_cu.ctx_get_current) &&
-            Load(lib, "cuCtxSetCurrent", &g_cu.ctx_set_current) &&
-            Load(lib, "cuEventCreate", &g_cu.event_create) &&
-            Load(lib, "cuEventDestroy_v2", &g_cu.event_destroy) &&
-            Load(lib, "cuEventRecord", &g_cu.event_record) &&
-            Load(lib, "cuEventQuery", &g_cu.event_query) &&
-            Load(lib, "cuEventSynchronize", &g_cu.event_synchronize) &&
-            // CUDA 13 names it cuEventElapsedTime_v2; older drivers have only the first version.
-            (Load(lib, "cuEventElapsedTime_v2", &g_cu.event_elapsed) ||
-             Load(lib, "cuEventElapsedTime", &g_cu.event_elapsed)) &&
-            Load(lib, "cuStreamIsCapturing", &g_cu.stream_is_capturing);
-  if (!ok) {
+  const CudaDriver* d = LoadedCudaDriver();
+  if (d == nullptr) return false;
+  if (d->ctx_get_current == nullptr || d->ctx_set_current == nullptr || d->event_create == nullptr ||
+      d->event_destroy == nullptr || d->event_record == nullptr || d->event_query == nullptr ||
+      d->event_synchronize == nullptr || d->event_elapsed == nullptr || d->stream_is_capturing == nullptr) {
     LogOnce(OnceKey::kCudaDriver, LogLevel::kWarn, "CUDA driver lacks event entry points; host timing only");
     return false;
   }
+  g_cu = *d;
   available_.store(true, std::memory_order_release);
   return true;
 }
