@@ -26,6 +26,12 @@ Reported: p50/p95 of the bound over all intervals; the smallest p95 any rule-abi
 can reach while detecting at least --recall of the intervals (it may skip the slowest); with
 --results DIR (one detector output per trace, DIR/NNNN-kind.json, as score.py --results reads)
 also the detector's delays as score.py counts them (from s) and counted from the bound.
+
+Without the rule (--target-p95 N, default 10): to reach p95 <= N a detector must alarm within N
+iterations on enough of the intervals whose bound is > N, i.e. on first levels down to some
+ratio; the script prints that ratio and how many healthy traces (no labelled interval) hold a
+benign level at least that high for at least N iterations (same segmentation, reference = the
+trace's median). Each of those is a false-positive trace for such a detector.
 Standard library only.
 """
 import argparse, csv, json, math, os, statistics, sys
@@ -116,6 +122,19 @@ def bound_for(y, intervals, s, e, args):
     return bound, sigma, levels
 
 
+def highest_level(y, args):
+    """Highest constant level (ratio to the trace's median) lasting >= target_p95 samples."""
+    if len(y) < 8:
+        return 1.0
+    level = statistics.median(y)
+    diffs = [abs(y[i] - y[i - 1]) for i in range(1, len(y))]
+    sigma = max(statistics.median(diffs) / (0.6745 * math.sqrt(2.0)), 1e-4)
+    cuts = [0] + split_levels(y, 0, len(y), args.penalty * sigma * sigma * math.log(len(y)),
+                              args.min_segment) + [len(y)]
+    return max([math.exp(statistics.median(y[a:b]) - level)
+                for a, b in zip(cuts, cuts[1:]) if b - a >= max(args.target_p95, 1)] or [1.0])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,6 +147,8 @@ def main():
     ap.add_argument("--penalty", type=float, default=2.0,
                     help="segmentation penalty in sigma^2 x ln(n) (default 2, BIC)")
     ap.add_argument("--min-segment", type=int, default=5, help="shortest level (default 5)")
+    ap.add_argument("--target-p95", type=int, default=10,
+                    help="delay target whose cost on healthy traces is reported (default 10)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per interval")
     args = ap.parse_args()
@@ -136,7 +157,7 @@ def main():
     if not 0.0 < args.recall <= 1.0 or args.min_change <= 0.0 or args.min_segment < 1:
         sys.exit("delay_bound.py: --recall must be in (0, 1], --min-change > 0, --min-segment >= 1")
 
-    events = []
+    events, healthy_levels = [], []
     for name, intervals in load_index(args.trace_dir):
         seconds, labels = read_trace(os.path.join(args.trace_dir, name))
         if any(not (v > 0.0 and math.isfinite(v)) for v in seconds):
@@ -144,6 +165,8 @@ def main():
         y = [math.log(v) for v in seconds]
         if intervals is None:
             intervals = label_intervals(labels)
+        if not intervals:
+            healthy_levels.append((highest_level(y, args), name))
         alarms = None
         if args.results:
             path = os.path.join(args.results, name[:-4] + ".json")
@@ -170,9 +193,29 @@ def main():
     summary = {
         "intervals": len(events), "min_change": args.min_change,
         "bound_p50": percentile(bounds, 50), "bound_p95": percentile(bounds, 95),
-        "bound_over_10": sum(1 for b in bounds if b > 10), "never_passes_rule": never,
+        "target_p95": args.target_p95, "never_passes_rule": never,
+        "bound_over_target": sum(1 for b in bounds if b > args.target_p95),
         "recall": args.recall, "best_p95_at_recall": percentile(ranked, 95) if ranked else None,
     }
+    # Without the rule: a detector with recall >= --recall may miss `miss` intervals, and the p95
+    # rank over the rest lets `late` of them be detected after target_p95. Every other interval
+    # whose bound is past the target must be caught on its first level within target_p95
+    # iterations, so the detector must alarm on first levels down to the `need`-th highest.
+    target = args.target_p95
+    miss = len(events) - math.ceil(args.recall * len(events))
+    found = len(events) - miss
+    late = found - 1 - int(round(0.95 * (found - 1)))
+    early = sorted((ev["levels"][0][1] for ev in events
+                    if (ev["bound"] is None or ev["bound"] > target) and ev["levels"]),
+                   reverse=True)
+    need = len(early) - miss - late
+    if need > 0 and healthy_levels:
+        ratio = early[need - 1]
+        hits = sorted(v for v in healthy_levels if v[0] >= ratio)
+        summary.update({"alarm_level_needed": ratio,
+                        "healthy_traces": len(healthy_levels),
+                        "healthy_with_level_needed": len(hits),
+                        "healthy_files": [name for _, name in hits]})
     if args.results:
         delays = [ev["delay"] for ev in events if ev["delay"] is not None]
         after = [ev["delay"] - ev["bound"] for ev in events
@@ -194,9 +237,15 @@ def main():
                   f"{fmt(ev.get('delay')):>7}  {ev['levels'][:6]}")
     print(f"# {summary['intervals']} intervals; earliest point a >{100 * args.min_change:.0f} % rule "
           f"allows: p50 {summary['bound_p50']} p95 {summary['bound_p95']} iterations "
-          f"({summary['bound_over_10']} after 10, {never} never)")
+          f"({summary['bound_over_target']} after {args.target_p95}, {never} never)")
     print(f"# best p95 delay of any detector under the rule that finds {100 * args.recall:.0f} % "
           f"of the intervals: {summary['best_p95_at_recall']}")
+    if "alarm_level_needed" in summary:
+        print(f"# without the rule, p95 <= {target} at {100 * args.recall:.0f} % recall needs "
+              f"alarms on first levels down to {summary['alarm_level_needed']:.3f}x within "
+              f"{target} iterations; "
+              f"{summary['healthy_with_level_needed']} of {summary['healthy_traces']} healthy "
+              f"traces hold a benign level that high for >= {target} iterations")
     if args.results:
         print(f"# detector: {summary['detected']} detected, delay p50 {summary['delay_p50']} "
               f"p95 {summary['delay_p95']}; counted from the bound p50 "

@@ -37,10 +37,15 @@ class DelayBoundTest(unittest.TestCase):
         # 1.05 x only: never passes a 10 % rule.
         n3 = write_trace(self.dir, "0002-small.csv", [(200, 1.0), (80, 1.05), (100, 1.0)], seed=3,
                          labelled=[(200, 280)])
+        # healthy: a benign 1.07 x level for 30 iterations, and a flat one.
+        n4 = write_trace(self.dir, "0003-healthy.csv", [(200, 1.0), (30, 1.07), (100, 1.0)], seed=4)
+        n5 = write_trace(self.dir, "0004-healthy.csv", [(330, 1.0)], seed=5)
         index = [
             {"file": "0000-ladder.csv", "failslow": [[200, 300]], "iterations": n1},
             {"file": "0001-step.csv", "failslow": [[200, 250]], "iterations": n2},
             {"file": "0002-small.csv", "failslow": [[200, 280]], "iterations": n3},
+            {"file": "0003-healthy.csv", "failslow": [], "iterations": n4},
+            {"file": "0004-healthy.csv", "failslow": [], "iterations": n5},
         ]
         with open(os.path.join(self.dir, "index.json"), "w") as f:
             json.dump(index, f)
@@ -60,7 +65,6 @@ class DelayBoundTest(unittest.TestCase):
         self.assertEqual(bounds["0001-step.csv"], 0)
         self.assertIsNone(bounds["0002-small.csv"])
         self.assertEqual(doc["summary"]["never_passes_rule"], 1)
-        self.assertEqual(doc["summary"]["bound_over_10"], 1)
         ladder = next(ev for ev in doc["events"] if ev["file"] == "0000-ladder.csv")
         self.assertEqual([lv[0] for lv in ladder["levels"]], [0, 40])
         self.assertAlmostEqual(ladder["levels"][1][1], 1.20, delta=0.01)
@@ -76,6 +80,17 @@ class DelayBoundTest(unittest.TestCase):
         self.assertEqual(self.summary("--recall", "0.6")["summary"]["best_p95_at_recall"], 40)
         self.assertIsNone(self.summary("--recall", "1.0")["summary"]["best_p95_at_recall"])
 
+    def test_without_the_rule_the_needed_alarm_level_flags_healthy_traces(self):
+        # Both intervals past the target must be caught on their 1.05 x first level; the healthy
+        # trace with a 1.07 x level lasting 30 iterations would then be a false positive.
+        s = self.summary()["summary"]
+        self.assertEqual(s["bound_over_target"], 1)
+        self.assertAlmostEqual(s["alarm_level_needed"], 1.05, delta=0.01)
+        self.assertEqual(s["healthy_traces"], 2)
+        self.assertEqual(s["healthy_files"], ["0003-healthy.csv"])
+        # With a target of 40 the ladder's bound (40) is within it.
+        self.assertEqual(self.summary("--target-p95", "40")["summary"]["bound_over_target"], 0)
+
     def test_detector_delays_are_counted_as_score_py_does(self):
         res = os.path.join(self.dir, "results")
         os.mkdir(res)
@@ -84,6 +99,8 @@ class DelayBoundTest(unittest.TestCase):
                             {"at": 303, "type": "recovered"}],
             "0001-step": [{"at": 204, "type": "slow"}],
             "0002-small": [],
+            "0003-healthy": [],
+            "0004-healthy": [],
         }
         for name, alarms in outputs.items():
             with open(os.path.join(res, name + ".json"), "w") as f:
