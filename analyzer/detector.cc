@@ -15,6 +15,7 @@ constexpr std::size_t kDiffs = 64;       // successive differences for the noise
 constexpr std::size_t kLevelSamples = 16;  // recent regime samples for the current level
 constexpr std::size_t kPreSamples = 64;    // samples before a change point for verification
 constexpr std::size_t kSmallPost = 5;      // up to this many post samples, spread = half range
+constexpr double kLagClip = 3.75;          // clip of a lag difference, in its running mean |d|
 
 // Spread of the samples after a change point, in the units of a noise sigma: for a handful of
 // samples the half range (a median-based scale of 3 or 4 values ignores the disagreeing ones),
@@ -153,6 +154,17 @@ void FailSlowDetector::Absorb(const Sample& s) {
     }
   }
   const double sigma = Sigma();
+  if (kept_.size() >= 2) {  // s is not in kept_ yet: back() is t-1, the one before is t-2
+    // Each difference is clipped at about 3 of its own standard deviations (E|d| = 0.8 sd for
+    // normal noise), so a step or a spike that got through moves neither mean much.
+    const double d1 = std::fabs(s.y - kept_.back().y);
+    const double d2 = std::fabs(s.y - kept_[kept_.size() - 2].y);
+    lag_n_ = std::min<std::uint64_t>(lag_n_ + 1, options_.baseline_horizon);
+    const double w = 1.0 / static_cast<double>(lag_n_);
+    const bool seeded = lag_n_ > 8;
+    lag1_ += w * ((seeded ? std::min(d1, kLagClip * lag1_) : d1) - lag1_);
+    lag2_ += w * ((seeded ? std::min(d2, kLagClip * lag2_) : d2) - lag2_);
+  }
   NormalGammaPrior prior;
   prior.mu = kept_.empty() ? s.y : Level();
   prior.alpha = 2.0;
@@ -231,7 +243,7 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
     slow_ = post > baseline_;
     return alarm;
   }
-  const double margin = options_.confidence_z * 1.2533 * Sigma() /
+  const double margin = options_.confidence_z * 1.2533 * Sigma() * LongRunFactor() /
                         std::sqrt(static_cast<double>(std::max<std::uint64_t>(run, 1)));
   const double threshold = std::log1p(options_.min_change) + margin;
   const double reference = slow_ ? slow_level_ : baseline_;
@@ -255,6 +267,23 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
     slow_level_ = post;  // eased but still slow: the new reference for further steps
   }
   return std::nullopt;
+}
+
+double FailSlowDetector::noise_autocorrelation() const {
+  if (lag_n_ < 32 || lag1_ <= 0.0) {
+    return 0.0;
+  }
+  const double ratio = lag2_ / lag1_;  // sqrt(1 + rho) for AR(1) noise
+  return std::clamp(ratio * ratio - 1.0, -1.0, 1.0);
+}
+
+double FailSlowDetector::LongRunFactor() const {
+  if (options_.rho_floor >= 1.0) {
+    return 1.0;
+  }
+  const double estimate = noise_autocorrelation();
+  const double rho = estimate > options_.rho_floor ? std::min(estimate, 0.9) : 0.0;
+  return std::sqrt(1.0 + rho) / (1.0 - rho);
 }
 
 void FailSlowDetector::UpdateBaseline(double y, double sigma) {

@@ -39,6 +39,14 @@ struct DetectorOptions {
   // Verification is one-sided at this many standard errors: the change must exceed min_change
   // by z * 1.2533 * sigma / sqrt(samples after the change point) (standard error of a median).
   double confidence_z = 1.0;
+  // Correlated noise (an iteration's slowness carries into the next) makes a median of n samples
+  // vary more than sigma / sqrt(n). The detector estimates the lag-1 autocorrelation rho from
+  // the lag-2 and lag-1 differences of kept samples (E|y_t - y_t-2| / E|y_t - y_t-1| =
+  // sqrt(1 + rho) for AR(1); differences ignore level changes) and widens the verification
+  // margin by the long-run factor sqrt(1 + rho) / (1 - rho) (sigma comes from successive
+  // differences, which see sqrt(1 - rho) of the marginal noise). rho below `rho_floor` is read
+  // as estimation noise; rho_floor >= 1 never widens the margin.
+  double rho_floor = 0.1;
   // A rise is verified only when the samples after the change point look like one level: their
   // robust spread (1.4826 x MAD) is at most this many noise sigmas. Bursts of spikes, whose sizes
   // vary far more than the noise, are waited out; a real level is not delayed. 0 disables.
@@ -80,6 +88,10 @@ class FailSlowDetector {
   [[nodiscard]] std::uint64_t samples() const { return next_index_; }
   // Healthy baseline (seconds); 0 until warm-up completes.
   [[nodiscard]] double baseline_seconds() const;
+  // Estimated lag-1 autocorrelation of the noise (0 for independent iteration times; 0 until
+  // 32 kept samples have been seen) and the margin factor it gives (>= 1).
+  [[nodiscard]] double noise_autocorrelation() const;
+  [[nodiscard]] double margin_factor() const { return LongRunFactor(); }
   [[nodiscard]] std::size_t MemoryBytes() const;
 
  private:
@@ -96,6 +108,7 @@ class FailSlowDetector {
                               double probability);
   void Warm();
   void UpdateBaseline(double y, double sigma);  // sigma: the current noise estimate
+  double LongRunFactor() const;  // >= 1: standard-error inflation for correlated noise
   double Level();
   double Sigma();
 
@@ -106,6 +119,11 @@ class FailSlowDetector {
   bool slow_ = false;
   double baseline_ = 0.0;              // healthy log level (running mean of healthy samples)
   std::uint64_t baseline_n_ = 0;       // healthy samples averaged into baseline_
+  // Running means (horizon as the baseline's) of |y_t - y_t-1| and |y_t - y_t-2| over kept
+  // samples, each difference clipped at 3.75 x its running mean (about 3 standard deviations),
+  // for the autocorrelation estimate.
+  double lag1_ = 0.0, lag2_ = 0.0;
+  std::uint64_t lag_n_ = 0;
   double slow_level_ = 0.0;            // current slow log level when slow_
   std::deque<Sample> kept_;            // kept samples, newest last (bounded by kHistory)
   std::uint64_t regime_kept_ = 0;      // kept samples since the current regime began

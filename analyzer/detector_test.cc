@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -154,6 +155,52 @@ TEST(DetectorTest, HeavyTailsAndSpikeBurstsDoNotAlarmButStepsDo) {
     EXPECT_GE(alarms[0].at, 2000U);
     EXPECT_LE(alarms[0].at, 2012U) << "seed " << seed;
   }
+}
+
+// AR(1) log-time noise: x_t = base * exp(e_t), e_t = phi e_{t-1} + sqrt(1 - phi^2) sd g_t.
+std::vector<double> Ar1Series(std::size_t n, double phi, double sd, std::uint64_t seed) {
+  testing::Rng rng(seed);
+  std::vector<double> out;
+  double e = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    e = phi * e + std::sqrt(1.0 - phi * phi) * sd * rng.Gauss();
+    out.push_back(2.0 * std::exp(e));
+  }
+  return out;
+}
+
+TEST(DetectorTest, CorrelatedNoiseIsMeasuredAndWidensTheMargin) {
+  FailSlowDetector iid, ar;
+  for (double x : Series({{3000, 1.0}}, 1.0, 0.03, 3)) (void)iid.Push(x);
+  for (double x : Ar1Series(3000, 0.7, 0.045, 3)) (void)ar.Push(x);
+  EXPECT_NEAR(iid.noise_autocorrelation(), 0.0, 0.1);
+  EXPECT_DOUBLE_EQ(iid.margin_factor(), 1.0);
+  EXPECT_NEAR(ar.noise_autocorrelation(), 0.7, 0.15);
+  EXPECT_GT(ar.margin_factor(), 2.0);  // sqrt(1.6) / 0.4 = 3.2 at rho 0.7 - 0.1
+}
+
+TEST(DetectorTest, CorrelatedNoiseWanderDoesNotAlarmButStepsDo) {
+  // Slowly wandering noise (phi 0.7, 4.5 %) stays 10 % above its mean for several iterations
+  // now and then. Read as independent noise, such a stretch looks like a confirmed level.
+  DetectorOptions independent;
+  independent.rho_floor = 1.0;
+  std::size_t alarmed = 0, alarmed_as_independent = 0;
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    auto xs = Ar1Series(4000, 0.7, 0.045, seed);
+    alarmed += !Detect(xs).empty();
+    alarmed_as_independent += !Detect(xs, independent).empty();
+    for (std::size_t i = 3000; i < 3300; ++i) xs[i] *= 1.3;
+    const auto alarms = Detect(xs);
+    const auto first = std::find_if(alarms.begin(), alarms.end(),
+                                    [](const Alarm& a) { return a.at >= 3000; });
+    ASSERT_NE(first, alarms.end()) << "seed " << seed;
+    EXPECT_EQ(first->type, AlarmType::kSlow);
+    EXPECT_LE(first->at, 3020U) << "seed " << seed;
+    EXPECT_NEAR(first->ratio, 1.3, 0.1) << "seed " << seed;  // 5-10 samples of wandering noise
+  }
+  // 10 x 4000 healthy iterations: 0 series alarm, 7 when the noise is read as independent.
+  EXPECT_LE(alarmed, 1U) << alarmed_as_independent << " as independent";
+  EXPECT_GE(alarmed_as_independent, 4U) << alarmed;  // the widening keeps those quiet
 }
 
 TEST(DetectorTest, PlainBocdAlarmsOnWhatVerificationRejects) {

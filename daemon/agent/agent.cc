@@ -51,6 +51,7 @@ FollowerOptions FollowerFrom(const AgentConfig& c) {
   o.analysis.tracker.window = static_cast<std::size_t>(c.tracker_window);
   o.analysis.detector.min_change = c.min_change;
   o.analysis.detector.cp_threshold = c.cp_threshold;
+  o.analysis.detector.rho_floor = c.rho_floor;
   o.analysis.series.keep_cycles = static_cast<std::size_t>(c.series_cycles);
   o.analysis.history_calls = static_cast<std::size_t>(c.history_calls);
   return o;

@@ -73,6 +73,8 @@ const ConfigEntry kTable[] = {
      &C::min_change},
     {"cp_threshold", T::kDouble, 0.5, 0.9999, "detector: change-point posterior to consider",
      &C::cp_threshold},
+    {"rho_floor", T::kDouble, 0.0, 1.0, "detector: noise autocorrelation above which the "
+     "verification margin widens (1: never)", &C::rho_floor},
     {"series_cycles", T::kInt, 2, 1024, "iterations kept to align iteration samples",
      &C::series_cycles},
     {"history_calls", T::kInt, 256, 10000000, "recent calls kept per rank to start a new period "

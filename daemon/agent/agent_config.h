@@ -54,6 +54,7 @@ struct AgentConfig {
   std::int64_t tracker_window = 100000;
   double min_change = 0.10;
   double cp_threshold = 0.9;
+  double rho_floor = 0.1;
   std::int64_t series_cycles = 16;
   std::int64_t history_calls = 16384;
 };

@@ -72,9 +72,10 @@ void PrintPreamble(const AnalyzeOptions& o, const char* mode) {
   std::printf("# falcon-ctl analyze-trace 0.1.0 (schema %d)\n", kSchemaVersion);
   std::printf("# input: %s (%s)\n", o.file.c_str(), mode);
   std::printf("# detector: %s, hazard 1/%.0f, threshold %.2f, min change %.0f %%, window %zu,"
-              " spike run <= %zu, outlier z %.1f, confidence z %.2f\n",
+              " spike run <= %zu, outlier z %.1f, confidence z %.2f, rho floor %.2f\n",
               d.verify ? "BOCD+V" : "plain BOCD", 1.0 / d.bocd.hazard, d.cp_threshold,
-              100.0 * d.min_change, d.window, d.max_outlier_run, d.outlier_z, d.confidence_z);
+              100.0 * d.min_change, d.window, d.max_outlier_run, d.outlier_z, d.confidence_z,
+              d.rho_floor);
 }
 
 void PrintAlarmTable(const std::vector<analyzer::Alarm>& alarms) {
@@ -277,6 +278,9 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--spread-z", d.level_spread_z,
                   "a rise is verified when the post-change spread is <= this many sigmas (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--rho-floor", d.rho_floor,
+                  "correlated noise widens the margin above this lag-1 autocorrelation (1: never)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--baseline-clip-z", d.baseline_clip_z,
                   "a healthy sample above the baseline raises it by at most this many sigmas (0: plain mean)")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
