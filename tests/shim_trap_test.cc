@@ -30,6 +30,21 @@ constexpr uint32_t kWorldSlot = 0;  // falcon-emu-job creates its world communic
 
 int64_t RealNow() { return testing::WallClockNs(); }
 
+// The same GEMM task (m x n x k, `repeats` timed) for every rank.
+std::vector<FalconTask> GemmOnAll(uint32_t repeats, uint32_t m, uint32_t n, uint32_t k) {
+  return std::vector<FalconTask>(kRanks, FalconTask{kFalconTaskGemm, repeats, 0, -1, -1, m, n, k, 0, {}});
+}
+
+// A ring pass on the training world communicator: rank r sends to r+1, receives from r-1.
+std::vector<FalconTask> RingPass(uint64_t bytes) {
+  std::vector<FalconTask> ring(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    ring[static_cast<size_t>(r)] =
+        FalconTask{kFalconTaskP2p, 3, kWorldSlot, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, bytes, {}};
+  }
+  return ring;
+}
+
 class ShimTrapTest : public ::testing::Test {
  protected:
   // A job still running when a test ends early (a failed ASSERT) is killed, never left behind.
@@ -141,20 +156,12 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
     uint64_t cut = segs_[0].CommCalls(kWorldSlot);
     for (auto& s : segs_) EXPECT_EQ(s.CommCalls(kWorldSlot), cut) << "cycle " << cycle;
 
-    std::vector<FalconTask> gemm(kRanks);
-    for (auto& t : gemm) t = FalconTask{kFalconTaskGemm, 3, 0, -1, -1, 48, 48, 48, 0, {}};
-    for (const FalconTaskResult& r : RunOnAll(gemm)) {
+    for (const FalconTaskResult& r : RunOnAll(GemmOnAll(3, 48, 48, 48))) {
       EXPECT_EQ(r.status, kFalconTaskOk);
       EXPECT_GT(r.rate, 0.0);
       EXPECT_LE(r.min_s, r.median_s);
     }
-    // Ring pass on the training world communicator: r sends to r+1, receives from r-1.
-    std::vector<FalconTask> ring(kRanks);
-    for (int r = 0; r < kRanks; ++r) {
-      ring[static_cast<size_t>(r)] =
-          FalconTask{kFalconTaskP2p, 3, kWorldSlot, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, 32768, {}};
-    }
-    for (const FalconTaskResult& r : RunOnAll(ring)) {
+    for (const FalconTaskResult& r : RunOnAll(RingPass(32768))) {
       EXPECT_EQ(r.status, kFalconTaskOk);
       EXPECT_GT(r.rate, 0.0);
     }
@@ -221,21 +228,14 @@ TEST_F(ShimTrapTest, OnAGpuTasksUseDeviceBuffersCublasAndCudaEvents) {
   segs_[0].RequestMode(kFalconModeProfile, 1);
   std::vector<uint64_t> gens = PauseAll(RealNow() + 20'000'000'000LL);
   ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
-  std::vector<FalconTask> gemm(kRanks);
-  for (auto& t : gemm) t = FalconTask{kFalconTaskGemm, 3, 0, -1, -1, 64, 32, 48, 0, {}};
-  for (const FalconTaskResult& r : RunOnAll(gemm)) {
+  for (const FalconTaskResult& r : RunOnAll(GemmOnAll(3, 64, 32, 48))) {
     EXPECT_EQ(r.status, kFalconTaskOk);
     EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "the GEMM ran on the device path";
     EXPECT_GT(r.rate, 0.0);
     EXPECT_LE(r.min_s, r.median_s);
     EXPECT_LE(r.median_s, r.max_s);
   }
-  std::vector<FalconTask> ring(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    ring[static_cast<size_t>(r)] =
-        FalconTask{kFalconTaskP2p, 3, kWorldSlot, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, 262144, {}};
-  }
-  for (const FalconTaskResult& r : RunOnAll(ring)) {
+  for (const FalconTaskResult& r : RunOnAll(RingPass(262144))) {
     EXPECT_EQ(r.status, kFalconTaskOk);
     EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "the transfers ran on the device path";
     EXPECT_GT(r.rate, 0.0);
@@ -269,9 +269,7 @@ TEST_F(ShimTrapTest, OnAStalledGpuATaskFailsAtThePauseDeadlineAndTrainingGoesOn)
   StartJob(1'000'000, /*gpu=*/true, {"FALCON_EMU_CUDA_EVENT_DELAY_S=100000"});
   std::vector<uint64_t> gens = PauseAll(RealNow() + 8'000'000'000LL);
   ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
-  std::vector<FalconTask> gemm(kRanks);
-  for (auto& t : gemm) t = FalconTask{kFalconTaskGemm, 2, 0, -1, -1, 32, 32, 32, 0, {}};
-  for (const FalconTaskResult& r : RunOnAll(gemm)) EXPECT_EQ(r.status, kFalconTaskFailed);
+  for (const FalconTaskResult& r : RunOnAll(GemmOnAll(2, 32, 32, 32))) EXPECT_EQ(r.status, kFalconTaskFailed);
   ASSERT_TRUE(AllIn(kFalconPauseTimedOut, gens, 20));
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }
