@@ -243,7 +243,7 @@ std::optional<Alarm> FailSlowDetector::Decide(std::uint64_t at, std::uint64_t on
     slow_ = post > baseline_;
     return alarm;
   }
-  const double margin = options_.confidence_z * 1.2533 * Sigma() * LongRunFactor() /
+  const double margin = options_.confidence_z * 1.2533 * Sigma() * margin_factor() /
                         std::sqrt(static_cast<double>(std::max<std::uint64_t>(run, 1)));
   const double threshold = std::log1p(options_.min_change) + margin;
   const double reference = slow_ ? slow_level_ : baseline_;
@@ -277,7 +277,7 @@ double FailSlowDetector::noise_autocorrelation() const {
   return std::clamp(ratio * ratio - 1.0, -1.0, 1.0);
 }
 
-double FailSlowDetector::LongRunFactor() const {
+double FailSlowDetector::margin_factor() const {  // the long-run factor, >= 1
   if (options_.rho_floor >= 1.0) {
     return 1.0;
   }

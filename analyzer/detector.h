@@ -91,7 +91,7 @@ class FailSlowDetector {
   // Estimated lag-1 autocorrelation of the noise (0 for independent iteration times; 0 until
   // 32 kept samples have been seen) and the margin factor it gives (>= 1).
   [[nodiscard]] double noise_autocorrelation() const;
-  [[nodiscard]] double margin_factor() const { return LongRunFactor(); }
+  [[nodiscard]] double margin_factor() const;
   [[nodiscard]] std::size_t MemoryBytes() const;
 
  private:
@@ -108,7 +108,6 @@ class FailSlowDetector {
                               double probability);
   void Warm();
   void UpdateBaseline(double y, double sigma);  // sigma: the current noise estimate
-  double LongRunFactor() const;  // >= 1: standard-error inflation for correlated noise
   double Level();
   double Sigma();
 

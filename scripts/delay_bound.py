@@ -100,39 +100,40 @@ def load_index(tdir):
     return [(name, None) for name in sorted(os.listdir(tdir)) if name.endswith(".csv")]
 
 
+def constant_levels(y, lo, hi, ref, args):
+    """y[lo:hi] split into constant levels: [(start, end, ratio to the median of ref)], the
+    split penalty scaled by the noise sigma of ref (median absolute successive difference)."""
+    level = statistics.median(ref)
+    diffs = [abs(ref[i] - ref[i - 1]) for i in range(1, len(ref))]
+    sigma = max(statistics.median(diffs) / (0.6745 * math.sqrt(2.0)), 1e-4)
+    penalty = args.penalty * sigma * sigma * math.log(max(hi - lo, 2))
+    cuts = [lo] + split_levels(y, lo, hi, penalty, args.min_segment) + [hi]
+    return [(a, b, math.exp(statistics.median(y[a:b]) - level)) for a, b in zip(cuts, cuts[1:])]
+
+
 def bound_for(y, intervals, s, e, args):
+    """(offset of the first level past the rule or None, [[offset, ratio], ...])."""
     inside = [False] * len(y)
     for a, b in intervals:
         for i in range(a, min(b, len(y))):
             inside[i] = True
     ref = [y[i] for i in range(s - 1, -1, -1) if not inside[i]][:150][::-1]
     if len(ref) < 8:
-        return None, None, []
-    level = statistics.median(ref)
-    diffs = [abs(ref[i] - ref[i - 1]) for i in range(1, len(ref))]
-    sigma = max(statistics.median(diffs) / (0.6745 * math.sqrt(2.0)), 1e-4)
-    penalty = args.penalty * sigma * sigma * math.log(max(e - s, 2))
-    cuts = [s] + split_levels(y, s, e, penalty, args.min_segment) + [e]
+        return None, []
     levels, bound = [], None
-    for a, b in zip(cuts, cuts[1:]):
-        ratio = math.exp(statistics.median(y[a:b]) - level)
+    for a, _, ratio in constant_levels(y, s, e, ref, args):
         levels.append([a - s, round(ratio, 4)])
         if bound is None and ratio > 1.0 + args.min_change:
             bound = a - s
-    return bound, sigma, levels
+    return bound, levels
 
 
 def highest_level(y, args):
     """Highest constant level (ratio to the trace's median) lasting >= target_p95 samples."""
     if len(y) < 8:
         return 1.0
-    level = statistics.median(y)
-    diffs = [abs(y[i] - y[i - 1]) for i in range(1, len(y))]
-    sigma = max(statistics.median(diffs) / (0.6745 * math.sqrt(2.0)), 1e-4)
-    cuts = [0] + split_levels(y, 0, len(y), args.penalty * sigma * sigma * math.log(len(y)),
-                              args.min_segment) + [len(y)]
-    return max([math.exp(statistics.median(y[a:b]) - level)
-                for a, b in zip(cuts, cuts[1:]) if b - a >= max(args.target_p95, 1)] or [1.0])
+    return max([ratio for a, b, ratio in constant_levels(y, 0, len(y), y, args)
+                if b - a >= max(args.target_p95, 1)] or [1.0])
 
 
 def main():
@@ -177,7 +178,7 @@ def main():
             except (OSError, ValueError, KeyError, TypeError) as err:
                 sys.exit(f"delay_bound.py: {path}: {err}")
         for s, e in intervals:
-            bound, sigma, levels = bound_for(y, intervals, s, e, args)
+            bound, levels = bound_for(y, intervals, s, e, args)
             ev = {"file": name, "start": s, "end": e, "bound": bound, "levels": levels}
             if alarms is not None:
                 hits = [a for a in alarms if s <= a <= e]  # score.py's rule
