@@ -193,8 +193,9 @@ TEST(RedisReconnectTest, WorkerAndSubscriberRecoverAfterTheServerRestarts) {
 
   server.Kill();
   ASSERT_TRUE(ping());
-  ASSERT_TRUE(WaitUntil([&] { return jobs_failed.load() >= 1 && !sub_up.load(); }, 10));
-  EXPECT_GE(downs.load(), 1);
+  // The worker reports the lost connection after the failed job returns: wait for both.
+  ASSERT_TRUE(WaitUntil([&] { return jobs_failed.load() >= 1 && !sub_up.load() && downs.load() >= 1; }, 10))
+      << "jobs failed " << jobs_failed.load() << ", downs " << downs.load();
 
   ASSERT_TRUE(server.Start().ok()) << server.Log();
   // The worker retries on its own backoff schedule; keep giving it work until a PING succeeds.
