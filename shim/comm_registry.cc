@@ -27,7 +27,10 @@ void CommRegistry::Reset() {
   for (MapEntry& e : map_) {
     e.key.store(0, std::memory_order_relaxed);
     e.slot.store(FALCON_NO_COMM, std::memory_order_relaxed);
+    e.pending.store(0, std::memory_order_relaxed);
   }
+  epoch_.fetch_add(1, std::memory_order_release);
+  for (auto& u : unknown_) u.store(0, std::memory_order_relaxed);
   header_ = nullptr;
   table_ = nullptr;
   capacity_ = 0;
@@ -53,7 +56,7 @@ uint32_t CommRegistry::Lookup(const void* comm) const {
 
 // END HOT PATH
 
-uint32_t CommRegistry::Register(const void* comm, const CommIdentity& id) {
+uint32_t CommRegistry::Register(const void* comm, const CommIdentity& id, bool pending) {
   if (table_ == nullptr || comm == nullptr) return FALCON_NO_COMM;
   uint32_t slot = std::atomic_ref<uint32_t>(header_->comm_used).fetch_add(1, std::memory_order_relaxed);
   if (slot >= capacity_) {
@@ -61,12 +64,47 @@ uint32_t CommRegistry::Register(const void* comm, const CommIdentity& id) {
     LogOnce(OnceKey::kCommTableFull, LogLevel::kWarn,
             "communicator table full (%u entries); further communicators are recorded without "
             "identity (raise FALCON_COMM_CAPACITY)", capacity_);
-    Map(comm, FALCON_NO_COMM);
+    Map(comm, FALCON_NO_COMM, false);
+    epoch_.fetch_add(1, std::memory_order_release);
     return FALCON_NO_COMM;
   }
   FillEntry(table_[slot], comm, id);
-  Map(comm, slot);
+  Map(comm, slot, pending);
+  epoch_.fetch_add(1, std::memory_order_release);
   return slot;
+}
+
+const CommRegistry::MapEntry* CommRegistry::Find(const void* comm) const {
+  const auto key = reinterpret_cast<uintptr_t>(comm);
+  uint32_t i = HashPointer(key);
+  for (uint32_t probes = 0; probes < kMapSize; ++probes, i = (i + 1) & (kMapSize - 1)) {
+    uintptr_t k = map_[i].key.load(std::memory_order_acquire);
+    if (k == key) return &map_[i];
+    if (k == 0) return nullptr;
+  }
+  return nullptr;
+}
+
+bool CommRegistry::Pending(const void* comm) const {
+  const MapEntry* m = Find(comm);
+  return m != nullptr && m->pending.load(std::memory_order_acquire) != 0;
+}
+
+void CommRegistry::Complete(const void* comm, int32_t rank, int32_t nranks, int32_t device) {
+  auto* m = const_cast<MapEntry*>(Find(comm));
+  if (m == nullptr) return;
+  uint32_t was = 1;
+  if (!m->pending.compare_exchange_strong(was, 0, std::memory_order_acq_rel)) return;
+  const uint32_t slot = m->slot.load(std::memory_order_relaxed);
+  if (table_ == nullptr || slot >= capacity_) return;
+  FalconCommEntry& e = table_[slot];
+  std::atomic_ref<uint32_t> state(e.state);
+  state.store(kFalconCommWriting, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  if (rank >= 0) e.rank = rank;
+  if (nranks >= 0) e.nranks = nranks;
+  if (device >= 0) e.device = device;
+  state.store(kFalconCommLive, std::memory_order_release);
 }
 
 void CommRegistry::FillEntry(FalconCommEntry& e, const void* comm, const CommIdentity& id) {
@@ -92,18 +130,20 @@ void CommRegistry::FillEntry(FalconCommEntry& e, const void* comm, const CommIde
   state.store(kFalconCommLive, std::memory_order_release);
 }
 
-void CommRegistry::Map(const void* comm, uint32_t slot) {
+void CommRegistry::Map(const void* comm, uint32_t slot, bool pending) {
   const auto key = reinterpret_cast<uintptr_t>(comm);
   uint32_t i = HashPointer(key);
   for (uint32_t probes = 0; probes < kMapSize; ++probes, i = (i + 1) & (kMapSize - 1)) {
     uintptr_t k = map_[i].key.load(std::memory_order_acquire);
     if (k == key) {  // handle reused without a destroy we saw: the new communicator wins
-      map_[i].slot.store(slot, std::memory_order_relaxed);
+      map_[i].pending.store(pending ? 1 : 0, std::memory_order_relaxed);
+      map_[i].slot.store(slot, std::memory_order_release);
       return;
     }
     if (k == 0 || k == kTombstone) {
       if (map_[i].key.compare_exchange_strong(k, key, std::memory_order_acq_rel)) {
         // No reader can look this handle up before Register returns it to the caller.
+        map_[i].pending.store(pending ? 1 : 0, std::memory_order_relaxed);
         map_[i].slot.store(slot, std::memory_order_release);
         return;
       }
@@ -121,7 +161,9 @@ void CommRegistry::Forget(const void* comm) {
     if (k == 0) return;
     if (k != key) continue;
     uint32_t slot = map_[i].slot.load(std::memory_order_relaxed);
+    map_[i].pending.store(0, std::memory_order_relaxed);
     map_[i].key.store(kTombstone, std::memory_order_release);
+    epoch_.fetch_add(1, std::memory_order_release);
     if (slot < capacity_) {
       FalconCommEntry& e = table_[slot];
       e.destroy_mono_ns = MonoNowNs();

@@ -9,6 +9,14 @@
 //  2. Register()/Forget() may run concurrently from several threads (one communicator each).
 //  3. Slots in the shared table are never reused; a table overflow yields FALCON_NO_COMM and is
 //     counted in the header.
+//  4. Every Register()/Forget() advances epoch() (release) before returning, so a per-thread
+//     cache of one lookup stays valid exactly while the epoch it was taken at is current: a
+//     handle destroyed and re-created at the same address is never served from a stale cache.
+//  5. NextCallSeq() is an atomic fetch-add: callers on several threads (legal for different
+//     communicators, and harmless misuse on one) never share or skip a number.
+//  6. An identity may be pending (a nonblocking communicator whose init/split has not finished:
+//     NCCL refuses rank/size/device queries until it is ready). Complete() fills it in once;
+//     only the caller that observed the communicator ready calls it.
 // Never allocates, never blocks, never logs on the Lookup path.
 #pragma once
 
@@ -52,21 +60,30 @@ class CommRegistry {
 
   // Fills a new table entry and maps `comm` to it; returns the slot, or FALCON_NO_COMM when the
   // table is full (the handle is then mapped to FALCON_NO_COMM so it is not retried).
-  uint32_t Register(const void* comm, const CommIdentity& id);
+  // `pending`: rank/nranks/device are not known yet (see invariant 6).
+  uint32_t Register(const void* comm, const CommIdentity& id, bool pending = false);
+  // True while `comm`'s identity waits for Complete().
+  bool Pending(const void* comm) const;
+  // Fills in rank, nranks and device of a pending communicator (values < 0 keep the entry's)
+  // and clears the pending mark. No-op for a communicator that is not pending.
+  void Complete(const void* comm, int32_t rank, int32_t nranks, int32_t device);
+  // Advances on every Register()/Forget() (invariant 4).
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
   // Marks the communicator destroyed and unmaps its handle.
   void Forget(const void* comm);
 
+  // The n-th (0-based) communicator of `nranks` ranks registered without a known origin.
+  uint32_t NextUnknownOrdinal(int32_t nranks) {
+    return unknown_[static_cast<uint32_t>(nranks) % kUnknownBuckets].fetch_add(1, std::memory_order_relaxed);
+  }
   // Claims the next split/shrink index of `parent_slot` (0-based).
   uint32_t NextChildIndex(uint32_t parent_slot);
   uint64_t IdOf(uint32_t slot) const;
-  // HOT PATH helper: per-communicator sequence number for the next call on `slot`.
-  // NCCL requires calls on one communicator to be serialised by the caller, so a plain
-  // load/store pair suffices (no locked instruction). Atomic so readers see a defined value.
+  // HOT PATH helper: the comm_seq of the next ordered call on `slot` (invariant 5). Only
+  // ordered calls (FalconOpIsOrdered) take one, so the numbers are alike on every member
+  // whatever other threads (a watchdog polling errors) do with the communicator meanwhile.
   uint64_t NextCallSeq(uint32_t slot) {
-    std::atomic_ref<uint64_t> calls(table_[slot].calls);
-    const uint64_t seq = calls.load(std::memory_order_relaxed);
-    calls.store(seq + 1, std::memory_order_relaxed);
-    return seq;
+    return std::atomic_ref<uint64_t>(table_[slot].calls).fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
@@ -75,14 +92,19 @@ class CommRegistry {
   struct MapEntry {
     std::atomic<uintptr_t> key{0};
     std::atomic<uint32_t> slot{FALCON_NO_COMM};
+    std::atomic<uint32_t> pending{0};  // 1 while the identity waits for Complete()
   };
   static uint32_t HashPointer(uintptr_t p);
   void FillEntry(FalconCommEntry& e, const void* comm, const CommIdentity& id);
-  void Map(const void* comm, uint32_t slot);
+  void Map(const void* comm, uint32_t slot, bool pending);
+  const MapEntry* Find(const void* comm) const;
 
   FalconShmHeader* header_ = nullptr;  // fixed after Attach
   FalconCommEntry* table_ = nullptr;   // fixed after Attach
   uint32_t capacity_ = 0;              // fixed after Attach
+  std::atomic<uint64_t> epoch_{1};
+  static constexpr uint32_t kUnknownBuckets = 64;
+  std::atomic<uint32_t> unknown_[kUnknownBuckets] = {};
   MapEntry map_[kMapSize];
 };
 

@@ -217,7 +217,15 @@ FALCON_EXPORT const char* ncclGetLastError(ncclComm_t comm) {
 
 FALCON_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   FALCON_REAL_OR_FAIL(ncclCommGetAsyncError, kFalconOpCommGetAsyncError);
-  return Intercept(OnComm(kFalconOpCommGetAsyncError, comm), [&] { return real(comm, asyncError); });
+  return Intercept(OnComm(kFalconOpCommGetAsyncError, comm), [&] { return real(comm, asyncError); },
+                   [&](ncclResult_t r, CallOutcome&) {
+                     // The caller saw a nonblocking communicator become ready: now its rank,
+                     // size and device may be asked for.
+                     if (r == ncclSuccess && asyncError != nullptr && *asyncError != ncclInProgress &&
+                         comm != nullptr && falcon::shim::g_tracer.comms().Pending(comm)) {
+                       falcon::shim::CompleteIdentity(comm);
+                     }
+                   });
 }
 
 FALCON_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {

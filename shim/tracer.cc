@@ -12,6 +12,7 @@
 #include "shim/log.h"
 #include "shim/real_nccl.h"
 #include "shim/service_thread.h"
+#include "shim/wrapper_util.h"
 
 namespace falcon::shim {
 
@@ -162,20 +163,13 @@ void Tracer::ReleaseThreadSlot(ThreadState& ts) {
 }
 
 uint32_t Tracer::SlotOf(const void* comm, ThreadState& ts) {
+  const uint64_t epoch = comms_.epoch();  // before the lookup: a later change invalidates the cache
   uint32_t slot = comms_.Lookup(comm);
   if (slot == CommRegistry::kNotMapped) slot = RegisterUnknownComm(comm);
   ts.cached_comm = comm;
   ts.cached_slot = slot;
+  ts.cached_epoch = epoch;
   return slot;
-}
-
-uint32_t Tracer::RegisterUnknownComm(const void* comm) {
-  // A communicator created before the shim was recording (or by a path it cannot see): give it
-  // a process-local identity so its calls are still attributed. Members will not agree on it.
-  CommIdentity id;
-  id.comm_id = Fnv1a(&comm, sizeof(comm), Fnv1a(&segment_.header()->pid, sizeof(int32_t)));
-  id.origin = static_cast<FalconCommOrigin>(0);
-  return comms_.Register(comm, id);
 }
 
 GpuTicket Tracer::GpuBegin(const CallDesc& d, const ThreadState& ts) {

@@ -69,9 +69,15 @@ struct ThreadState {
   uint8_t lane_index = 0;
   bool lane_shared = true;
   bool trap_deferred = false;         // stop at the end of the current group (trap.h)
-  const void* cached_comm = nullptr;  // one-entry communicator lookup cache
-  uint32_t cached_slot = FALCON_NO_COMM;
+  uint64_t trap_deferred_gen = 0;     // the pause generation trap_deferred belongs to
+  const void* cached_comm = nullptr;  // one-entry communicator lookup cache, valid while the
+  uint32_t cached_slot = FALCON_NO_COMM;  // registry's epoch is cached_epoch (comm_registry.h)
+  uint64_t cached_epoch = 0;
 };
+
+// ncclInProgress (nccl.h; checked in wrapper_util.h): a nonblocking communicator's call that
+// has not finished yet.
+inline constexpr int kNcclInProgress = 7;
 
 ThreadState& CurrentThread();
 
@@ -99,7 +105,9 @@ class Tracer {
 
   // Slow paths of the hot path.
   void BindThread(ThreadState& ts);  // first call of a thread (or after fork)
-  uint32_t SlotOf(const void* comm, ThreadState& ts);  // lookup with a one-entry cache
+  // Lookup with a one-entry cache; a handle never seen is registered with a best-effort
+  // identity (RegisterUnknownComm in wrapper_util.h).
+  uint32_t SlotOf(const void* comm, ThreadState& ts);
   void ReleaseThreadSlot(ThreadState& ts);  // thread exit; safe in any state
 
   CommRegistry& comms() { return comms_; }
@@ -122,8 +130,6 @@ class Tracer {
   void OnForkChild();
 
  private:
-  uint32_t RegisterUnknownComm(const void* comm);
-
   ShimConfig config_;
   Segment segment_;
   CommRegistry comms_;
@@ -172,25 +178,45 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   if (ts.depth != 0) return forward();  // NCCL calling its own API: already recorded
   ts.depth = 1;
   Tracer* tracer = Tracer::Active();
-  const uint32_t mode = tracer != nullptr ? tracer->mode() : static_cast<uint32_t>(kFalconModeOff);
-  if (mode == kFalconModeOff) {
+  if (tracer == nullptr) {  // pass-through: no segment, disabled, or another thread initialising
     auto r = forward();
     TrackGroupDepth(d.op, ResultCode(r), ts);
     ts.depth = 0;
     return r;
   }
+  const uint32_t mode = tracer->mode();
   if (__builtin_expect(ts.generation != tracer->generation(), 0)) tracer->BindThread(ts);
-  int64_t t0 = tracer->clock().Now();
+  // Identity and ordering are kept in every mode, `off` included: members switch modes at
+  // different points, and their comm_seq must stay alike (shm_abi.h, FalconOpIsOrdered).
+  const bool ordered = FalconOpIsOrdered(d.op) != 0;
   uint32_t comm_slot = FALCON_NO_COMM;
   uint64_t comm_seq = ~uint64_t{0};
   if (d.comm != nullptr) {
-    comm_slot = d.comm == ts.cached_comm ? ts.cached_slot : tracer->SlotOf(d.comm, ts);
-    if (comm_slot != FALCON_NO_COMM) comm_seq = tracer->comms().NextCallSeq(comm_slot);
+    comm_slot = d.comm == ts.cached_comm && ts.cached_epoch == tracer->comms().epoch() ? ts.cached_slot
+                                                                                       : tracer->SlotOf(d.comm, ts);
+    if (ordered && comm_slot != FALCON_NO_COMM) comm_seq = tracer->comms().NextCallSeq(comm_slot);
   }
-  // A pause armed by the agent stops the thread here, before the target call (trap.h).
-  if (__builtin_expect(tracer->trap().armed(), 0) && tracer->trap().OnCall(comm_slot, comm_seq, *tracer, ts)) {
-    t0 = tracer->clock().Now();
+  // A pause stops the thread that issues ordered calls, never a thread polling errors (trap.h):
+  // before the target call, or before the first ordered call after a deferred stop's group.
+  if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && (ordered || d.op == kFalconOpGroupStart)) {
+    tracer->trap().AfterGroup(*tracer, ts);
   }
+  if (__builtin_expect(tracer->trap().armed(), 0) && ordered && comm_slot != FALCON_NO_COMM) {
+    tracer->trap().OnCall(comm_slot, comm_seq, *tracer, ts);
+  }
+  if (mode == kFalconModeOff) {
+    auto r = forward();
+    CallOutcome out;
+    after(r, out);
+    if (out.comm_slot != FALCON_NO_COMM && comm_slot == FALCON_NO_COMM) tracer->comms().NextCallSeq(out.comm_slot);
+    TrackGroupDepth(d.op, ResultCode(r), ts);
+    if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && ResultCode(r) != kNcclInProgress) {
+      tracer->trap().AfterGroup(*tracer, ts);
+    }
+    ts.depth = 0;
+    return r;
+  }
+  const int64_t t0 = tracer->clock().Now();  // after any pause: the call starts now
   if (FalconThreadSlot* s = ts.slot) {  // in-flight state, for hang diagnosis
     std::atomic_ref<int64_t>(s->inflight_since_mono_ns).store(t0, std::memory_order_relaxed);
     std::atomic_ref<uint32_t>(s->inflight_comm_slot).store(comm_slot, std::memory_order_relaxed);
@@ -208,7 +234,9 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     const int64_t t1 = timed ? tracer->clock().Now() : 0;
     tracer->Record(d, out, ts, t0, t1, comm_seq, comm_slot, ResultCode(r), timed, gpu);
     TrackGroupDepth(d.op, ResultCode(r), ts);
-    if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0) tracer->trap().AfterGroup(*tracer, ts);
+    if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && ResultCode(r) != kNcclInProgress) {
+      tracer->trap().AfterGroup(*tracer, ts);
+    }
     ts.depth = 0;
     return r;
   }
@@ -233,7 +261,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   uint32_t slot_out = comm_slot;
   if (__builtin_expect(out.comm_slot != FALCON_NO_COMM, 0)) {  // the call created a communicator
     slot_out = out.comm_slot;
-    if (comm_slot == FALCON_NO_COMM) comm_seq = tracer->comms().NextCallSeq(slot_out);
+    if (comm_slot == FALCON_NO_COMM && ordered) comm_seq = tracer->comms().NextCallSeq(slot_out);
   }
   const int32_t peer = out.peer >= -1 ? out.peer : d.peer;
   const int32_t redop = d.redop > 32767 ? 32767 : d.redop;
@@ -257,7 +285,9 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   version.store(2 * idx + 2, std::memory_order_release);
   if (FalconThreadSlot* s = ts.slot) std::atomic_ref<uint64_t>(s->inflight_seq).store(0, std::memory_order_release);
   TrackGroupDepth(d.op, ResultCode(r), ts);
-  if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0) tracer->trap().AfterGroup(*tracer, ts);
+  if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && ResultCode(r) != kNcclInProgress) {
+    tracer->trap().AfterGroup(*tracer, ts);
+  }
   ts.depth = 0;
   return r;
   // HOT PATH END

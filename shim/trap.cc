@@ -53,8 +53,9 @@ void Trap::Report(FalconPauseState state, uint64_t gen) {
 void Trap::ServiceTick(int64_t real_now_ns) {
   if (control_ == nullptr) return;
   const int phase = phase_.load(std::memory_order_acquire);
-  if (phase == kArmed && real_now_ns > deadline_real_ns_.load(std::memory_order_relaxed)) {
-    int expected = kArmed;
+  if ((phase == kArmed || phase == kDeferred) && real_now_ns > deadline_real_ns_.load(std::memory_order_relaxed)) {
+    // Armed, or deferred to a thread that has not made its next ordered call in time.
+    int expected = phase;
     if (phase_.compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel)) {
       armed_.store(false, std::memory_order_relaxed);
       const uint64_t gen = gen_.load(std::memory_order_relaxed);
@@ -108,6 +109,7 @@ bool Trap::OnCall(uint32_t comm_slot, uint64_t comm_seq, Tracer& tracer, ThreadS
   }
   if (next == kDeferred) {  // stop after the enclosing group instead (see the file comment)
     ts.trap_deferred = true;
+    ts.trap_deferred_gen = gen;
     return false;
   }
   Hold(tracer, ts);
@@ -119,6 +121,11 @@ void Trap::AfterGroup(Tracer& tracer, ThreadState& ts) {
   ts.trap_deferred = false;
   int expected = kDeferred;
   if (!phase_.compare_exchange_strong(expected, kTrapping, std::memory_order_acq_rel)) return;
+  if (gen_.load(std::memory_order_relaxed) != ts.trap_deferred_gen) {
+    // Our deferral expired and another thread deferred a newer request: it is not ours.
+    phase_.store(kDeferred, std::memory_order_release);
+    return;
+  }
   Hold(tracer, ts);
   phase_.store(kIdle, std::memory_order_release);
 }

@@ -8,13 +8,20 @@
 // when resumed or when the deadline passes — whichever comes first. A thread never stops inside
 // an NCCL group (its calls would complete only at the group's end, and tasks would nest in it):
 // if the target call is inside a group, the thread stops right after the outermost
-// ncclGroupEnd instead — every rank's group holds the same calls, so the cut stays consistent. A request whose target call
-// has already been issued is reported Missed, one whose deadline passes first Expired.
+// ncclGroupEnd instead — every rank's group holds the same calls, so the cut stays consistent.
+// A group end that returns ncclInProgress (nonblocking communicators, still launching) moves
+// that stop to just before the thread's next ordered call or ncclGroupStart: the same cut, on
+// communicators that are ready again (NCCL requires polling them ready before the next call).
+// Only ordered calls (shm_abi.h, FalconOpIsOrdered) are targets, so a thread that only polls
+// errors or asks queries (PyTorch's watchdog) is never stopped. A request whose target call
+// has already been issued is reported Missed, one whose deadline passes first (armed, or
+// deferred to a thread that made no further call) Expired.
 //
 // Invariants:
 //  1. phase_ moves Idle → Armed only on the service thread, Armed → Trapping/Deferred/Idle by a
 //     CAS (the caller that hits the target, a caller that is past it, or the service thread at
-//     the deadline): exactly one of them wins. Deferred → Trapping only by the deferring thread.
+//     the deadline): exactly one of them wins. Deferred → Trapping only by the deferring thread
+//     of the same generation; Deferred → Idle by the service thread at the deadline.
 //  2. The target fields (slot_, seq_, deadline_, gen_) are written before phase_ becomes Armed
 //     (release) and read after observing Armed (acquire); they do not change until Idle.
 //  3. Only the thread in Trapping writes pause_state until it returns to Idle.
@@ -47,7 +54,8 @@ class Trap {
   // the thread was stopped (the caller should re-read its clock). Inside a group it marks the
   // thread (ThreadState::trap_deferred) to stop at AfterGroup instead.
   bool OnCall(uint32_t comm_slot, uint64_t comm_seq, Tracer& tracer, ThreadState& ts);
-  // Caller thread, after a call, when ts.trap_deferred and the group has ended: stops now.
+  // Caller thread, when ts.trap_deferred and the group has ended (after the group end, or
+  // before the next ordered call when the group end returned ncclInProgress): stops now.
   void AfterGroup(Tracer& tracer, ThreadState& ts);
 
  private:

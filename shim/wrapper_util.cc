@@ -5,6 +5,57 @@
 namespace falcon::shim {
 inline namespace wrappers {
 
+bool CommReady(ncclComm_t comm) {
+  auto poll = Real<decltype(&pncclCommGetAsyncError)>(kFalconOpCommGetAsyncError);
+  if (poll == nullptr) return true;  // an NCCL without it has no nonblocking communicators
+  ncclResult_t async = ncclSuccess;
+  return poll(comm, &async) != ncclInProgress && async != ncclInProgress;
+}
+
+namespace {
+struct Queried {
+  int32_t rank = -1;
+  int32_t nranks = -1;
+  int32_t device = -1;
+};
+// REQUIRES: CommReady(comm).
+Queried Query(ncclComm_t comm) {
+  Queried q;
+  auto user_rank = Real<decltype(&pncclCommUserRank)>(kFalconOpCommUserRank);
+  auto count = Real<decltype(&pncclCommCount)>(kFalconOpCommCount);
+  if (user_rank != nullptr && user_rank(comm, &q.rank) != ncclSuccess) q.rank = -1;
+  if (count != nullptr && count(comm, &q.nranks) != ncclSuccess) q.nranks = -1;
+  q.device = QueryDevice(comm);
+  return q;
+}
+}  // namespace
+
+void CompleteIdentity(ncclComm_t comm) {
+  const Queried q = Query(comm);
+  g_tracer.comms().Complete(comm, q.rank, q.nranks, q.device);
+}
+
+uint32_t RegisterUnknownComm(const void* comm) {
+  auto handle = static_cast<ncclComm_t>(const_cast<void*>(comm));
+  const bool ready = CommReady(handle);
+  CommIdentity ident;
+  if (ready) {
+    const Queried q = Query(handle);
+    ident.rank = q.rank;
+    ident.nranks = q.nranks;
+    ident.device = q.device;
+  }
+  CommRegistry& reg = g_tracer.comms();
+  struct {
+    uint64_t tag;
+    int32_t nranks;
+    uint32_t ordinal;
+  } key{0x756e6b6e6f776e00ull /* "unknown" */, ident.nranks, reg.NextUnknownOrdinal(ident.nranks)};
+  ident.comm_id = Fnv1a(&key, sizeof(key));
+  ident.origin = static_cast<FalconCommOrigin>(0);
+  return reg.Register(comm, ident, /*pending=*/!ready);
+}
+
 void RegisterInit(ncclResult_t r, ncclComm_t* comm, uint64_t id, FalconCommOrigin origin, int nranks,
                   int rank, const ncclConfig_t* config, CallOutcome& out) {
   if (!Created(r, comm)) return;
@@ -13,9 +64,11 @@ void RegisterInit(ncclResult_t r, ncclComm_t* comm, uint64_t id, FalconCommOrigi
   ident.origin = origin;
   ident.rank = rank;
   ident.nranks = nranks;
-  ident.device = QueryDevice(*comm);
+  // A nonblocking init that is still running: the device is filled in once it is ready.
+  const bool pending = r == ncclInProgress || !CommReady(*comm);
+  if (!pending) ident.device = QueryDevice(*comm);
   ident.name = ConfigName(config);
-  out.comm_slot = g_tracer.comms().Register(*comm, ident);
+  out.comm_slot = g_tracer.comms().Register(*comm, ident, pending);
 }
 
 uint64_t HashRankSet(const int* ranks, int n) {
@@ -33,6 +86,9 @@ void RegisterChild(ncclResult_t r, ncclComm_t parent, ncclComm_t* child, FalconC
                    int32_t color, uint64_t discriminator, const ncclConfig_t* config, CallOutcome& out) {
   CommRegistry& reg = g_tracer.comms();
   uint32_t parent_slot = reg.Lookup(parent);
+  // A parent the shim never saw created gets its identity now, so that its children are
+  // numbered (and named) apart rather than all taking child index 0 of "no parent".
+  if (parent_slot == CommRegistry::kNotMapped && parent != nullptr) parent_slot = RegisterUnknownComm(parent);
   if (parent_slot == CommRegistry::kNotMapped) parent_slot = FALCON_NO_COMM;
   const uint32_t index = reg.NextChildIndex(parent_slot);
   out.peer = color;
@@ -50,13 +106,16 @@ void RegisterChild(ncclResult_t r, ncclComm_t parent, ncclComm_t* child, FalconC
   ident.origin = origin;
   ident.color = color;
   ident.split_index = index;
-  auto user_rank = Real<decltype(&pncclCommUserRank)>(kFalconOpCommUserRank);
-  auto count = Real<decltype(&pncclCommCount)>(kFalconOpCommCount);
-  if (user_rank != nullptr && user_rank(*child, &ident.rank) != ncclSuccess) ident.rank = -1;
-  if (count != nullptr && count(*child, &ident.nranks) != ncclSuccess) ident.nranks = -1;
-  ident.device = QueryDevice(*child);
+  // A nonblocking split that is still running: rank, size and device follow once it is ready.
+  const bool pending = r == ncclInProgress || !CommReady(*child);
+  if (!pending) {
+    const Queried q = Query(*child);
+    ident.rank = q.rank;
+    ident.nranks = q.nranks;
+    ident.device = q.device;
+  }
   ident.name = ConfigName(config);
-  out.aux = reg.Register(*child, ident);
+  out.aux = reg.Register(*child, ident, pending);
 }
 
 }  // namespace wrappers

@@ -65,6 +65,22 @@ inline bool Created(ncclResult_t r, const ncclComm_t* comm) {
   return (r == ncclSuccess || r == ncclInProgress) && comm != nullptr && *comm != nullptr;
 }
 
+static_assert(static_cast<int>(ncclInProgress) == kNcclInProgress, "tracer.h mirrors ncclInProgress");
+
+// Whether `comm` has finished its (nonblocking) init or split: ncclCommGetAsyncError does not
+// report ncclInProgress. Only then may its rank, size and device be queried: NCCL refuses
+// (and prints a warning into the job's log) on a communicator that is not ready.
+bool CommReady(ncclComm_t comm);
+
+// Fills in the identity of a communicator registered while it was not ready, once it is.
+void CompleteIdentity(ncclComm_t comm);
+
+// A communicator the shim never saw created (made while another thread initialised the shim,
+// or through the pncclX entry points directly): registers it with a best-effort identity,
+// origin 0. Members agree on it when they meet their unknown communicators of one size in the
+// same order (the id hashes the size and that order). Returns its slot.
+uint32_t RegisterUnknownComm(const void* comm);
+
 // Registers a communicator an InitRank* call created (if it did) and sets out.comm_slot.
 void RegisterInit(ncclResult_t r, ncclComm_t* comm, uint64_t id, FalconCommOrigin origin, int nranks, int rank,
                   const ncclConfig_t* config, CallOutcome& out);

@@ -35,7 +35,7 @@
  *     (`reader_cursor`, published by the single active reader) in the lane's `records_lost`.
  *  5. Comm entries are written under their own `state` word: kFalconCommWriting while the
  *     identity is filled in, then kFalconCommLive; `destroy_*` are written before
- *     kFalconCommDestroyed. `calls` is the per-communicator sequence counter.
+ *     kFalconCommDestroyed. `calls` is the per-communicator sequence counter (ordered calls).
  *  6. The control block's agent→shim words are written by the agent only, the shim→agent words
  *     by the shim only; all are naturally aligned atomics.
  *  7. The plan block's plan part (FalconPlanBlock) is a seqlock with one writer, the agent: it
@@ -118,6 +118,16 @@ typedef enum {
   kFalconOpCount_ = 102  /* op codes fit in a byte */
 } FalconOp;
 
+/* Whether `op` is ordered across the ranks of its communicator: every member issues it, in
+ * the same order relative to the communicator's other ordered calls (collectives, send/recv,
+ * the calls that create a communicator, and Split/Shrink/Finalize on the parent). Only ordered
+ * calls take a comm_seq, so the n-th ordered call has the same comm_seq on every member;
+ * queries, error polls (which other threads such as PyTorch's watchdog make at any time),
+ * registration, reduction operators, destroy/abort/revoke record comm_seq ~0. */
+static inline int FalconOpIsOrdered(unsigned op) {
+  return (op >= 1 && op <= 11) || (op >= 15 && op <= 21);
+}
+
 /* FalconRecord::count of kFalconOpAnnotation records written by the trap. */
 enum { kFalconAnnotatePauseBegin = 1, kFalconAnnotatePauseEnd = 2 };
 
@@ -143,7 +153,8 @@ enum {
  * success, 1 if the events failed. */
 typedef struct FalconRecord {
   uint64_t version;     /* seqlock, see contract 2 */
-  uint64_t comm_seq;    /* per-communicator sequence, 0-based; ~0 if no communicator */
+  uint64_t comm_seq;    /* position among the communicator's ordered calls (FalconOpIsOrdered),
+                         * 0-based, alike on every member; ~0 if no communicator or not ordered */
   uint64_t count;       /* element count as passed (sendcount for AllGather) */
   uint64_t aux;         /* stream, child comm slot or created op (see above) */
   int64_t t_start_ns;   /* at entry */
@@ -195,7 +206,7 @@ typedef struct FalconCommEntry {
   int64_t create_mono_ns;
   int64_t destroy_real_ns; /* 0 while live */
   int64_t destroy_mono_ns;
-  uint64_t calls;          /* per-communicator call counter (next comm_seq), atomic */
+  uint64_t calls;          /* ordered calls so far (the next comm_seq), atomic */
   char name[FALCON_NAME_LEN]; /* commName from ncclConfig_t, NUL-terminated, may be empty */
   uint8_t reserved[32];
 } FalconCommEntry;
@@ -226,7 +237,9 @@ typedef enum {
   kFalconModeTrack = 0,   /* host timestamps only (default) */
   kFalconModeProfile = 1, /* GPU events on every call (host end time where there is no GPU) */
   kFalconModeSample = 2,  /* like profile on one call in `sample_every` */
-  kFalconModeOff = 3      /* record nothing; calls pass through */
+  kFalconModeOff = 3      /* record nothing; calls pass through (communicators are still
+                           * registered and ordered calls counted, so identities and comm_seq
+                           * stay alike on every member when recording resumes) */
 } FalconMode;
 
 typedef enum {
