@@ -42,6 +42,7 @@ const CudaDriver* LoadedCudaDriver() {
   Load(lib, "cuMemAlloc_v2", &d.mem_alloc);
   Load(lib, "cuMemFree_v2", &d.mem_free);
   Load(lib, "cuMemsetD32Async", &d.memset_d32_async);
+  Load(lib, "cuThreadExchangeStreamCaptureMode", &d.thread_exchange_capture_mode);
   g_loaded.store(&d, std::memory_order_release);
   return &d;
 }

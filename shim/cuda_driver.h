@@ -29,6 +29,7 @@ struct CudaDriver {
   CuResult (*mem_alloc)(CuDevicePtr*, size_t) = nullptr;
   CuResult (*mem_free)(CuDevicePtr) = nullptr;
   CuResult (*memset_d32_async)(CuDevicePtr, unsigned, size_t, void*) = nullptr;
+  CuResult (*thread_exchange_capture_mode)(int*) = nullptr;  // cuThreadExchangeStreamCaptureMode
 };
 
 // The loaded driver's entry points, looked up once it is found; nullptr while the process has

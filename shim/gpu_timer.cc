@@ -11,6 +11,7 @@ namespace falcon::shim {
 namespace {
 
 constexpr int kCaptureStatusNone = 0;
+constexpr int kCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
 constexpr int64_t kReanchorNs = 30LL * 1000 * 1000 * 1000;
 
 // A copy of the driver's entry points, taken once by Init: the hot path reads it directly.
@@ -19,13 +20,16 @@ CudaDriver g_cu;
 }  // namespace
 
 bool GpuTimer::Init() {
+  if (disabled()) return false;
+  if (available()) return true;
   // Only a process that already uses the GPU has libcuda loaded; never load it ourselves.
   const CudaDriver* d = LoadedCudaDriver();
   if (d == nullptr) return false;
   if (d->ctx_get_current == nullptr || d->ctx_set_current == nullptr || d->event_create == nullptr ||
       d->event_destroy == nullptr || d->event_record == nullptr || d->event_query == nullptr ||
-      d->event_synchronize == nullptr || d->event_elapsed == nullptr || d->stream_is_capturing == nullptr) {
+      d->event_elapsed == nullptr || d->stream_is_capturing == nullptr || d->stream_create == nullptr) {
     LogOnce(OnceKey::kCudaDriver, LogLevel::kWarn, "CUDA driver lacks event entry points; host timing only");
+    disabled_.store(true, std::memory_order_relaxed);
     return false;
   }
   g_cu = *d;
@@ -34,12 +38,26 @@ bool GpuTimer::Init() {
 }
 
 void GpuTimer::Disable(const char* what, int code) {
+  disabled_.store(true, std::memory_order_relaxed);
   available_.store(false, std::memory_order_relaxed);
   LogOnce(OnceKey::kCudaDriver, LogLevel::kWarn, "%s failed (CUresult %d); GPU timing off, host timing only",
           what, code);
 }
 
-// HOT PATH BEGIN (Start, Stop, Cancel): no lock, no allocation, no syscall, no logging.
+// HOT PATH BEGIN (ContextIndex, Start, Stop, Cancel): no lock, no allocation, no syscall, no
+// logging, no event creation.
+int32_t GpuTimer::ContextIndex(void* ctx) {
+  for (int32_t i = 0; i < kContexts; ++i) {
+    void* seen = contexts_[i].ctx.load(std::memory_order_acquire);
+    if (seen == ctx) return i;
+    if (seen == nullptr) {
+      if (contexts_[i].ctx.compare_exchange_strong(seen, ctx, std::memory_order_acq_rel)) return i;
+      if (seen == ctx) return i;  // another thread claimed it for the same context
+    }
+  }
+  return -1;
+}
+
 int32_t GpuTimer::Start(void* stream, bool* capturing) {
   int status = kCaptureStatusNone;
   if (g_cu.stream_is_capturing(stream, &status) != kCudaSuccess || status != kCaptureStatusNone) {
@@ -48,22 +66,16 @@ int32_t GpuTimer::Start(void* stream, bool* capturing) {
   }
   void* ctx = nullptr;
   if (g_cu.ctx_get_current(&ctx) != kCudaSuccess || ctx == nullptr) return -1;
+  const int32_t ci = ContextIndex(ctx);
+  if (ci < 0) return -1;
+  Context& c = contexts_[ci];
+  if (!c.ready.load(std::memory_order_acquire)) return -1;  // the service thread makes its events
   for (int tries = 0; tries < 8; ++tries) {
-    const int32_t i = static_cast<int32_t>(cursor_.fetch_add(1, std::memory_order_relaxed) % kPairs);
+    const int32_t i = ci * kPairsPerContext +
+                      static_cast<int32_t>(c.cursor.fetch_add(1, std::memory_order_relaxed) % kPairsPerContext);
     Pair& p = pairs_[i];
     uint32_t expected = kFree;
     if (!p.state.compare_exchange_strong(expected, kClaimed, std::memory_order_acquire)) continue;
-    if (p.ctx != ctx) {  // first use of this pair in this context: create its events (rare)
-      if (p.start != nullptr) g_cu.event_destroy(p.start);
-      if (p.end != nullptr) g_cu.event_destroy(p.end);
-      p.start = p.end = nullptr;
-      if (g_cu.event_create(&p.start, 0) != kCudaSuccess || g_cu.event_create(&p.end, 0) != kCudaSuccess) {
-        p.ctx = nullptr;
-        p.state.store(kFree, std::memory_order_release);
-        return -1;
-      }
-      p.ctx = ctx;
-    }
     if (g_cu.event_record(p.start, stream) != kCudaSuccess) {
       p.state.store(kFree, std::memory_order_release);
       return -1;
@@ -87,15 +99,94 @@ void GpuTimer::Stop(int32_t ticket, void* stream, uint64_t seq, uint32_t lane) {
 void GpuTimer::Cancel(int32_t ticket) { pairs_[ticket].state.store(kFree, std::memory_order_release); }
 // HOT PATH END
 
+void GpuTimer::Prepare(int32_t ci) {
+  Context& c = contexts_[ci];
+  void* ctx = c.ctx.load(std::memory_order_acquire);
+  if (ctx == nullptr || c.failed || c.ready.load(std::memory_order_relaxed)) return;
+  if (const CuResult rc = g_cu.ctx_set_current(ctx); rc != kCudaSuccess) {
+    c.failed = true;
+    LogOnce(OnceKey::kCudaContext, LogLevel::kWarn,
+            "cannot use CUDA context %p from the service thread (CUresult %d): its calls get host timing", ctx,
+            rc);
+    return;
+  }
+  for (int32_t k = 0; k < kPairsPerContext; ++k) {
+    Pair& p = pairs_[ci * kPairsPerContext + k];
+    if (p.start != nullptr) continue;
+    CuResult rc = g_cu.event_create(&p.start, 0);
+    if (rc == kCudaSuccess) rc = g_cu.event_create(&p.end, 0);
+    if (rc != kCudaSuccess) {
+      Disable("cuEventCreate", rc);
+      return;
+    }
+  }
+  // A stream of our own for the anchor: non-blocking, so it never waits for the legacy stream
+  // or the job's blocking streams.
+  constexpr unsigned kStreamNonBlocking = 1;
+  CuResult rc = g_cu.stream_create(&c.stream, kStreamNonBlocking);
+  if (rc == kCudaSuccess) rc = g_cu.event_create(&c.anchor, 0);
+  if (rc != kCudaSuccess) {
+    Disable("anchor stream/event", rc);
+    return;
+  }
+  c.ready.store(true, std::memory_order_release);
+}
+
+bool GpuTimer::Anchor(int32_t ci, int64_t tick_ns) {
+  Context& c = contexts_[ci];
+  if (c.set_at_ns != 0 && tick_ns - c.set_at_ns < kReanchorNs) return true;
+  if (c.failed_tick_ns == tick_ns) return false;  // one try per context and tick
+  // Refreshed now and then so that float milliseconds keep sub-microsecond resolution; if the
+  // device does not get to our event within kAnchorSpinNs, keep the old anchor (or wait).
+  if (const CuResult rc = g_cu.event_record(c.anchor, c.stream); rc != kCudaSuccess) {
+    Disable("anchor cuEventRecord", rc);
+    return false;
+  }
+  const int64_t give_up = SystemMonoNs() + kAnchorSpinNs;
+  for (;;) {
+    const CuResult q = g_cu.event_query(c.anchor);
+    const int64_t t = SystemMonoNs();
+    if (q == kCudaSuccess) {
+      c.host_ns = t;
+      c.set_at_ns = t;
+      return true;
+    }
+    if (q != kCudaNotReady) {
+      Disable("anchor cuEventQuery", q);
+      return false;
+    }
+    if (t > give_up) {  // the event was re-recorded, so the old anchor is gone too
+      c.set_at_ns = 0;
+      c.failed_tick_ns = tick_ns;
+      return false;
+    }
+  }
+}
+
 void GpuTimer::Poll(Tracer& tracer) {
-  for (Pair& p : pairs_) {
+  if (!relaxed_) {
+    // Invariant 2: this thread's calls must not invalidate a capture in progress elsewhere.
+    if (g_cu.thread_exchange_capture_mode != nullptr) {
+      int mode = kCaptureModeRelaxed;
+      if (const CuResult rc = g_cu.thread_exchange_capture_mode(&mode); rc != kCudaSuccess) {
+        Disable("cuThreadExchangeStreamCaptureMode", rc);
+        return;
+      }
+    }
+    relaxed_ = true;
+  }
+  for (int32_t ci = 0; ci < kContexts; ++ci) Prepare(ci);
+  const int64_t tick = SystemMonoNs();
+  for (int32_t i = 0; i < kPairs; ++i) {
+    Pair& p = pairs_[i];
     if (p.state.load(std::memory_order_acquire) != kPending) continue;
     if (!available()) {
       p.state.store(kFree, std::memory_order_release);
       continue;
     }
-    if (g_cu.ctx_set_current(p.ctx) != kCudaSuccess) continue;
-    CuResult q = g_cu.event_query(p.end);
+    const int32_t ci = i / kPairsPerContext;
+    if (g_cu.ctx_set_current(contexts_[ci].ctx.load(std::memory_order_relaxed)) != kCudaSuccess) continue;
+    const CuResult q = g_cu.event_query(p.end);
     if (q == kCudaNotReady) continue;
     FalconRecord r{};
     r.op = kFalconOpGpuTiming;
@@ -107,30 +198,16 @@ void GpuTimer::Poll(Tracer& tracer) {
     r.result = 1;
     const int64_t now = SystemMonoNs();
     if (q == kCudaSuccess) {
-      // Anchor: an event known to have completed at a known host time, per context, refreshed so
-      // float milliseconds keep sub-microsecond resolution.
-      if (anchor_ctx_ != p.ctx || now - anchor_set_at_ns_ > kReanchorNs) {
-        if (anchor_event_ == nullptr || anchor_ctx_ != p.ctx) {
-          if (g_cu.event_create(&anchor_event_, 0) != kCudaSuccess) {
-            Disable("cuEventCreate", -1);
-            continue;
-          }
-        }
-        CuResult a = g_cu.event_record(anchor_event_, nullptr);
-        if (a == kCudaSuccess) a = g_cu.event_synchronize(anchor_event_);
-        if (a != kCudaSuccess) {
-          Disable("anchor event", a);
-          continue;
-        }
-        anchor_ctx_ = p.ctx;
-        anchor_host_ns_ = SystemMonoNs();
-        anchor_set_at_ns_ = anchor_host_ns_;
+      if (!Anchor(ci, tick)) {
+        if (!available()) p.state.store(kFree, std::memory_order_release);
+        continue;  // no anchor yet: try again next tick
       }
+      const Context& c = contexts_[ci];
       float start_ms = 0, end_ms = 0;
-      if (g_cu.event_elapsed(&start_ms, anchor_event_, p.start) == kCudaSuccess &&
-          g_cu.event_elapsed(&end_ms, anchor_event_, p.end) == kCudaSuccess) {
-        r.t_start_ns = anchor_host_ns_ + static_cast<int64_t>(static_cast<double>(start_ms) * 1e6);
-        r.t_end_ns = anchor_host_ns_ + static_cast<int64_t>(static_cast<double>(end_ms) * 1e6);
+      if (g_cu.event_elapsed(&start_ms, c.anchor, p.start) == kCudaSuccess &&
+          g_cu.event_elapsed(&end_ms, c.anchor, p.end) == kCudaSuccess) {
+        r.t_start_ns = c.host_ns + static_cast<int64_t>(static_cast<double>(start_ms) * 1e6);
+        r.t_end_ns = c.host_ns + static_cast<int64_t>(static_cast<double>(end_ms) * 1e6);
         r.result = 0;
       }
     }

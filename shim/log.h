@@ -23,6 +23,7 @@ enum class OnceKey : uint32_t {
   kThreadTableFull,
   kServiceThread,
   kCudaDriver,
+  kCudaContext,
   kUnknownMode,
   kCount_
 };

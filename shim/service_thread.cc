@@ -26,7 +26,8 @@ void* ServiceMain(void* arg) {
 }  // namespace
 
 bool StartServiceThread(Tracer& tracer) {
-  tracer.ServiceTick();  // first heartbeat before the first record, before the thread exists
+  // First heartbeat before the first record, before the thread exists (on the caller's thread).
+  tracer.ServiceTick(Tracer::TickKind::kFirst);
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);

@@ -260,7 +260,7 @@ void Tracer::Publish(FalconRecord& r, uint32_t lane_index) {
   std::atomic_ref<uint64_t>(slot->version).store(2 * idx + 2, std::memory_order_release);
 }
 
-void Tracer::ServiceTick() {
+void Tracer::ServiceTick(TickKind kind) {
   FalconShmHeader* h = segment_.header();
   FalconControl* c = segment_.control();
   clock_.Calibrate();
@@ -284,6 +284,12 @@ void Tracer::ServiceTick() {
     std::atomic_ref<uint64_t>(c->command_ack).store(cmd, std::memory_order_release);
   }
   trap_.ServiceTick(RealNowNs());
+  if (kind == TickKind::kFirst) return;
+  // A process may load CUDA after its first NCCL call: look for the driver about once a second.
+  if (!gpu_.available() && !gpu_.disabled() && ++ticks_without_gpu_ % kGpuRetryTicks == 0 && gpu_.Init()) {
+    std::atomic_ref<uint32_t>(c->timing_source).store(kFalconTimingCudaEvents, std::memory_order_relaxed);
+    Log(LogLevel::kInfo, "CUDA driver found: GPU timing with CUDA events from now on");
+  }
   if (gpu_.available()) gpu_.Poll(*this);
 }
 

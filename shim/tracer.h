@@ -120,8 +120,11 @@ class Tracer {
   uint32_t sample_every() const { return sample_every_.load(std::memory_order_relaxed); }
   uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
-  // Service-thread entry point (service_thread.cc).
-  void ServiceTick();
+  // Service-thread entry point (service_thread.cc). The first tick runs on the thread that
+  // initialises the shim (a training thread): `kFirst` does only what is safe there — no GPU
+  // work, which would change that thread's CUDA state (its stream-capture mode).
+  enum class TickKind { kFirst, kService };
+  void ServiceTick(TickKind kind = TickKind::kService);
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
 
   // Process lifecycle hooks (tracer.cc).
@@ -141,6 +144,8 @@ class Tracer {
   std::atomic<uint32_t> generation_{1};
   std::atomic<bool> stop_{false};
   uint64_t applied_command_ = 0;  // service thread only
+  static constexpr uint32_t kGpuRetryTicks = 20;  // ~1 s of 50 ms service ticks
+  uint32_t ticks_without_gpu_ = 0;  // service thread only
 };
 
 extern std::atomic<int> g_init_state;

@@ -9,6 +9,14 @@
 // Knob: FALCON_EMU_CUDA_EVENT_DELAY_S=S makes each event complete only S seconds after it is
 // recorded (cuEventQuery answers CUDA_ERROR_NOT_READY until then): a stalled GPU, for testing
 // deadlines.
+// Stream capture (CUDA graphs), as strict as the driver where Falcon could lean on a
+// difference: cuStreamBeginCapture_v2 / cuStreamEndCapture / cuStreamIsCapturing and the
+// per-thread capture mode (cuThreadExchangeStreamCaptureMode). While a capture in global mode
+// runs, a "potentially unsafe" call (synchronisation, event or stream queries, allocation,
+// anything on the legacy stream) from any thread not in relaxed mode fails with
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates that capture, whose cuStreamEndCapture
+// then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; a thread-local capture is invalidated
+// by unsafe calls from its own thread. Captured work is not replayed (no graph launches).
 // Thread-safety: the current context is per thread, as in the driver. Streams, events and device
 // memory are heap objects the emulated driver keeps track of (as the real one does), so what a
 // program never frees is released at exit, not reported as a leak. Unknown handles are not
@@ -33,6 +41,12 @@ constexpr CuResult kInvalidDevice = 101;
 constexpr CuResult kInvalidContext = 201;
 constexpr CuResult kInvalidHandle = 400;
 constexpr CuResult kNotReady = 600;
+constexpr CuResult kCaptureUnsupported = 900;
+constexpr CuResult kCaptureInvalidated = 901;
+constexpr CuResult kCaptureWrongThread = 908;
+constexpr int kModeGlobal = 0;
+constexpr int kModeThreadLocal = 1;
+constexpr int kModeRelaxed = 2;
 constexpr int kDevices = 8;
 
 struct Context {
@@ -46,7 +60,37 @@ __attribute__((tls_model("initial-exec"))) thread_local Context* t_current = nul
 
 struct Stream {
   Context* ctx;
+  int capture_status;  // 0 none, 1 active, 2 invalidated (CUstreamCaptureStatus)
+  int capture_mode;
+  const void* capture_thread;
 };
+
+// The calling thread's capture mode (cuThreadExchangeStreamCaptureMode), and a token naming it.
+__attribute__((tls_model("initial-exec"))) thread_local int t_capture_mode = kModeGlobal;
+__attribute__((tls_model("initial-exec"))) thread_local char t_thread_token = 0;
+
+// Streams being captured now.
+std::mutex g_capture_mu;
+std::unordered_set<Stream*>& Capturing() {
+  static auto* streams = new std::unordered_set<Stream*>();  // reachable for the process's life
+  return *streams;
+}
+
+// A potentially unsafe call: invalidates the captures it would disturb (see the file comment)
+// and fails if it disturbed any.
+CuResult UnsafeCall() {
+  if (t_capture_mode == kModeRelaxed) return 0;
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  bool disturbed = false;
+  for (Stream* st : Capturing()) {
+    const bool own = st->capture_thread == &t_thread_token;
+    if (st->capture_status == 1 && (st->capture_mode == kModeGlobal || (own && st->capture_mode == kModeThreadLocal))) {
+      st->capture_status = 2;
+      disturbed = true;
+    }
+  }
+  return disturbed ? kCaptureUnsupported : 0;
+}
 struct Event {
   Context* ctx;
   int64_t recorded_ns;  // -1: never recorded
@@ -142,7 +186,10 @@ __attribute__((visibility("default"))) CuResult cuCtxGetCurrent(void** ctx) {
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) CuResult cuCtxSynchronize() { return NeedContext(); }
+__attribute__((visibility("default"))) CuResult cuCtxSynchronize() {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  return UnsafeCall();
+}
 
 __attribute__((visibility("default"))) CuResult cuStreamCreate(void** stream, unsigned /*flags*/) {
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
@@ -150,6 +197,9 @@ __attribute__((visibility("default"))) CuResult cuStreamCreate(void** stream, un
   auto* s = static_cast<Stream*>(std::malloc(sizeof(Stream)));
   if (s == nullptr) return kOutOfMemory;
   s->ctx = t_current;
+  s->capture_status = 0;
+  s->capture_mode = kModeGlobal;
+  s->capture_thread = nullptr;
   Track(s);
   *stream = s;
   return kSuccess;
@@ -157,16 +207,74 @@ __attribute__((visibility("default"))) CuResult cuStreamCreate(void** stream, un
 
 __attribute__((visibility("default"))) CuResult cuStreamDestroy_v2(void* stream) {
   if (stream == nullptr) return kInvalidHandle;
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    Capturing().erase(static_cast<Stream*>(stream));
+  }
   Release(stream);
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) CuResult cuStreamSynchronize(void* /*stream*/) { return NeedContext(); }
+__attribute__((visibility("default"))) CuResult cuStreamSynchronize(void* /*stream*/) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  return UnsafeCall();
+}
 
-__attribute__((visibility("default"))) CuResult cuStreamIsCapturing(void* /*stream*/, int* status) {
+__attribute__((visibility("default"))) CuResult cuStreamQuery(void* /*stream*/) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  return UnsafeCall();
+}
+
+__attribute__((visibility("default"))) CuResult cuThreadExchangeStreamCaptureMode(int* mode) {
+  if (mode == nullptr || *mode < kModeGlobal || *mode > kModeRelaxed) return kInvalidValue;
+  const int old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuStreamBeginCapture_v2(void* stream, int mode) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (stream == nullptr) return kCaptureUnsupported;  // the legacy stream cannot be captured
+  if (mode < kModeGlobal || mode > kModeRelaxed) return kInvalidValue;
+  auto* st = static_cast<Stream*>(stream);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (st->capture_status != 0) return kCaptureUnsupported;
+  st->capture_status = 1;
+  st->capture_mode = mode;
+  st->capture_thread = &t_thread_token;
+  Capturing().insert(st);
+  return kSuccess;
+}
+
+// Ends the capture; *graph gets a non-null token on success (graphs are not instantiated).
+__attribute__((visibility("default"))) CuResult cuStreamEndCapture(void* stream, void** graph) {
+  if (stream == nullptr || graph == nullptr) return kInvalidValue;
+  auto* st = static_cast<Stream*>(stream);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (st->capture_status == 0) return kInvalidValue;
+  if (st->capture_mode != kModeRelaxed && st->capture_thread != &t_thread_token) return kCaptureWrongThread;
+  const bool invalidated = st->capture_status == 2;
+  st->capture_status = 0;
+  st->capture_thread = nullptr;
+  Capturing().erase(st);
+  *graph = invalidated ? nullptr : stream;
+  return invalidated ? kCaptureInvalidated : kSuccess;
+}
+
+__attribute__((visibility("default"))) CuResult cuStreamIsCapturing(void* stream, int* status) {
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
   if (status == nullptr) return kInvalidValue;
-  *status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE: graphs are not emulated
+  if (stream == nullptr) {  // the legacy stream: reports active while a global capture runs
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    *status = 0;
+    for (const Stream* st : Capturing()) {
+      if (st->capture_mode == kModeGlobal && st->capture_status == 1) *status = 1;
+    }
+    return kSuccess;
+  }
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  *status = static_cast<const Stream*>(stream)->capture_status;
   return kSuccess;
 }
 
@@ -188,21 +296,26 @@ __attribute__((visibility("default"))) CuResult cuEventDestroy_v2(void* event) {
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) CuResult cuEventRecord(void* event, void* /*stream*/) {
+__attribute__((visibility("default"))) CuResult cuEventRecord(void* event, void* stream) {
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
   if (event == nullptr) return kInvalidHandle;
+  if (stream == nullptr) {  // the legacy stream waits for every blocking stream: unsafe
+    if (const CuResult rc = UnsafeCall(); rc != kSuccess) return rc;
+  }
   static_cast<Event*>(event)->recorded_ns = NowNs();  // the stream's earlier work is done: it ran at once
   return kSuccess;
 }
 
 __attribute__((visibility("default"))) CuResult cuEventQuery(void* event) {
   if (event == nullptr) return kInvalidHandle;
+  if (const CuResult rc = UnsafeCall(); rc != kSuccess) return rc;
   const int64_t at = static_cast<const Event*>(event)->recorded_ns;
   return at >= 0 && NowNs() < at + EventDelayNs() ? kNotReady : kSuccess;
 }
 
 __attribute__((visibility("default"))) CuResult cuEventSynchronize(void* event) {
   if (event == nullptr) return kInvalidHandle;
+  if (const CuResult rc = UnsafeCall(); rc != kSuccess) return rc;
   const int64_t at = static_cast<const Event*>(event)->recorded_ns;
   if (at >= 0) {
     const int64_t wait = at + EventDelayNs() - NowNs();
@@ -219,7 +332,8 @@ __attribute__((visibility("default"))) CuResult cuEventElapsedTime_v2(float* ms,
   if (start == nullptr || end == nullptr) return kInvalidHandle;
   const int64_t a = static_cast<const Event*>(start)->recorded_ns, b = static_cast<const Event*>(end)->recorded_ns;
   if (a < 0 || b < 0) return kInvalidHandle;  // as the driver: an event never recorded
-  if (cuEventQuery(end) == kNotReady || cuEventQuery(start) == kNotReady) return kNotReady;
+  const int64_t now = NowNs();
+  if (now < a + EventDelayNs() || now < b + EventDelayNs()) return kNotReady;
   *ms = static_cast<float>(static_cast<double>(b - a) / 1e6);
   return kSuccess;
 }
@@ -230,6 +344,7 @@ __attribute__((visibility("default"))) CuResult cuEventElapsedTime(float* ms, vo
 
 __attribute__((visibility("default"))) CuResult cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (const CuResult rc = UnsafeCall(); rc != kSuccess) return rc;
   if (dptr == nullptr || bytes == 0) return kInvalidValue;
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) return kOutOfMemory;
@@ -240,6 +355,7 @@ __attribute__((visibility("default"))) CuResult cuMemAlloc_v2(unsigned long long
 
 __attribute__((visibility("default"))) CuResult cuMemFree_v2(unsigned long long dptr) {
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (const CuResult rc = UnsafeCall(); rc != kSuccess) return rc;
   if (dptr != 0) Release(reinterpret_cast<void*>(static_cast<uintptr_t>(dptr)));
   return kSuccess;
 }
@@ -267,6 +383,9 @@ __attribute__((visibility("default"))) CuResult cuGetErrorString(CuResult error,
     case kInvalidContext: *str = "invalid device context"; break;
     case kInvalidHandle: *str = "invalid resource handle"; break;
     case kNotReady: *str = "device not ready"; break;
+    case kCaptureUnsupported: *str = "operation not permitted when stream is capturing"; break;
+    case kCaptureInvalidated: *str = "operation failed due to a previous error during capture"; break;
+    case kCaptureWrongThread: *str = "attempt to terminate a thread-local capture sequence from another thread"; break;
     default: *str = nullptr; return kInvalidValue;
   }
   return kSuccess;

@@ -5,6 +5,7 @@
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
 //   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]
+//                  [--cuda-after N] [--capture-thread]
 //
 // --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
 // exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
@@ -16,16 +17,24 @@
 // CUDA driver emulator's libcuda.so.1, or a real driver), makes device rank % 8's primary context
 // current and passes a stream of its own to every NCCL call. Host buffers stay host buffers: only
 // the emulators accept that.
-// Thread-safety: single-threaded. Must never: hang without bound (the emulator's deadline fails
+// --cuda-after N loads the driver only before iteration N, after the job's first NCCL calls (a
+// process that starts using CUDA late).
+// --capture-thread (with --cuda) runs a second thread that, the whole time, captures its own
+// stream into a CUDA graph in the global capture mode, 10 ms at a time, as a framework capturing
+// part of its step would; a capture some other thread's calls invalidated is counted, and the
+// job then exits 3.
+// Thread-safety: NCCL calls come from the main thread only. Must never: hang without bound (the emulator's deadline fails
 // the job) or ignore an NCCL error (any error exits 2).
 #include <dlfcn.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap.h"
@@ -39,6 +48,8 @@ struct Options {
   bool check = false;
   std::string stop_file;
   std::string cuda;
+  int cuda_after = 0;
+  bool capture_thread = false;
 };
 
 // --cuda: the driver calls a CUDA program makes before NCCL (cuInit, a current primary context,
@@ -76,6 +87,43 @@ void* StartCuda(const std::string& lib, int rank) {
     std::exit(2);
   }
   return stream;
+}
+
+// --capture-thread: captures a stream of its own in the global mode until *stop; returns the
+// number of captures and, in *invalidated, how many of them other threads' calls invalidated.
+int CaptureLoop(const std::string& lib, int rank, const std::atomic<bool>* stop, int* invalidated) {
+  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  using RetainFn = int (*)(void**, int);
+  using SetCurrentFn = int (*)(void*);
+  using StreamCreateFn = int (*)(void**, unsigned);
+  using BeginFn = int (*)(void*, int);
+  using EndFn = int (*)(void*, void**);
+  auto retain = h ? reinterpret_cast<RetainFn>(dlsym(h, "cuDevicePrimaryCtxRetain")) : nullptr;
+  auto set_current = h ? reinterpret_cast<SetCurrentFn>(dlsym(h, "cuCtxSetCurrent")) : nullptr;
+  auto stream_create = h ? reinterpret_cast<StreamCreateFn>(dlsym(h, "cuStreamCreate")) : nullptr;
+  auto begin = h ? reinterpret_cast<BeginFn>(dlsym(h, "cuStreamBeginCapture_v2")) : nullptr;
+  auto end = h ? reinterpret_cast<EndFn>(dlsym(h, "cuStreamEndCapture")) : nullptr;
+  void* ctx = nullptr;
+  void* stream = nullptr;
+  if (!retain || !set_current || !stream_create || !begin || !end || retain(&ctx, rank % 8) != 0 ||
+      set_current(ctx) != 0 || stream_create(&stream, 1) != 0) {
+    std::fprintf(stderr, "falcon-emu-job: --capture-thread: %s lacks stream capture\n", lib.c_str());
+    std::exit(2);
+  }
+  int captures = 0;
+  while (!stop->load(std::memory_order_relaxed)) {
+    constexpr int kGlobal = 0;
+    if (begin(stream, kGlobal) != 0) {
+      std::fprintf(stderr, "falcon-emu-job: cuStreamBeginCapture failed\n");
+      std::exit(2);
+    }
+    timespec ts{0, 10 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+    void* graph = nullptr;
+    if (end(stream, &graph) != 0) ++*invalidated;
+    ++captures;
+  }
+  return captures;
 }
 
 double Now() {
@@ -125,8 +173,11 @@ int main(int argc, char** argv) {
     else if (a == "--check") o.check = true;
     else if (a == "--stop-file" && i + 1 < argc) o.stop_file = argv[++i];
     else if (a == "--cuda" && i + 1 < argc) o.cuda = argv[++i];
+    else if (a == "--cuda-after" && i + 1 < argc) o.cuda_after = std::atoi(argv[++i]);
+    else if (a == "--capture-thread") o.capture_thread = true;
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n");
+      std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n"
+                  "                      [--cuda-after N] [--capture-thread]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -135,7 +186,15 @@ int main(int argc, char** argv) {
   }
   const falcon::emu::JobEnv env = falcon::emu::ReadJobEnv();
   const int rank = env.rank, world = env.world_size;
-  auto* stream = static_cast<cudaStream_t>(o.cuda.empty() ? nullptr : StartCuda(o.cuda, rank));
+  if (o.capture_thread && o.cuda.empty()) {
+    std::fprintf(stderr, "falcon-emu-job: --capture-thread needs --cuda\n");
+    return 2;
+  }
+  cudaStream_t stream = nullptr;
+  if (!o.cuda.empty() && o.cuda_after <= 0) stream = static_cast<cudaStream_t>(StartCuda(o.cuda, rank));
+  std::atomic<bool> capture_stop{false};
+  int captures = 0, invalidated = 0;
+  std::thread capturer;
   ncclUniqueId id;
   std::string err;
   if (falcon::emu::BootstrapUniqueId(rank, &id, {}, &err) != ncclSuccess) {
@@ -159,6 +218,12 @@ int main(int argc, char** argv) {
   int done = 0;
   bool stop = false;
   for (int it = 0; it < o.iters && !stop; ++it) {
+    if (!o.cuda.empty() && stream == nullptr && it >= o.cuda_after) {
+      stream = static_cast<cudaStream_t>(StartCuda(o.cuda, rank));
+    }
+    if (o.capture_thread && stream != nullptr && !capturer.joinable()) {
+      capturer = std::thread([&] { captures = CaptureLoop(o.cuda, rank, &capture_stop, &invalidated); });
+    }
     Compute(o.compute_ms);
     for (int k = 0; k < 3; ++k) {
       std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
@@ -197,11 +262,17 @@ int main(int argc, char** argv) {
     done = it + 1;
   }
   const double took = Now() - t0;
+  capture_stop.store(true);
+  if (capturer.joinable()) capturer.join();
+  if (o.capture_thread) {
+    std::printf("falcon-emu-job rank %d: captures=%d invalidated=%d\n", rank, captures, invalidated);
+  }
   std::printf("falcon-emu-job rank %d/%d: iters=%d bytes=%zu tp=%d dp=%d time=%.1f ms iter=%.2f ms check=%s\n",
               rank, world, done, count * sizeof(float), tp_n, dp_n, took * 1e3,
               done ? took * 1e3 / done : 0.0, !o.check ? "off" : (wrong ? "WRONG" : "ok"));
   NCCL_OK(ncclCommDestroy(dp));
   NCCL_OK(ncclCommDestroy(tp));
   NCCL_OK(ncclCommDestroy(comm));
-  return wrong ? 1 : 0;
+  if (wrong) return 1;
+  return invalidated > 0 ? 3 : 0;
 }
