@@ -13,6 +13,7 @@
 #include "shim/log.h"
 #include "shim/real_nccl.h"
 #include "shim/tracer.h"
+#include "shim/validation_comm.h"
 
 namespace falcon::shim {
 namespace {
@@ -120,110 +121,10 @@ FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer
   return Finish(samples, t, flops, r);
 }
 
-void LogBenchmarkCall(Tracer& tracer, ThreadState& ts, FalconOp op, uint32_t slot, uint64_t bytes, int32_t peer,
-                      int64_t t0, int64_t t1, int result) {
-  FalconRecord rec;
-  std::memset(&rec, 0, sizeof(rec));
-  rec.comm_seq = ~uint64_t{0};
-  rec.count = bytes;
-  rec.t_start_ns = t0;
-  rec.t_end_ns = t1;
-  rec.comm_slot = slot;
-  rec.peer = peer;
-  rec.redop = -1;
-  rec.op = static_cast<uint8_t>(op);
-  rec.dtype = static_cast<uint8_t>(ncclInt8);
-  rec.flags = kFalconFlagBenchmark | kFalconFlagHostEnd | kFalconFlagInGroup;
-  rec.result = static_cast<uint8_t>(result);
-  tracer.Publish(rec, ts.lane_index);
-}
-
-struct P2pLog {
-  Tracer* tracer;
-  ThreadState* ts;
-  const FalconTask* task;
-};
-
-void LogGpuP2pCall(void* ctx, int64_t t0, int64_t t1, uint64_t bytes, int result) {
-  const auto* l = static_cast<const P2pLog*>(ctx);
-  const FalconTask& t = *l->task;
-  if (t.send_peer >= 0) LogBenchmarkCall(*l->tracer, *l->ts, kFalconOpSend, t.comm_slot, bytes, t.send_peer, t0, t1, result);
-  if (t.recv_peer >= 0) LogBenchmarkCall(*l->tracer, *l->ts, kFalconOpRecv, t.comm_slot, bytes, t.recv_peer, t0, t1, result);
-}
-
-FalconTaskResult RunP2p(const FalconTask& t, FalconTaskResult r, Tracer& tracer, ThreadState& ts,
-                        int64_t deadline_mono_ns) {
-  const FalconShmHeader* h = tracer.segment().header();
-  if (t.comm_slot >= h->comm_capacity || t.bytes == 0 || t.bytes > kMaxBytes || (t.send_peer < 0 && t.recv_peer < 0)) {
-    r.status = kFalconTaskBadRequest;
-    return r;
-  }
-  const FalconCommEntry& entry = tracer.segment().comms()[t.comm_slot];
-  const uint32_t state = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(entry.state)).load(std::memory_order_acquire);
-  if (state != kFalconCommLive || t.send_peer >= entry.nranks || t.recv_peer >= entry.nranks) {
-    r.status = kFalconTaskBadRequest;
-    return r;
-  }
-  auto* comm = reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(entry.handle));
-  if (GpuBenchWanted()) {
-    P2pLog log{&tracer, &ts, &t};
-    return GpuP2p(t, r, comm, GpuP2pObserver{&LogGpuP2pCall, &log}, deadline_mono_ns);
-  }
-  if (tracer.gpu().available()) {  // a CUDA process without a current context: host buffers could fault
-    Log(LogLevel::kWarn, "benchmark p2p refused: the CUDA driver is loaded but this thread has no current context");
-    r.status = kFalconTaskUnsupported;
-    return r;
-  }
-  r.timing_source = kFalconTimingHost;
-  auto group_start = RealSymbol<decltype(&pncclGroupStart)>(kFalconOpGroupStart);
-  auto group_end = RealSymbol<decltype(&pncclGroupEnd)>(kFalconOpGroupEnd);
-  auto send = RealSymbol<decltype(&pncclSend)>(kFalconOpSend);
-  auto recv = RealSymbol<decltype(&pncclRecv)>(kFalconOpRecv);
-  auto* sendbuf = static_cast<char*>(std::malloc(t.bytes));
-  auto* recvbuf = static_cast<char*>(std::malloc(t.bytes));
-  if (group_start == nullptr || group_end == nullptr || send == nullptr || recv == nullptr || sendbuf == nullptr ||
-      recvbuf == nullptr) {
-    std::free(sendbuf);
-    std::free(recvbuf);
-    r.status = kFalconTaskFailed;
-    return r;
-  }
-  std::memset(sendbuf, 0x5a, t.bytes);
-  double samples[kMaxRepeats];
-  r.status = kFalconTaskOk;
-  for (uint32_t rep = 0; rep <= t.repeats && r.status == kFalconTaskOk; ++rep) {  // rep 0: warm-up
-    const int64_t t0 = SystemMonoNs();
-    ncclResult_t res = group_start();
-    const uint64_t bytes = rep == 0 ? std::min<uint64_t>(t.bytes, FALCON_P2P_WARMUP_BYTES) : t.bytes;
-    if (res == ncclSuccess && t.send_peer >= 0) res = send(sendbuf, bytes, ncclInt8, t.send_peer, comm, nullptr);
-    if (res == ncclSuccess && t.recv_peer >= 0) res = recv(recvbuf, bytes, ncclInt8, t.recv_peer, comm, nullptr);
-    const ncclResult_t end = group_end();
-    if (res == ncclSuccess) res = end;
-    const int64_t t1 = SystemMonoNs();
-    if (t.send_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpSend, t.comm_slot, bytes, t.send_peer, t0, t1, res);
-    if (t.recv_peer >= 0) LogBenchmarkCall(tracer, ts, kFalconOpRecv, t.comm_slot, bytes, t.recv_peer, t0, t1, res);
-    if (res != ncclSuccess) {
-      Log(LogLevel::kWarn, "benchmark p2p on comm slot %u failed: NCCL result %d", t.comm_slot, static_cast<int>(res));
-      r.status = kFalconTaskFailed;
-    } else if (rep > 0) {
-      samples[rep - 1] = Seconds(t1 - t0);
-    }
-  }
-  std::free(sendbuf);
-  std::free(recvbuf);
-  if (r.status != kFalconTaskOk) return r;
-  const Timings s = Summarise(samples, t.repeats);
-  r.median_s = s.median;
-  r.min_s = s.min;
-  r.max_s = s.max;
-  r.rate = static_cast<double>(t.bytes) / s.median / 1e9;
-  return r;
-}
-
 }  // namespace
 
-FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts,
-                                  int64_t deadline_mono_ns) {
+FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, const TaskBlobs& blobs, Tracer& tracer,
+                                  ThreadState& ts, int64_t deadline_mono_ns) {
   FalconTaskResult r;
   std::memset(&r, 0, sizeof(r));
   r.task_seq = task_seq;
@@ -237,9 +138,28 @@ FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tra
     r.status = kFalconTaskBadRequest;
     return r;
   }
+  ValidationComm& vc = tracer.validation();
   switch (task.kind) {
     case kFalconTaskGemm: return RunGemm(task, r, tracer, deadline_mono_ns);
-    case kFalconTaskP2p: return RunP2p(task, r, tracer, ts, deadline_mono_ns);
+    case kFalconTaskCommId: return vc.MakeId(r, blobs.out);
+    case kFalconTaskCommJoin:
+      if (tracer.gpu().available() && !GpuBenchWanted()) {
+        // A CUDA process whose trapped thread has no current context: host buffers could fault
+        // on a GPU communicator.
+        Log(LogLevel::kWarn, "validation communicator refused: the CUDA driver is loaded but this thread has no "
+                             "current context");
+        r.status = kFalconTaskUnsupported;
+        return r;
+      }
+      return vc.Join(task, blobs.in, r, deadline_mono_ns);
+    case kFalconTaskP2p:
+      if (task.comm_slot != FALCON_VALIDATION_COMM) {
+        Log(LogLevel::kWarn, "benchmark p2p refused: transfers run only on the validation communicator, never on "
+                             "the job's (comm slot %u)", task.comm_slot);
+        r.status = kFalconTaskBadRequest;
+        return r;
+      }
+      return vc.P2p(task, r, tracer, ts, deadline_mono_ns);
     default: r.status = kFalconTaskBadRequest; return r;
   }
 }

@@ -1,15 +1,15 @@
 // The benchmark executor: validation tasks run on a trapped thread (trap.h) — a GEMM on this
-// rank's compute device and point-to-point transfers on the job's own communicators — timed,
-// with results for the agent (FalconTaskResult).
+// rank's compute device, and point-to-point transfers on the validation communicator Falcon
+// owns (validation_comm.h), never on the job's communicators — timed, with results for the
+// agent (FalconTaskResult).
 //
 // Runs only on the trapped training thread, so no other NCCL call of that thread is in flight.
-// Allocates its buffers per task (off the hot path) and frees them. NCCL calls go straight to
-// the real library and are logged with kFalconFlagBenchmark and no per-communicator sequence
-// number, so they are never mistaken for training traffic.
+// NCCL calls go straight to the real library and are logged with kFalconFlagBenchmark and no
+// per-communicator sequence number, so they are never mistaken for training traffic.
 //  - A process that drives a GPU (CUDA driver loaded, a current context on this thread): the
 //    GEMM is a cuBLAS SGEMM and the transfers move device buffers, both timed with CUDA events
 //    (gpu_bench.h). A CUDA process without a current context gets kFalconTaskUnsupported for
-//    P2P: host buffers could fault on a GPU communicator.
+//    the validation communicator: host buffers could fault on a GPU communicator.
 //  - Otherwise the GEMM is a host GEMM and the buffers host memory. Over the NCCL emulator, its
 //    GEMM model (falconEmuGemmSeconds) or, failing that, a slow-compute fault of its plan
 //    (falconEmuComputeFactor), looked up at run time if the process has them, sets the measured
@@ -25,9 +25,16 @@ namespace falcon::shim {
 class Tracer;
 struct ThreadState;
 
+// The control block's task blobs (FALCON_TASK_BLOB_LEN bytes each): `in` the agent's (a copy,
+// taken after task_seq), `out` the shim's answer.
+struct TaskBlobs {
+  const uint8_t* in;
+  uint8_t* out;
+};
+
 // Runs `task` and returns its result (task_seq filled in). Never throws; errors are statuses.
-// Waits for device work end at `deadline_mono_ns` (CLOCK_MONOTONIC): the task then fails.
-FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, Tracer& tracer, ThreadState& ts,
-                                  int64_t deadline_mono_ns);
+// Waits end at `deadline_mono_ns` (CLOCK_MONOTONIC): the task then fails.
+FalconTaskResult RunBenchmarkTask(const FalconTask& task, uint64_t task_seq, const TaskBlobs& blobs, Tracer& tracer,
+                                  ThreadState& ts, int64_t deadline_mono_ns);
 
 }  // namespace falcon::shim

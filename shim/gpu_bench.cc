@@ -300,13 +300,63 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadli
   return Complete(cu, res, t.repeats, flops, "GEMM", deadline_mono_ns, r);
 }
 
-FalconTaskResult GpuP2p(const FalconTask& t, FalconTaskResult r, void* comm, const GpuP2pObserver& observer,
-                        int64_t deadline_mono_ns) {
+bool GpuAllocP2pBuffers(uint64_t bytes, GpuP2pBuffers* out) {
+  *out = GpuP2pBuffers{};
+  const CudaDriver* driver = BenchDriver();
+  void* ctx = CurrentContext(driver);
+  if (ctx == nullptr || bytes == 0) return false;
+  const CudaDriver& cu = *driver;
+  ContextState* st = StateFor(cu, ctx);
+  if (st == nullptr) return false;
+  GpuP2pBuffers b;
+  CuResult rc = cu.mem_alloc(&b.send, bytes);
+  if (rc == kCudaSuccess) rc = cu.mem_alloc(&b.recv, bytes);
+  // On Falcon's own stream, which the transfers use too (ordered after this fill).
+  if (rc == kCudaSuccess && bytes >= 4) rc = cu.memset_d32_async(b.send, 0x5a5a5a5au, bytes / 4, st->stream);
+  if (rc != kCudaSuccess) {
+    Log(LogLevel::kWarn, "GPU benchmark: cannot allocate 2 x %llu bytes for P2P transfers (CUresult %d)",
+        static_cast<unsigned long long>(bytes), rc);
+    if (b.send != 0) cu.mem_free(b.send);
+    if (b.recv != 0) cu.mem_free(b.recv);
+    return false;
+  }
+  *out = b;
+  return true;
+}
+
+void GpuFreeP2pBuffers(const GpuP2pBuffers& buffers) {
+  const CudaDriver* driver = BenchDriver();
+  if (driver == nullptr) return;
+  if (buffers.send != 0) driver->mem_free(buffers.send);
+  if (buffers.recv != 0) driver->mem_free(buffers.recv);
+}
+
+int FinishNonblockingGroup(void* comm_handle, int end_result, int64_t deadline_mono_ns) {
+  const auto end = static_cast<ncclResult_t>(end_result);
+  auto* comm = static_cast<ncclComm_t>(comm_handle);
+  if (end != ncclInProgress) return end;
+  auto poll = RealSymbol<decltype(&pncclCommGetAsyncError)>(kFalconOpCommGetAsyncError);
+  if (poll == nullptr) return ncclInternalError;
+  long sleep_ns = 10'000;
+  for (;;) {
+    ncclResult_t async = ncclInProgress;
+    const ncclResult_t r = poll(comm, &async);
+    if (r != ncclSuccess) return r;
+    if (async != ncclInProgress) return async;
+    if (SystemMonoNs() > deadline_mono_ns) return ncclInProgress;
+    timespec ts{0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    sleep_ns = std::min(sleep_ns * 2, 1'000'000L);
+  }
+}
+
+FalconTaskResult GpuP2p(const FalconTask& t, FalconTaskResult r, void* comm, const GpuP2pBuffers& buffers,
+                        const GpuP2pObserver& observer, int64_t deadline_mono_ns) {
   r.timing_source = kFalconTimingCudaEvents;
   r.status = kFalconTaskFailed;
   const CudaDriver* driver = BenchDriver();
   void* ctx = CurrentContext(driver);
-  if (ctx == nullptr) return r;
+  if (ctx == nullptr || buffers.send == 0 || buffers.recv == 0) return r;
   const CudaDriver& cu = *driver;
   auto group_start = RealSymbol<decltype(&pncclGroupStart)>(kFalconOpGroupStart);
   auto group_end = RealSymbol<decltype(&pncclGroupEnd)>(kFalconOpGroupEnd);
@@ -315,22 +365,8 @@ FalconTaskResult GpuP2p(const FalconTask& t, FalconTaskResult r, void* comm, con
   ContextState* st = StateFor(cu, ctx);
   if (st == nullptr || group_start == nullptr || group_end == nullptr || send == nullptr || recv == nullptr) return r;
   TaskResources res(cu);
-  CuResult rc = kCudaSuccess;
-  const CuDevicePtr sendbuf = res.Alloc(t.bytes, &rc);
-  const CuDevicePtr recvbuf = rc == kCudaSuccess ? res.Alloc(t.bytes, &rc) : 0;
-  if (rc != kCudaSuccess) {
-    Log(LogLevel::kWarn, "GPU benchmark: cannot allocate 2 x %llu bytes for a P2P exchange (CUresult %d)",
-        static_cast<unsigned long long>(t.bytes), rc);
-    return r;
-  }
   if (!res.MakeEvents(t.repeats + 2)) {  // one per repetition boundary, and a fence
     Log(LogLevel::kWarn, "GPU benchmark: cuEventCreate failed");
-    return r;
-  }
-  const size_t words = t.bytes / 4;
-  if (words > 0 && (rc = cu.memset_d32_async(sendbuf, 0x5a5a5a5au, words, st->stream)) != kCudaSuccess) {
-    Log(LogLevel::kWarn, "GPU benchmark: cuMemsetD32Async failed (CUresult %d)", rc);
-    Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
     return r;
   }
   auto* stream = static_cast<cudaStream_t>(st->stream);
@@ -342,12 +378,12 @@ FalconTaskResult GpuP2p(const FalconTask& t, FalconTaskResult r, void* comm, con
     const int64_t t0 = SystemMonoNs();
     ncclResult_t res_nccl = group_start();
     if (res_nccl == ncclSuccess && t.send_peer >= 0) {
-      res_nccl = send(reinterpret_cast<const void*>(sendbuf), bytes, ncclInt8, t.send_peer, nccl_comm, stream);
+      res_nccl = send(reinterpret_cast<const void*>(buffers.send), bytes, ncclInt8, t.send_peer, nccl_comm, stream);
     }
     if (res_nccl == ncclSuccess && t.recv_peer >= 0) {
-      res_nccl = recv(reinterpret_cast<void*>(recvbuf), bytes, ncclInt8, t.recv_peer, nccl_comm, stream);
+      res_nccl = recv(reinterpret_cast<void*>(buffers.recv), bytes, ncclInt8, t.recv_peer, nccl_comm, stream);
     }
-    const ncclResult_t end = group_end();
+    const auto end = static_cast<ncclResult_t>(FinishNonblockingGroup(nccl_comm, group_end(), deadline_mono_ns));
     if (res_nccl == ncclSuccess) res_nccl = end;
     const int64_t t1 = SystemMonoNs();
     if (observer.on_call != nullptr) observer.on_call(observer.ctx, t0, t1, bytes, static_cast<int>(res_nccl));

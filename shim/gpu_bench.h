@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "falcon/shm_abi.h"
+#include "shim/cuda_driver.h"
 
 namespace falcon::shim {
 
@@ -38,9 +39,28 @@ struct GpuP2pObserver {
   void* ctx;
 };
 
+// The result of a group whose end returned `end_result`: if ncclInProgress (a nonblocking
+// communicator), polls ncclCommGetAsyncError on `comm` until the group is done or the deadline
+// passes (then ncclInProgress is returned: the caller must abort `comm`).
+int FinishNonblockingGroup(void* comm, int end_result, int64_t deadline_mono_ns);
+
+// A send and a receive buffer on the calling thread's current device.
+struct GpuP2pBuffers {
+  CuDevicePtr send = 0;
+  CuDevicePtr recv = 0;
+};
+// Allocates both (`bytes` each, the send buffer filled); false, with nothing allocated, if the
+// device refuses. REQUIRES: GpuBenchWanted().
+bool GpuAllocP2pBuffers(uint64_t bytes, GpuP2pBuffers* out);
+// Frees both; for buffers the device no longer uses (no task on them missed its deadline).
+void GpuFreeP2pBuffers(const GpuP2pBuffers& buffers);
+
 // One exchange on `comm` (send to task.send_peer, receive from task.recv_peer, either may be
-// -1) between device buffers, timed per repetition between events around the group.
-FalconTaskResult GpuP2p(const FalconTask& task, FalconTaskResult r, void* comm, const GpuP2pObserver& observer,
-                        int64_t deadline_mono_ns);
+// -1) between `buffers` (of at least task.bytes), timed per repetition between events around
+// the group. On a nonblocking communicator a group end that returns ncclInProgress is polled
+// (ncclCommGetAsyncError) until it completes or the deadline passes. On failure the caller
+// must abort `comm`: a peer may be waiting on this rank.
+FalconTaskResult GpuP2p(const FalconTask& task, FalconTaskResult r, void* comm, const GpuP2pBuffers& buffers,
+                        const GpuP2pObserver& observer, int64_t deadline_mono_ns);
 
 }  // namespace falcon::shim

@@ -101,6 +101,7 @@ void Tracer::OnForkChild() {
   generation_.fetch_add(1, std::memory_order_relaxed);
   comms_.Reset();
   trap_.Reset();
+  validation_ = ValidationComm();  // the parent's communicator is not the child's to abort
   segment_ = Segment();
   t_thread = ThreadState();
   ResetLogOnce();

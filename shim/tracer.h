@@ -28,6 +28,7 @@
 #include "shim/gpu_timer.h"
 #include "shim/segment.h"
 #include "shim/trap.h"
+#include "shim/validation_comm.h"
 
 namespace falcon::shim {
 
@@ -114,6 +115,8 @@ class Tracer {
   Segment& segment() { return segment_; }
   GpuTimer& gpu() { return gpu_; }
   Trap& trap() { return trap_; }
+  // Trapped thread only (validation_comm.h).
+  ValidationComm& validation() { return validation_; }
   const FastClock& clock() const { return clock_; }
   const ShimConfig& config() const { return config_; }
   uint32_t mode() const { return mode_.load(std::memory_order_relaxed); }
@@ -138,6 +141,7 @@ class Tracer {
   CommRegistry comms_;
   GpuTimer gpu_;
   Trap trap_;
+  ValidationComm validation_;
   FastClock clock_;
   std::atomic<uint32_t> mode_{kFalconModeTrack};
   std::atomic<uint32_t> sample_every_{100};

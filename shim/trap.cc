@@ -147,10 +147,17 @@ void Trap::Hold(Tracer& tracer, ThreadState& ts) {
     const uint64_t task_seq = Load(control_->task_seq);
     if (task_seq != Load(control_->task_ack, std::memory_order_relaxed)) {
       FalconTask task;
-      std::memcpy(&task, &control_->task, sizeof(task));  // the agent wrote it before task_seq
-      // Device work may run until the pause's own deadline, never past it.
-      const int64_t device_deadline = SystemMonoNs() + std::max<int64_t>(0, deadline - RealNowNs());
-      const FalconTaskResult result = RunBenchmarkTask(task, task_seq, tracer, ts, device_deadline);
+      uint8_t blob_in[FALCON_TASK_BLOB_LEN];
+      uint8_t blob_out[FALCON_TASK_BLOB_LEN] = {};
+      std::memcpy(&task, &control_->task, sizeof(task));  // the agent wrote them before task_seq
+      std::memcpy(blob_in, control_->task_blob, sizeof(blob_in));
+      // Work may run until the task's deadline, never past the pause's own.
+      const int64_t task_deadline =
+          task.deadline_real_ns > 0 ? std::min<int64_t>(task.deadline_real_ns, deadline) : deadline;
+      const int64_t device_deadline = SystemMonoNs() + std::max<int64_t>(0, task_deadline - RealNowNs());
+      const FalconTaskResult result =
+          RunBenchmarkTask(task, task_seq, TaskBlobs{blob_in, blob_out}, tracer, ts, device_deadline);
+      std::memcpy(control_->task_result_blob, blob_out, sizeof(blob_out));
       std::memcpy(&control_->task_result, &result, sizeof(result));
       Store(control_->task_ack, task_seq);
       poll_ns = kPollNs;  // the next task often follows at once
@@ -160,6 +167,8 @@ void Trap::Hold(Tracer& tracer, ThreadState& ts) {
     nanosleep(&pause, nullptr);
     poll_ns = std::min(poll_ns * 2, kMaxPollNs);
   }
+  // The validation communicator lives only as long as the pause (validation_comm.h).
+  tracer.validation().Release();
   Store(control_->resumed_real_ns, RealNowNs(), std::memory_order_relaxed);
   tracer.Annotate(kFalconAnnotatePauseEnd, ts);
   Report(outcome, gen);

@@ -131,9 +131,24 @@ class AgentTrapTest : public ::testing::Test {
     return c;
   }
 
+  // XADDs every command first (they may wait on one another: joins of one communicator), then
+  // returns their acks in order.
+  std::vector<json> SendAll(const std::vector<protocol::Command>& cmds, double timeout_s) {
+    for (const protocol::Command& c : cmds) {
+      EXPECT_TRUE(redis::XAdd(*c_, Key(protocol::kCommandsStream), 0, {{"msg", protocol::ToJson(c).dump()}}).ok());
+    }
+    std::vector<json> acks;
+    for (const protocol::Command& c : cmds) acks.push_back(AwaitAck(c, timeout_s));
+    return acks;
+  }
+
   // XADDs `c` and returns its ack (validated), or a null json after `timeout_s`.
   json Send(const protocol::Command& c, double timeout_s) {
     EXPECT_TRUE(redis::XAdd(*c_, Key(protocol::kCommandsStream), 0, {{"msg", protocol::ToJson(c).dump()}}).ok());
+    return AwaitAck(c, timeout_s);
+  }
+
+  json AwaitAck(const protocol::Command& c, double timeout_s) {
     json ack;
     const bool got = WaitUntil([&] {
       auto entries = redis::XRange(*c_, Key(protocol::kAcksStream), "-", "+", 0);
@@ -190,6 +205,26 @@ TEST_F(AgentTrapTest, PauseValidateResumeThroughRedisLosesNoTrainingData) {
   gemm.task = "gemm";
   gemm.size = 48;
   gemm.repeats = 3;
+  // Transfers run on a validation communicator: rank 0 makes its id, every rank joins it.
+  protocol::Command id = NewCommand("validate");
+  id.task = "vcomm_id";
+  id.ranks = std::vector<std::int64_t>{0};
+  const json made = Send(id, 30);
+  ASSERT_EQ(made["status"], "ok") << made.dump();
+  const std::string blob = made["results"][0].value("blob", "");
+  ASSERT_EQ(blob.size(), 2u * FALCON_TASK_BLOB_LEN) << made.dump();
+  std::vector<protocol::Command> joins;
+  for (std::int64_t r = 0; r < kRanks; ++r) {
+    protocol::Command j = NewCommand("validate");
+    j.task = "vcomm_join";
+    j.ranks = std::vector<std::int64_t>{r};
+    j.blob = blob;
+    j.vranks = kRanks;
+    j.vrank = r;
+    j.bytes = 32768;
+    joins.push_back(j);
+  }
+  for (const json& ack : SendAll(joins, 30)) ASSERT_EQ(ack["status"], "ok") << ack.dump();
   protocol::Command ring = NewCommand("validate");
   ring.task = "p2p";
   ring.comm = protocol::CommIdHex(world_id_);

@@ -606,6 +606,10 @@ TEST(ValidationStepsTest, P2pStepsMeasureEveryPlannedPairOnceWithoutSharingARank
     }
     std::multiset<Exchange> measured;
     std::map<std::uint32_t, std::uint64_t> comm_of_pass;
+    // Transfers run on the validation communicator: its id is made on one rank, then every
+    // rank joins it (each with its own rank in it), both before the first transfer.
+    std::map<std::int64_t, std::int64_t> vrank_of;
+    int id_steps = 0, join_steps = 0;
     for (const ValidationStep& s : steps.value()) {
       std::set<std::int64_t> ranks;
       std::map<std::int64_t, const RankTaskSpec*> by_rank;
@@ -613,13 +617,32 @@ TEST(ValidationStepsTest, P2pStepsMeasureEveryPlannedPairOnceWithoutSharingARank
         EXPECT_TRUE(ranks.insert(t.rank).second) << "rank " << t.rank << " twice in " << s.what;
         by_rank[t.rank] = &t;
       }
+      if (!s.tasks.empty() && s.tasks.front().task == "vcomm_id") {
+        ++id_steps;
+        EXPECT_EQ(s.tasks.size(), 1u);
+        continue;
+      }
+      if (!s.tasks.empty() && s.tasks.front().task == "vcomm_join") {
+        ++join_steps;
+        EXPECT_EQ(id_steps, 1) << "the id comes first";
+        EXPECT_EQ(s.tasks.size(), view.ranks().size()) << "every rank joins";
+        std::set<std::int64_t> vranks;
+        for (const RankTaskSpec& t : s.tasks) {
+          EXPECT_EQ(t.task, "vcomm_join");
+          EXPECT_EQ(t.vranks, static_cast<std::int64_t>(view.ranks().size()));
+          EXPECT_TRUE(vranks.insert(t.vrank).second) << "distinct ranks in the validation communicator";
+          vrank_of[t.rank] = t.vrank;
+        }
+        continue;
+      }
       for (const RankTaskSpec& t : s.tasks) {
         if (t.task == "gemm") continue;
         ASSERT_EQ(t.task, "p2p");
+        ASSERT_EQ(join_steps, 1) << "no transfer before every rank joined";
+        ASSERT_TRUE(vrank_of.count(t.peer_global));
+        EXPECT_EQ(t.peer, vrank_of.at(t.peer_global)) << "the peer is named by its validation rank";
         const CommInfo& comm = view.comms().at(t.comm);
-        ASSERT_GE(t.peer, 0);
-        ASSERT_LT(t.peer, comm.nranks);
-        EXPECT_EQ(comm.members[static_cast<std::size_t>(t.peer)], t.peer_global);
+        EXPECT_NE(std::find(comm.members.begin(), comm.members.end(), t.peer_global), comm.members.end());
         const bool judged = std::count(c.judged.begin(), c.judged.end(), t.comm) > 0;
         EXPECT_EQ(t.judged, judged) << protocol::CommIdHex(t.comm);
         const auto first = comm_of_pass.emplace(t.pass, t.comm).first;
@@ -707,7 +730,7 @@ json AckTo(const OutgoingCommand& c, const std::string& status,
   } else if (c.command.type == "validate") {
     for (std::int64_t r : a.ranks) {
       const double min_s = c.command.task == "gemm" ? GemmMin(r) : P2pMin(r);
-      a.results.push_back({r, "ok", "ok", 1.5 * min_s, min_s, 2 * min_s, std::nullopt});
+      a.results.push_back({r, "ok", "ok", 1.5 * min_s, min_s, 2 * min_s, std::nullopt, std::nullopt});
     }
   }
   return Validated(protocol::ToJson(a), protocol::kAck);
@@ -715,7 +738,7 @@ json AckTo(const OutgoingCommand& c, const std::string& status,
 
 // A pause / resume result: the rank's trap state.
 protocol::AckRankResult Trap(std::int64_t rank, const char* state) {
-  return {rank, state, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+  return {rank, state, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
 }
 
 std::optional<json> AllOk(const OutgoingCommand& c) { return AckTo(c, "ok"); }
@@ -819,6 +842,64 @@ TEST(ControllerConfigTest, StatisticIsParsedAndPrintedByName) {
   EXPECT_THROW(app.parse(std::vector<std::string>{"mean", "--statistic"}), CLI::ValidationError);
 }
 
+// The validation communicator's steps: the id rank 0 makes travels to every join; a rank that
+// cannot join stops the round's transfers before any is posted, and the round says why.
+TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator) {
+  const std::string blob(2 * FALCON_TASK_BLOB_LEN, 'a');
+  auto steps = [] {
+    ValidationStep id{"vcomm id", {RankTaskSpec{0, "vcomm_id"}}};
+    ValidationStep join{"vcomm join", {}};
+    for (std::int64_t r = 0; r < 4; ++r) {
+      RankTaskSpec t{r, "vcomm_join"};
+      t.vrank = r;
+      t.vranks = 4;
+      join.tasks.push_back(t);
+    }
+    std::vector<ValidationStep> out{id, join};
+    out.push_back(GemmThenP2p()[1]);
+    return out;
+  };
+  for (const bool join_fails : {false, true}) {
+    SCOPED_TRACE(join_fails ? "rank 2 cannot join" : "all join");
+    const JobView view = RunningJob();
+    ValidationRun run("v9", steps(), ValidationSettings{}, false);
+    std::int64_t now = kReportedNs;
+    std::vector<OutgoingCommand> cmds = run.Next(view, now);
+    Answer(run, cmds);  // the pause
+    cmds = run.Next(view, now += kSec);
+    ASSERT_EQ(cmds.size(), 1u);
+    EXPECT_EQ(cmds[0].command.task, "vcomm_id");
+    Answer(run, cmds, [&](const OutgoingCommand& c) {
+      protocol::AckRankResult r{0, "done", "ok", 0.0, 0.0, 0.0, 0.0, blob};
+      return std::optional<json>(AckTo(c, "ok", std::vector<protocol::AckRankResult>{r}));
+    });
+    cmds = run.Next(view, now += kSec);
+    ASSERT_EQ(cmds.size(), 4u) << "one join per rank";
+    for (const OutgoingCommand& c : cmds) {
+      EXPECT_EQ(c.command.task, "vcomm_join");
+      EXPECT_EQ(c.command.blob.value_or(""), blob);
+      EXPECT_EQ(c.command.vranks.value_or(0), 4);
+      EXPECT_EQ(c.command.vrank.value_or(-1), c.command.ranks->front());
+    }
+    Answer(run, cmds, [&](const OutgoingCommand& c) {
+      const std::int64_t r = c.command.ranks->front();
+      const char* status = join_fails && r == 2 ? "failed" : "ok";
+      protocol::AckRankResult res{r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt};
+      return std::optional<json>(AckTo(c, join_fails && r == 2 ? "failed" : "ok",
+                                       std::vector<protocol::AckRankResult>{res}));
+    });
+    cmds = run.Next(view, now += kSec);
+    ASSERT_FALSE(cmds.empty());
+    if (join_fails) {
+      EXPECT_EQ(HostsOf(cmds, "resume"), kHosts) << "no transfer: straight to the resume";
+      EXPECT_NE(run.Summary().value("p2p_failure", "").find("2"), std::string::npos) << run.Summary().dump();
+    } else {
+      for (const OutgoingCommand& c : cmds) EXPECT_EQ(c.command.task, "p2p");
+      EXPECT_FALSE(run.Summary().contains("p2p_failure"));
+    }
+  }
+}
+
 TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
   struct Case {
     Statistic statistic;
@@ -909,7 +990,7 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
          std::vector<protocol::AckRankResult> results;
          for (std::int64_t r : *c.command.ranks) {
            const double m = c.command.task == "gemm" ? GemmMin(r) : P2pMin(r);
-           results.push_back({r, "ok", r == 1 ? "failed" : "ok", 1.5 * m, m, 2 * m, std::nullopt});
+           results.push_back({r, "ok", r == 1 ? "failed" : "ok", 1.5 * m, m, 2 * m, std::nullopt, std::nullopt});
          }
          return AckTo(c, "ok", results);
        },
@@ -956,7 +1037,7 @@ Responder GemmTimes(std::set<std::int64_t> slow_first, std::set<std::int64_t> sl
     for (std::int64_t r : *c.command.ranks) {
       const bool slow = slow_always.count(r) > 0 || (first && slow_first.count(r) > 0);
       const double m = slow ? 0.020 : 0.010;
-      results.push_back({r, "ok", "ok", m, m, m, std::nullopt});
+      results.push_back({r, "ok", "ok", m, m, m, std::nullopt, std::nullopt});
     }
     return AckTo(c, "ok", results);
   };

@@ -32,17 +32,23 @@ int64_t RealNow() { return testing::WallClockNs(); }
 
 // The same GEMM task (m x n x k, `repeats` timed) for every rank.
 std::vector<FalconTask> GemmOnAll(uint32_t repeats, uint32_t m, uint32_t n, uint32_t k) {
-  return std::vector<FalconTask>(kRanks, FalconTask{kFalconTaskGemm, repeats, 0, -1, -1, m, n, k, 0, {}});
+  return std::vector<FalconTask>(kRanks, FalconTask{kFalconTaskGemm, repeats, 0, -1, -1, m, n, k, 0, 0, {}});
 }
 
-// A ring pass on the training world communicator: rank r sends to r+1, receives from r-1.
+// A ring pass on the validation communicator (rank r of the job is its rank r): r sends to
+// r+1, receives from r-1.
 std::vector<FalconTask> RingPass(uint64_t bytes) {
   std::vector<FalconTask> ring(kRanks);
   for (int r = 0; r < kRanks; ++r) {
-    ring[static_cast<size_t>(r)] =
-        FalconTask{kFalconTaskP2p, 3, kWorldSlot, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, bytes, {}};
+    ring[static_cast<size_t>(r)] = FalconTask{
+        kFalconTaskP2p, 3, FALCON_VALIDATION_COMM, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, bytes, 0, {}};
   }
   return ring;
+}
+
+// Every rank joins the validation communicator as its job rank, with buffers of `bytes`.
+FalconTask Join(int rank, uint64_t bytes) {
+  return FalconTask{kFalconTaskCommJoin, 1, 0, -1, -1, kRanks, static_cast<uint32_t>(rank), 0, bytes, 0, {}};
 }
 
 class ShimTrapTest : public ::testing::Test {
@@ -125,6 +131,35 @@ class ShimTrapTest : public ::testing::Test {
     return ok;
   }
 
+  // Makes a validation communicator's id on rank 0 and has every rank in `joiners` join it;
+  // returns the join results (by rank; ranks not in `joiners` get a default result).
+  std::vector<FalconTaskResult> JoinValidationComm(uint64_t bytes, const std::vector<int>& joiners) {
+    const uint64_t id_seq = segs_[0].PostTask(FalconTask{kFalconTaskCommId, 1, 0, -1, -1, 0, 0, 0, 0, 0, {}});
+    FalconTaskResult id{};
+    EXPECT_TRUE(testing::WaitUntil([&] { return segs_[0].TaskDone(id_seq, &id); }, 30));
+    EXPECT_EQ(id.status, kFalconTaskOk) << "rank 0 made the unique id";
+    uint8_t blob[FALCON_TASK_BLOB_LEN];
+    segs_[0].TaskResultBlob(blob);
+    std::vector<uint64_t> seqs(segs_.size(), 0);
+    for (int r : joiners) seqs[static_cast<size_t>(r)] = segs_[static_cast<size_t>(r)].PostTask(Join(r, bytes), blob);
+    std::vector<FalconTaskResult> results(segs_.size());
+    EXPECT_TRUE(testing::WaitUntil([&] {
+      for (int r : joiners) {
+        if (!segs_[static_cast<size_t>(r)].TaskDone(seqs[static_cast<size_t>(r)], &results[static_cast<size_t>(r)])) {
+          return false;
+        }
+      }
+      return true;
+    }, 30)) << "joins did not finish";
+    return results;
+  }
+
+  std::vector<FalconTaskResult> JoinAll(uint64_t bytes) {
+    std::vector<int> all;
+    for (int r = 0; r < kRanks; ++r) all.push_back(r);
+    return JoinValidationComm(bytes, all);
+  }
+
   std::vector<FalconTaskResult> RunOnAll(const std::vector<FalconTask>& tasks) {
     std::vector<uint64_t> seqs;
     for (size_t r = 0; r < segs_.size(); ++r) seqs.push_back(segs_[r].PostTask(tasks[r]));
@@ -161,6 +196,7 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
       EXPECT_GT(r.rate, 0.0);
       EXPECT_LE(r.min_s, r.median_s);
     }
+    for (const FalconTaskResult& r : JoinAll(32768)) EXPECT_EQ(r.status, kFalconTaskOk) << "cycle " << cycle;
     for (const FalconTaskResult& r : RunOnAll(RingPass(32768))) {
       EXPECT_EQ(r.status, kFalconTaskOk);
       EXPECT_GT(r.rate, 0.0);
@@ -175,7 +211,7 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
     pause_ms.push_back(static_cast<double>(last_resume - first_trap) / 1e6);
   }
   std::sort(pause_ms.begin(), pause_ms.end());
-  std::printf("[ pauses   ] %zu cycles (trap -> GEMM x3 -> ring p2p x3 -> resume): p50 %.1f ms, max %.1f ms\n",
+  std::printf("[ pauses   ] %zu cycles (trap -> GEMM x3 -> join -> ring p2p x3 -> resume): p50 %.1f ms, max %.1f ms\n",
               pause_ms.size(), pause_ms[pause_ms.size() / 2], pause_ms.back());
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
   // The benchmark traffic is flagged and takes no per-communicator sequence number.
@@ -219,7 +255,7 @@ TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
 }
 
 // A CUDA program (over the CUDA driver and cuBLAS emulators): the GEMM runs through cuBLAS on
-// device memory, the ring pass moves device buffers on the job's stream-less world communicator
+// device memory, the ring pass moves device buffers on the validation communicator
 // through Falcon's own stream, both timed with CUDA events; profile mode times the job's calls
 // with events too. The job's --check proves its data survived.
 TEST_F(ShimTrapTest, OnAGpuTasksUseDeviceBuffersCublasAndCudaEvents) {
@@ -234,6 +270,10 @@ TEST_F(ShimTrapTest, OnAGpuTasksUseDeviceBuffersCublasAndCudaEvents) {
     EXPECT_GT(r.rate, 0.0);
     EXPECT_LE(r.min_s, r.median_s);
     EXPECT_LE(r.median_s, r.max_s);
+  }
+  for (const FalconTaskResult& r : JoinAll(262144)) {
+    EXPECT_EQ(r.status, kFalconTaskOk);
+    EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "device buffers";
   }
   for (const FalconTaskResult& r : RunOnAll(RingPass(262144))) {
     EXPECT_EQ(r.status, kFalconTaskOk);
@@ -271,6 +311,21 @@ TEST_F(ShimTrapTest, OnAStalledGpuATaskFailsAtThePauseDeadlineAndTrainingGoesOn)
   ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
   for (const FalconTaskResult& r : RunOnAll(GemmOnAll(2, 32, 32, 32))) EXPECT_EQ(r.status, kFalconTaskFailed);
   ASSERT_TRUE(AllIn(kFalconPauseTimedOut, gens, 20));
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
+}
+
+// A rank whose device cannot hold the transfer buffers says so when it joins, before anybody
+// posts a transfer; the round can stop there and training goes on.
+TEST_F(ShimTrapTest, OnAGpuAJoinThatCannotAllocateFailsBeforeAnyTransfer) {
+  StartJob(1'000'000, /*gpu=*/true, {"FALCON_EMU_CUDA_OOM_RANKS=2"});
+  std::vector<uint64_t> gens = PauseAll(RealNow() + 30'000'000'000LL);
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  std::vector<FalconTaskResult> joined = JoinAll(8 << 20);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(joined[static_cast<size_t>(r)].status, r == 2 ? kFalconTaskFailed : kFalconTaskOk) << "rank " << r;
+  }
+  for (size_t r = 0; r < segs_.size(); ++r) segs_[r].RequestResume(gens[r]);
+  ASSERT_TRUE(AllIn(kFalconPauseResumed, gens, 10));
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }
 

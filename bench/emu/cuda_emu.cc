@@ -6,9 +6,10 @@
 // Model: every device is host memory and every stream runs its work at once, so an event is
 // complete when recorded and its time is the host's monotonic clock then. Device pointers are
 // host pointers, which the NCCL emulator (host buffers) accepts.
-// Knob: FALCON_EMU_CUDA_EVENT_DELAY_S=S makes each event complete only S seconds after it is
+// Knobs: FALCON_EMU_CUDA_EVENT_DELAY_S=S makes each event complete only S seconds after it is
 // recorded (cuEventQuery answers CUDA_ERROR_NOT_READY until then): a stalled GPU, for testing
-// deadlines.
+// deadlines. FALCON_EMU_CUDA_OOM_RANKS=r1,r2,... makes the processes of those ranks ($RANK) a
+// device whose memory is nearly full: cuMemAlloc of 1 MiB or more fails with out of memory.
 // Stream capture (CUDA graphs), as strict as the driver where Falcon could lean on a
 // difference: cuStreamBeginCapture_v2 / cuStreamEndCapture / cuStreamIsCapturing and the
 // per-thread capture mode (cuThreadExchangeStreamCaptureMode). While a capture in global mode
@@ -28,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 
 namespace {
@@ -127,6 +129,18 @@ int64_t EventDelayNs() {
     return s > 0 ? static_cast<int64_t>(s * 1e9) : int64_t{0};
   }();
   return delay;
+}
+
+// FALCON_EMU_CUDA_OOM_RANKS lists this process's $RANK.
+bool DeviceNearlyFull() {
+  static const bool full = [] {
+    const char* ranks = std::getenv("FALCON_EMU_CUDA_OOM_RANKS");
+    const char* me = std::getenv("RANK");
+    if (ranks == nullptr || me == nullptr || *me == '\0') return false;
+    const std::string list = std::string(",") + ranks + ",";
+    return list.find(std::string(",") + me + ",") != std::string::npos;
+  }();
+  return full;
 }
 
 CuResult NeedContext() {
@@ -346,6 +360,7 @@ __attribute__((visibility("default"))) CuResult cuMemAlloc_v2(unsigned long long
   if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
   if (const CuResult rc = UnsafeCall(); rc != kSuccess) return rc;
   if (dptr == nullptr || bytes == 0) return kInvalidValue;
+  if (DeviceNearlyFull() && bytes >= (size_t{1} << 20)) return kOutOfMemory;
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) return kOutOfMemory;
   Track(p);

@@ -2,6 +2,7 @@
 #include "daemon/agent/shim_trap.h"
 
 #include <algorithm>
+#include <array>
 #include <optional>
 
 namespace falcon::agent {
@@ -46,11 +47,40 @@ std::optional<daemon::CommInfo> FindComm(const daemon::SegmentReader& seg, std::
 
 CommandOutcome Rejected(std::string why) { return {"rejected", std::move(why), {}, {}}; }
 
+std::string Hex(const std::uint8_t* p, std::size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[p[i] >> 4];
+    out[2 * i + 1] = kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+// REQUIRES: `hex` is 2 * FALCON_TASK_BLOB_LEN lower-case hex digits (ParseCommand checked).
+std::array<std::uint8_t, FALCON_TASK_BLOB_LEN> Unhex(const std::string& hex) {
+  std::array<std::uint8_t, FALCON_TASK_BLOB_LEN> out{};
+  auto nibble = [](char c) { return static_cast<std::uint8_t>(c <= '9' ? c - '0' : c - 'a' + 10); };
+  for (std::size_t i = 0; i < out.size() && 2 * i + 1 < hex.size(); ++i) {
+    out[i] = static_cast<std::uint8_t>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
+  }
+  return out;
+}
+
+}  // namespace
+
 // The task one rank runs for `c`, or a reason it cannot.
-std::optional<FalconTask> MakeTask(const protocol::Command& c, RankFollower& f, std::string* why) {
-  FalconTask t{};
+std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, RankFollower& f, std::string* why) const {
+  Task out;
+  FalconTask& t = out.task;
   t.repeats = static_cast<std::uint32_t>(c.repeats.value_or(5));
   t.send_peer = t.recv_peer = -1;
+  if (c.deadline_ns) {
+    // The shim gives up a little before the command's deadline, so that its failure (and the
+    // validation communicator's abort) is what the controller hears, not a missing ack.
+    const std::int64_t now = RealNow(), left = *c.deadline_ns - now;
+    t.deadline_real_ns = left > 0 ? *c.deadline_ns - std::min<std::int64_t>(1'000'000'000, left / 4) : now;
+  }
   if (c.task == "gemm") {
     const std::int64_t n = c.size.value_or(256);
     if (n > 8192) {
@@ -59,42 +89,66 @@ std::optional<FalconTask> MakeTask(const protocol::Command& c, RankFollower& f, 
     }
     t.kind = kFalconTaskGemm;
     t.m = t.n = t.k = static_cast<std::uint32_t>(n);
-    return t;
+    return out;
   }
-  if (!c.comm || !c.bytes || c.peer.has_value() == c.shift.has_value()) {
-    *why = "p2p needs comm, bytes and exactly one of peer / shift";
+  if (c.task == "vcomm_id") {
+    t.kind = kFalconTaskCommId;
+    t.repeats = 1;
+    return out;
+  }
+  if (c.task == "vcomm_join") {
+    if (!c.blob || !c.vranks || !c.vrank || !c.bytes) {
+      *why = "vcomm_join needs blob, vranks, vrank and bytes";
+      return std::nullopt;
+    }
+    if (*c.bytes > (std::int64_t{1} << 30)) {
+      *why = "vcomm_join bytes above 1 GiB";
+      return std::nullopt;
+    }
+    t.kind = kFalconTaskCommJoin;
+    t.repeats = 1;
+    t.m = static_cast<std::uint32_t>(*c.vranks);
+    t.n = static_cast<std::uint32_t>(*c.vrank);
+    t.bytes = static_cast<std::uint64_t>(*c.bytes);
+    out.blob = Unhex(*c.blob);
+    return out;
+  }
+  if (!c.bytes || c.peer.has_value() == c.shift.has_value()) {
+    *why = "p2p needs bytes and exactly one of peer / shift";
     return std::nullopt;
   }
   if (*c.bytes > (std::int64_t{1} << 30)) {
     *why = "p2p bytes above 1 GiB";
     return std::nullopt;
   }
-  const auto comm = FindComm(f.segment(), *protocol::ParseCommIdHex(*c.comm));
-  if (!comm) {
-    *why = "rank " + std::to_string(f.rank()) + " is not in communicator " + *c.comm;
+  // Validation traffic runs on the validation communicator, never on the job's (shm_abi.h).
+  const auto joined = vcomm_.find(&f);
+  if (joined == vcomm_.end()) {
+    *why = "rank " + std::to_string(f.rank()) + " has not joined a validation communicator (vcomm_join)";
     return std::nullopt;
   }
-  const std::int64_t me = comm->entry.rank, n = comm->entry.nranks;
+  const std::int64_t me = joined->second.vrank, n = joined->second.vranks;
   t.kind = kFalconTaskP2p;
-  t.comm_slot = comm->slot;
+  t.comm_slot = FALCON_VALIDATION_COMM;
   t.bytes = static_cast<std::uint64_t>(*c.bytes);
   if (c.peer) {
     if (*c.peer >= n || *c.peer == me) {
-      *why = "peer " + std::to_string(*c.peer) + " is not another rank of " + *c.comm;
+      *why = "peer " + std::to_string(*c.peer) + " is not another rank of the validation communicator";
       return std::nullopt;
     }
     t.send_peer = t.recv_peer = static_cast<std::int32_t>(*c.peer);
   } else {
     if (*c.shift % n == 0) {
-      *why = "shift is a multiple of the communicator size";
+      *why = "shift is a multiple of the validation communicator's size";
       return std::nullopt;
     }
     t.send_peer = static_cast<std::int32_t>((me + *c.shift) % n);
     t.recv_peer = static_cast<std::int32_t>(((me - *c.shift) % n + n) % n);
   }
-  return t;
+  return out;
 }
 
+namespace {
 }  // namespace
 
 std::int64_t ShimTrap::WaitDeadline(const protocol::Command& c, std::int64_t now) const {
@@ -134,7 +188,7 @@ void ShimTrap::Pause(const protocol::Command& c, std::span<RankFollower* const> 
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const std::uint64_t gen = targets[i]->segment().RequestPause(slots[i], *c.comm_seq, shim_deadline);
     paused_[targets[i]] = gen;
-    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}}, false});
+    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}}, false});
   }
   pending_.push_back(std::move(p));
   Check(now);
@@ -147,7 +201,7 @@ void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>
     const std::uint64_t gen = ActivePause(f, false);
     if (gen == 0) continue;
     f->segment().RequestResume(gen);
-    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}}, false});
+    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}}, false});
   }
   if (p.ranks.empty()) return p.done(Rejected("no rank here is paused by this agent"));
   pending_.push_back(std::move(p));
@@ -155,7 +209,7 @@ void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>
 }
 
 void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) {
-  std::vector<FalconTask> tasks;
+  std::vector<Task> tasks;
   for (RankFollower* f : targets) {  // check every rank before posting any task
     if (ActivePause(f, true) == 0) {
       return done(Rejected("rank " + std::to_string(f->rank()) + " is not trapped by this agent"));
@@ -168,8 +222,12 @@ void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* cons
   const std::int64_t now = RealNow();
   Pending p{Kind::kValidate, {}, WaitDeadline(c, now), std::move(done)};
   for (std::size_t i = 0; i < targets.size(); ++i) {
-    const std::uint64_t seq = targets[i]->segment().PostTask(tasks[i]);
-    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}}, false});
+    daemon::SegmentReader& seg = targets[i]->segment();
+    if (tasks[i].task.kind == kFalconTaskCommJoin) {
+      vcomm_[targets[i]] = {static_cast<std::int64_t>(tasks[i].task.n), static_cast<std::int64_t>(tasks[i].task.m)};
+    }
+    const std::uint64_t seq = tasks[i].blob ? seg.PostTask(tasks[i].task, tasks[i].blob->data()) : seg.PostTask(tasks[i].task);
+    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}}, false});
   }
   pending_.push_back(std::move(p));
   Check(now);
@@ -191,6 +249,11 @@ void ShimTrap::Poll(Pending& p, RankWait& w) {
     w.result.min_s = r.min_s;
     w.result.max_s = r.max_s;
     w.result.rate = r.rate;
+    if (r.kind == kFalconTaskCommId && r.status == kFalconTaskOk) {
+      std::uint8_t blob[FALCON_TASK_BLOB_LEN];
+      seg.TaskResultBlob(blob);
+      w.result.blob = Hex(blob, sizeof(blob));
+    }
     w.done = true;
     return;
   }
@@ -231,7 +294,10 @@ CommandOutcome ShimTrap::Finish(Pending& p) {
     out.detail += "; ranks that trapped were released";
   }
   if (p.kind == Kind::kResume) {
-    for (RankWait& w : p.ranks) paused_.erase(w.follower);
+    for (RankWait& w : p.ranks) {
+      paused_.erase(w.follower);
+      vcomm_.erase(w.follower);  // the shim aborts its validation communicator when the pause ends
+    }
   }
   return out;
 }
@@ -249,7 +315,10 @@ void ShimTrap::Check(std::int64_t now_real_ns) {
       continue;
     }
     if (p.kind == Kind::kResume && all) {
-      for (RankWait& w : p.ranks) paused_.erase(w.follower);
+      for (RankWait& w : p.ranks) {
+        paused_.erase(w.follower);
+        vcomm_.erase(w.follower);
+      }
     }
     Pending finished = std::move(p);
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -259,6 +328,7 @@ void ShimTrap::Check(std::int64_t now_real_ns) {
 
 void ShimTrap::Forget(const RankFollower* follower) {
   paused_.erase(follower);
+  vcomm_.erase(follower);
   for (Pending& p : pending_) {
     for (RankWait& w : p.ranks) {
       if (w.follower == follower) w.follower = nullptr;

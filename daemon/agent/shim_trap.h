@@ -9,15 +9,20 @@
 //    once (a partial cut would stall their peers) and the ack is rejected / expired / failed.
 //  - resume: RequestResume on each target this agent paused; "ok" when all resumed, "failed"
 //    (per-rank timed_out, ...) otherwise or at the wait deadline.
-//  - validate: posts one FalconTask per target (gemm: size^3; p2p on comm with `peer`, or a
-//    ring `shift`), only on ranks trapped by this agent; acked with each FalconTaskResult.
+//  - validate: posts one FalconTask per target, only on ranks trapped by this agent; acked with
+//    each FalconTaskResult. gemm: size^3. vcomm_id: the validation communicator's unique id
+//    (ack result `blob`). vcomm_join: join it as `vrank` of `vranks` with buffers of `bytes`.
+//    p2p: on the validation communicator this rank joined (never a job's), with `peer` or a
+//    ring `shift` in its ranks.
 // Every wait has a deadline: the command's deadline_ns, else now + options.wait.
 // Thread-safety: loop thread only (a TrapController). Must never: block (waits are polled by
 // Check() from the loop's tick), write to a segment anything but the control block's
 // agent→shim words, or keep a follower pointer after Forget().
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <optional>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -60,6 +65,16 @@ class ShimTrap : public TrapController {
     Done done;
   };
 
+  // One rank's task for a validate command, with its input blob (vcomm_join).
+  struct Task {
+    FalconTask task{};
+    std::optional<std::array<std::uint8_t, FALCON_TASK_BLOB_LEN>> blob;
+  };
+  struct VcommMember {
+    std::int64_t vrank = -1;
+    std::int64_t vranks = 0;
+  };
+  std::optional<Task> MakeTask(const protocol::Command& c, RankFollower& f, std::string* why) const;
   void Poll(Pending& p, RankWait& w);
   CommandOutcome Finish(Pending& p);
   // The pause generation this agent holds on `f` while the shim reports it armed or trapped.
@@ -69,6 +84,7 @@ class ShimTrap : public TrapController {
   ShimTrapOptions options_;
   std::vector<Pending> pending_;
   std::map<const RankFollower*, std::uint64_t> paused_;  // last pause generation we requested
+  std::map<const RankFollower*, VcommMember> vcomm_;    // validation communicator joined this pause
 };
 
 }  // namespace falcon::agent

@@ -1,6 +1,8 @@
 // ValidationRun: see validation_run.h.
 #include "daemon/controller/validation_run.h"
 
+#include "falcon/shm_abi.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -215,12 +217,19 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
       continue;
     }
     protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
-    cmd.task = "p2p";
+    cmd.task = t.task;
     cmd.ranks = std::vector<std::int64_t>{t.rank};
-    cmd.comm = protocol::CommIdHex(t.comm);
-    cmd.peer = t.peer;
-    cmd.bytes = settings_.p2p_bytes;
-    cmd.repeats = settings_.p2p_repeats;
+    if (t.task == "vcomm_join") {
+      cmd.blob = vcomm_blob_;
+      cmd.vranks = t.vranks;
+      cmd.vrank = t.vrank;
+      cmd.bytes = settings_.p2p_bytes;
+    } else if (t.task == "p2p") {
+      cmd.comm = protocol::CommIdHex(t.comm);
+      cmd.peer = t.peer;
+      cmd.bytes = settings_.p2p_bytes;
+      cmd.repeats = settings_.p2p_repeats;
+    }
     pending_[cmd.id] = {*host, "validate", std::nullopt};
     out.push_back({*host, std::move(cmd)});
   }
@@ -238,8 +247,48 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
   return out;
 }
 
+// The validation communicator's steps: its id must come back, and every rank must join, or
+// no transfer is posted (the P2P part of the round ends here; GEMM results stand).
+bool ValidationRun::FinishVcommStep(const ValidationStep& step) {
+  if (step.tasks.empty() || (step.tasks.front().task != "vcomm_id" && step.tasks.front().task != "vcomm_join")) {
+    return false;
+  }
+  std::set<std::int64_t> ready;
+  int missing = 0;
+  for (const auto& [id, p] : pending_) {
+    if (!p.ack) {
+      ++missing;
+      continue;
+    }
+    for (const json& r : p.ack->value("results", json::array())) {
+      if (r.value("task_status", "") != "ok") continue;
+      if (step.tasks.front().task == "vcomm_id") {
+        const std::string blob = r.value("blob", "");
+        if (blob.size() != 2 * FALCON_TASK_BLOB_LEN) continue;
+        vcomm_blob_ = blob;
+      }
+      ready.insert(r.value("rank", std::int64_t{-1}));
+    }
+  }
+  std::string not_ready;
+  for (const RankTaskSpec& t : step.tasks) {
+    if (ready.count(t.rank) == 0) not_ready += (not_ready.empty() ? "" : ", ") + std::to_string(t.rank);
+  }
+  log_.push_back({{"step", step.what}, {"commands", pending_.size()}, {"missing_acks", missing},
+                  {"not_ready", not_ready}});
+  ++cursor_;
+  if (!not_ready.empty()) {
+    // Nobody has posted a transfer yet: skip them all rather than leave a peer waiting.
+    p2p_failure_ = step.what + " failed on rank(s) " + not_ready + "; no transfer was posted";
+    while (cursor_ < order_.size()) ++cursor_;
+  }
+  phase_ = cursor_ < order_.size() ? Phase::kStep : Phase::kResume;
+  return true;
+}
+
 void ValidationRun::FinishStep(const JobView& view) {
   const ValidationStep& step = steps_[order_[cursor_]];
+  if (FinishVcommStep(step)) return;
   const bool again = cursor_ >= steps_.size();
   std::map<std::int64_t, double> medians;  // rank -> seconds (settings_.statistic of the repetitions)
   int missing = 0, failed = 0;
@@ -359,6 +408,7 @@ json ValidationRun::Summary() const {
   s["p2p"] = p2p;
   if (paused_ && resumed_ns_ > paused_ns_) s["pause_s"] = static_cast<double>(resumed_ns_ - paused_ns_) / kNsPerS;
   if (!failure_.empty()) s["failure"] = failure_;
+  if (!p2p_failure_.empty()) s["p2p_failure"] = p2p_failure_;
   return s;
 }
 

@@ -104,6 +104,7 @@ class ValidationRun {
   std::vector<OutgoingCommand> SendResume(const JobView& view, std::int64_t now_ns);
   void FinishPause(const JobView& view, std::int64_t now_ns);
   void FinishStep(const JobView& view);
+  bool FinishVcommStep(const ValidationStep& step);  // true if `step` was a vcomm step
   void PlanRemeasure();  // after the last step: append the steps to run again, if any
   bool AllAcked() const;
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
@@ -126,6 +127,8 @@ class ValidationRun {
   bool remeasure_planned_ = false;
   std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
   std::string failure_;
+  std::string vcomm_blob_;   // the validation communicator's unique id (hex), from "vcomm id"
+  std::string p2p_failure_;  // why no transfer ran, if the validation communicator failed
   nlohmann::json log_ = nlohmann::json::array();
   std::vector<analyzer::TransferMeasurement> transfers_, peer_transfers_;
   std::vector<analyzer::GemmMeasurement> gemms_;

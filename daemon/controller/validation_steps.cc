@@ -2,6 +2,7 @@
 #include "daemon/controller/validation_steps.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -36,8 +37,10 @@ Status AddCommPasses(const CommInfo& c, bool judged, const StepOptions& o, std::
   return Status::Ok();
 }
 
-// First-fit packing of passes into steps whose ranks are disjoint.
-std::vector<ValidationStep> Pack(const std::vector<CommPass>& passes, const JobView& view) {
+// First-fit packing of passes into steps whose ranks are disjoint. `vrank_of`: a global rank's
+// rank in the validation communicator.
+std::vector<ValidationStep> Pack(const std::vector<CommPass>& passes, const JobView& view,
+                                 const std::map<std::int64_t, std::int32_t>& vrank_of) {
   std::vector<ValidationStep> steps;
   std::vector<std::set<std::int64_t>> used;
   for (std::uint32_t index = 0; index < passes.size(); ++index) {
@@ -48,8 +51,8 @@ std::vector<ValidationStep> Pack(const std::vector<CommPass>& passes, const JobV
     for (const auto& [a, b] : p.pairs) {
       const std::int64_t ga = c.members[static_cast<std::size_t>(a)];
       const std::int64_t gb = c.members[static_cast<std::size_t>(b)];
-      tasks.push_back({ga, "p2p", p.comm, b, gb, index, p.judged});
-      tasks.push_back({gb, "p2p", p.comm, a, ga, index, p.judged});
+      tasks.push_back({ga, "p2p", p.comm, vrank_of.at(gb), gb, index, p.judged});
+      tasks.push_back({gb, "p2p", p.comm, vrank_of.at(ga), ga, index, p.judged});
       ranks.insert({ga, gb});
     }
     std::size_t s = 0;
@@ -90,17 +93,33 @@ Result<std::vector<ValidationStep>> PlanValidationSteps(const JobView& view,
   }
   std::vector<CommPass> passes;
   std::set<std::uint64_t> planned;
+  std::map<std::int64_t, std::int32_t> vrank_of;
+  for (std::size_t i = 0; i < ranks.size(); ++i) vrank_of[ranks[i]] = static_cast<std::int32_t>(i);
   for (const auto& [list, is_judged] : {std::pair{&judged, true}, std::pair{&peers, false}}) {
     for (std::uint64_t id : *list) {
       auto it = view.comms().find(id);
       if (it == view.comms().end() || !it->second.complete() || it->second.members.size() < 2 ||
-          !planned.insert(id).second) {
+          !planned.insert(id).second ||
+          std::any_of(it->second.members.begin(), it->second.members.end(),
+                      [&](std::int64_t m) { return vrank_of.count(m) == 0; })) {
         continue;
       }
       if (Status s = AddCommPasses(it->second, is_judged, options, passes); !s.ok()) return s;
     }
   }
-  std::vector<ValidationStep> p2p = Pack(passes, view);
+  if (passes.empty()) return steps;
+  // The validation communicator: its id on the first rank, then every rank joins it.
+  ValidationStep id_step{"vcomm id", {RankTaskSpec{ranks.front(), "vcomm_id"}}};
+  ValidationStep join_step{"vcomm join", {}};
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    RankTaskSpec t{ranks[i], "vcomm_join"};
+    t.vrank = static_cast<std::int64_t>(i);
+    t.vranks = static_cast<std::int64_t>(ranks.size());
+    join_step.tasks.push_back(t);
+  }
+  steps.push_back(std::move(id_step));
+  steps.push_back(std::move(join_step));
+  std::vector<ValidationStep> p2p = Pack(passes, view, vrank_of);
   steps.insert(steps.end(), std::make_move_iterator(p2p.begin()), std::make_move_iterator(p2p.end()));
   return steps;
 }

@@ -5,7 +5,12 @@
 //    so the pause is no longer, and a slow GPU the profile could not single out (every
 //    communicator of its class slowed alike) is still measured against all its peers.
 //    `gemm_batch` > 0 runs that many ranks at a time (hosts whose "GPUs" share few CPU cores).
-//  - P2P: per communicator, the ring plan (2 passes, 3 for odd sizes) and the tree plan (<= 4
+//  - P2P: transfers never run on the job's communicators (a rank that failed to post there would
+//    leave its peer's kernel waiting for ever): a "vcomm id" step makes the unique id of a
+//    validation communicator on the first rank, a "vcomm join" step has every rank join it
+//    (rank = position in the sorted rank list) and allocate its buffers — every rank confirms
+//    it is ready before any transfer is posted — then the P2P steps run on it. Per job
+//    communicator under test, the ring plan (2 passes, 3 for odd sizes) and the tree plan (<= 4
 //    passes) of analyzer/validation_plan.h. A transfer is an exchange between two ranks (both
 //    send and receive; the agent's `peer`), so each unordered pair is measured once; pairs the
 //    ring already covered are dropped from the tree. Passes of different communicators share a
@@ -25,12 +30,14 @@ namespace falcon::controller {
 // One rank's benchmark in a step.
 struct RankTaskSpec {
   std::int64_t rank = -1;  // global
-  std::string task;        // gemm | p2p
-  std::uint64_t comm = 0;  // p2p
-  std::int32_t peer = -1;  // p2p: the peer's rank within comm
+  std::string task;        // gemm | vcomm_id | vcomm_join | p2p
+  std::uint64_t comm = 0;  // p2p: the job's communicator whose link the transfer measures
+  std::int32_t peer = -1;  // p2p: the peer's rank in the validation communicator
   std::int64_t peer_global = -1;
   std::uint32_t pass = 0;  // p2p: index of (communicator, plan pass), distinct across the round
   bool judged = true;      // p2p: on a communicator under suspicion (else a baseline peer)
+  std::int64_t vrank = -1;   // vcomm_join: this rank's rank in the validation communicator
+  std::int64_t vranks = 0;   // vcomm_join: its size
 };
 
 struct ValidationStep {

@@ -346,8 +346,11 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
                                "localise; --wait for its outcome); with --task, run one benchmark on paused "
                                "ranks through the agents instead",
                                val);
-  v->add_option("--task", val->command.task, "gemm | p2p: one benchmark through the agents (ranks must be paused)")
-      ->check(CLI::IsMember({"gemm", "p2p"}));
+  v->add_option("--task", val->command.task,
+                "gemm | vcomm_id | vcomm_join | p2p: one step through the agents (ranks must be paused). "
+                "Transfers run on a validation communicator Falcon owns, never the job's: vcomm_id on one "
+                "rank prints its id (blob), vcomm_join on every member joins it, then p2p")
+      ->check(CLI::IsMember({"gemm", "p2p", "vcomm_id", "vcomm_join"}));
   v->add_flag("--wait", round->wait, "controller round: wait (up to --timeout) for its localisation and print it");
   v->add_option("--reason", round->reason, "controller round: why, for the incident record");
   v->callback([val, round, &ctx] {
@@ -358,10 +361,14 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
       ctx.exit_code = kExitInternal;
     }
   });
-  v->add_option("--comm", val->command.comm, "p2p: communicator id (16 hex digits)");
-  v->add_option("--peer", val->command.peer, "p2p: peer rank in the communicator");
-  v->add_option("--shift", val->command.shift, "p2p instead of --peer: rank r sends to r+shift");
-  v->add_option("--bytes", val->command.bytes, "p2p: message size in bytes");
+  v->add_option("--comm", val->command.comm, "p2p: the job's communicator (16 hex digits) the transfer stands for");
+  v->add_option("--peer", val->command.peer, "p2p: peer rank in the validation communicator");
+  v->add_option("--shift", val->command.shift,
+                "p2p instead of --peer: validation rank r sends to r+shift");
+  v->add_option("--bytes", val->command.bytes, "p2p: message size in bytes; vcomm_join: buffer size");
+  v->add_option("--blob", val->command.blob, "vcomm_join: the id vcomm_id printed (256 hex digits)");
+  v->add_option("--vranks", val->command.vranks, "vcomm_join: members of the validation communicator");
+  v->add_option("--vrank", val->command.vrank, "vcomm_join: the rank's rank in it");
   v->add_option("--size", val->command.size, "gemm: matrix dimension");
   v->add_option("--repeats", val->command.repeats, "timed repetitions");
 }

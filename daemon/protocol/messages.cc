@@ -168,6 +168,9 @@ json ToJson(const Command& m) {
     SetIf(j, "bytes", m.bytes);
     SetIf(j, "size", m.size);
     SetIf(j, "repeats", m.repeats);
+    SetIf(j, "blob", m.blob);
+    SetIf(j, "vranks", m.vranks);
+    SetIf(j, "vrank", m.vrank);
   } else if (m.type == kPlanCommand.type) {
     j["plan_version"] = m.plan_version;
     j["strategy"] = m.strategy;
@@ -195,6 +198,7 @@ json ToJson(const Ack& m) {
       SetIf(rj, "min_s", r.min_s);
       SetIf(rj, "max_s", r.max_s);
       SetIf(rj, "rate", r.rate);
+      SetIf(rj, "blob", r.blob);
       results.push_back(std::move(rj));
     }
     j["results"] = std::move(results);
@@ -247,6 +251,17 @@ Result<Command> ParseCommand(std::string_view text) {
       if (j.contains("bytes")) c.bytes = j["bytes"].get<std::int64_t>();
       if (j.contains("size")) c.size = j["size"].get<std::int64_t>();
       if (j.contains("repeats")) c.repeats = j["repeats"].get<std::int64_t>();
+      if (j.contains("blob")) {
+        c.blob = j["blob"].get<std::string>();
+        if (c.blob->find_first_not_of("0123456789abcdef") != std::string::npos) {
+          return Status::InvalidArgument("validate.blob: not lower-case hex digits");
+        }
+      }
+      if (j.contains("vranks")) c.vranks = j["vranks"].get<std::int64_t>();
+      if (j.contains("vrank")) c.vrank = j["vrank"].get<std::int64_t>();
+      if (c.task == "vcomm_join" && (!c.blob || !c.vranks || !c.vrank || !c.bytes || *c.vrank >= *c.vranks)) {
+        return Status::InvalidArgument("validate vcomm_join needs blob, vranks, vrank < vranks and bytes");
+      }
     } else if (c.type == kPlanCommand.type) {
       c.plan_version = j.at("plan_version").get<std::int32_t>();
       c.strategy = j.at("strategy").get<std::string>();

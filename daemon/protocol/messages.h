@@ -138,6 +138,8 @@ struct Command {
   std::string task;
   std::optional<std::string> comm;
   std::optional<std::int64_t> peer, shift, bytes, size, repeats;
+  std::optional<std::string> blob;             // vcomm_join: 256 hex digits
+  std::optional<std::int64_t> vranks, vrank;   // vcomm_join
   // plan (elements range-checked by ParseCommand)
   std::int32_t plan_version = 0;
   std::string strategy;                      // S1 | S2 | S3 | S4
@@ -155,6 +157,7 @@ struct AckRankResult {
   std::string state;
   std::optional<std::string> task_status;  // validate: ok | bad_request | unsupported | failed
   std::optional<double> median_s, min_s, max_s, rate;
+  std::optional<std::string> blob;  // vcomm_id: the validation communicator's unique id, hex
 };
 
 struct Ack {

@@ -326,6 +326,16 @@ uint64_t SegmentReader::PostTask(const FalconTask& task) {
   return std::atomic_ref<uint64_t>(control_->task_seq).fetch_add(1, std::memory_order_release) + 1;
 }
 
+uint64_t SegmentReader::PostTask(const FalconTask& task, const uint8_t* blob) {
+  if (!writable_) return 0;
+  std::memcpy(control_->task_blob, blob, FALCON_TASK_BLOB_LEN);
+  return PostTask(task);
+}
+
+void SegmentReader::TaskResultBlob(uint8_t* out) const {
+  std::memcpy(out, control_->task_result_blob, FALCON_TASK_BLOB_LEN);
+}
+
 bool SegmentReader::TaskDone(uint64_t seq, FalconTaskResult* out) const {
   if (std::atomic_ref<uint64_t>(control_->task_ack).load(std::memory_order_acquire) < seq) return false;
   std::memcpy(out, &control_->task_result, sizeof(*out));

@@ -95,6 +95,11 @@ class SegmentReader {
   FalconPauseState pause_state(uint64_t* ack_gen) const;
   // Posts a benchmark task (the process must be trapped); returns its sequence number.
   uint64_t PostTask(const FalconTask& task);
+  // As PostTask, with the task's input blob (FALCON_TASK_BLOB_LEN bytes, written first).
+  uint64_t PostTask(const FalconTask& task, const uint8_t* blob);
+  // The shim's answer blob of the last task (kFalconTaskCommId: the unique id). REQUIRES: the
+  // task is done (TaskDone returned true for it).
+  void TaskResultBlob(uint8_t* out) const;
   // True once the task `seq` has finished; *out is its result.
   bool TaskDone(uint64_t seq, FalconTaskResult* out) const;
   // Plan block (plan_block.h). REQUIRES: opened kReadWrite (else Unavailable), one writer.

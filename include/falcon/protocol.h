@@ -266,15 +266,22 @@ inline constexpr MessageSpec kPause{"pause", kPauseFields,
 inline constexpr FieldSpec kResumeFields[] = {FALCON_PROTOCOL_COMMAND_FIELDS};
 inline constexpr MessageSpec kResume{"resume", kResumeFields, "release a pause"};
 
+// Validation traffic runs on a communicator Falcon owns, never on the job's: vcomm_id on one
+// rank makes its unique id (ack result `blob`), vcomm_join on every member joins it (ok once all
+// have joined and hold their buffers), then p2p transfers run on it. It lasts until the resume.
 inline constexpr FieldSpec kValidateFields[] = {
     FALCON_PROTOCOL_COMMAND_FIELDS,
-    {"task", JsonType::kString, true, "benchmark kind", "gemm|p2p"},
-    {"comm", JsonType::kString, false, "p2p: communicator id, 16 hex digits", "", 16, 16},
-    {"peer", JsonType::kInteger, false, "p2p: peer rank in comm", "", 0, kMaxRank},
+    {"task", JsonType::kString, true, "benchmark kind", "gemm|p2p|vcomm_id|vcomm_join"},
+    {"comm", JsonType::kString, false,
+     "p2p: the job's communicator (16 hex digits) whose link the transfer measures, for the record", "", 16, 16},
+    {"peer", JsonType::kInteger, false, "p2p: peer rank in the validation communicator", "", 0, kMaxRank},
     {"shift", JsonType::kInteger, false,
-     "p2p instead of peer: each rank r sends to r+shift and receives from r-shift (mod nranks)",
+     "p2p instead of peer: validation rank r sends to r+shift and receives from r-shift (mod vranks)",
      "", 1, kMaxRank},
-    {"bytes", JsonType::kInteger, false, "p2p message size", "", 1, 1e10},
+    {"bytes", JsonType::kInteger, false, "p2p message size; vcomm_join: transfer buffer size", "", 1, 1e10},
+    {"blob", JsonType::kString, false, "vcomm_join: the unique id from vcomm_id, 256 hex digits", "", 256, 256},
+    {"vranks", JsonType::kInteger, false, "vcomm_join: members of the validation communicator", "", 2, kMaxRank},
+    {"vrank", JsonType::kInteger, false, "vcomm_join: the target rank's rank in it", "", 0, kMaxRank},
     {"size", JsonType::kInteger, false, "gemm: matrix dimension", "", 1, 65536},
     {"repeats", JsonType::kInteger, false, "timed repetitions (default 5)", "", 1, 1000},
 };
@@ -317,7 +324,7 @@ inline constexpr FieldSpec kAckFields[] = {
      JsonType::kInteger},
     {"results", JsonType::kArray, false,
      "pause/resume/validate: per rank {rank, state, task_status?, median_s?, min_s?, max_s?, "
-     "rate?}", "", 0, kMaxRank, JsonType::kObject},
+     "rate?, blob? (vcomm_id: the unique id, 256 hex digits)}", "", 0, kMaxRank, JsonType::kObject},
 };
 inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one command"};
 

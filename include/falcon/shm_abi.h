@@ -60,7 +60,7 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 4u
+#define FALCON_SHM_ABI_VERSION 5u
 #define FALCON_SHM_PREFIX "falcon."
 #define FALCON_SHM_DEFAULT_DIR "/dev/shm"
 #define FALCON_NO_COMM 0xFFFFFFFFu
@@ -251,8 +251,22 @@ typedef enum {
 typedef enum {
   kFalconTaskNone = 0,
   kFalconTaskGemm = 1, /* m x n x k single-precision GEMM on this rank's device (host GEMM without a GPU) */
-  kFalconTaskP2p = 2   /* one send and/or one receive of `bytes` on a training communicator */
+  kFalconTaskP2p = 2,  /* one send and/or one receive of `bytes`; comm_slot FALCON_VALIDATION_COMM:
+                          on the validation communicator (ranks are its ranks), else on a
+                          training communicator of this process's table */
+  kFalconTaskCommId = 3,   /* make an ncclUniqueId for a validation communicator: task_result_blob */
+  kFalconTaskCommJoin = 4  /* join the validation communicator of the unique id in task_blob as rank
+                              n of m (nonblocking init, ready or failed by the deadline) and
+                              allocate its transfer buffers of `bytes`: "ok" means every member
+                              has joined and this rank can post at once */
 } FalconTaskKind;
+
+/* FalconTask::comm_slot of P2P tasks on the validation communicator: one communicator Falcon
+ * owns, made during a pause by kFalconTaskCommJoin, never one of the job's. It lives until the
+ * pause ends (resumed or timed out), when the shim aborts it; a task that misses its deadline
+ * aborts it at once, so that no peer's transfer waits on it. */
+#define FALCON_VALIDATION_COMM 0xFFFFFFFEu
+#define FALCON_TASK_BLOB_LEN 128 /* sizeof(ncclUniqueId) */
 
 typedef enum {
   kFalconTaskOk = 0,
@@ -271,9 +285,12 @@ typedef struct FalconTask {
   uint32_t comm_slot;  /* P2P: the communicator */
   int32_t send_peer;   /* P2P: rank to send to, -1 for none */
   int32_t recv_peer;   /* P2P: rank to receive from, -1 for none */
-  uint32_t m, n, k;    /* GEMM dimensions, 1..8192 */
-  uint64_t bytes;      /* P2P message size, 1 B..1 GiB */
-  uint8_t reserved[24];
+  uint32_t m, n, k;    /* GEMM dimensions, 1..8192; CommJoin: m = members, n = this rank */
+  uint64_t bytes;      /* P2P message size, 1 B..1 GiB; CommJoin: transfer buffer size */
+  int64_t deadline_real_ns; /* CLOCK_REALTIME: the task fails (and the validation communicator
+                               is aborted) if not done by then; 0 or past the pause's deadline:
+                               the pause's deadline */
+  uint8_t reserved[16];
 } FalconTask;
 
 /* 64 bytes. Times in seconds over the timed repetitions. */
@@ -327,7 +344,7 @@ typedef struct FalconControl {
   uint64_t resume_gen;        /* = pause_gen to resume */
   uint64_t task_seq;
   FalconTask task;
-  uint8_t reserved1[64];
+  uint8_t task_blob[FALCON_TASK_BLOB_LEN]; /* kFalconTaskCommJoin: the unique id (before task_seq) */
   /* shim → agent */
   uint64_t command_ack;       /* last command_seq the shim applied */
   uint32_t active_mode;       /* the mode the shim is actually using */
@@ -341,7 +358,8 @@ typedef struct FalconControl {
   int64_t resumed_real_ns;    /* when it went on */
   uint64_t task_ack;
   FalconTaskResult task_result;
-  uint8_t reserved3[248];
+  uint8_t task_result_blob[FALCON_TASK_BLOB_LEN]; /* kFalconTaskCommId: the unique id made */
+  uint8_t reserved3[56];
 } FalconControl;
 
 /* Capacities of the plan block's arrays (entries). A plan command whose arrays exceed them is
