@@ -60,11 +60,27 @@ std::string CpuModel() {
   return "unknown";
 }
 
-// The traced process's own control block (the agent's view), found by pid.
+// This process's segment name, falcon.<uid>.<boot>.<pidns>.<pid> (shm_abi.h); the bench links
+// only include/, so it spells the name out itself.
+std::string OwnSegmentName() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  std::getline(f, line);
+  for (char c : line) {
+    if (c != '-') boot += c;
+  }
+  if (boot.size() != 32) boot.assign(32, '0');  // the shim's "unknown"
+  struct stat ns {};
+  const unsigned long long pid_ns = stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
+  return std::string(FALCON_SHM_PREFIX) + std::to_string(getuid()) + "." + boot + "." + std::to_string(pid_ns) + "." +
+         std::to_string(getpid());
+}
+
+// The traced process's own control block (the agent's view), found by its segment name.
 FalconControl* OwnControl() {
   const char* dir = std::getenv("FALCON_SHM_DIR");
-  std::string path = std::string(dir != nullptr && *dir ? dir : FALCON_SHM_DEFAULT_DIR) + "/" + FALCON_SHM_PREFIX +
-                     std::to_string(getuid()) + "." + std::to_string(getpid());
+  std::string path = std::string(dir != nullptr && *dir ? dir : FALCON_SHM_DEFAULT_DIR) + "/" + OwnSegmentName();
   int fd = open(path.c_str(), O_RDWR);
   if (fd < 0) return nullptr;
   struct stat st;

@@ -63,7 +63,7 @@ PY
 say "per rank: period and iteration times found from the recorded calls alone (falcon-ctl analyze-trace --records)"
 for seg in "$work"/falcon.*; do
   p=${seg##*.}
-  "$B/daemon/falcon-ctl" trace "$p" --json > "$work/rank-$p.jsonl"
+  "$B/daemon/falcon-ctl" trace --file "$seg" --json > "$work/rank-$p.jsonl"
   "$B/daemon/falcon-ctl" analyze-trace --records --json "$work/rank-$p.jsonl" | python3 "$work/summary.py"
 done
 say "done: the job's own mean iteration time is in its [rank R] lines above, for comparison"

@@ -37,6 +37,73 @@ uint64_t ReadPidStartTicks() {
   return ticks;
 }
 
+// /proc/sys/kernel/random/boot_id ("0968b90f-898b-42f2-...") as 16 bytes; zeros if unreadable.
+void ReadBootId(uint8_t out[16]) {
+  std::memset(out, 0, 16);
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[64];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return;
+  uint8_t bytes[16];
+  int nibbles = 0;
+  for (ssize_t i = 0; i < n && nibbles < 32; ++i) {
+    const char c = buf[i];
+    int v = -1;
+    if (c >= '0' && c <= '9') v = c - '0';
+    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+    if (v < 0) continue;  // the dashes
+    if (nibbles % 2 == 0) bytes[nibbles / 2] = static_cast<uint8_t>(v << 4);
+    else bytes[nibbles / 2] |= static_cast<uint8_t>(v);
+    ++nibbles;
+  }
+  if (nibbles == 32) std::memcpy(out, bytes, 16);
+}
+
+// The inode of this process's PID namespace (what readlink shows as pid:[N]); 0 if unknown.
+uint64_t ReadPidNs() {
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// Takes the liveness lock (shm_abi.h) on the whole file without waiting; 0 or an errno.
+int LockSegment(int fd) {
+  struct flock l;
+  std::memset(&l, 0, sizeof(l));
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  return fcntl(fd, F_OFD_SETLK, &l) == 0 ? 0 : errno;
+}
+
+// A file already holds our name. It is replaced only if nobody holds its lock: we take the lock
+// ourselves (so no reader judges it dead while we look) and unlink it. Returns false, with the
+// reason in `error`, if it belongs to a live process or cannot be inspected; the file is left
+// alone then.
+bool RemoveDeadSegment(const char* path, char* error, size_t error_len) {
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return true;  // gone meanwhile
+    std::snprintf(error, error_len, "cannot inspect the existing %s: %s", path, std::strerror(errno));
+    return false;
+  }
+  const int rc = LockSegment(fd);
+  if (rc != 0) {
+    close(fd);
+    if (rc == EAGAIN || rc == EACCES) {
+      std::snprintf(error, error_len, "%s belongs to a live process (its lock is held); not replacing it", path);
+    } else {
+      std::snprintf(error, error_len, "cannot lock the existing %s: %s", path, std::strerror(rc));
+    }
+    return false;
+  }
+  unlink(path);  // a leftover of a process that had our pid in our PID namespace: it crashed
+  close(fd);
+  return true;
+}
+
 void ReadExeName(char* out, size_t cap) {
   char buf[512];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -69,12 +136,17 @@ SegmentLayout ComputeLayout(const ShimConfig& c) {
 
 bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   const SegmentLayout layout = ComputeLayout(config);
-  std::snprintf(path_, sizeof(path_), "%s/%s%u.%d", config.shm_dir, FALCON_SHM_PREFIX,
-                static_cast<unsigned>(getuid()), static_cast<int>(getpid()));
+  uint8_t boot_id[16];
+  ReadBootId(boot_id);
+  const uint64_t pid_ns = ReadPidNs();
+  char boot_hex[33];
+  for (int i = 0; i < 16; ++i) std::snprintf(boot_hex + 2 * i, 3, "%02x", boot_id[i]);
+  std::snprintf(path_, sizeof(path_), "%s/%s%u.%s.%llu.%d", config.shm_dir, FALCON_SHM_PREFIX,
+                static_cast<unsigned>(getuid()), boot_hex, static_cast<unsigned long long>(pid_ns),
+                static_cast<int>(getpid()));
   int fd = open(path_, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0 && errno == EEXIST) {
-    // A leftover from an earlier process with this pid (it crashed): never trust its contents.
-    unlink(path_);
+    if (!RemoveDeadSegment(path_, error, error_len)) return false;
     fd = open(path_, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   }
   if (fd < 0) {
@@ -82,8 +154,16 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
     return false;
   }
   linked_ = true;
+  // The lock first: from here on no reader can take the half-built file for a dead one.
+  int rc = LockSegment(fd);
+  if (rc != 0) {
+    std::snprintf(error, error_len, "cannot lock %s: %s", path_, std::strerror(rc));
+    close(fd);
+    Unlink();
+    return false;
+  }
   // fchmod: the umask must not widen or narrow what DESIGN.md requires (0600).
-  int rc = fchmod(fd, 0600);
+  rc = fchmod(fd, 0600);
   if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(layout.size));
   else rc = errno;
   if (rc != 0) {
@@ -95,12 +175,13 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   }
   // MAP_POPULATE: take the page faults now, not on the first lap of the ring.
   void* base = mmap(nullptr, layout.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
   if (base == MAP_FAILED) {
     std::snprintf(error, error_len, "cannot map %s: %s", path_, std::strerror(errno));
+    close(fd);
     Unlink();
     return false;
   }
+  lock_fd_ = fd;  // never closed: the kernel drops the lock when the process dies
   auto* bytes = static_cast<unsigned char*>(base);
   header_ = static_cast<FalconShmHeader*>(base);
   control_ = reinterpret_cast<FalconControl*>(bytes + layout.control_offset);
@@ -138,6 +219,8 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   h->pid = static_cast<int32_t>(getpid());
   h->uid = static_cast<uint32_t>(getuid());
   h->pid_start_ticks = ReadPidStartTicks();
+  h->pid_ns = pid_ns;
+  std::memcpy(h->boot_id, boot_id, sizeof(h->boot_id));
   h->created_mono_ns = MonoNowNs();
   h->created_real_ns = RealNowNs();
   h->real_minus_mono_ns = h->created_real_ns - h->created_mono_ns;
@@ -152,6 +235,15 @@ bool Segment::Create(const ShimConfig& config, char* error, size_t error_len) {
   control_->active_mode = static_cast<uint32_t>(config.mode);
   std::atomic_ref<uint64_t>(h->magic).store(FALCON_SHM_MAGIC, std::memory_order_release);
   return true;
+}
+
+void Segment::MarkHeartbeatKept() {
+  std::atomic_ref<uint32_t>(header_->shim_flags).fetch_or(kFalconShimHeartbeat, std::memory_order_release);
+}
+
+void Segment::ForgetInForkChild() {
+  if (lock_fd_ >= 0) close(lock_fd_);
+  lock_fd_ = -1;
 }
 
 void Segment::Unlink() {

@@ -1,9 +1,13 @@
 // The shim's shared-memory segment: creation, layout, and removal at exit.
 //
-// A Segment owns one mapping of <dir>/falcon.<uid>.<pid> laid out as shm_abi.h describes.
-// Create() reserves every byte up front (posix_fallocate), so a full /dev/shm shows up as an
-// error here and never as SIGBUS on a later write. Returns false, with the reason in `error`,
-// on any failure; the caller then runs in pass-through.
+// A Segment owns one mapping of <dir>/falcon.<uid>.<boot>.<pidns>.<pid> laid out as shm_abi.h
+// describes, and the descriptor that holds the segment's liveness lock (shm_abi.h, "Segment
+// liveness") until the process dies. Create() reserves every byte up front (posix_fallocate),
+// so a full /dev/shm shows up as an error here and never as SIGBUS on a later write. Returns
+// false, with the reason in `error`, on any failure; the caller then runs in pass-through.
+// Create() never removes or overwrites a segment whose lock is held: a file left under this
+// name is replaced only once the lock shows its writer is dead (a process with our pid in our
+// PID namespace cannot be alive, so only a name with unknown parts can meet a live one).
 // Not thread-safe: created and removed by the one thread that initialises or tears down the shim.
 // The mapping is never unmapped while the process runs (other threads may still write to it);
 // Unlink() only removes the name.
@@ -41,6 +45,14 @@ class Segment {
   // Removes the segment's name (not the mapping). Idempotent.
   void Unlink();
 
+  // Tells readers that the heartbeat is kept (kFalconShimHeartbeat): call once the service
+  // thread runs. REQUIRES: Create() succeeded.
+  void MarkHeartbeatKept();
+
+  // In a forked child: closes the inherited lock descriptor (the lock stays the parent's) and
+  // forgets the parent's segment without touching it. Async-signal-safe.
+  void ForgetInForkChild();
+
   FalconShmHeader* header() const { return header_; }
   FalconControl* control() const { return control_; }
   FalconPlanBlock* plan() const { return plan_; }
@@ -61,6 +73,7 @@ class Segment {
   FalconRecord* ring_ = nullptr;
   uint64_t lane_capacity_ = 0;
   char path_[320] = {};
+  int lock_fd_ = -1;  // open for the life of the process: its OFD lock is the liveness signal
   bool linked_ = false;
 };
 

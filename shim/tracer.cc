@@ -77,7 +77,9 @@ Tracer* Tracer::InitSlow() {
   if (t.gpu_.Init()) t.segment_.control()->timing_source = kFalconTimingCudaEvents;
   t.trap_.Attach(t.segment_.control(), t.config_.comm_capacity);
   t.stop_.store(false, std::memory_order_relaxed);
-  if (!StartServiceThread(t)) {
+  if (StartServiceThread(t)) {
+    t.segment_.MarkHeartbeatKept();
+  } else {  // readers then never judge this segment by its (stopped) heartbeat
     LogOnce(OnceKey::kServiceThread, LogLevel::kWarn,
             "cannot start the service thread: no heartbeat, mode changes or GPU timing");
   }
@@ -102,6 +104,7 @@ void Tracer::OnForkChild() {
   comms_.Reset();
   trap_.Reset();
   validation_ = ValidationComm();  // the parent's communicator is not the child's to abort
+  segment_.ForgetInForkChild();
   segment_ = Segment();
   t_thread = ThreadState();
   ResetLogOnce();

@@ -139,7 +139,7 @@ TEST(ShimSafetyTest, AgentCommandsApplyAndNonsenseIsIgnored) {
                              {"LD_LIBRARY_PATH=" + testing::NoopLibDir(), "FALCON_SHM_DIR=" + dir.path(),
                               "FALCON_KEEP_SEGMENT=1", "LD_PRELOAD=" + testing::PreloadValue()});
   ASSERT_GT(pid, 0);
-  std::string path = daemon::SegmentPath(dir.path(), static_cast<uint32_t>(getuid()), pid);
+  std::string path = daemon::SegmentPathOfPid(dir.path(), static_cast<uint32_t>(getuid()), pid);
   ASSERT_TRUE(testing::WaitUntil([&] { return SegmentReader::Open(path).ok(); }, 30));
   auto opened = SegmentReader::Open(path, SegmentReader::Access::kReadWrite);
   ASSERT_TRUE(opened.ok());

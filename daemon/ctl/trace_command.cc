@@ -1,7 +1,9 @@
 // `falcon-ctl trace` (print a process's call records) and `falcon-ctl segments` (list / reap
 // shim segments). Both only read segments, except `segments --reap`, which unlinks segments
-// whose owner is gone. Single-threaded; --follow polls every 100 ms until the process exits
-// or the user presses Ctrl-C.
+// whose owner is gone (segment_dir.h: never one of a live process, in any PID namespace).
+// `trace PID` takes a pid as this process sees it: a running process is found in its own PID
+// namespace (a container's process may be named by its pid here), an exited one in ours.
+// Single-threaded; --follow polls every 100 ms until the process exits or the user presses Ctrl-C.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,8 +82,8 @@ void PrintRow(const FalconRecord& r, const FalconShmHeader& h, const daemon::Com
 int RunTrace(const TraceOptions& o) {
   std::string path = o.file;
   if (path.empty()) {
-    path = daemon::SegmentPath(o.dir.empty() ? daemon::DefaultSegmentDir() : o.dir, static_cast<uint32_t>(getuid()),
-                               o.pid);
+    path = daemon::SegmentPathOfPid(o.dir.empty() ? daemon::DefaultSegmentDir() : o.dir,
+                                    static_cast<uint32_t>(getuid()), o.pid);
   }
   Result<SegmentReader> opened = SegmentReader::Open(path);
   if (!opened.ok()) {
@@ -101,7 +103,7 @@ int RunTrace(const TraceOptions& o) {
   signal(SIGINT, OnSigint);
   std::vector<FalconRecord> batch;
   for (;;) {
-    const bool owner_gone = seg.exited() || !daemon::ProcessMatches(seg.header().pid, seg.header().pid_start_ticks);
+    const bool owner_gone = daemon::WriterState(seg) != daemon::SegmentInfo::State::kLive;
     const auto mode = (o.follow && !owner_gone) ? SegmentReader::ReadMode::kLive : SegmentReader::ReadMode::kFinal;
     batch.clear();
     daemon::ReadStats s = seg.Read(&cursor, 65536, mode, &batch);
@@ -149,8 +151,8 @@ int RunSegments(const SegmentsOptions& o) {
   nlohmann::json out = nlohmann::json::array();
   if (!o.json) {
     std::printf("# falcon-ctl segments 0.1.0  dir %s\n", dir.c_str());
-    std::printf("%-8s %-10s %-16s %6s %12s %10s %6s %s\n", "pid", "state", "exe", "rank", "records", "lost", "comms",
-                o.reap ? "action" : "path");
+    std::printf("%-8s %-12s %-10s %-16s %6s %12s %10s %6s %s\n", "pid", "pidns", "state", "exe", "rank", "records",
+                "lost", "comms", o.reap ? "action" : "path");
   }
   for (const daemon::SegmentInfo& s : listed.value()) {
     std::string action;
@@ -161,6 +163,7 @@ int RunSegments(const SegmentsOptions& o) {
     }
     if (o.json) {
       nlohmann::json j{{"path", s.path},     {"pid", s.pid},           {"uid", s.uid},
+                       {"pid_ns", s.pid_ns}, {"own_namespace", s.own_namespace}, {"lock_held", s.lock_held},
                        {"state", daemon::SegmentStateName(s.state)}, {"exe", s.exe},
                        {"job", s.job},       {"host", s.host},         {"rank_hint", s.rank_hint},
                        {"records", s.records}, {"lost", s.lost},       {"comms", s.comms},
@@ -169,8 +172,11 @@ int RunSegments(const SegmentsOptions& o) {
       if (!action.empty()) j["action"] = action;
       out.push_back(j);
     } else {
-      std::printf("%-8d %-10s %-16s %6d %12llu %10llu %6u %s\n", s.pid, daemon::SegmentStateName(s.state),
-                  s.exe.c_str(), s.rank_hint, static_cast<unsigned long long>(s.records),
+      // pidns "-" is ours: the pid is one this shell can kill or trace.
+      const std::string ns = s.own_namespace ? "-" : std::to_string(s.pid_ns);
+      std::printf("%-8d %-12s %-10s %-16s %6d %12llu %10llu %6u %s\n", s.pid, ns.c_str(),
+                  daemon::SegmentStateName(s.state), s.exe.c_str(), s.rank_hint,
+                  static_cast<unsigned long long>(s.records),
                   static_cast<unsigned long long>(s.lost), s.comms, action.empty() ? s.path.c_str() : action.c_str());
     }
   }
@@ -184,7 +190,8 @@ int RunSegments(const SegmentsOptions& o) {
 void AddTraceCommand(CLI::App& app, CommandContext& ctx) {
   auto o = std::make_shared<TraceOptions>();
   CLI::App* cmd = app.add_subcommand("trace", "Print the NCCL calls a process recorded (live or exited)");
-  auto* pid = cmd->add_option("pid", o->pid, "Process id of the traced process")->check(CLI::PositiveNumber);
+  auto* pid = cmd->add_option("pid", o->pid, "Process id of the traced process, as this shell sees it")
+                  ->check(CLI::PositiveNumber);
   auto* file = cmd->add_option("--file", o->file, "Read this segment file instead of the one of PID");
   pid->excludes(file);
   cmd->add_option("--dir", o->dir, "Segment directory (default $FALCON_SHM_DIR or /dev/shm)");

@@ -1,6 +1,6 @@
 // SegmentReader: read-side view of one shim segment (shm_abi.h).
 //
-// Opens <dir>/falcon.<uid>.<pid>, validates everything a reader relies on (magic, ABI version,
+// Opens one segment file (segment_dir.h names them), validates everything a reader relies on (magic, ABI version,
 // struct sizes, offsets and capacities inside the file) and refuses a segment that fails any
 // check with a Status that says which. Reads records with the seqlock protocol: a record is
 // returned only if it was read whole; overwritten records are counted as lost and torn ones

@@ -134,7 +134,7 @@ inline constexpr double kMaxText = 4096;
 
 #define FALCON_PROTOCOL_RANK_FIELDS                                                          \
   {"rank", JsonType::kInteger, true, "global rank (-1 if unknown)", "", -1, kMaxRank},       \
-      {"pid", JsonType::kInteger, true, "process id on host", "", 1, 4194304}
+      {"pid", JsonType::kInteger, true, "process id in the rank's own PID namespace (its container's)", "", 1, 4194304}
 
 inline constexpr FieldSpec kRankRegisterFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,

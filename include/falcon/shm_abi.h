@@ -1,9 +1,25 @@
 /* Falcon shared-memory ABI: the call log and control block a shim shares with the agent.
  *
  * One segment per traced process, created by libfalcon_shim.so on the process's first NCCL call
- * at  <dir>/falcon.<uid>.<pid>  (dir: $FALCON_SHM_DIR, default /dev/shm), mode 0600, removed when
- * the process exits normally. A crashed process leaves its segment behind; readers recognise it
- * (owner pid gone or reused: compare FalconShmHeader::pid_start_ticks) and reap it.
+ * at  <dir>/falcon.<uid>.<boot>.<pidns>.<pid>  (dir: $FALCON_SHM_DIR, default /dev/shm; boot:
+ * the 32 hex digits of /proc/sys/kernel/random/boot_id; pidns: the inode number of
+ * /proc/self/ns/pid in decimal; pid: the process id in its own PID namespace), mode 0600,
+ * removed when the process exits normally. The name is unique on a node even when containers
+ * with their own PID namespaces share the directory: two processes with the same pid differ in
+ * pidns. A name the shim cannot fill in (no /proc) uses 0 for that part; see segment liveness.
+ * Names of ABI 4 and older (falcon.<uid>.<pid>) are not segments of this ABI.
+ *
+ * Segment liveness (who may remove a segment; FalconShmHeader):
+ *  - A process that ran its exit handlers stores state = kFalconProcExited.
+ *  - The shim holds an open-file-description write lock (fcntl F_OFD_SETLK, F_WRLCK, the whole
+ *    file) on the segment for the life of the process; the kernel drops it when the process
+ *    dies, in any PID namespace. A reader tests it with F_OFD_GETLK (no lock is taken). Forked
+ *    children close their inherited descriptor, so a lock held means the creator (or a stopped,
+ *    frozen or starved creator) is alive.
+ *  - The service thread refreshes FalconControl::heartbeat_* about every 50 ms while
+ *    shim_flags has kFalconShimHeartbeat; without that flag the heartbeat says nothing.
+ *  - In the writer's own PID namespace (equal boot_id and pid_ns) pid + pid_start_ticks is exact.
+ * A crashed process leaves its segment behind; readers recognise it and reap it.
  *
  * Layout (all offsets from the segment start, all sizes in bytes, native layout of x86_64 /
  * aarch64 Linux):
@@ -60,7 +76,8 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 5u
+#define FALCON_SHM_ABI_VERSION 5u /* 5: pid_ns, boot_id, shim_flags; names with boot and pidns;
+                                    comm_seq of ordered calls only; validation tasks and blobs */
 #define FALCON_SHM_PREFIX "falcon."
 #define FALCON_SHM_DEFAULT_DIR "/dev/shm"
 #define FALCON_NO_COMM 0xFFFFFFFFu
@@ -401,6 +418,11 @@ typedef enum {
   kFalconProcExited = 2 /* the process ran its exit handlers; the segment is complete */
 } FalconProcState;
 
+/* FalconShmHeader::shim_flags. */
+enum {
+  kFalconShimHeartbeat = 1u << 0 /* the service thread runs: heartbeat_* are refreshed ~every 50 ms */
+};
+
 typedef struct FalconShmHeader {
   uint64_t magic;            /* FALCON_SHM_MAGIC, published last (release) */
   uint32_t abi_version;      /* FALCON_SHM_ABI_VERSION */
@@ -420,7 +442,7 @@ typedef struct FalconShmHeader {
   uint64_t lane_offset;
   uint64_t ring_offset;
   uint64_t segment_size;
-  int32_t pid;
+  int32_t pid;               /* in the writer's own PID namespace (pid_ns) */
   uint32_t uid;
   uint64_t pid_start_ticks;  /* field 22 of /proc/pid/stat: tells a reused pid apart */
   int64_t created_real_ns;
@@ -429,7 +451,7 @@ typedef struct FalconShmHeader {
   int32_t rank_hint;         /* from RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID, -1 if none */
   int32_t local_rank_hint;   /* from LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK, -1 if none */
   uint32_t state;            /* FalconProcState, atomic */
-  uint32_t shim_flags;       /* reserved */
+  uint32_t shim_flags;       /* kFalconShim*, atomic (ABI 5) */
   char host[FALCON_HOST_LEN];
   char job[FALCON_NAME_LEN]; /* $FALCON_JOB, may be empty */
   char exe[FALCON_NAME_LEN]; /* basename of /proc/self/exe */
@@ -441,7 +463,9 @@ typedef struct FalconShmHeader {
   uint64_t plan_offset;      /* the FalconPlanBlock (ABI 4) */
   uint32_t plan_size;        /* sizeof(FalconPlanBlock) */
   uint32_t reserved0;
-  uint8_t reserved[248];
+  uint64_t pid_ns;           /* inode of the writer's /proc/self/ns/pid, 0 if unknown (ABI 5) */
+  uint8_t boot_id[16];       /* /proc/sys/kernel/random/boot_id as bytes, zeros if unknown (ABI 5) */
+  uint8_t reserved[224];
 } FalconShmHeader;
 
 #ifdef __cplusplus
@@ -462,6 +486,9 @@ static_assert(offsetof(FalconPlanBlock, ack_last) == 64, "the shim's ack words h
 static_assert(offsetof(FalconPlanBlock, cost_us) == 88, "the cost words follow the ack words (ABI 4, once reserved)");
 static_assert(offsetof(FalconPlanBlock, micro_batches) == 128, "the plan arrays start on a cache line");
 static_assert(offsetof(FalconShmHeader, plan_offset) % 8 == 0, "plan_offset is naturally aligned");
+static_assert(offsetof(FalconShmHeader, pid_ns) % 8 == 0, "pid_ns is naturally aligned");
+static_assert(offsetof(FalconShmHeader, reserved) + 224 == sizeof(FalconShmHeader),
+              "ABI 5 took pid_ns and boot_id from the reserved tail: the header kept its size");
 static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");
 static_assert(offsetof(FalconShmHeader, magic) == 0, "magic leads the header");
 static_assert(sizeof(FalconShmHeader) % 64 == 0, "header keeps 64-byte alignment");
