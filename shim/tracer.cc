@@ -176,10 +176,22 @@ uint32_t Tracer::SlotOf(const void* comm, ThreadState& ts) {
   return slot;
 }
 
-GpuTicket Tracer::GpuBegin(const CallDesc& d, const ThreadState& ts) {
+GpuTicket Tracer::GpuBegin(const CallDesc& d, ThreadState& ts) {
   GpuTicket g;
-  // Events bracket work enqueued outside a group; inside one, NCCL launches at GroupEnd.
-  if (d.gpu_work && ts.group_depth == 0 && gpu_.available()) g.ticket = gpu_.Start(d.stream, &g.capturing);
+  if (!d.gpu_work || !gpu_.available()) return g;
+  if (ts.group_depth == 0) {  // events bracket the call's own work
+    g.ticket = gpu_.Start(d.stream, &g.capturing);
+    return g;
+  }
+  // Inside a group NCCL launches everything at the outermost ncclGroupEnd: one start event
+  // before the group's first GPU call, on its stream; a group spanning streams is not timed.
+  if (ts.group_streams == 0) {
+    ts.group_ticket = gpu_.Start(d.stream, &g.capturing);
+    ts.group_stream = d.stream;
+    ts.group_streams = 1;
+  } else if (d.stream != ts.group_stream) {
+    ts.group_streams = 2;
+  }
   return g;
 }
 
@@ -207,6 +219,18 @@ void Tracer::Record(const CallDesc& d, const CallOutcome& out, ThreadState& ts, 
   }
   if (gpu.capturing) r.flags |= kFalconFlagGraphCapture;
   int32_t ticket = gpu.ticket;
+  void* stream = d.stream;
+  if (d.op == kFalconOpGroupEnd && ts.group_depth == 1 && ts.group_streams > 0) {
+    // The outermost group end: its timing is the whole group's (every call in it).
+    ticket = ts.group_streams == 1 ? ts.group_ticket : -1;
+    stream = ts.group_stream;
+    if (ts.group_streams > 1 && ts.group_ticket >= 0) gpu_.Cancel(ts.group_ticket);
+    ts.group_ticket = -1;
+    ts.group_stream = nullptr;
+    ts.group_streams = 0;
+  }
+  // A failed call, or a group end of nonblocking communicators still launching (ncclInProgress:
+  // its work may not be on the stream yet), gets no device time.
   if (ticket >= 0 && result != 0) {
     gpu_.Cancel(ticket);
     ticket = -1;
@@ -215,7 +239,7 @@ void Tracer::Record(const CallDesc& d, const CallOutcome& out, ThreadState& ts, 
   Publish(r, ts.lane_index);
   if (ticket >= 0) {
     if (r.version == 0) gpu_.Cancel(ticket);  // the record was dropped: nothing to attach to
-    else gpu_.Stop(ticket, d.stream, r.version / 2 - 1, ts.lane_index);
+    else gpu_.Stop(ticket, stream, r.version / 2 - 1, ts.lane_index);
   }
   if (ts.slot != nullptr) std::atomic_ref<uint64_t>(ts.slot->inflight_seq).store(0, std::memory_order_release);
 }

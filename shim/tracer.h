@@ -74,6 +74,11 @@ struct ThreadState {
   const void* cached_comm = nullptr;  // one-entry communicator lookup cache, valid while the
   uint32_t cached_slot = FALCON_NO_COMM;  // registry's epoch is cached_epoch (comm_registry.h)
   uint64_t cached_epoch = 0;
+  // A group timed as one (Tracer::GpuBegin): the start event is on group_stream; the outermost
+  // ncclGroupEnd records the end. group_streams > 1: calls on several streams, not timed.
+  int32_t group_ticket = -1;
+  void* group_stream = nullptr;
+  uint32_t group_streams = 0;
 };
 
 // ncclInProgress (nccl.h; checked in wrapper_util.h): a nonblocking communicator's call that
@@ -94,7 +99,9 @@ class Tracer {
   void Record(const CallDesc& d, const CallOutcome& out, ThreadState& ts, int64_t t0, int64_t t1,
               uint64_t comm_seq, uint32_t comm_slot, int result, bool timed, GpuTicket gpu);
   // Timed calls: records the GPU start event before the call is forwarded (if there is a GPU).
-  GpuTicket GpuBegin(const CallDesc& d, const ThreadState& ts);
+  // Inside a group the call is not timed alone (NCCL launches the group's work at its end): the
+  // group's first GPU call starts one ticket for the whole group instead (ThreadState).
+  GpuTicket GpuBegin(const CallDesc& d, ThreadState& ts);
 
   // Publishes one record into lane `lane` (version and lane are set here). REQUIRES: an
   // exclusive lane is written only by the thread that owns it.
@@ -234,7 +241,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   }
   const bool timed = mode == kFalconModeProfile ||
                      (mode == kFalconModeSample && ts.sample_counter++ % tracer->sample_every() == 0);
-  if (__builtin_expect(timed || ts.lane_shared, 0)) {
+  if (__builtin_expect(timed || ts.lane_shared || ts.group_ticket >= 0, 0)) {
     // Profile/sample mode and threads on the shared lane take the out-of-line path.
     const GpuTicket gpu = timed ? tracer->GpuBegin(d, ts) : GpuTicket{};
     auto r = forward();

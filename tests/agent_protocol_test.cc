@@ -73,7 +73,7 @@ json Example(std::string_view type) {
     m.header = H();
     m.rank = 1;
     m.pid = 9;
-    m.comms = {{1, 0, 2, {{"AllReduce", 1024, -1, 10, 5.0, 4.5}}}};
+    m.comms = {{1, 0, 2, {{"AllReduce", 1024, -1, 10, 5.0, 4.5, "device"}}}};
     return ToJson(m);
   }
   if (type == kAck.type) {

@@ -269,6 +269,88 @@ TEST(CommProfilerTest, CountsPerSignatureAndTimesOnlyCallsWithAnEndTime) {
   EXPECT_TRUE(p.TakeWindow().empty()) << "a fresh window";
 }
 
+// On a GPU a call returns once its work is enqueued: the profile must hold the device times the
+// shim measured with CUDA events, joined to their calls by (lane, index) — grouped send/recv
+// included, which share their group's time — not the microseconds of host enqueue.
+TEST(CommProfilerTest, DeviceTimesReplaceEnqueueTimesAndGroupsShareTheirGroupsTime) {
+  CommProfiler p;
+  FalconCommEntry comm{};
+  comm.comm_id = 0xcd;
+  comm.rank = 0;
+  comm.nranks = 2;
+  uint64_t index = 0;
+  auto call = [&](uint8_t op, uint8_t flags, int32_t peer) {
+    FalconRecord r{};
+    r.op = op;
+    r.dtype = 7;
+    r.count = 1024;
+    r.peer = peer;
+    r.lane = 1;
+    r.version = 2 * index++ + 2;
+    r.t_start_ns = 1'000'000;
+    r.t_end_ns = 1'002'000;  // 2 us of enqueue
+    r.flags = static_cast<uint8_t>(flags | kFalconFlagHostEnd);
+    r.group_depth = (flags & kFalconFlagInGroup) != 0 ? 1 : 0;
+    return r;
+  };
+  auto timing = [](uint64_t ref, int64_t us, uint8_t result) {
+    FalconRecord t{};
+    t.op = kFalconOpGpuTiming;
+    t.comm_seq = ref;
+    t.peer = 1;
+    t.result = result;
+    t.t_start_ns = 5'000'000;
+    t.t_end_ns = 5'000'000 + us * 1000;
+    return t;
+  };
+  // Three all-reduces: device times 400, 500 us; the third's events failed.
+  std::vector<uint64_t> refs;
+  for (int i = 0; i < 3; ++i) {
+    FalconRecord r = call(kFalconOpAllReduce, kFalconFlagGpuPending, -1);
+    refs.push_back(daemon::RecordIndex(r));
+    p.Add(r, comm);
+  }
+  // A group of a send and a receive, timed as one by its group end: 900 us.
+  p.Add(call(kFalconOpSend, kFalconFlagInGroup, 1), comm);
+  p.Add(call(kFalconOpRecv, kFalconFlagInGroup, 1), comm);
+  FalconRecord end = call(kFalconOpGroupEnd, kFalconFlagGpuPending | kFalconFlagInGroup, -1);
+  p.Observe(end);
+  p.Observe(timing(refs[1], 500, 0));  // out of order, as the service thread may publish them
+  p.Observe(timing(refs[0], 400, 0));
+  p.Observe(timing(refs[2], 1, 1));
+  p.Observe(timing(daemon::RecordIndex(end), 900, 0));
+  p.Observe(timing(12345, 7, 0));  // refers to nothing we hold: ignored
+  const std::vector<CommStats> w = p.TakeWindow();
+  ASSERT_EQ(w.size(), 1u);
+  ASSERT_EQ(w[0].sigs.size(), 3u);
+  for (const SignatureStats& s : w[0].sigs) {
+    SCOPED_TRACE(s.op);
+    if (s.op == "AllReduce") {
+      EXPECT_EQ(s.count, 3u);
+      EXPECT_EQ(s.timed, 2u) << "the failed timing leaves its call untimed, never with its enqueue time";
+      EXPECT_EQ(s.device, 2u);
+      EXPECT_DOUBLE_EQ(s.mean_us, 450.0);
+    } else {
+      EXPECT_EQ(s.count, 1u);
+      EXPECT_EQ(s.timed, 1u);
+      EXPECT_EQ(s.device, 1u);
+      EXPECT_DOUBLE_EQ(s.median_us, 900.0) << "the group's time";
+    }
+  }
+  // A device time that comes after its window was taken counts in the next window.
+  FalconRecord late = call(kFalconOpAllReduce, kFalconFlagGpuPending, -1);
+  p.Add(late, comm);
+  ASSERT_EQ(p.TakeWindow().size(), 1u);
+  p.Observe(timing(daemon::RecordIndex(late), 300, 0));
+  const std::vector<CommStats> next = p.TakeWindow();
+  ASSERT_EQ(next.size(), 1u);
+  ASSERT_EQ(next[0].sigs.size(), 1u);
+  EXPECT_EQ(next[0].sigs[0].timed, 1u);
+  EXPECT_DOUBLE_EQ(next[0].sigs[0].mean_us, 300.0);
+  EXPECT_EQ(next[0].rank, 0);
+  EXPECT_EQ(next[0].nranks, 2);
+}
+
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {
   Outbox box(3);
   for (int i = 0; i < 5; ++i) box.Push("s", std::to_string(i));

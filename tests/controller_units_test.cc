@@ -361,7 +361,7 @@ protocol::CommProfile CommProfileOf(std::uint64_t id, std::int32_t rank, std::in
   const double wait_us = late == k.late.end() || late->second.first == global ? 0.0 : late->second.second;
   for (const SigSpec& s : sigs) {
     // Windows are not aligned to iterations: counts differ a little from rank to rank.
-    protocol::SignatureProfile p{s.op, s.bytes, -1, s.count + static_cast<std::uint64_t>(global % 3), {}, {}};
+    protocol::SignatureProfile p{s.op, s.bytes, -1, s.count + static_cast<std::uint64_t>(global % 3), {}, {}, {}};
     if (k.mode != "track") {
       p.mean_us = s.us * scale;
       p.median_us = s.us * scale + wait_us;

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "daemon/shm/record_json.h"
 #include "daemon/shm/segment_dir.h"
 #include "daemon/shm/segment_reader.h"
 #include "tests/support/subprocess.h"
@@ -137,6 +139,42 @@ TEST_F(ShimGpuTimingTest, TimingStartsWhenCudaAppearsAfterTheFirstCall) {
       << "the shim never switched to CUDA events";
   ASSERT_TRUE(testing::WaitUntil([&] { return GpuTimed(0) > 0 && GpuTimed(1) > 0; }, 30));
   EXPECT_EQ(Finish(120), 0) << testing::ReadFile(out_);
+}
+
+// Calls inside an NCCL group do their work at the group's end: the group is timed as one, by
+// events around it on its stream, and the timing refers to the group's end record.
+TEST_F(ShimGpuTimingTest, AGroupIsTimedAsOneByItsEnd) {
+  Start({});
+  ASSERT_TRUE(testing::WaitUntil([&] { return GpuTimed(0) >= 200; }, 60));
+  EXPECT_EQ(Finish(120), 0) << testing::ReadFile(out_);
+  std::vector<FalconRecord> recs;
+  daemon::ReadCursor cursor;
+  segs_[0].Read(&cursor, ~size_t{0}, SegmentReader::ReadMode::kFinal, &recs);
+  std::set<std::pair<uint32_t, uint64_t>> timed;  // (lane, index) of records with a device time
+  for (const FalconRecord& r : recs) {
+    if (r.op == kFalconOpGpuTiming && r.result == 0) timed.insert({static_cast<uint32_t>(r.peer), r.comm_seq});
+  }
+  // From the first timed group on (the first calls may precede the service thread's events).
+  size_t group_ends = 0, timed_groups = 0;
+  std::vector<size_t> untimed;
+  for (const FalconRecord& r : recs) {
+    if ((r.op == kFalconOpSend || r.op == kFalconOpRecv) && (r.flags & kFalconFlagInGroup) != 0) {
+      EXPECT_EQ(r.flags & kFalconFlagGpuPending, 0) << "a call inside a group is not timed alone";
+    }
+    if (r.op != kFalconOpGroupEnd || r.group_depth != 1) continue;
+    const bool has_time = (r.flags & kFalconFlagGpuPending) != 0 && timed.count({r.lane, daemon::RecordIndex(r)}) > 0;
+    if (timed_groups == 0 && !has_time) continue;
+    ++group_ends;
+    if (has_time) ++timed_groups;
+    else untimed.push_back(group_ends);
+  }
+  EXPECT_GT(group_ends, 10u);
+  // The job's last groups may end after the service thread's last poll (the process exits):
+  // every untimed group must be among the last few.
+  for (size_t u : untimed) {
+    EXPECT_GE(u + 4, group_ends) << "group " << u << " of " << group_ends << " got no device time; untimed: "
+                                 << ::testing::PrintToString(untimed);
+  }
 }
 
 }  // namespace

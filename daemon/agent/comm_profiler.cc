@@ -24,18 +24,60 @@ void CommProfiler::Add(const FalconRecord& r, const FalconCommEntry& comm) {
     it = sigs_.emplace(key, Acc{}).first;
     comms_[comm.comm_id] = {comm.rank, comm.nranks};
   }
-  Acc& a = it->second;
-  ++a.count;
+  ++it->second.count;
+  if ((r.flags & kFalconFlagInGroup) != 0) {
+    open_group_[r.lane].push_back(key);  // timed (if at all) by the group's end
+    return;
+  }
+  if ((r.flags & kFalconFlagGpuPending) != 0) {
+    if (pending_.size() >= kMaxPending) pending_.erase(pending_.begin());
+    pending_[{r.lane, daemon::RecordIndex(r)}] = {key};
+    return;
+  }
   if ((r.flags & kFalconFlagHostEnd) != 0 && r.t_end_ns >= r.t_start_ns) {
-    const double us = static_cast<double>(r.t_end_ns - r.t_start_ns) * 1e-3;
-    ++a.timed;
-    a.sum_us += us;
-    if (a.reservoir.size() < kReservoir) {
-      a.reservoir.push_back(us);
-    } else {
-      a.reservoir[a.next] = us;
-      a.next = (a.next + 1) % kReservoir;
+    AddDuration(key, static_cast<double>(r.t_end_ns - r.t_start_ns) * 1e-3, false);
+  }
+}
+
+void CommProfiler::Observe(const FalconRecord& r) {
+  if (r.op == kFalconOpGroupEnd) {
+    std::vector<Key>& group = open_group_[r.lane];
+    if (r.group_depth > 1) return;  // an inner group end: the group goes on
+    if ((r.flags & kFalconFlagGpuPending) != 0 && !group.empty()) {
+      if (pending_.size() >= kMaxPending) pending_.erase(pending_.begin());
+      pending_[{r.lane, daemon::RecordIndex(r)}] = std::move(group);
     }
+    group.clear();
+    return;
+  }
+  if (r.op != kFalconOpGpuTiming || r.peer < 0 || r.peer > 255) return;
+  auto it = pending_.find({static_cast<std::uint8_t>(r.peer), r.comm_seq});
+  if (it == pending_.end()) return;
+  if (r.result == 0 && r.t_end_ns >= r.t_start_ns) {
+    const double us = static_cast<double>(r.t_end_ns - r.t_start_ns) * 1e-3;
+    for (const Key& key : it->second) AddDuration(key, us, true);
+  }
+  pending_.erase(it);
+}
+
+void CommProfiler::AddDuration(const Key& key, double us, bool device) {
+  auto it = sigs_.find(key);
+  if (it == sigs_.end()) {  // the call's window was taken before its device time came: count it in this one
+    if (sigs_.size() >= max_signatures_) {
+      ++overflow_;
+      return;
+    }
+    it = sigs_.emplace(key, Acc{}).first;
+  }
+  Acc& a = it->second;
+  ++a.timed;
+  if (device) ++a.device;
+  a.sum_us += us;
+  if (a.reservoir.size() < kReservoir) {
+    a.reservoir.push_back(us);
+  } else {
+    a.reservoir[a.next] = us;
+    a.next = (a.next + 1) % kReservoir;
   }
 }
 
@@ -52,6 +94,7 @@ std::vector<CommStats> CommProfiler::TakeWindow() {
     s.peer = key.peer;
     s.count = acc.count;
     s.timed = acc.timed;
+    s.device = acc.device;
     if (acc.timed > 0) {
       s.mean_us = acc.sum_us / static_cast<double>(acc.timed);
       std::vector<double>& v = acc.reservoir;
@@ -61,8 +104,7 @@ std::vector<CommStats> CommProfiler::TakeWindow() {
     }
     out.back().sigs.push_back(std::move(s));
   }
-  sigs_.clear();
-  comms_.clear();
+  sigs_.clear();  // comms_ stays: device times of this window's calls may still come
   return out;
 }
 

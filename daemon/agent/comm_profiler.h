@@ -1,9 +1,17 @@
 // CommProfiler: per-communicator call profile of one rank over a window — for each
-// (communicator, op, bytes, peer) signature: how many calls and, for calls with a host end time
-// (profile / sample mode), mean and median host duration. The controller compares these across
-// ranks to find the communicators that are slower than their peers.
+// (communicator, op, bytes, peer) signature: how many calls and, for timed calls (profile /
+// sample mode), mean and median duration. The controller compares these across ranks to find
+// the communicators that are slower than their peers.
+// Durations are DEVICE time where the shim timed the call with CUDA events: on a GPU a call
+// returns once its work is enqueued, so its host duration says nothing about the transfer. Such
+// a call's record carries kFalconFlagGpuPending and its device time follows in a
+// kFalconOpGpuTiming record (Observe), matched by (lane, index); calls inside an NCCL group are
+// timed as one by the group end's timing, which every profiled call of the group gets. Host
+// durations count only for calls that will get no device time (no GPU: there the host time is
+// the call's duration).
 // Memory: at most `max_signatures` signatures (further ones are counted in overflow()), each with
-// a reservoir of the last kReservoir durations.
+// a reservoir of the last kReservoir durations; at most kMaxPending calls awaiting their device
+// time (the oldest are dropped).
 // Thread-safety: plain value object, one owner. Must never: do I/O or read clocks.
 #pragma once
 
@@ -24,6 +32,7 @@ struct SignatureStats {
   std::int32_t peer = -1;
   std::uint64_t count = 0;
   std::uint64_t timed = 0;  // calls with a duration
+  std::uint64_t device = 0; // of which device durations (CUDA events)
   double mean_us = 0;       // of timed calls
   double median_us = 0;     // of the reservoir (last kReservoir timed calls)
 };
@@ -40,9 +49,13 @@ class CommProfiler {
   static constexpr std::size_t kReservoir = 64;
   explicit CommProfiler(std::size_t max_signatures = 4096) : max_signatures_(max_signatures) {}
 
+  static constexpr std::size_t kMaxPending = 65536;
+
   // One record on communicator `comm` (a consistent copy of its table entry). Records that are
   // not collective or point-to-point calls are ignored.
   void Add(const FalconRecord& r, const FalconCommEntry& comm);
+  // A record without a communicator: group ends (a timed group) and GPU timing records.
+  void Observe(const FalconRecord& r);
   // The window's profile, and a fresh window.
   std::vector<CommStats> TakeWindow();
   bool empty() const { return sigs_.empty(); }
@@ -61,6 +74,7 @@ class CommProfiler {
   struct Acc {
     std::uint64_t count = 0;
     std::uint64_t timed = 0;
+    std::uint64_t device = 0;
     double sum_us = 0;
     std::vector<double> reservoir;  // ring of the last kReservoir durations
     std::size_t next = 0;
@@ -70,8 +84,14 @@ class CommProfiler {
     std::int32_t nranks = 0;
   };
 
+  void AddDuration(const Key& key, double us, bool device);
+
   std::size_t max_signatures_;
   std::map<Key, Acc> sigs_;
+  // Calls awaiting their device time: (lane, index in lane) -> the signatures it times (one
+  // call, or every profiled call of a group), in arrival order for dropping the oldest.
+  std::map<std::pair<std::uint8_t, std::uint64_t>, std::vector<Key>> pending_;
+  std::vector<Key> open_group_[256];  // per lane: profiled calls of the group being issued
   std::map<std::uint64_t, CommId> comms_;
   std::uint64_t overflow_ = 0;
 };

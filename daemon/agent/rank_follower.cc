@@ -94,6 +94,7 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     call.t_ns = r.t_start_ns;
     analysis_.Push(call);
     if (comm != comms_.end()) profiler_.Add(r, comm->second);
+    else if (r.op == kFalconOpGroupEnd || r.op == kFalconOpGpuTiming) profiler_.Observe(r);
   }
   analysis_.Flush(&out->analysis);
 }

@@ -128,6 +128,7 @@ json ToJson(const CommProfileReport& m) {
       json sj = {{"op", s.op}, {"bytes", s.bytes}, {"peer", s.peer}, {"count", s.count}};
       SetIf(sj, "mean_us", s.mean_us);
       SetIf(sj, "median_us", s.median_us);
+      SetIf(sj, "clock", s.clock);
       sigs.push_back(std::move(sj));
     }
     comms.push_back({{"id", CommIdHex(c.id)}, {"rank", c.rank}, {"nranks", c.nranks},

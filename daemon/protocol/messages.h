@@ -100,8 +100,9 @@ struct SignatureProfile {
   std::uint64_t bytes = 0;
   std::int32_t peer = -1;
   std::uint64_t count = 0;
-  std::optional<double> mean_us;    // host duration, only with end times (profile/sample)
+  std::optional<double> mean_us;    // only for timed calls (profile/sample)
   std::optional<double> median_us;
+  std::optional<std::string> clock; // "device" (CUDA events) or "host", with the times
 };
 
 struct CommProfile {

@@ -227,7 +227,9 @@ inline constexpr FieldSpec kCommProfileFields[] = {
      "track|profile|sample|off"},
     {"comms", JsonType::kArray, true,
      "per communicator: {id, rank, nranks, sigs: [{op, bytes, peer, count, mean_us?, "
-     "median_us?}]}; mean/median only for calls with a host end time (profile/sample)",
+     "median_us?, clock?}]}; mean/median only for timed calls (profile/sample): clock "
+     "\"device\" when they are CUDA-event times of the calls' work (a group's calls share the "
+     "group's), \"host\" when host times (no GPU)",
      "", 0, 65536, JsonType::kObject},
 };
 inline constexpr MessageSpec kCommProfile{"comm_profile", kCommProfileFields,
