@@ -5,7 +5,7 @@
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
 //   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]
-//                  [--cuda-after N] [--capture-thread]
+//                  [--cuda-after N] [--capture-thread] [--watchdog]
 //
 // --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
 // exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
@@ -23,7 +23,10 @@
 // stream into a CUDA graph in the global capture mode, 10 ms at a time, as a framework capturing
 // part of its step would; a capture some other thread's calls invalidated is counted, and the
 // job then exits 3.
-// Thread-safety: NCCL calls come from the main thread only. Must never: hang without bound (the emulator's deadline fails
+// --watchdog runs a second thread that polls ncclCommGetAsyncError on every communicator every
+// millisecond for the whole run, as PyTorch's ProcessGroupNCCL watchdog does (every 100 ms); an
+// error it sees exits 2.
+// Thread-safety: collectives come from the main thread only; the watchdog only polls errors. Must never: hang without bound (the emulator's deadline fails
 // the job) or ignore an NCCL error (any error exits 2).
 #include <dlfcn.h>
 #include <time.h>
@@ -50,6 +53,7 @@ struct Options {
   std::string cuda;
   int cuda_after = 0;
   bool capture_thread = false;
+  bool watchdog = false;
 };
 
 // --cuda: the driver calls a CUDA program makes before NCCL (cuInit, a current primary context,
@@ -175,9 +179,10 @@ int main(int argc, char** argv) {
     else if (a == "--cuda" && i + 1 < argc) o.cuda = argv[++i];
     else if (a == "--cuda-after" && i + 1 < argc) o.cuda_after = std::atoi(argv[++i]);
     else if (a == "--capture-thread") o.capture_thread = true;
+    else if (a == "--watchdog") o.watchdog = true;
     else if (a == "-h" || a == "--help") {
       std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n"
-                  "                      [--cuda-after N] [--capture-thread]\n");
+                  "                      [--cuda-after N] [--capture-thread] [--watchdog]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -206,6 +211,23 @@ int main(int argc, char** argv) {
   const int tp_size = world % 2 == 0 ? 2 : 1;
   NCCL_OK(ncclCommSplit(comm, rank / tp_size, rank, &tp, nullptr));
   NCCL_OK(ncclCommSplit(comm, rank % tp_size, rank, &dp, nullptr));
+  std::atomic<bool> watchdog_stop{false};
+  std::thread watchdog;
+  if (o.watchdog) {
+    watchdog = std::thread([&watchdog_stop, comms = std::vector<ncclComm_t>{comm, tp, dp}] {
+      while (!watchdog_stop.load(std::memory_order_relaxed)) {
+        for (ncclComm_t c : comms) {
+          ncclResult_t async = ncclSuccess;
+          if (ncclCommGetAsyncError(c, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+            std::fprintf(stderr, "falcon-emu-job: watchdog: communicator error %d\n", static_cast<int>(async));
+            std::exit(2);
+          }
+        }
+        timespec ts{0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+      }
+    });
+  }
   int tp_n = 1, dp_n = 1, tp_rank = 0;
   ncclCommCount(tp, &tp_n);
   ncclCommCount(dp, &dp_n);
@@ -264,6 +286,8 @@ int main(int argc, char** argv) {
   const double took = Now() - t0;
   capture_stop.store(true);
   if (capturer.joinable()) capturer.join();
+  watchdog_stop.store(true);
+  if (watchdog.joinable()) watchdog.join();
   if (o.capture_thread) {
     std::printf("falcon-emu-job rank %d: captures=%d invalidated=%d\n", rank, captures, invalidated);
   }
