@@ -195,6 +195,27 @@ TEST_P(ShimOrderingTest, CommunicatorsMadeWhileRecordingWasOffKeepTheirIdentityA
   ExpectAlikeOnEveryMember(comms);
 }
 
+// Nonblocking communicators (ncclConfig_t.blocking = 0): init and split return ncclInProgress
+// and the communicator is not ready until ncclCommGetAsyncError says so. NCCL refuses rank,
+// size and device queries until then, printing a warning into the job's log: the shim must not
+// ask them early, and must still end up with every member's identity.
+TEST_P(ShimOrderingTest, NonblockingCommunicatorsAreNeverQueriedBeforeTheyAreReady) {
+  const int n = GetParam();
+  TempDir dir;
+  ProcessResult r = testing::Run(RankArgv(n, {"--nonblocking", "--watchdog", "--iters", "40"}), Env(dir), 180);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err.find("Attempt to use communicator before"), std::string::npos) << r.err;
+  const auto comms = ReadMembers(dir);
+  ASSERT_EQ(comms.size(), 1u + std::min(n, 2));
+  for (const auto& [id, members] : comms) {
+    for (const Member& m : members) {
+      EXPECT_GE(m.entry.rank, 0) << "identity completed once ready";
+      EXPECT_GT(m.entry.nranks, 0);
+    }
+  }
+  ExpectAlikeOnEveryMember(comms);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ShimOrderingTest, ::testing::Values(2, 4));
 
 TEST(ShimOrderingReuseTest, ACommunicatorMadeAtAFreedOnesAddressIsNotTakenForIt) {

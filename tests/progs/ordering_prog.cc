@@ -13,6 +13,9 @@
 //                      shim does not see; it is then split twice with the same color
 //   --wait-file PATH   after creating its communicators, wait (up to 60 s) until PATH exists
 //                      before the first collective (lets a test change the shim's mode)
+//   --nonblocking      every communicator is nonblocking (ncclConfig_t.blocking = 0): the
+//                      program polls ncclCommGetAsyncError until ready after init, split and
+//                      every call that returns ncclInProgress, as NCCL requires
 //   --reuse            first makes, uses and destroys a communicator of its own, then makes
 //                      the world communicator (malloc usually hands out the same address) and
 //                      prints "reuse same" or "reuse different"
@@ -37,6 +40,7 @@ struct Options {
   bool watchdog = false;
   bool hidden_world = false;
   bool reuse = false;
+  bool nonblocking = false;
   std::string wait_file;
 };
 
@@ -47,6 +51,7 @@ bool Parse(int argc, char** argv, Options* o) {
     else if (a == "--watchdog") o->watchdog = true;
     else if (a == "--hidden-world") o->hidden_world = true;
     else if (a == "--reuse") o->reuse = true;
+    else if (a == "--nonblocking") o->nonblocking = true;
     else if (a == "--wait-file" && i + 1 < argc) o->wait_file = argv[++i];
     else return false;
   }
@@ -67,21 +72,35 @@ bool WaitForFile(const std::string& path) {
   return false;
 }
 
-#define CHECK_NCCL(call)                                                          \
+// A call's result once the communicator is done with it: ncclInProgress (nonblocking) is polled
+// through ncclCommGetAsyncError until it is not, with a 60 s bound.
+ncclResult_t Settle(ncclResult_t r, ncclComm_t comm) {
+  for (int i = 0; r == ncclInProgress && comm != nullptr && i < 600000; ++i) {
+    ncclResult_t async = ncclInProgress;
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
+    if (q != ncclSuccess) return q;
+    r = async;
+    if (r == ncclInProgress) SleepNs(100 * 1000);
+  }
+  return r;
+}
+
+#define CHECK_ON(call, comm)                                                      \
   do {                                                                            \
-    ncclResult_t r_ = (call);                                                     \
+    ncclResult_t r_ = Settle((call), (comm));                                     \
     if (r_ != ncclSuccess) {                                                      \
       std::fprintf(stderr, "rank %d: %s failed: %d\n", env.rank, #call, static_cast<int>(r_)); \
       return 1;                                                                   \
     }                                                                             \
   } while (0)
+#define CHECK_NCCL(call) CHECK_ON(call, nullptr)
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
   if (!Parse(argc, argv, &o)) {
-    std::fprintf(stderr, "usage: falcon-test-ordering [--iters N] [--watchdog] [--hidden-world] [--reuse] [--wait-file PATH]\n");
+    std::fprintf(stderr, "usage: falcon-test-ordering [--iters N] [--watchdog] [--hidden-world] [--reuse] [--nonblocking] [--wait-file PATH]\n");
     return 2;
   }
   falcon::emu::JobEnv env = falcon::emu::ReadJobEnv();
@@ -103,12 +122,16 @@ int main(int argc, char** argv) {
     first_address = first;
   }
   ncclComm_t world = nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclConfig_t* cfg = o.nonblocking ? &config : nullptr;
   if (o.hidden_world) CHECK_NCCL(pncclCommInitRank(&world, env.world_size, id, env.rank));
+  else if (o.nonblocking) CHECK_ON(ncclCommInitRankConfig(&world, env.world_size, id, env.rank, cfg), world);
   else CHECK_NCCL(ncclCommInitRank(&world, env.world_size, id, env.rank));
 
   ncclComm_t child = nullptr, twin = nullptr;
-  CHECK_NCCL(ncclCommSplit(world, env.rank % 2, env.rank, &child, nullptr));
-  if (o.hidden_world) CHECK_NCCL(ncclCommSplit(world, env.rank % 2, env.rank, &twin, nullptr));
+  CHECK_ON(ncclCommSplit(world, env.rank % 2, env.rank, &child, cfg), child);
+  if (o.hidden_world) CHECK_ON(ncclCommSplit(world, env.rank % 2, env.rank, &twin, cfg), twin);
   if (o.reuse) std::printf("rank %d reuse %s\n", env.rank, first_address == world ? "same" : "different");
 
   std::atomic<bool> stop{false};
@@ -140,7 +163,7 @@ int main(int argc, char** argv) {
 
   std::vector<float> buf(256, static_cast<float>(env.rank + 1));
   for (int i = 0; i < o.iters; ++i) {
-    CHECK_NCCL(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, world, nullptr));
+    CHECK_ON(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, world, nullptr), world);
     if (o.watchdog && i % 10 == 9) {  // make sure polls land between the collectives
       const long seen = polls.load();
       for (int w = 0; w < 1000 && polls.load() == seen; ++w) SleepNs(1000 * 1000);
@@ -153,12 +176,12 @@ int main(int argc, char** argv) {
   for (ncclComm_t c : {child, twin}) {
     if (c == nullptr) continue;
     for (int i = 0; i < o.iters / 4; ++i) {
-      CHECK_NCCL(ncclAllReduce(buf.data(), buf.data(), 64, ncclFloat, ncclSum, c, nullptr));
+      CHECK_ON(ncclAllReduce(buf.data(), buf.data(), 64, ncclFloat, ncclSum, c, nullptr), c);
     }
     CHECK_NCCL(ncclGroupStart());
     CHECK_NCCL(ncclSend(buf.data(), 64, ncclFloat, (child_rank + 1) % child_size, c, nullptr));
     CHECK_NCCL(ncclRecv(out.data(), 64, ncclFloat, (child_rank + child_size - 1) % child_size, c, nullptr));
-    CHECK_NCCL(ncclGroupEnd());
+    CHECK_ON(ncclGroupEnd(), c);
   }
   stop.store(true);
   if (watchdog.joinable()) watchdog.join();
