@@ -102,7 +102,8 @@ int DefaultDevice(int global) {
 ncclResult_t InitRank(const char* name, ncclComm_t* out, int nranks, const ncclUniqueId* id, int rank,
                       const ncclConfig_t* config) {
   if (!out) return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": comm pointer is null");
-  *out = nullptr;
+  // Every write of *out is a release store: another thread may poll it to abort (file comment).
+  __atomic_store_n(out, static_cast<ncclComm*>(nullptr), __ATOMIC_RELEASE);
   ncclResult_t rc = ConfigError(name);
   if (rc == ncclSuccess) rc = CheckConfigStruct(name, config);
   if (rc != ncclSuccess) return rc;

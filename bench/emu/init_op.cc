@@ -125,7 +125,7 @@ class SplitOp final : public Op {
     child_ = NewComm(0, 1, key, comm_->device);
     child_->blocking = child_blocking_;
     Retain(child_);  // ours, while we drive it
-    *out_ = child_;
+    __atomic_store_n(out_, child_, __ATOMIC_RELEASE);  // another thread may read it to abort
   }
 
   ncclComm* child() const override { return child_; }
@@ -190,7 +190,7 @@ class ShrinkOp final : public Op {
     }
     ncclComm* child = NewComm(my_rank, n, DeriveKey(comm_->key, 2, index, salt), comm_->device);
     child->blocking = child_blocking_;
-    *out_ = child;
+    __atomic_store_n(out_, child, __ATOMIC_RELEASE);  // another thread may read it to abort
     child_op_ = MakeInitOp(child, comm_->globals[static_cast<size_t>(comm_->rank)]);
   }
 

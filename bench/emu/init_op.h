@@ -7,7 +7,8 @@
 //  1. A child communicator's key is derived deterministically from the parent key, the parent's
 //     split/shrink counter and the color (or exclude list), so all members meet on one segment.
 //  2. *newcomm is written only by the submitting thread: at submission for InitRank, at launch
-//     for Split/Shrink (a NCCL_SPLIT_NOCOLOR split writes NULL). A split child's rank and size
+//     for Split/Shrink (a NCCL_SPLIT_NOCOLOR split writes NULL), with a release store, so that
+//     another thread may read it to abort a blocked init. A split child's rank and size
 //     are filled in later, by whichever thread drives the split, before it becomes ready.
 // Must never: block, or leave a half-initialised communicator usable (state stays kInitializing
 // or becomes kFailed).
