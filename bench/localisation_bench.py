@@ -137,7 +137,7 @@ class Run:
         plan = json.dumps({"faults": [self.fault]})
         epoch = time.time()
         job = self.spawn([self.bin("bench/emu/falcon-emu-run"), "-n", str(RANKS), "--ranks-per-node", "2",
-                          "--timeout", "120", "--node-shm-dirs", shm, "--preload", self.bin("shim/libfalcon_shim.so"),
+                          "--job-timeout", str(int(self.args.duration) + 110), "--node-shm-dirs", shm, "--preload", self.bin("shim/libfalcon_shim.so"),
                           "--fault-plan", plan, "--", self.bin("bench/train/falcon-train-emu"), "--tp", "2", "--dp",
                           "4", "--pp", "2", "--compute-ms", str(self.args.compute_ms), "--grad-bytes",
                           str(self.args.grad_bytes),

@@ -160,7 +160,8 @@ class Demo:
         with open(plan_file, "w") as f:
             json.dump(plan, f)
         shm = os.path.join(self.work, "shm")
-        argv = [self.bin["run"], "-n", str(RANKS), "--ranks-per-node", str(RANKS_PER_NODE), "--timeout", "120",
+        argv = [self.bin["run"], "-n", str(RANKS), "--ranks-per-node", str(RANKS_PER_NODE),
+                "--job-timeout", str(int(duration_s) + 300),
                 "--node-shm-dirs", shm, "--preload", self.bin["shim"], "--fault-plan", plan_file, "--",
                 self.bin["train"], "--tp", str(TP), "--dp", str(DP), "--pp", str(PP),
                 "--micro-batches", str(MICRO_BATCHES), "--compute-ms", "10", "--grad-bytes", "2097152", "--check",

@@ -153,7 +153,7 @@ class AgentEndToEndTest : public ::testing::Test {
     job_start_ns_ = WallClockNs();
     job_ = testing::Spawn(
         {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", "4", "--ranks-per-node", "2",
-         "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload", testing::PreloadValue(),
+         "--job-timeout", "300", "--lib-dir", testing::EmuLibDir(), "--preload", testing::PreloadValue(),
          "--fault-plan", plan, "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
          std::to_string(iters), "--compute-ms", "3"},
         {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=e2e", "FALCON_EMU_INTER_GBPS=0.5"});

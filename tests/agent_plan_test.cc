@@ -129,7 +129,7 @@ class AgentPlanTest : public ::testing::Test {
   // The 2-rank job; its output is in job_out_ once it has exited.
   void StartJob() {
     std::vector<std::string> argv{testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", "2", "--ranks-per-node", "2",
-                                  "--timeout", "90", "--lib-dir", testing::EmuLibDir(), "--preload",
+                                  "--job-timeout", "110", "--lib-dir", testing::EmuLibDir(), "--preload",
                                   testing::PreloadValue(), "--", testing::BinDir("tests") + "/falcon-test-plan",
                                   "train", "--reject-status", "5", "--stop-file", dir_.path() + "/stop",
                                   "--timeout", "90"};

@@ -83,7 +83,7 @@ class AgentTrapTest : public ::testing::Test {
     agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
     ASSERT_GT(agent_, 0);
     job_ = testing::Spawn({testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
-                           "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(), "--preload",
+                           "--ranks-per-node", "2", "--job-timeout", "300", "--lib-dir", testing::EmuLibDir(), "--preload",
                            testing::PreloadValue(), "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
                            std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check"},
                           {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=" + std::string(kJob)});

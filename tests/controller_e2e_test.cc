@@ -124,7 +124,8 @@ class ControllerEndToEndTest : public ::testing::Test {
     const std::string plan = R"({"faults":[)" + faults + "]}";
     const std::string train = testing::BinDir("bench/train") + "/falcon-train-emu";
     const std::string cmd =
-        "exec '" + testing::BinDir("bench/emu") + "/falcon-emu-run' -n 16 --ranks-per-node 2 --timeout 120"
+        "exec '" + testing::BinDir("bench/emu") + "/falcon-emu-run' -n 16 --ranks-per-node 2 --job-timeout " +
+        std::to_string(static_cast<int>(seconds) + 300) +
         " --node-shm-dirs '" + shm_ + "' --lib-dir '" + testing::EmuLibDir() + "' --preload '" +
         testing::PreloadValue() + "' --fault-plan '" + plan + "' -- '" + train +
         "' --tp 2 --dp 4 --pp 2 --compute-ms 10 --grad-bytes 2097152 --check --progress-every 100 --duration-s " +

@@ -25,7 +25,7 @@ using testing::TempDir;
 
 ProcessResult RunRanks(int n, const TempDir& dir, bool with_shim) {
   std::vector<std::string> argv{testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(n),
-                                "--ranks-per-node", "2", "--timeout", "30", "--lib-dir", testing::EmuLibDir()};
+                                "--ranks-per-node", "2", "--job-timeout", "110", "--lib-dir", testing::EmuLibDir()};
   if (with_shim) {
     argv.push_back("--preload");
     argv.push_back(testing::PreloadValue());

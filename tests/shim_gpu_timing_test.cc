@@ -35,7 +35,7 @@ class ShimGpuTimingTest : public ::testing::Test {
   // Finish(); `extra` goes to falcon-emu-job, `env` to its environment.
   void Start(std::vector<std::string> extra, std::vector<std::string> env = {}) {
     std::vector<std::string> argv = {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
-                                     "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(),
+                                     "--ranks-per-node", "2", "--job-timeout", "600", "--lib-dir", testing::EmuLibDir(),
                                      "--preload", testing::PreloadValue(), "--",
                                      testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters", "1000000",
                                      "--compute-ms", "2", "--bytes", "65536", "--check", "--stop-file",

@@ -29,7 +29,7 @@ using testing::TempDir;
 
 std::vector<std::string> RankArgv(int n, const std::vector<std::string>& prog_args) {
   std::vector<std::string> argv{testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(n),
-                                "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(),
+                                "--ranks-per-node", "2", "--job-timeout", "170", "--lib-dir", testing::EmuLibDir(),
                                 "--preload", testing::PreloadValue(), "--",
                                 testing::BinDir("tests") + "/falcon-test-ordering"};
   argv.insert(argv.end(), prog_args.begin(), prog_args.end());

@@ -64,7 +64,7 @@ class ShimTrapTest : public ::testing::Test {
   // --cuda), so the shim takes its GPU paths; `env` is added to the job's environment.
   void StartJob(int iters = 1'000'000, bool gpu = false, std::vector<std::string> env = {}) {
     std::vector<std::string> argv = {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
-                                     "--ranks-per-node", "2", "--timeout", "60", "--lib-dir", testing::EmuLibDir(),
+                                     "--ranks-per-node", "2", "--job-timeout", "600", "--lib-dir", testing::EmuLibDir(),
                                      "--preload", testing::PreloadValue(), "--",
                                      testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters", std::to_string(iters),
                                      "--compute-ms", "2", "--bytes", "65536", "--check", "--stop-file",

@@ -64,6 +64,12 @@ ncclResult_t ResolveRed(const char* name, ncclComm* comm, ncclRedOp_t op, DType 
   return Fail(ncclInvalidArgument, comm, std::string(name) + ": invalid reduction op " + std::to_string(v));
 }
 
+// True if `comm` is a usable handle whose rank is `root` (a communicator that is not ready yet
+// is answered false without reading its rank; SubmitColl then refuses it).
+bool IsRankOf(ncclComm* comm, int root) {
+  return IsLiveComm(comm) && comm->inflight.load(std::memory_order_acquire) == 0 && comm->rank == root;
+}
+
 struct CollCall {
   CollArgs args;
   bool reduction = false;
@@ -159,7 +165,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbu
   return Guarded("ncclBroadcast", [&] {
     CollCall c = Make(CollKind::kBroadcast, "ncclBroadcast", sendbuff, recvbuff, count, root);
     c.rooted = true;
-    c.need_send = IsLiveComm(comm) && comm->rank == root;
+    c.need_send = IsRankOf(comm, root);
     return SubmitColl(comm, datatype, c);
   });
 }
@@ -177,7 +183,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff,
     c.reduction = true;
     c.rooted = true;
     c.op = op;
-    c.need_recv = IsLiveComm(comm) && comm->rank == root;
+    c.need_recv = IsRankOf(comm, root);
     return SubmitColl(comm, datatype, c);
   });
 }
@@ -211,7 +217,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff,
   return Guarded("ncclGather", [&] {
     CollCall c = Make(CollKind::kGather, "ncclGather", sendbuff, recvbuff, count, root);
     c.rooted = true;
-    c.need_recv = IsLiveComm(comm) && comm->rank == root;
+    c.need_recv = IsRankOf(comm, root);
     return SubmitColl(comm, datatype, c);
   });
 }
@@ -221,7 +227,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff
   return Guarded("ncclScatter", [&] {
     CollCall c = Make(CollKind::kScatter, "ncclScatter", sendbuff, recvbuff, count, root);
     c.rooted = true;
-    c.need_send = IsLiveComm(comm) && comm->rank == root;
+    c.need_send = IsRankOf(comm, root);
     return SubmitColl(comm, datatype, c);
   });
 }
@@ -264,6 +270,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* 
     ncclDataType_t datatype, ncclScalarResidence_t residence, ncclComm_t comm) {
   return Guarded("ncclRedOpCreatePreMulSum", [&] {
     if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, "ncclRedOpCreatePreMulSum: invalid communicator");
+    if (const ncclResult_t rc = EnsureReady(comm, "ncclRedOpCreatePreMulSum"); rc != ncclSuccess) return rc;
     if (!op || !scalar) return Fail(ncclInvalidArgument, comm, "ncclRedOpCreatePreMulSum: null op or scalar");
     if (!IsValidDType(datatype)) return Fail(ncclInvalidArgument, comm, "ncclRedOpCreatePreMulSum: invalid datatype");
     if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate) {
@@ -287,6 +294,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* 
 FALCON_EMU_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   return Guarded("ncclRedOpDestroy", [&] {
     if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, "ncclRedOpDestroy: invalid communicator");
+    if (const ncclResult_t rc = EnsureReady(comm, "ncclRedOpDestroy"); rc != ncclSuccess) return rc;
     const int idx = static_cast<int>(op) - static_cast<int>(ncclNumOps);
     if (idx < 0 || static_cast<size_t>(idx) >= comm->redops.size() || !comm->redops[static_cast<size_t>(idx)].live) {
       return Fail(ncclInvalidArgument, comm, "ncclRedOpDestroy: op " + std::to_string(static_cast<int>(op)) +

@@ -6,8 +6,19 @@
 // getrandom(2), [16,20) creator uid, [20,24) creator pid, rest zero. The key names the
 // rendezvous segment (shm_segment.h).
 //
-// Thread-safety: as NCCL (one thread per communicator). Must never: throw across the C ABI,
-// crash on a null or destroyed communicator (IsLiveComm guards every handle).
+// Blocking and nonblocking communicators: ncclConfig_t.blocking = 0 makes a communicator
+// nonblocking (split/shrink children inherit the parent's setting unless their config names
+// one). Its init, and every later group on it, runs in the background (engine.h) and returns
+// ncclInProgress; until ncclCommGetAsyncError reports ncclSuccess, queries and operations fail
+// with ncclInvalidArgument after NCCL's WARN line (comm.h EnsureReady).
+//
+// Thread-safety: as NCCL (one thread per communicator), except that ncclCommAbort and
+// ncclCommGetAsyncError may be called from any thread at any time: Abort drops the handle and
+// flags the communicator; a call blocked on it in another thread returns ncclInternalError and
+// frees it (comm.h invariant 1). The handle of a blocking init is published (a release store)
+// before the call waits for the other members, so another thread may abort it, as in NCCL.
+// Must never: throw across the C ABI, crash on a null or destroyed communicator (IsLiveComm
+// guards every handle).
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -20,6 +31,7 @@
 #include "api_util.h"
 #include "bench/nccl_error_string.h"
 #include "emu_config.h"
+#include "engine.h"
 #include "falcon_emu.h"
 #include "group.h"
 #include "init_op.h"
@@ -60,6 +72,27 @@ ncclResult_t CheckConfigStruct(const char* name, const ncclConfig_t* config) {
   return ncclSuccess;
 }
 
+// ncclConfig_t.blocking if the config sets it, else `inherited` (NCCL's default is blocking).
+bool ConfigBlocking(const ncclConfig_t* config, bool inherited) {
+  if (config == nullptr || config->size < offsetof(ncclConfig_t, blocking) + sizeof(config->blocking) ||
+      config->blocking == NCCL_CONFIG_UNDEF_INT) {
+    return inherited;
+  }
+  return config->blocking != 0;
+}
+
+// Marks a nonblocking communicator finalized once the jobs before it are done.
+class FinalizeOp final : public Op {
+ public:
+  explicit FinalizeOp(ncclComm* c) : Op(c) {}
+
+ protected:
+  Progress Step(int64_t) override {
+    comm_->finalized = true;
+    return Progress::kDone;
+  }
+};
+
 int DefaultDevice(int global) {
   if (Config().device) return *Config().device;
   if (Config().local_rank) return *Config().local_rank;
@@ -69,7 +102,8 @@ int DefaultDevice(int global) {
 ncclResult_t InitRank(const char* name, ncclComm_t* out, int nranks, const ncclUniqueId* id, int rank,
                       const ncclConfig_t* config) {
   if (!out) return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": comm pointer is null");
-  *out = nullptr;
+  // Every write of *out is a release store: another thread may poll it to abort (file comment).
+  __atomic_store_n(out, static_cast<ncclComm*>(nullptr), __ATOMIC_RELEASE);
   ncclResult_t rc = ConfigError(name);
   if (rc == ncclSuccess) rc = CheckConfigStruct(name, config);
   if (rc != ncclSuccess) return rc;
@@ -91,12 +125,14 @@ ncclResult_t InitRank(const char* name, ncclComm_t* out, int nranks, const ncclU
     global = ProcessGlobalRank(rank);
   }
   ncclComm* c = NewComm(rank, nranks, key, DefaultDevice(global));
-  *out = c;
+  c->blocking = ConfigBlocking(config, true);
+  CommRef hold(c);  // an abort from another thread must not free it under us
+  __atomic_store_n(out, c, __ATOMIC_RELEASE);
   const bool grouped = InGroup();
   rc = Submit(MakeInitOp(c, global));
-  if (rc != ncclSuccess && !grouped) {
-    DeleteComm(c);
-    *out = nullptr;
+  if (rc != ncclSuccess && rc != ncclInProgress && !grouped) {
+    DeleteComm(c);  // no-op if another thread aborted it meanwhile
+    __atomic_store_n(out, static_cast<ncclComm*>(nullptr), __ATOMIC_RELEASE);
   }
   return rc;
 }
@@ -177,27 +213,46 @@ FALCON_EMU_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, con
 FALCON_EMU_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
   return Guarded("ncclCommFinalize", [&] {
     if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, "ncclCommFinalize: invalid communicator");
+    const ncclResult_t rc = EnsureReady(comm, "ncclCommFinalize");
+    if (rc != ncclSuccess) return rc;
     if (comm->revoked) return Fail(ncclInvalidUsage, comm, "ncclCommFinalize: communicator was revoked");
+    if (!comm->blocking) {
+      std::vector<std::unique_ptr<Op>> ops;
+      ops.push_back(std::make_unique<FinalizeOp>(comm));
+      return RunInBackground(std::move(ops));  // ncclInProgress, as NCCL's nonblocking finalize
+    }
     comm->finalized = true;
     return ncclSuccess;
   });
 }
 
-static ncclResult_t DestroyImpl(const char* name, ncclComm_t comm) {
-  if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, std::string(name) + ": invalid communicator");
-  if (GroupHasOpsOn(comm)) {
-    return Fail(ncclInvalidUsage, comm, std::string(name) + ": operations on this communicator are queued in an open group");
-  }
-  DeleteComm(comm);
-  return ncclSuccess;
-}
-
 FALCON_EMU_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
-  return Guarded("ncclCommDestroy", [&] { return DestroyImpl("ncclCommDestroy", comm); });
+  return Guarded("ncclCommDestroy", [&] {
+    if (!IsLiveComm(comm)) return Fail(ncclInvalidArgument, nullptr, "ncclCommDestroy: invalid communicator");
+    if (GroupHasOpsOn(comm)) {
+      return Fail(ncclInvalidUsage, comm, "ncclCommDestroy: operations on this communicator are queued in an open group");
+    }
+    if (comm->inflight.load(std::memory_order_acquire) > 0) {
+      return Fail(ncclInvalidUsage, comm, "ncclCommDestroy: a nonblocking operation is in progress; poll "
+                                          "ncclCommGetAsyncError until it ends, or ncclCommAbort");
+    }
+    DeleteComm(comm);
+    return ncclSuccess;
+  });
 }
 
+// Callable from any thread, also while another thread is blocked in a call on `comm` or a
+// background job drives it: those fail with ncclInternalError within one engine sweep, and the
+// last of them frees the communicator and marks this rank gone for its peers (comm.h).
 FALCON_EMU_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
-  return Guarded("ncclCommAbort", [&] { return DestroyImpl("ncclCommAbort", comm); });
+  return Guarded("ncclCommAbort", [&] {
+    if (comm == nullptr || !Unregister(comm)) {
+      return Fail(ncclInvalidArgument, nullptr, "ncclCommAbort: invalid communicator");
+    }
+    comm->aborted.store(true, std::memory_order_release);
+    Release(comm);  // the handle's reference
+    return ncclSuccess;
+  });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
@@ -224,8 +279,8 @@ FALCON_EMU_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int ke
     }
     *newcomm = nullptr;
     const bool grouped = InGroup();
-    rc = Submit(MakeSplitOp(comm, color, key, newcomm));
-    if (rc != ncclSuccess && !grouped && *newcomm) {
+    rc = Submit(MakeSplitOp(comm, color, key, ConfigBlocking(config, comm->blocking), newcomm));
+    if (rc != ncclSuccess && rc != ncclInProgress && !grouped && *newcomm) {
       DeleteComm(*newcomm);
       *newcomm = nullptr;
     }
@@ -260,8 +315,8 @@ FALCON_EMU_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRank
     }
     *newcomm = nullptr;
     const bool grouped = InGroup();
-    rc = Submit(MakeShrinkOp(comm, std::move(exclude), newcomm));
-    if (rc != ncclSuccess && !grouped && *newcomm) {
+    rc = Submit(MakeShrinkOp(comm, std::move(exclude), ConfigBlocking(config, comm->blocking), newcomm));
+    if (rc != ncclSuccess && rc != ncclInProgress && !grouped && *newcomm) {
       DeleteComm(*newcomm);
       *newcomm = nullptr;
     }
@@ -283,24 +338,30 @@ FALCON_EMU_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
 
 FALCON_EMU_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (!IsLiveComm(comm) || !asyncError) return Fail(ncclInvalidArgument, nullptr, "ncclCommGetAsyncError: invalid argument");
-  *asyncError = static_cast<ncclResult_t>(comm->async_error.load());
+  *asyncError = AsyncState(comm);
   return ncclSuccess;
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
   if (!IsLiveComm(comm) || !count) return Fail(ncclInvalidArgument, nullptr, "ncclCommCount: invalid argument");
+  const ncclResult_t rc = EnsureReady(comm, "ncclCommCount");
+  if (rc != ncclSuccess) return rc;
   *count = comm->nranks;
   return ncclSuccess;
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
   if (!IsLiveComm(comm) || !device) return Fail(ncclInvalidArgument, nullptr, "ncclCommCuDevice: invalid argument");
+  const ncclResult_t rc = EnsureReady(comm, "ncclCommCuDevice");
+  if (rc != ncclSuccess) return rc;
   *device = comm->device;
   return ncclSuccess;
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (!IsLiveComm(comm) || !rank) return Fail(ncclInvalidArgument, nullptr, "ncclCommUserRank: invalid argument");
+  const ncclResult_t rc = EnsureReady(comm, "ncclCommUserRank");
+  if (rc != ncclSuccess) return rc;
   *rank = comm->rank;
   return ncclSuccess;
 }

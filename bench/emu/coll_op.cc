@@ -4,6 +4,7 @@
 #include "coll_op.h"
 
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -204,7 +205,7 @@ Progress CollOp::WaitFailed(int64_t now, const std::vector<int>& missing, const 
   const bool check_dead = wait_.LivenessDue(now);
   if (check_dead) {
     for (int r : missing) {
-      if (ProcessGone(LoadAcquire(comm_->seg->rank(r)->pid))) dead.push_back(r);
+      if (PeerGone(*comm_->seg, r)) dead.push_back(r);
     }
   }
   if (dead.empty() && !wait_.Expired(now)) return Progress::kPending;
@@ -212,11 +213,11 @@ Progress CollOp::WaitFailed(int64_t now, const std::vector<int>& missing, const 
   for (int r : missing) globals.push_back(comm_->globals[static_cast<size_t>(r)]);
   char buf[768];
   std::snprintf(buf, sizeof buf,
-                "%s timed out on %s (seq %" PRIu64 ", step %" PRIu64 ", round %" PRIu64 "/%" PRIu64
+                "%s %s on %s (seq %" PRIu64 ", step %" PRIu64 ", round %" PRIu64 "/%" PRIu64
                 ") after %.3f s: ranks %s (global %s) did not %s%s%s",
-                a_.name, comm_->label.c_str(), coll_index_, CurStep(), round_ + 1, rounds_,
+                a_.name, dead.empty() ? "timed out" : "failed", comm_->label.c_str(), coll_index_, CurStep(), round_ + 1, rounds_,
                 wait_.WaitedSeconds(now), RankList(missing).c_str(), RankList(globals).c_str(),
-                what, dead.empty() ? "" : "; process exited for ranks ",
+                what, dead.empty() ? "" : "; process exited or communicator aborted for ranks ",
                 dead.empty() ? "" : RankList(dead).c_str());
   return Failed(ncclRemoteError, buf);
 }
@@ -243,8 +244,10 @@ Progress CollOp::Step(int64_t now) {
         const auto until = Config().plan.HangUntil(global, JobSeconds(now));
         if (until) {
           if (std::isinf(*until)) {
+            // Forever: until the lenient deadline if one is set, else until an abort.
             if (hang_deadline_ns_ == 0) {
-              hang_deadline_ns_ = now + static_cast<int64_t>(Config().timeout_s * 1e9);
+              hang_deadline_ns_ = Config().timeout_s > 0 ? now + static_cast<int64_t>(Config().timeout_s * 1e9)
+                                                         : INT64_MAX;
             }
             if (now >= hang_deadline_ns_) {
               return Failed(ncclSystemError, std::string(a_.name) + ": " + comm_->label +

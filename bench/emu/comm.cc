@@ -1,9 +1,11 @@
 // Communicator registry, error text and lifetime helpers; see comm.h.
 // Thread-safety: registry and global error text under their own mutexes (leaked singletons so
-// they outlive static destruction, as exit-time cleanup may still run).
+// they outlive static destruction, as exit-time cleanup may still run); reference counts and
+// flags are atomics (comm.h invariants).
 // Must never: throw out of these functions except std::bad_alloc, which API entry points catch.
 #include "comm.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cinttypes>
@@ -39,14 +41,22 @@ struct ExitCleanup {
 
 }  // namespace
 
-void RegisterComm(ncclComm* c) {
+bool Unregister(ncclComm* c) {
   std::lock_guard<std::mutex> lock(Reg().mu);
-  Reg().live.insert(c);
+  return Reg().live.erase(c) != 0;
 }
 
-void UnregisterComm(ncclComm* c) {
-  std::lock_guard<std::mutex> lock(Reg().mu);
-  Reg().live.erase(c);
+void Retain(ncclComm* c) { c->refs.fetch_add(1, std::memory_order_relaxed); }
+
+void Release(ncclComm* c) {
+  if (c->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Last reference: nothing else can reach `c` now.
+  if (c->seg && c->seg->mapped()) {
+    if (c->aborted.load(std::memory_order_relaxed)) StoreRelease(c->seg->rank(c->rank)->gone, int32_t{1});
+    c->seg->Unlink();
+  }
+  c->magic = 0;
+  delete c;
 }
 
 bool IsLiveComm(const ncclComm* c) {
@@ -110,12 +120,19 @@ uint64_t DeriveKey(uint64_t parent, uint64_t a, uint64_t b, uint64_t c) {
 
 ncclComm* NewComm(int rank, int nranks, uint64_t key, int device) {
   auto* c = new ncclComm;
-  c->rank = rank;
-  c->nranks = nranks;
   c->key = key;
   c->device = device;
+  SetGeometry(c, rank, nranks);
+  std::lock_guard<std::mutex> lock(Reg().mu);
+  Reg().live.insert(c);
+  return c;
+}
+
+void SetGeometry(ncclComm* c, int rank, int nranks) {
+  c->rank = rank;
+  c->nranks = nranks;
   char buf[96];
-  std::snprintf(buf, sizeof buf, "comm %016" PRIx64 " rank %d/%d", key, rank, nranks);
+  std::snprintf(buf, sizeof buf, "comm %016" PRIx64 " rank %d/%d", c->key, rank, nranks);
   c->label = buf;
   const auto n = static_cast<size_t>(nranks);
   c->sends_launched.assign(n, 0);
@@ -124,21 +141,34 @@ ncclComm* NewComm(int rank, int nranks, uint64_t key, int device) {
   c->recvs_done.assign(n, 0);
   c->send_cursor.assign(n, 0);
   c->recv_cursor.assign(n, 0);
-  RegisterComm(c);
-  return c;
 }
 
 void DeleteComm(ncclComm* c) {
-  UnregisterComm(c);
-  if (c->seg) c->seg->Unlink();
-  c->magic = 0;
-  delete c;
+  if (Unregister(c)) Release(c);
+}
+
+ncclResult_t AsyncState(const ncclComm* c) {
+  if (c->inflight.load(std::memory_order_acquire) > 0) return ncclInProgress;
+  return static_cast<ncclResult_t>(c->async_error.load());
+}
+
+ncclResult_t EnsureReady(ncclComm* c, const char* op) {
+  if (c->inflight.load(std::memory_order_acquire) == 0) return ncclSuccess;
+  // NCCL's own words (init.cc, ncclCommEnsureReady), in its log-line shape.
+  char host[64] = "localhost";
+  gethostname(host, sizeof host - 1);
+  std::fprintf(stderr, "%s:%d:%ld [%d] NCCL WARN Attempt to use communicator before the previous operation returned ncclSuccess\n",
+               host, static_cast<int>(getpid()), static_cast<long>(syscall(SYS_gettid)), c->device);
+  return Fail(ncclInvalidArgument, c, std::string(op) + ": communicator is not ready (a nonblocking "
+                                      "operation is in progress; poll ncclCommGetAsyncError until ncclSuccess)");
 }
 
 ncclResult_t CheckUsable(ncclComm* c, const char* op) {
   if (!IsLiveComm(c)) {
     return Fail(ncclInvalidArgument, nullptr, std::string(op) + ": invalid communicator (null or destroyed)");
   }
+  const ncclResult_t ready = EnsureReady(c, op);
+  if (ready != ncclSuccess) return ready;
   if (c->state == CommState::kFailed) {
     return Fail(ncclInvalidUsage, c, std::string(op) + ": " + c->label + " failed to initialize");
   }

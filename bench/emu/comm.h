@@ -2,10 +2,22 @@
 // registry of live communicators, per-communicator reduction operators, and error reporting.
 //
 // Thread-safety: NCCL's rule applies: a communicator is used by one thread at a time (its
-// "owner"). Fields marked [owner] are touched only by that thread; `async_error` is atomic and
-// `last_error` is guarded by `mu`. The registry (IsLiveComm, Register/Unregister) and the
-// process-wide last-error text are guarded by internal mutexes.
-// Must never: throw across the C ABI, block, or touch a communicator that IsLiveComm rejects.
+// "owner"). Fields marked [owner] are touched only by the thread that currently drives it: the
+// caller's thread, or the background progress thread (engine.h) while a job of a nonblocking
+// communicator is in flight (`inflight` > 0; the caller takes them back after it reads
+// `inflight` == 0, an acquire). `async_error`, `aborted`, `inflight` and `refs` are atomic and
+// may be touched by any thread (ncclCommAbort and ncclCommGetAsyncError run on other threads);
+// `last_error` is guarded by `mu`. The registry (IsLiveComm, Unregister) and the process-wide
+// last-error text are guarded by internal mutexes. Invariants:
+//  1. Lifetime is reference counted: the user's handle holds one reference (dropped by
+//     Destroy/Abort, exactly once: whoever Unregister()s it), every Op holds one, every
+//     background job holds one per communicator it drives. The object is freed by whichever
+//     thread drops the last reference, so a thread blocked inside a call never sees freed memory.
+//  2. `aborted` only goes false -> true (ncclCommAbort); every wait polls it (Op::Poll).
+//  3. When an aborted communicator is freed, its rank is marked `gone` in the shared segment, so
+//     peers waiting on it fail with ncclRemoteError like peers of a crashed process.
+// Must never: throw across the C ABI, block, or touch a communicator that IsLiveComm rejects
+// without holding a reference.
 #ifndef FALCON_BENCH_EMU_COMM_H_
 #define FALCON_BENCH_EMU_COMM_H_
 
@@ -45,6 +57,7 @@ struct ncclComm {
   int nranks = 0;
   int device = 0;
   uint64_t key = 0;
+  bool blocking = true;  // ncclConfig_t.blocking (split/shrink children inherit the parent's)
   std::string label;  // "comm <key>:<rank>/<n>" for messages
 
   // [owner] Set by the init state machine.
@@ -67,16 +80,36 @@ struct ncclComm {
   bool revoked = false;
 
   std::atomic<int> async_error{ncclSuccess};
+  std::atomic<bool> aborted{false};  // ncclCommAbort was called (invariant 2)
+  std::atomic<int> inflight{0};      // background jobs driving this communicator (engine.h)
+  std::atomic<int> refs{1};          // invariant 1
   std::mutex mu;
   std::string last_error;  // guarded by mu
 };
 
 namespace falcon::emu {
 
-// Registry of communicators that exist (created and not yet destroyed).
-void RegisterComm(ncclComm* c);
-void UnregisterComm(ncclComm* c);
+// Registry of communicators whose user handle is valid (created, not yet destroyed or aborted).
 [[nodiscard]] bool IsLiveComm(const ncclComm* c);
+// Removes `c` from the registry; true if this call did (the caller now owns the handle's
+// reference and must Release it), false if it was not live.
+[[nodiscard]] bool Unregister(ncclComm* c);
+
+// Reference counting (invariant 1). REQUIRES for Retain: the caller holds a reference already
+// or owns the live handle.
+void Retain(ncclComm* c);
+void Release(ncclComm* c);
+// Holds a reference for a scope.
+class CommRef {
+ public:
+  explicit CommRef(ncclComm* c) : c_(c) { if (c_) Retain(c_); }
+  ~CommRef() { if (c_) Release(c_); }
+  CommRef(const CommRef&) = delete;
+  CommRef& operator=(const CommRef&) = delete;
+
+ private:
+  ncclComm* c_;
+};
 
 // Records `text` as the last error (process-wide and on `comm` if given), prints it to stderr
 // when `loud` or FALCON_EMU_DEBUG is set, and returns `code`.
@@ -91,12 +124,26 @@ void SetAsyncError(ncclComm* comm, ncclResult_t code);
 // Deterministic child key (split / shrink) from the parent key and a salt.
 [[nodiscard]] uint64_t DeriveKey(uint64_t parent, uint64_t a, uint64_t b, uint64_t c);
 
-// Creates a communicator object in the kInitializing state and registers it.
+// Creates a communicator object in the kInitializing state and registers it (one reference:
+// the handle's).
 [[nodiscard]] ncclComm* NewComm(int rank, int nranks, uint64_t key, int device);
-// Unregisters and frees it (unlinking an unfinished rendezvous).
+// Sets rank, size and the per-peer state of a communicator created before its membership was
+// known (a split child). REQUIRES: the caller drives `c` ([owner]).
+void SetGeometry(ncclComm* c, int rank, int nranks);
+// Drops the user's handle: unregisters and releases its reference (the object is freed once
+// nothing else holds it, unlinking an unfinished rendezvous). No-op if already dropped.
 void DeleteComm(ncclComm* c);
 
-// Returns ncclSuccess if `c` may run operations, else records and returns the error.
+// NCCL's ncclCommEnsureReady for nonblocking communicators: while a background job drives `c`,
+// prints "NCCL WARN Attempt to use communicator before the previous operation returned
+// ncclSuccess" to stderr and returns ncclInvalidArgument. REQUIRES: IsLiveComm(c).
+[[nodiscard]] ncclResult_t EnsureReady(ncclComm* c, const char* op);
+// What ncclCommGetAsyncError reports: ncclInProgress while a background job drives `c`, then
+// the communicator's asynchronous error (or ncclSuccess).
+[[nodiscard]] ncclResult_t AsyncState(const ncclComm* c);
+
+// Returns ncclSuccess if `c` may run operations, else records and returns the error
+// (EnsureReady first).
 [[nodiscard]] ncclResult_t CheckUsable(ncclComm* c, const char* op);
 
 }  // namespace falcon::emu

@@ -22,7 +22,7 @@ namespace falcon::emu {
 
 struct EmuConfig {
   FabricParams fabric;
-  double timeout_s = 60;              // FALCON_EMU_TIMEOUT_S
+  double timeout_s = 0;               // FALCON_EMU_TIMEOUT_S: lenient peer deadline; 0 = wait forever (NCCL)
   double gpu_tflops = 10;             // FALCON_EMU_GPU_TFLOPS: modelled GEMM rate (0 = no model)
   int ranks_per_node = 8;             // FALCON_EMU_RANKS_PER_NODE
   std::vector<int> placement;         // FALCON_EMU_PLACEMENT: node of each global rank

@@ -9,7 +9,12 @@
 // shared state, job_state.h: runtime placement), LD_LIBRARY_PATH (emulator dir first) and
 // LD_PRELOAD (--preload); forwards each rank's stdout/stderr line by line with a
 // "[rank R] " prefix; exits non-zero if any rank fails; on SIGINT/SIGTERM, or when a rank fails,
-// terminates the others after --grace seconds (SIGTERM, then SIGKILL 2 s later).
+// terminates the others after --grace seconds (SIGTERM, then SIGKILL 2 s later). --job-timeout S
+// does the same after S seconds (exit status 124): the harness guard for jobs that may be left
+// waiting on a missing peer, which the emulator (like NCCL) waits for forever. --timeout S sets
+// FALCON_EMU_TIMEOUT_S, the emulator's lenient mode in which such waits fail after S seconds;
+// only tests of that mode should pass it. Each rank gets SIGKILL if the launcher itself dies
+// (PR_SET_PDEATHSIG), so a killed launcher never leaves ranks waiting forever.
 // --node-shm-dirs DIR gives each emulated node its own shim segment directory, DIR/node<K>
 // (FALCON_SHM_DIR, created 0700; FALCON_EMU_NODE=K), so one falcon-agent per emulated node sees
 // only its node's ranks, as on a real cluster.
@@ -18,12 +23,13 @@
 // restart-round id files) and the job state.
 //
 // Thread-safety: single-threaded event loop (poll). Must never: leave ranks running after it
-// exits, or block on one rank's pipe while others have output.
+// exits (or dies), or block on one rank's pipe while others have output.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <dirent.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -62,8 +68,9 @@ void Usage(FILE* f) {
       "  -n, --nranks N          number of ranks (required)\n"
       "  --ranks-per-node K      ranks per emulated node (FALCON_EMU_RANKS_PER_NODE; default 8)\n"
       "  --fault-plan F          fault plan file or inline JSON (FALCON_EMU_FAULT_PLAN)\n"
-      "  --timeout S             emulator peer deadline in seconds (FALCON_EMU_TIMEOUT_S)\n"
-      "  --job-timeout S         kill the whole job after S seconds (default: none)\n"
+      "  --timeout S             LENIENT mode: peer waits fail after S s (FALCON_EMU_TIMEOUT_S);\n"
+      "                          by default they wait forever, as NCCL's do\n"
+      "  --job-timeout S         stop the whole job after S seconds, exit 124 (default: none)\n"
       "  --preload LIB           LD_PRELOAD for every rank (e.g. the Falcon shim)\n"
       "  --lib-dir DIR           emulator directory to put first on LD_LIBRARY_PATH\n"
       "                          (default: %s)\n"
@@ -176,7 +183,10 @@ void RemoveTempDir(const std::string& dir) {
 }
 
 void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string& id_file, long long epoch,
-              const std::string& job_state) {
+              const std::string& job_state, pid_t launcher) {
+  // Die with the launcher: a rank waiting forever on a missing peer must not outlive it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(137);  // it died before the line above
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
   const int rpn = o.ranks_per_node;
@@ -232,6 +242,7 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  const pid_t launcher = getpid();
   std::vector<Rank> ranks(static_cast<size_t>(o.n));
   for (int r = 0; r < o.n; ++r) {
     int po[2], pe[2];
@@ -243,7 +254,7 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       close(po[0]);
       close(pe[0]);
-      ExecRank(o, r, po[1], pe[1], id_file, epoch, job_state);
+      ExecRank(o, r, po[1], pe[1], id_file, epoch, job_state, launcher);
     }
     close(po[1]);
     close(pe[1]);

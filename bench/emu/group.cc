@@ -1,17 +1,11 @@
-// Progress engine and group state; see group.h for the invariants.
-// Thread-safety: thread_local state only. Must never throw out of the engine: Step() is noexcept
-// by contract, and allocation failures are caught by the API layer.
+// Group state; see group.h for the invariants.
+// Thread-safety: thread_local state only. Must never throw except std::bad_alloc and
+// std::system_error (engine.h), which the API layer catches.
 #include "group.h"
 
-#include <sched.h>
-#include <signal.h>
-#include <time.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <climits>
 
-#include "emu_config.h"
+#include "engine.h"
 #include "job_state.h"
 
 namespace falcon::emu {
@@ -24,106 +18,30 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
-constexpr int kSpinSweeps = 64;
-constexpr int kYieldSweeps = 128;
-constexpr int64_t kMaxSleepNs = 200'000;
-
-void SleepNs(int64_t ns) {
-  if (ns <= 0) return;
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  nanosleep(&ts, nullptr);
+// The group's ops all run on blocking communicators, all on nonblocking ones, or (an error)
+// on both kinds.
+enum class Blocking { kYes, kNo, kMixed };
+Blocking KindOf(const std::vector<std::unique_ptr<Op>>& ops) {
+  bool blocking = false, nonblocking = false;
+  for (const auto& op : ops) (op->comm()->blocking ? blocking : nonblocking) = true;
+  if (blocking && nonblocking) return Blocking::kMixed;
+  return nonblocking ? Blocking::kNo : Blocking::kYes;
 }
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  sched_yield();
-#endif
-}
-
-// Waits a little after a sweep without progress. `wake_ns` is the earliest time-only wake-up
-// (INT64_MAX if none); `peers` says whether any op waits for other ranks.
-void Backoff(int idle, int64_t now, int64_t wake_ns, bool peers) {
-  if (!peers) {
-    const int64_t left = wake_ns - now;
-    if (left > 60'000) SleepNs(left - 50'000);
-    else if (left > 0) sched_yield();
-    return;
+// Runs a finished group (or one ungrouped call): in this thread for blocking communicators,
+// in the background for nonblocking ones (ncclInProgress).
+ncclResult_t Execute(std::vector<std::unique_ptr<Op>> ops) {
+  switch (KindOf(ops)) {
+    case Blocking::kYes: return RunOps(ops);
+    case Blocking::kNo: return RunInBackground(std::move(ops));
+    case Blocking::kMixed: break;
   }
-  if (idle < kSpinSweeps) {
-    for (int i = 0; i < 16; ++i) CpuRelax();
-  } else if (idle < kYieldSweeps) {
-    sched_yield();
-  } else {
-    const int shift = std::min(idle - kYieldSweeps, 8);
-    int64_t ns = std::min<int64_t>(int64_t{1000} << shift, kMaxSleepNs);
-    if (wake_ns != INT64_MAX) ns = std::min(ns, wake_ns - now);
-    if (ns > 0) SleepNs(ns); else sched_yield();
-  }
+  // NCCL refuses this too (group.cc): a group is either blocking or not.
+  return Fail(ncclInvalidArgument, nullptr,
+              "ncclGroupEnd: blocking and nonblocking communicators are not allowed in the same group");
 }
 
 }  // namespace
-
-bool PeerWait::Expired(int64_t now_ns) const {
-  return static_cast<double>(now_ns - last_progress_ns_) * 1e-9 > Config().timeout_s;
-}
-
-bool PeerWait::LivenessDue(int64_t now_ns) {
-  if (now_ns < next_liveness_ns_) return false;
-  next_liveness_ns_ = now_ns + 100'000'000;
-  return true;
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i) s += ",";
-    s += std::to_string(ranks[i]);
-  }
-  return s;
-}
-
-bool ProcessGone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
-
-ncclResult_t RunOps(std::vector<std::unique_ptr<Op>>& ops) {
-  for (auto& op : ops) {
-    RefreshCommNodes(op->comm(), Refresh::kIfChanged);  // a placement change applies from here on
-    op->Launch();
-  }
-  std::vector<bool> finished(ops.size(), false);
-  size_t remaining = ops.size();
-  ncclResult_t first_error = ncclSuccess;
-  int idle = 0;
-  while (remaining > 0) {
-    const int64_t now = NowNs();
-    bool advanced = false;
-    bool peers = false;
-    int64_t wake = INT64_MAX;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (finished[i]) continue;
-      const Progress p = ops[i]->Step(now);
-      if (p == Progress::kDone || p == Progress::kFailed) {
-        finished[i] = true;
-        --remaining;
-        advanced = true;
-        if (p == Progress::kFailed && first_error == ncclSuccess) first_error = ops[i]->result();
-      } else if (p == Progress::kAdvanced) {
-        advanced = true;
-      } else if (ops[i]->wake_at_ns() != 0) {
-        wake = std::min(wake, ops[i]->wake_at_ns());
-      } else {
-        peers = true;
-      }
-    }
-    if (advanced) {
-      idle = 0;
-      continue;
-    }
-    if (remaining > 0) Backoff(idle++, now, wake, peers);
-  }
-  return first_error;
-}
 
 ncclResult_t Submit(std::unique_ptr<Op> op) {
   if (t_group.depth > 0) {
@@ -132,7 +50,7 @@ ncclResult_t Submit(std::unique_ptr<Op> op) {
   }
   std::vector<std::unique_ptr<Op>> one;
   one.push_back(std::move(op));
-  return RunOps(one);
+  return Execute(std::move(one));
 }
 
 void NoteGroupError(ncclResult_t code) {
@@ -160,7 +78,8 @@ ncclResult_t GroupEnd() {
   t_group.ops.clear();
   const ncclResult_t call_error = t_group.error;
   t_group.error = ncclSuccess;
-  const ncclResult_t run_error = RunOps(ops);
+  if (ops.empty()) return call_error;
+  const ncclResult_t run_error = Execute(std::move(ops));
   return call_error != ncclSuccess ? call_error : run_error;
 }
 

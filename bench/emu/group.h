@@ -1,13 +1,14 @@
-// Group semantics and the progress engine (ncclGroupStart/End/SimulateEnd).
+// Group semantics (ncclGroupStart/End/SimulateEnd); the engine that runs the ops is engine.h.
 //
-// Thread-safety: group state is per thread (as in NCCL); the engine drives only the calling
-// thread's ops. Invariants:
-//  1. Outside a group, Submit() runs the op to completion before returning.
+// Thread-safety: group state is per thread (as in NCCL). Invariants:
+//  1. Outside a group, Submit() runs the op at once: to completion on a blocking communicator,
+//     in the background on a nonblocking one (ncclInProgress).
 //  2. Inside a group (depth > 0), Submit() only queues; the outermost GroupEnd launches all queued
-//     ops in submission order, then polls them round-robin until every one is done or failed.
-//  3. The engine never sleeps while an op made progress in the last sweep; idle sweeps back off
-//     from spinning to sched_yield to nanosleep (<= 200 us), or sleep to the earliest wake time.
-// Must never: spin forever (ops enforce their deadlines), throw.
+//     ops in submission order and runs them together: in this thread until every one is done or
+//     failed if every communicator involved is blocking, as one background job returning
+//     ncclInProgress if every one is nonblocking; a group mixing both fails with
+//     ncclInvalidArgument (as in NCCL) and runs nothing.
+// Must never: throw; wait without polling for aborts (Op::Poll).
 #ifndef FALCON_BENCH_EMU_GROUP_H_
 #define FALCON_BENCH_EMU_GROUP_H_
 
@@ -22,8 +23,6 @@ namespace falcon::emu {
 
 // Queues (in a group) or runs (outside) `op`. Returns the op's result when run now.
 [[nodiscard]] ncclResult_t Submit(std::unique_ptr<Op> op);
-// Runs `ops` to completion; returns the first failure (or ncclSuccess).
-[[nodiscard]] ncclResult_t RunOps(std::vector<std::unique_ptr<Op>>& ops);
 // Records a call-time validation failure inside a group; GroupEnd returns it.
 void NoteGroupError(ncclResult_t code);
 [[nodiscard]] bool InGroup();

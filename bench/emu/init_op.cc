@@ -19,6 +19,7 @@ class InitOp final : public Op {
  public:
   InitOp(ncclComm* comm, int global) : Op(comm), global_(global) {}
 
+ protected:
   Progress Step(int64_t now) override {
     if (start_ns_ == 0) start_ns_ = now;
     if (!comm_->seg) comm_->seg = std::make_unique<Segment>();
@@ -45,9 +46,15 @@ class InitOp final : public Op {
       return Progress::kAdvanced;
     }
     if (LoadAcquire(seg->header()->joined) < comm_->nranks) {
-      std::vector<int> missing;
+      std::vector<int> missing, gone;
+      const bool check_gone = wait_.LivenessDue(now);
       for (int r = 0; r < comm_->nranks; ++r) {
         if (LoadAcquire(seg->rank(r)->pid) == 0) missing.push_back(r);
+        else if (check_gone && PeerGone(*seg, r)) gone.push_back(r);
+      }
+      if (!gone.empty()) {
+        return Failed(ncclRemoteError, "ncclCommInitRank failed on " + comm_->label + ": ranks " + RankList(gone) +
+                                           " joined, then their process exited or they aborted the communicator");
       }
       return Timeout(now, missing);
     }
@@ -66,8 +73,10 @@ class InitOp final : public Op {
     result_ = Fail(code, comm_, text, Loud::kYes);
     return Progress::kFailed;
   }
+  // Waits forever (as NCCL) unless FALCON_EMU_TIMEOUT_S set a lenient deadline.
   Progress Timeout(int64_t now, const std::vector<int>& missing) {
-    if (static_cast<double>(now - start_ns_) * 1e-9 <= Config().timeout_s) return Progress::kPending;
+    const double limit = Config().timeout_s;
+    if (limit <= 0 || static_cast<double>(now - start_ns_) * 1e-9 <= limit) return Progress::kPending;
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "ncclCommInitRank timed out on %s after %.3f s: %s%s%s", comm_->label.c_str(),
@@ -81,13 +90,19 @@ class InitOp final : public Op {
   int global_;
   bool joined_ = false;
   int64_t start_ns_ = 0;
+  PeerWait wait_;  // liveness checks of joined ranks only
 };
 
 class SplitOp final : public Op {
  public:
-  SplitOp(ncclComm* parent, int color, int key, ncclComm** out)
-      : Op(parent), color_(color), key_(key), out_(out) {}
+  SplitOp(ncclComm* parent, int color, int key, bool child_blocking, ncclComm** out)
+      : Op(parent), color_(color), key_(key), child_blocking_(child_blocking), out_(out) {}
+  ~SplitOp() override {
+    if (child_) Release(child_);
+  }
 
+  // The child handle exists from here on (NCCL hands out a valid handle at once); its rank
+  // and size are filled in once the all-gather on the parent has run.
   void Launch() override {
     index_ = comm_->splits++;
     mine_[0] = color_;
@@ -102,20 +117,29 @@ class SplitOp final : public Op {
     a.dtype = DType::kInt32;
     gather_ = MakeCollOp(comm_, a);
     gather_->Launch();
+    if (color_ == NCCL_SPLIT_NOCOLOR) {
+      *out_ = nullptr;
+      return;
+    }
+    const uint64_t key = DeriveKey(comm_->key, 1, index_, static_cast<uint64_t>(static_cast<uint32_t>(color_)));
+    child_ = NewComm(0, 1, key, comm_->device);
+    child_->blocking = child_blocking_;
+    Retain(child_);  // ours, while we drive it
+    __atomic_store_n(out_, child_, __ATOMIC_RELEASE);  // another thread may read it to abort
   }
 
+  ncclComm* child() const override { return child_; }
+
+ protected:
   Progress Step(int64_t now) override {
     if (!child_op_) {
-      const Progress p = gather_->Step(now);
+      const Progress p = gather_->Poll(now);
       if (p == Progress::kFailed) {
         result_ = gather_->result();
         return p;
       }
       if (p != Progress::kDone) return p;
-      if (color_ == NCCL_SPLIT_NOCOLOR) {
-        *out_ = nullptr;
-        return Progress::kDone;
-      }
+      if (!child_) return Progress::kDone;  // NCCL_SPLIT_NOCOLOR
       std::vector<std::pair<std::pair<int, int>, int>> members;  // ((key, parent rank), parent rank)
       for (int r = 0; r < comm_->nranks; ++r) {
         if (all_[static_cast<size_t>(r) * 2] == color_) {
@@ -127,20 +151,20 @@ class SplitOp final : public Op {
       for (size_t i = 0; i < members.size(); ++i) {
         if (members[i].second == comm_->rank) my_rank = static_cast<int>(i);
       }
-      const uint64_t key = DeriveKey(comm_->key, 1, index_, static_cast<uint64_t>(static_cast<uint32_t>(color_)));
-      ncclComm* child = NewComm(my_rank, static_cast<int>(members.size()), key, comm_->device);
-      *out_ = child;
-      child_op_ = MakeInitOp(child, comm_->globals[static_cast<size_t>(comm_->rank)]);
+      SetGeometry(child_, my_rank, static_cast<int>(members.size()));
+      child_op_ = MakeInitOp(child_, comm_->globals[static_cast<size_t>(comm_->rank)]);
       return Progress::kAdvanced;
     }
-    const Progress p = child_op_->Step(now);
+    const Progress p = child_op_->Poll(now);
     if (p == Progress::kFailed) result_ = child_op_->result();
     return p;
   }
 
  private:
   int color_, key_;
+  bool child_blocking_;
   ncclComm** out_;
+  ncclComm* child_ = nullptr;  // one reference held
   uint64_t index_ = 0;
   int32_t mine_[2] = {0, 0};
   std::vector<int32_t> all_;
@@ -150,8 +174,8 @@ class SplitOp final : public Op {
 
 class ShrinkOp final : public Op {
  public:
-  ShrinkOp(ncclComm* parent, std::vector<int> exclude, ncclComm** out)
-      : Op(parent), exclude_(std::move(exclude)), out_(out) {}
+  ShrinkOp(ncclComm* parent, std::vector<int> exclude, bool child_blocking, ncclComm** out)
+      : Op(parent), exclude_(std::move(exclude)), child_blocking_(child_blocking), out_(out) {}
 
   void Launch() override {
     const uint64_t index = comm_->shrinks++;
@@ -165,18 +189,23 @@ class ShrinkOp final : public Op {
       ++n;
     }
     ncclComm* child = NewComm(my_rank, n, DeriveKey(comm_->key, 2, index, salt), comm_->device);
-    *out_ = child;
+    child->blocking = child_blocking_;
+    __atomic_store_n(out_, child, __ATOMIC_RELEASE);  // another thread may read it to abort
     child_op_ = MakeInitOp(child, comm_->globals[static_cast<size_t>(comm_->rank)]);
   }
 
+  ncclComm* child() const override { return child_op_ ? child_op_->comm() : nullptr; }
+
+ protected:
   Progress Step(int64_t now) override {
-    const Progress p = child_op_->Step(now);
+    const Progress p = child_op_->Poll(now);
     if (p == Progress::kFailed) result_ = child_op_->result();
     return p;
   }
 
  private:
   std::vector<int> exclude_;
+  bool child_blocking_;
   ncclComm** out_;
   std::unique_ptr<Op> child_op_;
 };
@@ -186,11 +215,12 @@ class ShrinkOp final : public Op {
 std::unique_ptr<Op> MakeInitOp(ncclComm* comm, int global_rank) {
   return std::make_unique<InitOp>(comm, global_rank);
 }
-std::unique_ptr<Op> MakeSplitOp(ncclComm* parent, int color, int key, ncclComm** newcomm) {
-  return std::make_unique<SplitOp>(parent, color, key, newcomm);
+std::unique_ptr<Op> MakeSplitOp(ncclComm* parent, int color, int key, bool child_blocking, ncclComm** newcomm) {
+  return std::make_unique<SplitOp>(parent, color, key, child_blocking, newcomm);
 }
-std::unique_ptr<Op> MakeShrinkOp(ncclComm* parent, std::vector<int> exclude, ncclComm** newcomm) {
-  return std::make_unique<ShrinkOp>(parent, std::move(exclude), newcomm);
+std::unique_ptr<Op> MakeShrinkOp(ncclComm* parent, std::vector<int> exclude, bool child_blocking,
+                                 ncclComm** newcomm) {
+  return std::make_unique<ShrinkOp>(parent, std::move(exclude), child_blocking, newcomm);
 }
 
 }  // namespace falcon::emu

@@ -6,8 +6,10 @@
 // Thread-safety: owned by the submitting thread. Invariants:
 //  1. A child communicator's key is derived deterministically from the parent key, the parent's
 //     split/shrink counter and the color (or exclude list), so all members meet on one segment.
-//  2. *newcomm is written only by the owner thread: at submission for InitRank, when the
-//     membership is known for Split/Shrink; it is valid after the outermost GroupEnd returns.
+//  2. *newcomm is written only by the submitting thread: at submission for InitRank, at launch
+//     for Split/Shrink (a NCCL_SPLIT_NOCOLOR split writes NULL), with a release store, so that
+//     another thread may read it to abort a blocked init. A split child's rank and size
+//     are filled in later, by whichever thread drives the split, before it becomes ready.
 // Must never: block, or leave a half-initialised communicator usable (state stays kInitializing
 // or becomes kFailed).
 #ifndef FALCON_BENCH_EMU_INIT_OP_H_
@@ -23,8 +25,11 @@ namespace falcon::emu {
 // Joins `comm` (state kInitializing, rank/nranks/key set) to its segment. `global_rank` is this
 // member's global rank.
 [[nodiscard]] std::unique_ptr<Op> MakeInitOp(ncclComm* comm, int global_rank);
-[[nodiscard]] std::unique_ptr<Op> MakeSplitOp(ncclComm* parent, int color, int key, ncclComm** newcomm);
-[[nodiscard]] std::unique_ptr<Op> MakeShrinkOp(ncclComm* parent, std::vector<int> exclude, ncclComm** newcomm);
+// `child_blocking`: the child's ncclConfig_t.blocking (inherited from the parent without a config).
+[[nodiscard]] std::unique_ptr<Op> MakeSplitOp(ncclComm* parent, int color, int key, bool child_blocking,
+                                              ncclComm** newcomm);
+[[nodiscard]] std::unique_ptr<Op> MakeShrinkOp(ncclComm* parent, std::vector<int> exclude, bool child_blocking,
+                                               ncclComm** newcomm);
 
 }  // namespace falcon::emu
 

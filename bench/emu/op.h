@@ -3,7 +3,9 @@
 // an ungrouped call) launches its ops in submission order and polls them until all finish, so
 // ops of several communicators and of several ranks in one thread progress together.
 //
-// Thread-safety: an Op is owned and driven by the thread that submitted it.
+// Thread-safety: an Op is launched by the thread that submitted it and then driven by that
+// thread (blocking communicators) or by the background progress thread (nonblocking ones,
+// engine.h). It holds a reference to its communicator for its whole life (comm.h invariant 1).
 // Must never: block or sleep inside Launch/Step (waiting is the engine's job), throw.
 #ifndef FALCON_BENCH_EMU_OP_H_
 #define FALCON_BENCH_EMU_OP_H_
@@ -22,15 +24,18 @@ enum class Progress { kPending, kAdvanced, kDone, kFailed };
 
 class Op {
  public:
-  explicit Op(ncclComm* comm) : comm_(comm) {}
-  virtual ~Op() = default;
+  explicit Op(ncclComm* comm) : comm_(comm) { Retain(comm_); }
+  virtual ~Op() { Release(comm_); }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
-  // Called once, in submission order, when the op is about to run: takes sequence numbers.
+  // Called once, in submission order, by the submitting thread: takes sequence numbers.
   virtual void Launch() {}
-  // One non-blocking attempt to advance. kFailed: result() holds the error (already recorded).
-  virtual Progress Step(int64_t now_ns) = 0;
+  // One attempt to advance: fails the op with ncclInternalError once its communicator was
+  // aborted (what NCCL's waits return when they see the abort flag), else Step().
+  [[nodiscard]] Progress Poll(int64_t now_ns);
+  // The communicator this op creates (split/shrink child), known after Launch; else null.
+  [[nodiscard]] virtual ncclComm* child() const { return nullptr; }
   // Modelled seconds of this op if it started now (ncclGroupSimulateEnd).
   [[nodiscard]] virtual double ModelSeconds() const { return 0; }
 
@@ -40,6 +45,9 @@ class Op {
   [[nodiscard]] int64_t wake_at_ns() const { return wake_at_ns_; }
 
  protected:
+  // One non-blocking attempt to advance. kFailed: result() holds the error (already recorded).
+  virtual Progress Step(int64_t now_ns) = 0;
+
   ncclComm* comm_;
   ncclResult_t result_ = ncclSuccess;
   int64_t wake_at_ns_ = 0;
@@ -49,7 +57,7 @@ class Op {
 class PeerWait {
  public:
   void Reset(int64_t now_ns) { last_progress_ns_ = now_ns; next_liveness_ns_ = now_ns; }
-  // True once no progress was made for the configured timeout.
+  // True once no progress was made for FALCON_EMU_TIMEOUT_S (lenient mode); never by default.
   [[nodiscard]] bool Expired(int64_t now_ns) const;
   // True at most every 100 ms: time to check whether missing peers' processes are alive.
   [[nodiscard]] bool LivenessDue(int64_t now_ns);
@@ -66,6 +74,9 @@ class PeerWait {
 [[nodiscard]] std::string RankList(const std::vector<int>& ranks);
 // True if the process `pid` no longer exists.
 [[nodiscard]] bool ProcessGone(int pid);
+// True if rank `r` of `seg` will never arrive: its process exited or it aborted the
+// communicator (RankCtl.gone).
+[[nodiscard]] bool PeerGone(const Segment& seg, int r);
 
 }  // namespace falcon::emu
 

@@ -3,6 +3,7 @@
 #include "p2p_op.h"
 
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -64,17 +65,16 @@ class P2pOp final : public Op {
 };
 
 Progress P2pOp::Waiting(int64_t now, bool progressed) {
-  const int pid = LoadAcquire(comm_->seg->rank(a_.peer)->pid);
-  const bool dead = wait_.LivenessDue(now) && ProcessGone(pid);
+  const bool dead = wait_.LivenessDue(now) && PeerGone(*comm_->seg, a_.peer);
   if (!dead && !wait_.Expired(now)) return progressed ? Progress::kAdvanced : Progress::kPending;
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "%s timed out on %s (message %" PRIu64 " %s peer %d, global %d, %zu bytes) after "
+                "%s %s on %s (message %" PRIu64 " %s peer %d, global %d, %zu bytes) after "
                 "%.3f s: peer rank %d did not %s%s",
-                Name(), comm_->label.c_str(), msg_, a_.is_send ? "to" : "from", a_.peer,
+                Name(), dead ? "failed" : "timed out", comm_->label.c_str(), msg_, a_.is_send ? "to" : "from", a_.peer,
                 comm_->globals[static_cast<size_t>(a_.peer)], bytes_, wait_.WaitedSeconds(now),
                 a_.peer, a_.is_send ? "post the matching ncclRecv" : "post the matching ncclSend",
-                dead ? " (its process exited)" : "");
+                dead ? " (its process exited or it aborted the communicator)" : "");
   return Failed(ncclRemoteError, buf);
 }
 
@@ -151,7 +151,11 @@ Progress P2pOp::Step(int64_t now) {
         const auto until = Config().plan.HangUntil(comm_->globals[static_cast<size_t>(comm_->rank)], JobSeconds(now));
         if (until) {
           if (std::isinf(*until)) {
-            if (hang_deadline_ns_ == 0) hang_deadline_ns_ = now + static_cast<int64_t>(Config().timeout_s * 1e9);
+            // Forever: until the lenient deadline if one is set, else until an abort.
+            if (hang_deadline_ns_ == 0) {
+              hang_deadline_ns_ = Config().timeout_s > 0 ? now + static_cast<int64_t>(Config().timeout_s * 1e9)
+                                                         : INT64_MAX;
+            }
             if (now >= hang_deadline_ns_) {
               return Failed(ncclSystemError, std::string(Name()) + ": " + comm_->label +
                                                  " blocked by a hang fault until the deadline");

@@ -19,7 +19,8 @@
 // std::atomic_ref; plain fields are written before the release store that publishes them):
 //  1. SegHeader fields are immutable once `magic` is published.
 //  2. RankCtl[r].{global_rank, device} are written by rank r before its `pid` (release);
-//     `joined` is incremented after `pid` is published.
+//     `joined` is incremented after `pid` is published. `gone` goes 0 -> 1 once, when rank r
+//     aborted the communicator; peers waiting on r then fail as if its process had exited.
 //  3. Collective step s uses slot parity s % 2. Rank r writes its slot for step s only after
 //     every rank's `consumed` >= s - 2, then publishes `posted` = s (release). Readers read a
 //     slot of step s only after seeing `posted` >= s (acquire), then publish `consumed` = s.
@@ -64,7 +65,7 @@ struct alignas(64) RankCtl {
   int32_t pid;  // atomic: 0 until the rank joined
   int32_t global_rank;
   int32_t device;
-  int32_t reserved0;
+  int32_t gone;       // atomic: 1 once the rank aborted this communicator (comm.h invariant 3)
   uint64_t posted;    // atomic: last collective step whose slot this rank published
   uint64_t consumed;  // atomic: last collective step this rank finished reading
   uint8_t reserved[32];

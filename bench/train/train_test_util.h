@@ -33,7 +33,7 @@ struct JobResult {
 inline JobResult RunJob(const std::vector<std::string>& launcher_args, const std::vector<std::string>& trainer_args,
                         const std::function<void(const std::string&)>& on_line = nullptr,
                         const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  std::vector<std::string> args = {FALCON_EMU_RUN_BIN, "--timeout", "20", "--job-timeout", "90"};
+  std::vector<std::string> args = {FALCON_EMU_RUN_BIN, "--job-timeout", "90"};
   args.insert(args.end(), launcher_args.begin(), launcher_args.end());
   args.push_back("--");
   args.push_back(FALCON_TRAIN_EMU_BIN);
