@@ -35,7 +35,9 @@ class GpuTimer {
   // Looks for an already-loaded libcuda.so.1 and its entry points. Returns true if usable now.
   // May be called again while it has not succeeded (and timing was not disabled).
   bool Init();
-  bool available() const { return available_.load(std::memory_order_relaxed); }
+  // Acquire: a caller that sees true sees the driver's entry points Init copied (the service
+  // thread may find the driver after the callers started).
+  bool available() const { return available_.load(std::memory_order_acquire); }
   // A driver error turned GPU timing off for good.
   bool disabled() const { return disabled_.load(std::memory_order_relaxed); }
 

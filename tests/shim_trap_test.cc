@@ -314,6 +314,64 @@ TEST_F(ShimTrapTest, OnAStalledGpuATaskFailsAtThePauseDeadlineAndTrainingGoesOn)
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }
 
+// Validation traffic never runs on the job's communicators: a P2P task naming one is refused.
+// A rank that never joins the validation communicator makes the others' joins fail by the task
+// deadline (nobody posts a transfer); a rank that joined but never posts makes its peers'
+// transfers fail by the deadline, and the communicator is aborted. Training goes on with its
+// data intact after each.
+TEST_F(ShimTrapTest, AMissingRankFailsTheRoundByItsDeadlineAndTrainingGoesOn) {
+  StartJob();
+  std::vector<uint64_t> gens = PauseAll(RealNow() + 30'000'000'000LL);
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  std::vector<FalconTask> on_job = RingPass(4096);
+  for (FalconTask& t : on_job) t.comm_slot = kWorldSlot;
+  for (const FalconTaskResult& r : RunOnAll(on_job)) EXPECT_EQ(r.status, kFalconTaskBadRequest);
+
+  // Rank 3 never joins: the other joins end by their 3 s deadline, failed.
+  const int64_t t0 = RealNow();
+  const uint64_t id_seq = segs_[0].PostTask(FalconTask{kFalconTaskCommId, 1, 0, -1, -1, 0, 0, 0, 0, 0, {}});
+  FalconTaskResult id{};
+  ASSERT_TRUE(testing::WaitUntil([&] { return segs_[0].TaskDone(id_seq, &id); }, 30));
+  uint8_t blob[FALCON_TASK_BLOB_LEN];
+  segs_[0].TaskResultBlob(blob);
+  std::vector<uint64_t> seqs;
+  for (int r = 0; r < 3; ++r) {
+    FalconTask join = Join(r, 4096);
+    join.deadline_real_ns = RealNow() + 3'000'000'000LL;
+    seqs.push_back(segs_[static_cast<size_t>(r)].PostTask(join, blob));
+  }
+  std::vector<FalconTaskResult> joined(3);
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    for (size_t r = 0; r < 3; ++r) {
+      if (!segs_[r].TaskDone(seqs[r], &joined[r])) return false;
+    }
+    return true;
+  }, 20)) << "a join waited past its deadline";
+  for (const FalconTaskResult& r : joined) EXPECT_EQ(r.status, kFalconTaskFailed);
+  EXPECT_LT(RealNow() - t0, 10'000'000'000LL) << "the joins failed by their deadline, not later";
+
+  // Everybody joins; rank 3 never posts its transfer: the others fail by the 3 s deadline.
+  for (const FalconTaskResult& r : JoinAll(4096)) ASSERT_EQ(r.status, kFalconTaskOk);
+  std::vector<FalconTask> ring = RingPass(4096);
+  std::vector<uint64_t> posted;
+  for (int r = 0; r < 3; ++r) {
+    ring[static_cast<size_t>(r)].deadline_real_ns = RealNow() + 3'000'000'000LL;
+    posted.push_back(segs_[static_cast<size_t>(r)].PostTask(ring[static_cast<size_t>(r)]));
+  }
+  std::vector<FalconTaskResult> moved(3);
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    for (size_t r = 0; r < 3; ++r) {
+      if (!segs_[r].TaskDone(posted[r], &moved[r])) return false;
+    }
+    return true;
+  }, 20)) << "a transfer waited past its deadline";
+  EXPECT_EQ(moved[0].status, kFalconTaskFailed) << "rank 0 receives from rank 3";
+  EXPECT_EQ(moved[2].status, kFalconTaskFailed) << "rank 2 sends to rank 3";
+  for (size_t r = 0; r < segs_.size(); ++r) segs_[r].RequestResume(gens[r]);
+  ASSERT_TRUE(AllIn(kFalconPauseResumed, gens, 10));
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
+}
+
 // A rank whose device cannot hold the transfer buffers says so when it joins, before anybody
 // posts a transfer; the round can stop there and training goes on.
 TEST_F(ShimTrapTest, OnAGpuAJoinThatCannotAllocateFailsBeforeAnyTransfer) {

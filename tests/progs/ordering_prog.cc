@@ -87,7 +87,8 @@ ncclResult_t Settle(ncclResult_t r, ncclComm_t comm) {
 
 #define CHECK_ON(call, comm)                                                      \
   do {                                                                            \
-    ncclResult_t r_ = Settle((call), (comm));                                     \
+    ncclResult_t r_ = (call);  /* first: it may set `comm` */                     \
+    r_ = Settle(r_, (comm));                                                      \
     if (r_ != ncclSuccess) {                                                      \
       std::fprintf(stderr, "rank %d: %s failed: %d\n", env.rank, #call, static_cast<int>(r_)); \
       return 1;                                                                   \
@@ -141,15 +142,20 @@ int main(int argc, char** argv) {
     const long period_ns = env.rank % 2 == 0 ? 300 * 1000 : 1700 * 1000;
     std::vector<ncclComm_t> comms{world, child};
     if (twin != nullptr) comms.push_back(twin);
-    watchdog = std::thread([&stop, &polls, comms, period_ns] {
+    // Queries on a nonblocking communicator with work in flight are refused (NCCL warns): there
+    // the watchdog polls async errors only, as PyTorch's does.
+    const bool queries = !o.nonblocking;
+    watchdog = std::thread([&stop, &polls, comms, period_ns, queries] {
       while (!stop.load(std::memory_order_relaxed)) {
         for (ncclComm_t c : comms) {
           ncclResult_t async = ncclSuccess;
           int n = 0, r = 0, dev = 0;
           (void)ncclCommGetAsyncError(c, &async);
-          (void)ncclCommCount(c, &n);
-          (void)ncclCommUserRank(c, &r);
-          (void)ncclCommCuDevice(c, &dev);
+          if (queries) {
+            (void)ncclCommCount(c, &n);
+            (void)ncclCommUserRank(c, &r);
+            (void)ncclCommCuDevice(c, &dev);
+          }
           polls.fetch_add(1, std::memory_order_relaxed);
         }
         SleepNs(period_ns);
