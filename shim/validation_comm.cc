@@ -221,6 +221,10 @@ void ValidationComm::Release() {
     if (device_) GpuFreeP2pBuffers(gpu_);
     std::free(host_send_);
     std::free(host_recv_);
+  } else if (host_send_ != nullptr && n_retired_ < kMaxRetired) {
+    retired_[2 * n_retired_] = host_send_;
+    retired_[2 * n_retired_ + 1] = host_recv_;
+    ++n_retired_;
   }
   gpu_ = GpuP2pBuffers{};
   host_send_ = host_recv_ = nullptr;

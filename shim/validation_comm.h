@@ -54,6 +54,11 @@ class ValidationComm {
   GpuP2pBuffers gpu_;
   char* host_send_ = nullptr;
   char* host_recv_ = nullptr;
+  // Host buffers a transfer may still touch after it missed its deadline: kept for the process's
+  // life (reachable here, so not reported as leaks), at most kMaxRetired pairs, then let go.
+  static constexpr int kMaxRetired = 32;
+  char* retired_[2 * kMaxRetired] = {};
+  int n_retired_ = 0;
 };
 
 }  // namespace falcon::shim

