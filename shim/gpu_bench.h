@@ -39,8 +39,8 @@ struct GpuP2pObserver {
   void* ctx;
 };
 
-// The result of a group whose end returned `end_result`: if ncclInProgress (a nonblocking
-// communicator), polls ncclCommGetAsyncError on `comm` until the group is done or the deadline
+// The result of a group whose end (or a nonblocking init) returned `end_result`: if
+// ncclInProgress, polls ncclCommGetAsyncError on `comm` until the work is done or the deadline
 // passes (then ncclInProgress is returned: the caller must abort `comm`).
 int FinishNonblockingGroup(void* comm, int end_result, int64_t deadline_mono_ns);
 

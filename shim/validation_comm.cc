@@ -2,7 +2,6 @@
 #include "shim/validation_comm.h"
 
 #include <nccl.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,19 +32,7 @@ FalconTaskResult Failed(FalconTaskResult r) {
 
 // Polls a nonblocking communicator until its init is done; ncclInProgress at the deadline.
 ncclResult_t WaitReady(ncclComm_t comm, int64_t deadline_mono_ns) {
-  auto poll = Real<decltype(&pncclCommGetAsyncError)>(kFalconOpCommGetAsyncError);
-  if (poll == nullptr) return ncclInternalError;
-  long sleep_ns = 20'000;
-  for (;;) {
-    ncclResult_t async = ncclInProgress;
-    const ncclResult_t r = poll(comm, &async);
-    if (r != ncclSuccess) return r;
-    if (async != ncclInProgress) return async;
-    if (SystemMonoNs() > deadline_mono_ns) return ncclInProgress;
-    timespec ts{0, sleep_ns};
-    nanosleep(&ts, nullptr);
-    sleep_ns = std::min(sleep_ns * 2, 2'000'000L);
-  }
+  return static_cast<ncclResult_t>(FinishNonblockingGroup(comm, ncclInProgress, deadline_mono_ns));
 }
 
 // Benchmark records: kFalconFlagBenchmark, no communicator slot (the validation communicator is
