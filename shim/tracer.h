@@ -185,6 +185,16 @@ inline void TrackGroupDepth(FalconOp op, int result, ThreadState& ts) {
   if ((op == kFalconOpGroupEnd || op == kFalconOpGroupSimulateEnd) && ts.group_depth > 0) --ts.group_depth;
 }
 
+// After a call, when the tracer is active: the group depth, then a stop deferred to the end of
+// the group (trap.h), unless the group end returned ncclInProgress (the stop then comes before
+// the thread's next ordered call).
+inline void EndCall(FalconOp op, int result, Tracer& tracer, ThreadState& ts) {
+  TrackGroupDepth(op, result, ts);
+  if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && result != kNcclInProgress) {
+    tracer.trap().AfterGroup(tracer, ts);
+  }
+}
+
 // Forwards one NCCL call and records it. `forward()` performs the real call and returns its
 // result; `after(result, outcome)` runs after it, inside the guard, only when recording.
 template <typename Forward, typename After>
@@ -225,10 +235,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     CallOutcome out;
     after(r, out);
     if (out.comm_slot != FALCON_NO_COMM && comm_slot == FALCON_NO_COMM) tracer->comms().NextCallSeq(out.comm_slot);
-    TrackGroupDepth(d.op, ResultCode(r), ts);
-    if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && ResultCode(r) != kNcclInProgress) {
-      tracer->trap().AfterGroup(*tracer, ts);
-    }
+    EndCall(d.op, ResultCode(r), *tracer, ts);
     ts.depth = 0;
     return r;
   }
@@ -249,10 +256,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     after(r, out);
     const int64_t t1 = timed ? tracer->clock().Now() : 0;
     tracer->Record(d, out, ts, t0, t1, comm_seq, comm_slot, ResultCode(r), timed, gpu);
-    TrackGroupDepth(d.op, ResultCode(r), ts);
-    if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && ResultCode(r) != kNcclInProgress) {
-      tracer->trap().AfterGroup(*tracer, ts);
-    }
+    EndCall(d.op, ResultCode(r), *tracer, ts);
     ts.depth = 0;
     return r;
   }
@@ -300,10 +304,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   std::atomic_ref<uint64_t>(w[7]).store(w7, std::memory_order_relaxed);
   version.store(2 * idx + 2, std::memory_order_release);
   if (FalconThreadSlot* s = ts.slot) std::atomic_ref<uint64_t>(s->inflight_seq).store(0, std::memory_order_release);
-  TrackGroupDepth(d.op, ResultCode(r), ts);
-  if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && ResultCode(r) != kNcclInProgress) {
-    tracer->trap().AfterGroup(*tracer, ts);
-  }
+  EndCall(d.op, ResultCode(r), *tracer, ts);
   ts.depth = 0;
   return r;
   // HOT PATH END
