@@ -1,0 +1,94 @@
+// Consistent cuts without a world collective: where each rank must stop so that, on every
+// communicator, every member has issued exactly the same number of ordered calls.
+//
+// A real job (Megatron-LM, plain DDP) issues no collective that spans every rank per iteration:
+// its traffic is on TP, DP, PP, model-parallel and embedding groups. A pause that stops every
+// rank before "call N of one communicator" is then impossible; instead each rank r gets a stop
+// position x_r in its own stream of ordered calls, and the cut is consistent when for every
+// communicator c and members r, s: E_{r,c}(x_r) = E_{s,c}(x_s), where E_{r,c}(x) is the number
+// of calls rank r has issued on c before its position x. A consistent cut leaves no issued call
+// unmatched, so once the ranks stop no device work waits on a stopped peer.
+//
+// Input per rank: one period of its ordered calls (RankCallPattern), cut into units: a unit is
+// one call outside any group, or one whole ncclGroupStart/End group (a rank never stops inside a
+// group). Positions count units from the pattern's start and extrapolate the period into the
+// future. Output per rank: the stop position, and per communicator the trigger (the shim stops
+// before the first call whose sequence number reaches it; inside a group, right after the group)
+// and the count every member must have issued once stopped (the agent checks it).
+//
+// Solving: each E_{r,c} is non-decreasing in x, so the solutions are closed under pointwise min;
+// bounds propagation over [min_position, min_position + horizon] (lower bounds raised until
+// every communicator's members agree) reaches the earliest consistent cut, or proves that
+// there is none in the horizon. Cost: O(rounds x sum over ranks of comms x log(horizon)).
+// Thread-safety: stateless functions. Must never: do I/O, read clocks or globals.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace falcon::analyzer {
+
+// Calls of one unit on one communicator (index into RankCallPattern::comms).
+struct UnitCalls {
+  std::uint32_t comm = 0;
+  std::uint32_t count = 0;
+};
+
+// One call outside a group (one entry, count 1), or one group (its calls per communicator).
+struct CallUnit {
+  bool group = false;
+  std::vector<UnitCalls> calls;
+};
+
+struct PatternComm {
+  std::uint64_t id = 0;         // the communicator id every member computes alike
+  std::int64_t nranks = 0;      // members; a cut needs the pattern of every one of them
+  std::uint64_t base_seq = 0;   // calls issued on it before position 0 (the next call's comm_seq)
+};
+
+struct RankCallPattern {
+  std::int64_t rank = -1;
+  std::vector<PatternComm> comms;  // every live communicator of the rank, patterned or not
+  std::vector<CallUnit> units;     // one period, starting at position 0; may be empty (no traffic)
+  std::uint64_t min_position = 0;  // earliest allowed stop (the caller adds its lead)
+  // The iteration that starts at position 0 (and every units.size() positions after it), when
+  // position 0 is an iteration boundary of the rank's series.
+  std::optional<std::uint64_t> iteration_at_start;
+};
+
+struct CutTarget {
+  std::uint64_t comm = 0;
+  std::uint64_t trigger_seq = 0;  // stop before the call with this comm_seq (after its group)
+  std::uint64_t expect_seq = 0;   // calls issued on comm once stopped
+};
+
+struct RankCut {
+  std::int64_t rank = -1;
+  std::uint64_t position = 0;  // units after the pattern's start
+  std::vector<CutTarget> targets;
+};
+
+struct CutOptions {
+  std::uint64_t horizon_periods = 8;   // search [min_position, min_position + horizon x period]
+  std::uint64_t max_rounds = 100000;   // propagation rounds before giving up
+  // Stop the lowest rank exactly at the start of this iteration (falcon-ctl pause --iteration);
+  // needs that rank's iteration_at_start.
+  std::optional<std::uint64_t> iteration;
+};
+
+struct CutPlan {
+  std::vector<RankCut> ranks;  // same order as the input; empty on failure
+  std::string failure;         // why there is no cut; empty on success
+  bool ok() const { return failure.empty(); }
+};
+
+// E_{r,c}(position): calls issued on comm index c of `p` before `position`.
+std::uint64_t IssuedBefore(const RankCallPattern& p, std::uint32_t comm, std::uint64_t position);
+
+// REQUIRES: each pattern's unit calls name comm indices < comms.size().
+CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options = {});
+
+}  // namespace falcon::analyzer
