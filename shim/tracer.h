@@ -225,7 +225,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   // A pause stops the thread that issues ordered calls, never a thread polling errors (trap.h):
   // before the target call, or before the first ordered call after a deferred stop's group.
   if (__builtin_expect(ts.trap_deferred, 0) && ts.group_depth == 0 && (ordered || d.op == kFalconOpGroupStart)) {
-    tracer->trap().AfterGroup(*tracer, ts);
+    tracer->trap().AfterGroup(*tracer, ts, ordered ? comm_slot : FALCON_NO_COMM);
   }
   if (__builtin_expect(tracer->trap().armed(), 0) && ordered && comm_slot != FALCON_NO_COMM) {
     tracer->trap().OnCall(comm_slot, comm_seq, *tracer, ts);

@@ -68,18 +68,38 @@ void Trap::ServiceTick(int64_t real_now_ns) {
   const uint64_t gen = Load(control_->pause_gen);
   if (gen == seen_gen_) return;
   seen_gen_ = gen;
-  const uint32_t slot = Load(control_->pause_comm_slot, std::memory_order_relaxed);
-  const uint64_t seq = Load(control_->pause_comm_seq, std::memory_order_relaxed);
+  const uint32_t count = Load(control_->pause_target_count, std::memory_order_relaxed);
   const int64_t deadline = Load(control_->pause_deadline_real_ns, std::memory_order_relaxed);
-  if (slot >= comm_capacity_ || deadline <= real_now_ns) {
+  FalconPauseTarget targets[FALCON_PAUSE_MAX_TARGETS];
+  const uint32_t n = count == 0 ? 1 : std::min<uint32_t>(count, FALCON_PAUSE_MAX_TARGETS);
+  if (count == 0) {
+    targets[0] = {Load(control_->pause_comm_slot, std::memory_order_relaxed), 0,
+                  Load(control_->pause_comm_seq, std::memory_order_relaxed)};
+  } else {
+    for (uint32_t i = 0; i < n; ++i) {
+      targets[i] = {Load(control_->pause_targets[i].comm_slot, std::memory_order_relaxed), 0,
+                    Load(control_->pause_targets[i].seq, std::memory_order_relaxed)};
+    }
+  }
+  const char* why = nullptr;
+  if (count > FALCON_PAUSE_MAX_TARGETS) why = "too many targets";
+  if (deadline <= real_now_ns) why = "deadline in the past";
+  if (deadline - real_now_ns > FALCON_PAUSE_MAX_NS) why = "deadline more than an hour ahead";
+  for (uint32_t i = 0; i < n && why == nullptr; ++i) {
+    if (targets[i].comm_slot >= comm_capacity_) why = "unknown communicator slot";
+  }
+  if (why != nullptr) {
     Report(kFalconPauseRejected, gen);
-    Log(LogLevel::kWarn, "rejected pause request %llu (comm slot %u, deadline %lld ns from now)",
-        static_cast<unsigned long long>(gen), slot, static_cast<long long>(deadline - real_now_ns));
+    Log(LogLevel::kWarn, "rejected pause request %llu: %s (%u targets, deadline %lld ns from now)",
+        static_cast<unsigned long long>(gen), why, count, static_cast<long long>(deadline - real_now_ns));
     return;
   }
   gen_.store(gen, std::memory_order_relaxed);
-  slot_.store(slot, std::memory_order_relaxed);
-  seq_.store(seq, std::memory_order_relaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    target_slot_[i].store(targets[i].comm_slot, std::memory_order_relaxed);
+    target_seq_[i].store(targets[i].seq, std::memory_order_relaxed);
+  }
+  target_count_.store(n, std::memory_order_relaxed);
   deadline_real_ns_.store(deadline, std::memory_order_relaxed);
   Store(control_->trapped_real_ns, int64_t{0}, std::memory_order_relaxed);
   Store(control_->resumed_real_ns, int64_t{0}, std::memory_order_relaxed);
@@ -91,8 +111,12 @@ void Trap::ServiceTick(int64_t real_now_ns) {
 bool Trap::OnCall(uint32_t comm_slot, uint64_t comm_seq, Tracer& tracer, ThreadState& ts) {
   if (phase_.load(std::memory_order_acquire) != kArmed) return false;
   const uint64_t gen = gen_.load(std::memory_order_relaxed);
-  const uint64_t target = seq_.load(std::memory_order_relaxed);
-  if (comm_slot != slot_.load(std::memory_order_relaxed) || comm_seq < target) return false;
+  const uint32_t n = target_count_.load(std::memory_order_relaxed);
+  uint32_t i = 0;
+  while (i < n && target_slot_[i].load(std::memory_order_relaxed) != comm_slot) ++i;
+  if (i == n) return false;
+  const uint64_t target = target_seq_[i].load(std::memory_order_relaxed);
+  if (comm_seq < target) return false;
   const int next = comm_seq > target ? kIdle : (ts.group_depth > 0 ? kDeferred : kTrapping);
   int expected = kArmed;
   if (!phase_.compare_exchange_strong(expected, next, std::memory_order_acq_rel)) return false;
@@ -112,12 +136,12 @@ bool Trap::OnCall(uint32_t comm_slot, uint64_t comm_seq, Tracer& tracer, ThreadS
     ts.trap_deferred_gen = gen;
     return false;
   }
-  Hold(tracer, ts);
+  Hold(tracer, ts, comm_slot);
   phase_.store(kIdle, std::memory_order_release);
   return true;
 }
 
-void Trap::AfterGroup(Tracer& tracer, ThreadState& ts) {
+void Trap::AfterGroup(Tracer& tracer, ThreadState& ts, uint32_t held_slot) {
   ts.trap_deferred = false;
   int expected = kDeferred;
   if (!phase_.compare_exchange_strong(expected, kTrapping, std::memory_order_acq_rel)) return;
@@ -126,14 +150,15 @@ void Trap::AfterGroup(Tracer& tracer, ThreadState& ts) {
     phase_.store(kDeferred, std::memory_order_release);
     return;
   }
-  Hold(tracer, ts);
+  Hold(tracer, ts, held_slot);
   phase_.store(kIdle, std::memory_order_release);
 }
 
-void Trap::Hold(Tracer& tracer, ThreadState& ts) {
+void Trap::Hold(Tracer& tracer, ThreadState& ts, uint32_t held_slot) {
   const uint64_t gen = gen_.load(std::memory_order_relaxed);
   const int64_t deadline = deadline_real_ns_.load(std::memory_order_relaxed);
   Store(control_->trapped_real_ns, RealNowNs(), std::memory_order_relaxed);
+  Store(control_->trapped_comm_slot, held_slot, std::memory_order_relaxed);  // published by Report
   Report(kFalconPauseTrapped, gen);
   tracer.Annotate(kFalconAnnotatePauseBegin, ts);
   FalconPauseState outcome = kFalconPauseTimedOut;

@@ -251,6 +251,49 @@ TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
   bad.clear();
   for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1, RealNow() - 1));
   ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  bad.clear();  // a deadline beyond the protocol's hour would keep ranks trapped for ever
+  for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1u << 30, RealNow() + 2 * FALCON_PAUSE_MAX_NS));
+  ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  bad.clear();  // more targets than the control block holds: refused, never a shorter cut
+  const std::vector<FalconPauseTarget> many(FALCON_PAUSE_MAX_TARGETS + 1, FalconPauseTarget{kWorldSlot, 0, 1u << 30});
+  for (auto& s : segs_) bad.push_back(s.RequestPause(many, RealNow() + 20'000'000'000LL));
+  ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
+}
+
+// Several targets: the first call that reaches its communicator's target stops the rank (here
+// the world's, the TP and DP targets being far ahead); the control block names the held call's
+// communicator, whose count already includes it. A target already passed on any communicator is
+// reported missed.
+TEST_F(ShimTrapTest, SeveralTargetsStopAtTheFirstOneReached) {
+  StartJob();
+  uint64_t world = 0;
+  for (auto& s : segs_) world = std::max(world, s.CommCalls(kWorldSlot));
+  // falcon-emu-job's world calls: init 0, two splits, then per iteration a grouped send/recv and
+  // a broadcast: seq 5 + 3i. Target a broadcast, so the stop is before it (not after a group).
+  world += 90;
+  world += (5 + 3 * 1'000'000 - world) % 3;
+  world -= 90;
+  std::vector<uint64_t> gens;
+  const int64_t deadline = RealNow() + 20'000'000'000LL;
+  for (auto& s : segs_) {
+    const std::vector<FalconPauseTarget> targets = {
+        {1, 0, s.CommCalls(1) + 1'000'000}, {kWorldSlot, 0, world + 90}, {2, 0, s.CommCalls(2) + 1'000'000}};
+    gens.push_back(s.RequestPause(targets, deadline));
+  }
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  for (auto& s : segs_) {
+    EXPECT_EQ(s.trapped_comm_slot(), kWorldSlot);
+    EXPECT_EQ(s.CommCalls(kWorldSlot), world + 91) << "held before call world + 90, whose number is taken";
+  }
+  for (size_t r = 0; r < segs_.size(); ++r) segs_[r].RequestResume(gens[r]);
+  ASSERT_TRUE(AllIn(kFalconPauseResumed, gens, 10));
+  std::vector<uint64_t> missed;
+  for (auto& s : segs_) {
+    const std::vector<FalconPauseTarget> targets = {{kWorldSlot, 0, s.CommCalls(kWorldSlot) + 1'000'000}, {1, 0, 0}};
+    missed.push_back(s.RequestPause(targets, RealNow() + 20'000'000'000LL));
+  }
+  ASSERT_TRUE(AllIn(kFalconPauseMissed, missed, 10));
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }
 

@@ -303,9 +303,20 @@ void SegmentReader::RequestMode(uint32_t mode, uint32_t sample_every) {
 namespace falcon::daemon {
 
 uint64_t SegmentReader::RequestPause(uint32_t comm_slot, uint64_t comm_seq, int64_t deadline_real_ns) {
+  const FalconPauseTarget target{comm_slot, 0, comm_seq};
+  return RequestPause(std::span<const FalconPauseTarget>(&target, 1), deadline_real_ns);
+}
+
+uint64_t SegmentReader::RequestPause(std::span<const FalconPauseTarget> targets, int64_t deadline_real_ns) {
   if (!writable_) return 0;
-  std::atomic_ref<uint32_t>(control_->pause_comm_slot).store(comm_slot, std::memory_order_relaxed);
-  std::atomic_ref<uint64_t>(control_->pause_comm_seq).store(comm_seq, std::memory_order_relaxed);
+  const std::size_t n = std::min<std::size_t>(targets.size(), FALCON_PAUSE_MAX_TARGETS);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::atomic_ref<uint32_t>(control_->pause_targets[i].comm_slot).store(targets[i].comm_slot, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(control_->pause_targets[i].seq).store(targets[i].seq, std::memory_order_relaxed);
+  }
+  // More targets than fit: a count the shim rejects, never a silently shorter cut.
+  const auto count = static_cast<uint32_t>(targets.size() > FALCON_PAUSE_MAX_TARGETS ? FALCON_PAUSE_MAX_TARGETS + 1 : n);
+  std::atomic_ref<uint32_t>(control_->pause_target_count).store(count, std::memory_order_relaxed);
   std::atomic_ref<int64_t>(control_->pause_deadline_real_ns).store(deadline_real_ns, std::memory_order_relaxed);
   return std::atomic_ref<uint64_t>(control_->pause_gen).fetch_add(1, std::memory_order_release) + 1;
 }
@@ -314,6 +325,8 @@ void SegmentReader::RequestResume(uint64_t pause_gen) {
   if (!writable_) return;
   std::atomic_ref<uint64_t>(control_->resume_gen).store(pause_gen, std::memory_order_release);
 }
+
+uint32_t SegmentReader::trapped_comm_slot() const { return LoadRelaxed(control_->trapped_comm_slot); }
 
 FalconPauseState SegmentReader::pause_state(uint64_t* ack_gen) const {
   *ack_gen = std::atomic_ref<uint64_t>(control_->pause_ack_gen).load(std::memory_order_acquire);

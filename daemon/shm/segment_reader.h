@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,11 +89,18 @@ class SegmentReader {
   void RequestMode(uint32_t mode, uint32_t sample_every);
 
   // Pause protocol (FalconControl in shm_abi.h). REQUIRES: opened kReadWrite.
-  // Asks the shim to stop before call `comm_seq` on `comm_slot`; returns the pause generation.
+  // Asks the shim to stop before the first call that reaches one of `targets` (1 to
+  // FALCON_PAUSE_MAX_TARGETS; more are not written: the shim rejects the request); returns the
+  // pause generation, 0 when read-only.
+  uint64_t RequestPause(std::span<const FalconPauseTarget> targets, int64_t deadline_real_ns);
+  // The same with one target: call `comm_seq` on `comm_slot`.
   uint64_t RequestPause(uint32_t comm_slot, uint64_t comm_seq, int64_t deadline_real_ns);
   void RequestResume(uint64_t pause_gen);
   // The shim's report: state and the generation it refers to.
   FalconPauseState pause_state(uint64_t* ack_gen) const;
+  // While trapped: the comm slot of the call the rank is held before (its comm_seq is counted
+  // in CommCalls but the call is not issued), FALCON_NO_COMM when stopped after a group.
+  uint32_t trapped_comm_slot() const;
   // Posts a benchmark task (the process must be trapped); returns its sequence number.
   uint64_t PostTask(const FalconTask& task);
   // As PostTask, with the task's input blob (FALCON_TASK_BLOB_LEN bytes, written first).

@@ -76,8 +76,9 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 5u /* 5: pid_ns, boot_id, shim_flags; names with boot and pidns;
-                                    comm_seq of ordered calls only; validation tasks and blobs */
+#define FALCON_SHM_ABI_VERSION 6u /* 6: pause targets on several communicators; 5: pid_ns, boot_id,
+                                    shim_flags; names with boot and pidns; comm_seq of ordered
+                                    calls only; validation tasks and blobs */
 #define FALCON_SHM_PREFIX "falcon."
 #define FALCON_SHM_DEFAULT_DIR "/dev/shm"
 #define FALCON_NO_COMM 0xFFFFFFFFu
@@ -334,18 +335,32 @@ typedef enum {
   kFalconPauseRejected = 7 /* malformed request (bad comm slot, deadline in the past) */
 } FalconPauseState;
 
+/* One communicator's stop: the call with comm_seq `seq` on comm slot `comm_slot`. 16 bytes. */
+typedef struct FalconPauseTarget {
+  uint32_t comm_slot;
+  uint32_t reserved;
+  uint64_t seq;
+} FalconPauseTarget;
+
+#define FALCON_PAUSE_MAX_TARGETS 16             /* communicators one pause may name per rank */
+#define FALCON_PAUSE_MAX_NS 3600000000000ll     /* a pause deadline at most 1 h ahead */
+
 /* The control block. agent→shim words: written by the agent, read by the shim. shim→agent
  * words: written by the shim. Protocol:
  *  - mode: write mode/sample_every, then increment command_seq; the shim applies it within a
  *    service tick (~50 ms) and copies command_seq to command_ack.
- *  - pause (a consistent cut): write pause_comm_slot, pause_comm_seq and pause_deadline_real_ns,
- *    then increment pause_gen. The shim stops the thread that is about to issue call number
- *    pause_comm_seq (0-based, as in FalconRecord::comm_seq) on communicator pause_comm_slot,
- *    before issuing it. Choosing, on every rank, the same call of a communicator that spans the
- *    job (or each rank's first call of the same iteration) makes the cut consistent: no rank
- *    waits inside a collective that a paused peer has not issued. pause_state/pause_ack_gen
- *    report progress. Resume: set resume_gen = pause_gen. Every wait has the deadline: armed
- *    past it → Expired; trapped past it → TimedOut and training continues.
+ *  - pause (a consistent cut): write the targets and pause_deadline_real_ns, then increment
+ *    pause_gen. Targets: pause_target_count entries of pause_targets, or, when the count is 0,
+ *    the one target (pause_comm_slot, pause_comm_seq). The shim stops the thread that is about to
+ *    issue an ordered call whose comm_seq (0-based, as in FalconRecord::comm_seq) equals its
+ *    communicator's target, before issuing it (inside a group: right after the group's end); a
+ *    call whose comm_seq is past its target means the cut was missed. Targets chosen so that
+ *    every member of every communicator has issued the same calls at its stop make the cut
+ *    consistent: no rank waits inside a collective that a paused peer has not issued (the reader
+ *    checks FalconCommEntry::calls once trapped). pause_state/pause_ack_gen report progress.
+ *    Resume: set resume_gen = pause_gen. Every wait has the deadline (at most
+ *    FALCON_PAUSE_MAX_NS ahead, else Rejected): armed past it → Expired; trapped past it →
+ *    TimedOut and training continues.
  *  - tasks (only while trapped): write task, then increment task_seq; the shim runs it on the
  *    trapped thread and writes task_result, then task_ack = task_seq. */
 typedef struct FalconControl {
@@ -355,9 +370,10 @@ typedef struct FalconControl {
   uint64_t command_seq;       /* bumped by the agent after changing mode/sample_every */
   uint64_t pause_gen;         /* bumped to request a pause */
   uint32_t pause_comm_slot;
-  uint32_t reserved0;
+  uint32_t pause_target_count; /* 0..FALCON_PAUSE_MAX_TARGETS; 0: pause_comm_slot/seq */
   uint64_t pause_comm_seq;
   int64_t pause_deadline_real_ns; /* CLOCK_REALTIME */
+  FalconPauseTarget pause_targets[FALCON_PAUSE_MAX_TARGETS];
   uint64_t resume_gen;        /* = pause_gen to resume */
   uint64_t task_seq;
   FalconTask task;
@@ -370,7 +386,9 @@ typedef struct FalconControl {
   int64_t heartbeat_real_ns;
   uint64_t pause_ack_gen;     /* the pause_gen that pause_state refers to */
   uint32_t pause_state;       /* FalconPauseState */
-  uint32_t reserved2;
+  uint32_t trapped_comm_slot; /* trapped before an ordered call: its comm slot, whose `calls`
+                                 already counts it (its comm_seq is taken, the call not issued);
+                                 FALCON_NO_COMM when stopped after a group end */
   int64_t trapped_real_ns;    /* when the thread stopped (0 if it did not) */
   int64_t resumed_real_ns;    /* when it went on */
   uint64_t task_ack;
