@@ -4,6 +4,7 @@
 // wrong JSON type, string choices and numeric bounds violated, wrong version or type, non-JSON.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
 #include "falcon/protocol.h"
+#include "falcon/shm_abi.h"
 
 namespace falcon::protocol {
 namespace {
@@ -135,6 +137,7 @@ json Example(std::string_view type) {
   c.comm = "00000000000000ff";
   c.peer = 1;
   c.bytes = 1 << 20;
+  c.targets = {{0, {{0xff, 10, 10}, {0xaa, 4, 5}}}};
   return ToJson(c);
 }
 
@@ -229,6 +232,70 @@ TEST_P(ProtocolTest, VersionTypeAndSyntaxAreChecked) {
 
 INSTANTIATE_TEST_SUITE_P(AllMessages, ProtocolTest, ::testing::ValuesIn(kAllMessages),
                          [](const auto& p) { return std::string(p.param.type); });
+
+// cut_info's pattern and pause's targets: round trips, and every malformed part is refused.
+TEST(ProtocolCutTest, PatternsAndTargetsRoundTripAndBadOnesAreRefused) {
+  CutPatternMessage m;
+  m.pattern.rank = 5;
+  m.pattern.comms = {{0xabc, 4, 3}, {0xdef, 2, 77}};
+  m.pattern.units = {{false, {{1, 1}}}, {false, {{1, 1}}}, {false, {{1, 1}}}, {true, {{0, 1}, {1, 2}}}};
+  m.pattern.iteration_at_start = 12;
+  m.position = 40;
+  m.units_per_s = 250.5;
+  m.age_s = 0.25;
+  const json j = CutPatternToJson(m);
+  EXPECT_EQ(j["units"].size(), 2u) << "three like units are one run: " << j.dump();
+  const auto back = ParseCutPattern(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back.value().pattern.units.size(), 4u);
+  EXPECT_EQ(back.value().pattern.units[3].calls.size(), 2u);
+  EXPECT_EQ(back.value().pattern.units[3].calls[1].count, 2u);
+  EXPECT_EQ(back.value().pattern.comms[1].base_seq, 77u);
+  EXPECT_EQ(back.value().pattern.iteration_at_start, std::optional<std::uint64_t>(12));
+  EXPECT_EQ(back.value().position, 40u);
+  const std::vector<std::pair<const char*, std::function<void(json&)>>> breaks = {
+      {"not an object", [](json& x) { x = json::array(); }},
+      {"negative position", [](json& x) { x["position"] = -1; }},
+      {"nan pace", [](json& x) { x["units_per_s"] = "fast"; }},
+      {"huge age", [](json& x) { x["age_s"] = 1e300; }},
+      {"bad comm id", [](json& x) { x["comms"][0][0] = "xyz"; }},
+      {"zero nranks", [](json& x) { x["comms"][0][1] = 0; }},
+      {"unknown comm index", [](json& x) { x["units"][0][2] = 7; }},
+      {"zero count", [](json& x) { x["units"][0][3] = 0; }},
+      {"odd unit", [](json& x) { x["units"][0].push_back(1); }},
+      {"zero repeat", [](json& x) { x["units"][0][0] = 0; }},
+      {"too many units", [](json& x) { x["units"][0][0] = std::uint64_t{1} << 21; }},
+      {"negative iteration", [](json& x) { x["iteration"] = -3; }},
+  };
+  for (const auto& [what, f] : breaks) {
+    json bad = j;
+    f(bad);
+    EXPECT_FALSE(ParseCutPattern(bad).ok()) << what;
+  }
+  // pause targets
+  Command c;
+  c.type = "pause";
+  c.id = "p1";
+  c.issued_ns = 1;
+  c.max_pause_s = 5;
+  c.targets = {{3, {{0xabc, 9, 9}, {0xdef, 80, 81}}}};
+  const auto parsed = ParseCommand(ToJson(c).dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_EQ(parsed.value().targets.size(), 1u);
+  EXPECT_EQ(parsed.value().targets[0].rank, 3);
+  EXPECT_EQ(parsed.value().targets[0].targets[1].expect_seq, 81u);
+  for (const char* t : {R"([{"rank": -1, "t": [["0000000000000abc", 1, 1]]}])", R"([{"rank": 1, "t": []}])",
+                        R"([{"rank": 1, "t": [["0000000000000abc", 1]]}])", R"([{"rank": 1, "t": [["zz", 1, 1]]}])",
+                        R"([{"rank": 1, "t": [["0000000000000abc", -1, 1]]}])", R"([{"t": [["0000000000000abc", 1, 1]]}])"}) {
+    json bad = ToJson(c);
+    bad["targets"] = json::parse(t);
+    EXPECT_FALSE(ParseCommand(bad.dump()).ok()) << t;
+  }
+  json many = ToJson(c);
+  many["targets"][0]["t"] = json::array();
+  for (int i = 0; i < FALCON_PAUSE_MAX_TARGETS + 1; ++i) many["targets"][0]["t"].push_back({"0000000000000abc", 1, 1});
+  EXPECT_FALSE(ParseCommand(many.dump()).ok()) << "more targets than a rank's control block holds";
+}
 
 TEST(ProtocolKeysTest, EveryPatternFormatsUnderTheJobNamespace) {
   std::set<std::string> seen;

@@ -18,10 +18,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "analyzer/cut_plan.h"
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
@@ -72,7 +74,7 @@ class AgentTrapTest : public ::testing::Test {
 
   // The agent and the job; returns once the agent follows all 4 ranks (their keys exist) and
   // the test has every rank's segment, ordered by world rank.
-  void Start(int iters, int poll_ms = 20, int flush_ms = 100) {
+  void Start(int iters, int poll_ms = 20, int flush_ms = 100, std::vector<std::string> job_args = {}) {
     const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
     const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
                             "' --redis-port " + std::to_string(redis_.port()) +
@@ -82,11 +84,13 @@ class AgentTrapTest : public ::testing::Test {
                             agent_log_ + "'";
     agent_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
     ASSERT_GT(agent_, 0);
-    job_ = testing::Spawn({testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
-                           "--ranks-per-node", "2", "--job-timeout", "300", "--lib-dir", testing::EmuLibDir(), "--preload",
-                           testing::PreloadValue(), "--", testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters",
-                           std::to_string(iters), "--compute-ms", "2", "--bytes", "65536", "--check"},
-                          {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=" + std::string(kJob)});
+    std::vector<std::string> argv = {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
+                                     "--ranks-per-node", "2", "--job-timeout", "300", "--lib-dir", testing::EmuLibDir(),
+                                     "--preload", testing::PreloadValue(), "--",
+                                     testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters", std::to_string(iters),
+                                     "--compute-ms", "2", "--bytes", "65536", "--check"};
+    argv.insert(argv.end(), job_args.begin(), job_args.end());
+    job_ = testing::Spawn(argv, {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=" + std::string(kJob)});
     ASSERT_GT(job_, 0);
     ASSERT_TRUE(WaitUntil([&] { return OpenAll(); }, 30)) << "segments did not appear";
     ASSERT_TRUE(WaitUntil([&] {
@@ -273,6 +277,112 @@ TEST_F(AgentTrapTest, CommandsAreAnsweredWithoutWaitingForTheTickOrTheFlush) {
     EXPECT_EQ(ack["status"], "ok") << ack.dump();
     EXPECT_LT(s, kPollMs / 2000.0) << c.type << " was answered at a tick or a flush, not when done";
   }
+}
+
+// Every member of every communicator has issued the same number of calls (a consistent cut).
+void ExpectConsistentCut(const std::vector<daemon::SegmentReader>& segs) {
+  std::map<std::uint64_t, std::set<std::uint64_t>> calls;  // comm id -> counts seen
+  for (const auto& s : segs) {
+    for (const auto& c : s.Comms()) {
+      if (c.entry.state != kFalconCommLive) continue;  // the held call's comm_seq is taken, not issued
+      calls[c.entry.comm_id].insert(s.CommCalls(c.slot) - (c.slot == s.trapped_comm_slot() ? 1 : 0));
+    }
+  }
+  for (const auto& [id, counts] : calls) {
+    EXPECT_EQ(counts.size(), 1u) << "members of communicator " << protocol::CommIdHex(id) << " disagree";
+  }
+}
+
+// A job that issues no world collective per iteration (Megatron-style): the cut is planned from
+// each rank's call pattern (cut_info) and every rank gets per-communicator targets; falcon-ctl
+// pause --iteration does the same for a chosen iteration of the lowest rank.
+TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
+  Start(/*iters=*/100000, 20, 100, {"--no-world", "--watchdog"});
+  std::vector<analyzer::RankCallPattern> patterns;
+  ASSERT_TRUE(WaitUntil([&] {  // the agent locks every rank's period after a few iterations
+    const json info = Send(NewCommand("cut_info"), 15);
+    if (info["status"] != "ok") return false;
+    patterns.clear();
+    for (const json& r : info["results"]) {
+      auto m = protocol::ParseCutPattern(r["pattern"]);
+      EXPECT_TRUE(m.ok()) << m.status().ToString();
+      if (!m.ok()) return false;
+      analyzer::RankCallPattern p = m.value().pattern;
+      p.min_position = m.value().position + static_cast<std::uint64_t>(m.value().units_per_s * 3.0) + 1;
+      patterns.push_back(p);
+    }
+    return patterns.size() == kRanks;
+  }, 60)) << ReadFile(agent_log_);
+  for (const auto& p : patterns) {
+    EXPECT_EQ(p.comms.size(), 3u) << "world, TP and DP";
+    EXPECT_FALSE(p.units.empty());
+  }
+  const analyzer::CutPlan plan = analyzer::PlanCut(patterns);
+  std::string dump;
+  for (const auto& p : patterns) dump += protocol::CutPatternToJson({p, p.min_position, 0, 0}).dump() + "\n";
+  ASSERT_TRUE(plan.ok()) << plan.failure << "\n" << dump;
+  protocol::Command pause = NewCommand("pause");
+  pause.max_pause_s = 20;
+  for (const auto& r : plan.ranks) pause.targets.push_back({r.rank, r.targets});
+  const json paused = Send(pause, 30);
+  std::string why;
+  for (std::size_t i = 0; i < plan.ranks.size(); ++i) {
+    for (const auto& t : plan.ranks[i].targets) {
+      for (const auto& c : segs_[static_cast<std::size_t>(plan.ranks[i].rank)].Comms()) {
+        if (c.entry.comm_id == t.comm) {
+          why += "rank " + std::to_string(plan.ranks[i].rank) + " comm " + protocol::CommIdHex(t.comm) + " trigger " +
+                 std::to_string(t.trigger_seq) + " expect " + std::to_string(t.expect_seq) + " now " +
+                 std::to_string(segs_[static_cast<std::size_t>(plan.ranks[i].rank)].CommCalls(c.slot)) + "\n";
+        }
+      }
+    }
+  }
+  ASSERT_EQ(paused["status"], "ok") << paused.dump() << "\n" << why << dump;
+  for (const json& r : paused["results"]) EXPECT_EQ(r["state"], "trapped") << paused.dump();
+  ExpectConsistentCut(segs_);
+  protocol::Command gemm = NewCommand("validate");
+  gemm.task = "gemm";
+  gemm.size = 32;
+  gemm.repeats = 2;
+  EXPECT_EQ(Send(gemm, 30)["status"], "ok");
+  ASSERT_EQ(Send(NewCommand("resume"), 30)["status"], "ok");
+
+  // falcon-ctl pause --iteration: a few iterations after the lowest rank's current one.
+  const std::string ctl = testing::BinDir("daemon") + "/falcon-ctl";
+  const std::string port = std::to_string(redis_.port());
+  // Rank 0's iteration now and its pace, fresh: aim about three seconds ahead.
+  std::uint64_t iteration = 0;
+  const json info = Send(NewCommand("cut_info"), 15);
+  for (const json& r : info["results"]) {
+    auto m = protocol::ParseCutPattern(r["pattern"]);
+    ASSERT_TRUE(m.ok()) << info.dump();
+    const auto& p = m.value().pattern;
+    if (p.rank != 0) continue;
+    ASSERT_TRUE(p.iteration_at_start.has_value()) << "rank 0's pattern starts at an iteration boundary";
+    const double per_s = m.value().units_per_s / static_cast<double>(p.units.size());
+    iteration = *p.iteration_at_start + static_cast<std::uint64_t>(per_s * 3.0) + 5;
+  }
+  testing::ProcessResult early = testing::Run(
+      {ctl, "pause", "--iteration", "0", "--max-pause", "20", "--port", port, "--job", kJob, "--timeout", "20"}, {}, 60);
+  EXPECT_NE(early.exit_code, 0) << early.out;
+  EXPECT_NE(early.err.find("has passed"), std::string::npos) << early.err;
+  testing::ProcessResult bad = testing::Run(
+      {ctl, "pause", "--iteration", "5", "--ranks", "0", "--port", port, "--job", kJob}, {}, 60);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("drop --ranks"), std::string::npos) << bad.err;
+  testing::ProcessResult r = testing::Run({ctl, "pause", "--iteration", std::to_string(iteration), "--max-pause",
+                                           "20", "--port", port, "--job", kJob, "--timeout", "30", "--json"}, {}, 90);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json doc = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << r.out;
+  for (const json& t : doc["targets"]) {
+    for (const json& rr : t["ack"]["results"]) EXPECT_EQ(rr["state"], "trapped") << r.out;
+  }
+  ExpectConsistentCut(segs_);
+  testing::ProcessResult resumed = testing::Run({ctl, "resume", "--port", port, "--job", kJob}, {}, 60);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  const std::uint64_t before = segs_[0].CommCalls(1);
+  EXPECT_TRUE(WaitUntil([&] { return segs_[0].CommCalls(1) > before + 20; }, 30)) << "training did not go on";
 }
 
 TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {

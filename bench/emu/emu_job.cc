@@ -5,7 +5,7 @@
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
 //   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]
-//                  [--cuda-after N] [--capture-thread] [--watchdog]
+//                  [--cuda-after N] [--capture-thread] [--watchdog] [--no-world]
 //
 // --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
 // exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
@@ -23,6 +23,9 @@
 // stream into a CUDA graph in the global capture mode, 10 ms at a time, as a framework capturing
 // part of its step would; a capture some other thread's calls invalidated is counted, and the
 // job then exits 3.
+// --no-world issues no collective on the world communicator after start-up, as Megatron-style
+// jobs do: the ring runs on the DP group, and the stop word travels by a broadcast on the DP
+// group from global rank 0 then one on each TP group from its first rank (DP x TP = the world).
 // --watchdog runs a second thread that polls ncclCommGetAsyncError on every communicator every
 // millisecond for the whole run, as PyTorch's ProcessGroupNCCL watchdog does (every 100 ms); an
 // error it sees exits 2.
@@ -54,6 +57,7 @@ struct Options {
   int cuda_after = 0;
   bool capture_thread = false;
   bool watchdog = false;
+  bool no_world = false;
 };
 
 // --cuda: the driver calls a CUDA program makes before NCCL (cuInit, a current primary context,
@@ -180,9 +184,10 @@ int main(int argc, char** argv) {
     else if (a == "--cuda-after" && i + 1 < argc) o.cuda_after = std::atoi(argv[++i]);
     else if (a == "--capture-thread") o.capture_thread = true;
     else if (a == "--watchdog") o.watchdog = true;
+    else if (a == "--no-world") o.no_world = true;
     else if (a == "-h" || a == "--help") {
       std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n"
-                  "                      [--cuda-after N] [--capture-thread] [--watchdog]\n");
+                  "                      [--cuda-after N] [--capture-thread] [--watchdog] [--no-world]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -265,12 +270,19 @@ int main(int argc, char** argv) {
       // Every member's gathered block tp_rank holds `rank`; the reduce-scatter sums tp_n of them.
       Verify(s, shard, static_cast<float>(tp_n * rank), "tp gather+scatter", &wrong);
     }
+    // The ring: over the world, or (--no-world) over the DP group, whose rank d is global rank
+    // d * tp_n + tp_rank.
+    ncclComm_t ring = o.no_world ? dp : comm;
+    const int ring_n = o.no_world ? dp_n : world, ring_me = o.no_world ? rank / tp_n : rank;
+    auto global_of = [&](int r) { return o.no_world ? r * tp_n + tp_rank : r; };
     std::fill(ring_in.begin(), ring_in.end(), static_cast<float>(rank * 1000 + it));
     NCCL_OK(ncclGroupStart());
-    NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (rank + 1) % world, comm, stream));
-    NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (rank + world - 1) % world, comm, stream));
+    NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (ring_me + 1) % ring_n, ring, stream));
+    NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (ring_me + ring_n - 1) % ring_n, ring, stream));
     NCCL_OK(ncclGroupEnd());
-    if (o.check) Verify(ring_out, count, static_cast<float>(((rank + world - 1) % world) * 1000 + it), "ring", &wrong);
+    if (o.check) {
+      Verify(ring_out, count, static_cast<float>(global_of((ring_me + ring_n - 1) % ring_n) * 1000 + it), "ring", &wrong);
+    }
     Compute(o.compute_ms);
     std::fill(a.begin(), a.end(), 1.0f);
     NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, stream));
@@ -278,7 +290,12 @@ int main(int argc, char** argv) {
     const bool want_stop = rank == 0 && !o.stop_file.empty() && access(o.stop_file.c_str(), F_OK) == 0;
     const float word = want_stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it);
     std::fill(a.begin(), a.end(), rank == 0 ? word : -1.0f);
-    NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, stream));
+    if (o.no_world) {  // global rank 0 -> its DP group -> every TP group
+      NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, dp, stream));
+      NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, tp, stream));
+    } else {
+      NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, stream));
+    }
     stop = a[0] == static_cast<float>(-(it + 1));
     if (o.check) Verify(a, count, stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it), "broadcast", &wrong);
     done = it + 1;

@@ -1,6 +1,8 @@
 // CommandExecutor. See command_executor.h for the contract.
 #include "daemon/agent/command_executor.h"
 
+#include <time.h>
+
 #include <algorithm>
 
 #include "daemon/agent/plan_delivery.h"
@@ -87,6 +89,8 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
     trap_->Resume(c, targets, std::move(done));
   } else if (c.type == protocol::kValidate.type) {
     trap_->Validate(c, targets, std::move(done));
+  } else if (c.type == protocol::kCutInfo.type) {
+    ack_(entry_id, c, CutInfo(targets));
   } else if (c.type == protocol::kSetMode.type) {
     const auto mode = ModeFromName(c.mode);
     if (!mode) {
@@ -100,6 +104,30 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
   } else {
     ack_(entry_id, c, {"rejected", "unknown command type " + c.type, {}, {}});
   }
+}
+
+CommandOutcome CommandExecutor::CutInfo(std::span<RankFollower* const> targets) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const std::int64_t mono_now = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  CommandOutcome out{"ok", "", {}, {}};
+  for (RankFollower* f : targets) {
+    out.ranks.push_back(f->rank());
+    protocol::AckRankResult r{f->rank(), "ok", {}, {}, {}, {}, {}, {}, {}};
+    const Result<CallPatternReport> p = f->CutPattern();
+    if (!p.ok()) {
+      r.state = "unavailable";
+      out.status = "failed";
+      out.detail += (out.detail.empty() ? "" : "; ") + ("rank " + std::to_string(f->rank()) + ": " + p.status().message());
+    } else {
+      protocol::CutPatternMessage m{p.value().pattern, p.value().position, p.value().units_per_s,
+                                    std::max(0.0, static_cast<double>(mono_now - p.value().last_call_ns) / 1e9)};
+      m.pattern.rank = f->rank();
+      r.pattern = protocol::CutPatternToJson(m);
+    }
+    out.results.push_back(std::move(r));
+  }
+  return out;
 }
 
 CommandOutcome CommandExecutor::AdoptPlanInForce(const protocol::Command& plan,

@@ -7,6 +7,8 @@
 //  - pause / resume / validate: handed to a TrapController — the extension point for the shim's
 //    trap and benchmark executor (ShimTrap, shim_trap.h; UnsupportedTrap acks "unsupported").
 //    The controller calls its Done exactly once, at once or from a later Check().
+//  - cut_info: each target's call pattern (RankFollower::CutPattern) at once, as ack results
+//    `pattern`; "failed" naming the ranks without one.
 //  - plan: PlanDelivery (plan_delivery.h) writes the plan into each target's plan block at once
 //    and holds it for ranks that start later (CatchUpPlans, every tick); a plan is held even
 //    when none of its ranks runs here now.
@@ -91,6 +93,7 @@ class CommandExecutor {
   std::size_t pending() const { return pending_.size() + trap_->pending(); }
 
  private:
+  CommandOutcome CutInfo(std::span<RankFollower* const> targets);
   struct Wait {
     RankFollower* follower;  // nullptr once forgotten
     std::int64_t rank;

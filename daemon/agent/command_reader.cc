@@ -47,7 +47,10 @@ void CommandReader::Stop() {
   worker_.Stop();
 }
 
-void CommandReader::Done(const std::string& entry_id) { to_ack_.push_back(entry_id); }
+void CommandReader::Done(const std::string& entry_id) {
+  handed_.erase(entry_id);
+  to_ack_.push_back(entry_id);
+}
 
 void CommandReader::Read() {
   if (stopped_ || in_flight_) return;
@@ -106,6 +109,7 @@ void CommandReader::OnRead(ReadResult r) {
   if (!r.status.ok()) {
     for (const Entry& e : r.entries) to_ack_.push_back(e.id);  // the unacked ids
     log_->debug("event=command_read_failed reason=\"{}\"", r.status.message());
+    pending_phase_ = true;  // the failed read may have been delivered: take our pending ones again
     retry_.expires_after(std::chrono::milliseconds(options_.retry_ms));
     retry_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
       if (!ec && *alive) Read();
@@ -114,7 +118,10 @@ void CommandReader::OnRead(ReadResult r) {
   }
   if (r.pending_phase) pending_phase_ = false;
   if (r.plan_text && on_plan_) on_plan_(*r.plan_text);
-  for (const Entry& e : r.entries) on_command_(e.id, e.command, e.identity);
+  for (const Entry& e : r.entries) {
+    if (!handed_.insert(e.id).second) continue;  // re-read from our pending entries: handled already
+    on_command_(e.id, e.command, e.identity);
+  }
   Read();
 }
 

@@ -9,6 +9,9 @@
 // The loop must call Done(entry_id) once it has handled an entry (after queuing the ack).
 // With options.plan_key, the first successful read also returns the plan in force (one HGETALL;
 // its failure only costs the recovery, never the commands).
+// A read that failed (a timed-out reply, a dropped connection) may have been delivered to us by
+// the server all the same: the next read takes our pending entries again, skipping those the
+// loop already has (handed out, not yet Done), so no command is lost and none runs twice.
 // Thread-safety: public methods on the loop thread only; the worker runs job closures only.
 // Invariants: at most one read job in flight; after a failed read the next waits retry_ms.
 // Must never: block the loop; execute anything itself.
@@ -21,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +88,7 @@ class CommandReader {
   boost::asio::steady_timer retry_;
   std::vector<std::string> to_ack_;
   bool pending_phase_ = true;  // the first read takes our pending entries ("0"), then new ones
+  std::set<std::string> handed_;  // entries passed to on_command, not yet Done
   bool in_flight_ = false;
   bool connected_ = false;
   bool stopped_ = false;

@@ -86,6 +86,7 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     if (r.comm_slot != FALCON_NO_COMM && comm == comms_.end()) {
       comms_seen_ = 0;  // a communicator newer than our table: refresh on the next poll
     }
+    pattern_.Push(r, comm == comms_.end() ? 0 : comm->second.comm_id);
     analyzer::CallRecord call;
     call.op = analyzer::ParseOpKind(daemon::OpName(r.op));
     call.comm = comm == comms_.end() ? 0 : comm->second.comm_id;
@@ -96,7 +97,22 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     if (comm != comms_.end()) profiler_.Add(r, comm->second);
     else if (r.op == kFalconOpGroupEnd || r.op == kFalconOpGpuTiming) profiler_.Observe(r);
   }
+  const std::size_t had = out->analysis.samples.size();
   analysis_.Flush(&out->analysis);
+  if (out->analysis.samples.size() > had) {
+    const RankSample& last = out->analysis.samples.back();
+    pattern_.SetIteration(last.start_ns, last.index);
+  }
+}
+
+Result<CallPatternReport> RankFollower::CutPattern() const {
+  if (!analysis_.locked()) return Status::Unavailable("no iteration period locked yet");
+  std::vector<PatternCommInfo> comms;
+  for (const auto& [slot, c] : comms_) {
+    if (c.state == kFalconCommDestroyed) continue;
+    comms.push_back({c.comm_id, c.nranks, seg_.CommCalls(slot)});
+  }
+  return pattern_.Build(analysis_.period(), comms);
 }
 
 std::uint64_t RankFollower::RequestMode(std::uint32_t mode, std::uint32_t sample_every) {

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/agent/call_pattern.h"
 #include "daemon/agent/comm_profiler.h"
 #include "daemon/agent/rank_analysis.h"
 #include "daemon/protocol/messages.h"
@@ -55,6 +56,9 @@ class RankFollower {
   // Identity and state for reports (header fields left for the caller).
   protocol::RankRegistration Registration() const;
   std::vector<CommStats> TakeProfile() { return profiler_.TakeWindow(); }
+  // One period of the rank's ordered calls for a consistent cut (cut_info; call_pattern.h):
+  // Unavailable with the reason when no period is locked or the calls are not periodic.
+  Result<CallPatternReport> CutPattern() const;
 
   std::int64_t rank() const;  // rank hint, else rank in the largest communicator, else -1
   std::int32_t pid() const { return pid_; }
@@ -81,6 +85,7 @@ class RankFollower {
   daemon::ReadCursor cursor_;
   RankAnalysis analysis_;
   CommProfiler profiler_;
+  CallPatternLog pattern_;
   daemon::CommTable comms_;
   std::uint32_t comms_seen_ = 0;  // comm_used when comms_ was refreshed
   std::vector<FalconRecord> buf_;

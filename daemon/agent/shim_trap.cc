@@ -167,28 +167,44 @@ std::uint64_t ShimTrap::ActivePause(RankFollower* f, bool trapped_only) const {
 }
 
 void ShimTrap::Pause(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) {
-  if (!c.comm || !c.comm_seq) {
-    return done(Rejected("pause needs comm and comm_seq: the shim stops every rank before the "
-                         "same call of one communicator"));
+  if (c.targets.empty() && (!c.comm || !c.comm_seq)) {
+    return done(Rejected("pause needs targets (a consistent cut per rank), or comm and comm_seq: the shim "
+                         "stops every rank before the same call of one communicator"));
   }
-  const std::uint64_t id = *protocol::ParseCommIdHex(*c.comm);
-  std::vector<std::uint32_t> slots;
+  std::vector<std::vector<FalconPauseTarget>> cuts;
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint64_t>>> expects;
   for (RankFollower* f : targets) {  // check every rank before arming any
-    if (!f->writable()) return done(Rejected("rank " + std::to_string(f->rank()) + ": read-only segment"));
-    if (ActivePause(f, false) != 0) {
-      return done(Rejected("rank " + std::to_string(f->rank()) + " is already paused or armed"));
+    const std::string who = "rank " + std::to_string(f->rank());
+    if (!f->writable()) return done(Rejected(who + ": read-only segment"));
+    if (ActivePause(f, false) != 0) return done(Rejected(who + " is already paused or armed"));
+    std::vector<FalconPauseTarget> cut;
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> expect;
+    if (c.targets.empty()) {
+      const auto comm = FindComm(f->segment(), *protocol::ParseCommIdHex(*c.comm));
+      if (!comm) return done(Rejected(who + " is not in communicator " + *c.comm));
+      cut.push_back({comm->slot, 0, *c.comm_seq});
+    } else {
+      const auto mine = std::find_if(c.targets.begin(), c.targets.end(),
+                                     [&](const protocol::Command::RankTargets& t) { return t.rank == f->rank(); });
+      if (mine == c.targets.end()) return done(Rejected(who + " has no targets in the cut"));
+      for (const analyzer::CutTarget& t : mine->targets) {
+        const auto comm = FindComm(f->segment(), t.comm);
+        if (!comm) return done(Rejected(who + " is not in communicator " + protocol::CommIdHex(t.comm)));
+        cut.push_back({comm->slot, 0, t.trigger_seq});
+        expect.emplace_back(comm->slot, t.expect_seq);
+      }
     }
-    const auto comm = FindComm(f->segment(), id);
-    if (!comm) return done(Rejected("rank " + std::to_string(f->rank()) + " is not in communicator " + *c.comm));
-    slots.push_back(comm->slot);
+    cuts.push_back(std::move(cut));
+    expects.push_back(std::move(expect));
   }
   const std::int64_t now = RealNow();
   const std::int64_t shim_deadline = now + static_cast<std::int64_t>(c.max_pause_s * 1e9);
   Pending p{Kind::kPause, {}, shim_deadline + kGraceNs, std::move(done)};
   for (std::size_t i = 0; i < targets.size(); ++i) {
-    const std::uint64_t gen = targets[i]->segment().RequestPause(slots[i], *c.comm_seq, shim_deadline);
+    const std::uint64_t gen = targets[i]->segment().RequestPause(cuts[i], shim_deadline);
     paused_[targets[i]] = gen;
-    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}}, false});
+    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}, {}},
+                       false, std::move(expects[i])});
   }
   pending_.push_back(std::move(p));
   Check(now);
@@ -201,7 +217,7 @@ void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>
     const std::uint64_t gen = ActivePause(f, false);
     if (gen == 0) continue;
     f->segment().RequestResume(gen);
-    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}}, false});
+    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}, {}}, false, {}});
   }
   if (p.ranks.empty()) return p.done(Rejected("no rank here is paused by this agent"));
   pending_.push_back(std::move(p));
@@ -227,7 +243,7 @@ void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* cons
       vcomm_[targets[i]] = {static_cast<std::int64_t>(tasks[i].task.n), static_cast<std::int64_t>(tasks[i].task.m)};
     }
     const std::uint64_t seq = tasks[i].blob ? seg.PostTask(tasks[i].task, tasks[i].blob->data()) : seg.PostTask(tasks[i].task);
-    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}}, false});
+    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}, {}}, false, {}});
   }
   pending_.push_back(std::move(p));
   Check(now);
@@ -261,6 +277,14 @@ void ShimTrap::Poll(Pending& p, RankWait& w) {
   const FalconPauseState s = seg.pause_state(&ack);
   if (ack != w.seq) return;  // the shim has not taken the request yet
   w.result.state = PauseStateName(s);
+  if (p.kind == Kind::kPause && s == kFalconPauseTrapped) {
+    // The cut must be the one planned. The call the rank is held before has its comm_seq taken
+    // already (shm_abi.h, trapped_comm_slot): it is not issued.
+    const std::uint32_t held = seg.trapped_comm_slot();
+    for (const auto& [slot, calls] : w.expect) {
+      if (seg.CommCalls(slot) - (slot == held ? 1 : 0) != calls) w.result.state = "misaligned";
+    }
+  }
   w.done = p.kind == Kind::kPause ? s != kFalconPauseArmed && s != kFalconPauseIdle
                                   : s != kFalconPauseTrapped && s != kFalconPauseArmed;
 }

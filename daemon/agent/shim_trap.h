@@ -1,9 +1,12 @@
 // ShimTrap: the TrapController that drives the shim's trap and benchmark executor through each
 // rank's control block (FalconControl in shm_abi.h, SegmentReader::RequestPause & co.).
-//  - pause: needs `comm` (the 16-hex id every member computes alike) and `comm_seq`. Every
-//    target must be writable and a live member of comm, else the whole command is rejected
-//    before any rank is armed. Each rank is asked to stop before call comm_seq of its slot of
-//    comm, with the shim deadline now + max_pause_s (armed past it: expired; trapped past it:
+//  - pause: needs `targets` (per rank, per communicator: the trigger comm_seq and the calls the
+//    rank must have issued once stopped — a consistent cut planned by analyzer/cut_plan.h), or
+//    `comm` (the 16-hex id every member computes alike) and `comm_seq` (one call of a
+//    communicator spanning every target). Every target must be writable and a live member of
+//    every communicator named, else the whole command is rejected before any rank is armed. A
+//    rank that traps with other call counts than expected is "misaligned" (the cut was not
+//    consistent: the pause fails and every rank is released). Each rank is asked to stop with with the shim deadline now + max_pause_s (armed past it: expired; trapped past it:
 //    timed out, training goes on). Acked when every rank is trapped or terminal, or at the
 //    shim deadline + kGrace: "ok" if all trapped; else the ranks that did trap are released at
 //    once (a partial cut would stall their peers) and the ack is rejected / expired / failed.
@@ -57,6 +60,8 @@ class ShimTrap : public TrapController {
     std::uint64_t seq;       // pause generation, or task sequence
     protocol::AckRankResult result;
     bool done = false;
+    // pause with targets: (comm slot, calls it must have issued once trapped)
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> expect;
   };
   struct Pending {
     Kind kind;

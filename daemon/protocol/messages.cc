@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "daemon/protocol/validate.h"
+#include "falcon/shm_abi.h"
 
 namespace falcon::protocol {
 namespace {
@@ -138,6 +139,11 @@ json ToJson(const CommProfileReport& m) {
   return j;
 }
 
+// A JSON integer >= 0, however it was made (parsed text is unsigned, values built in code signed).
+bool NonNegative(const json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0);
+}
+
 void CopyPlanFields(const json& plan, Command* c) {
   for (const auto& [key, into] : {std::pair{"micro_batches", &c->micro_batches}, std::pair{"placement", &c->placement},
                                   std::pair{"exclude_nodes", &c->exclude_nodes}}) {
@@ -161,6 +167,11 @@ json ToJson(const Command& m) {
     j["max_pause_s"] = m.max_pause_s;
     SetIf(j, "comm", m.comm);
     SetIf(j, "comm_seq", m.comm_seq);
+    if (!m.targets.empty()) {
+      json t = json::array();
+      for (const Command::RankTargets& r : m.targets) t.push_back(CutTargetsToJson(r));
+      j["targets"] = std::move(t);
+    }
   } else if (m.type == kValidate.type) {
     j["task"] = m.task;
     SetIf(j, "comm", m.comm);
@@ -200,6 +211,7 @@ json ToJson(const Ack& m) {
       SetIf(rj, "max_s", r.max_s);
       SetIf(rj, "rate", r.rate);
       SetIf(rj, "blob", r.blob);
+      if (r.pattern) rj["pattern"] = *r.pattern;
       results.push_back(std::move(rj));
     }
     j["results"] = std::move(results);
@@ -245,6 +257,24 @@ Result<Command> ParseCommand(std::string_view text) {
       c.at_iteration = j.at("at_iteration").get<std::uint64_t>();
       c.max_pause_s = j.at("max_pause_s").get<double>();
       if (j.contains("comm_seq")) c.comm_seq = j["comm_seq"].get<std::uint64_t>();
+      if (j.contains("targets")) {
+        for (const json& r : j["targets"]) {
+          Command::RankTargets rt;
+          if (!r.contains("rank") || !r["rank"].is_number_integer() || r["rank"].get<std::int64_t>() < 0 ||
+              !r.contains("t") || !r["t"].is_array() || r["t"].empty() || r["t"].size() > FALCON_PAUSE_MAX_TARGETS) {
+            return Status::InvalidArgument("pause.targets: each entry needs rank >= 0 and t with 1..16 targets");
+          }
+          rt.rank = r["rank"].get<std::int64_t>();
+          for (const json& t : r["t"]) {
+            const bool shaped = t.is_array() && t.size() == 3 && t[0].is_string() && NonNegative(t[1]) &&
+                                NonNegative(t[2]);
+            const auto id = shaped ? ParseCommIdHex(t[0].get<std::string>()) : std::nullopt;
+            if (!id) return Status::InvalidArgument("pause.targets: a target is [comm (16 hex), trigger_seq, expect_seq]");
+            rt.targets.push_back({*id, t[1].get<std::uint64_t>(), t[2].get<std::uint64_t>()});
+          }
+          c.targets.push_back(std::move(rt));
+        }
+      }
     } else if (c.type == kValidate.type) {
       c.task = j.at("task").get<std::string>();
       if (j.contains("peer")) c.peer = j["peer"].get<std::int64_t>();
@@ -302,6 +332,95 @@ std::optional<CommandIdentity> SalvageCommandIdentity(std::string_view text) {
   const std::string& type_text = type->get_ref<const std::string&>();
   if (id_text.empty() || id_text.size() > 64 || FindCommand(type_text) == nullptr) return std::nullopt;
   return CommandIdentity{id_text, type_text};
+}
+
+json CutTargetsToJson(const Command::RankTargets& t) {
+  json list = json::array();
+  for (const analyzer::CutTarget& c : t.targets) list.push_back({CommIdHex(c.comm), c.trigger_seq, c.expect_seq});
+  return {{"rank", t.rank}, {"t", std::move(list)}};
+}
+
+// Units are run-length encoded: [repeat, group (0/1), comm index, count, comm index, count, ...].
+json CutPatternToJson(const CutPatternMessage& m) {
+  const analyzer::RankCallPattern& p = m.pattern;
+  json comms = json::array();
+  for (const analyzer::PatternComm& c : p.comms) comms.push_back({CommIdHex(c.id), c.nranks, c.base_seq});
+  json units = json::array();
+  for (std::size_t i = 0; i < p.units.size();) {
+    std::size_t k = i + 1;
+    auto same = [&](const analyzer::CallUnit& a, const analyzer::CallUnit& b) {
+      if (a.group != b.group || a.calls.size() != b.calls.size()) return false;
+      for (std::size_t x = 0; x < a.calls.size(); ++x) {
+        if (a.calls[x].comm != b.calls[x].comm || a.calls[x].count != b.calls[x].count) return false;
+      }
+      return true;
+    };
+    while (k < p.units.size() && same(p.units[k], p.units[i])) ++k;
+    json u = {k - i, p.units[i].group ? 1 : 0};
+    for (const analyzer::UnitCalls& c : p.units[i].calls) {
+      u.push_back(c.comm);
+      u.push_back(c.count);
+    }
+    units.push_back(std::move(u));
+    i = k;
+  }
+  json j = {{"rank", p.rank}, {"comms", std::move(comms)}, {"units", std::move(units)}, {"position", m.position},
+            {"units_per_s", m.units_per_s}, {"age_s", m.age_s}};
+  if (p.iteration_at_start) j["iteration"] = *p.iteration_at_start;
+  return j;
+}
+
+Result<CutPatternMessage> ParseCutPattern(const json& j) {
+  constexpr std::size_t kMaxComms = 4096, kMaxUnits = std::size_t{1} << 20;
+  auto bad = [](const std::string& why) { return Status::InvalidArgument("cut pattern: " + why); };
+  if (!j.is_object()) return bad("not an object");
+  for (const char* key : {"rank", "position"}) {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<std::int64_t>() < 0) return bad(std::string(key) + " missing or negative");
+  }
+  for (const char* key : {"units_per_s", "age_s"}) {
+    if (!j.contains(key) || !j[key].is_number()) return bad(std::string(key) + " missing");
+    const double v = j[key].get<double>();
+    if (!(v >= 0 && v <= 1e12)) return bad(std::string(key) + " outside [0, 1e12]");
+  }
+  if (!j.contains("comms") || !j["comms"].is_array() || j["comms"].size() > kMaxComms) return bad("comms missing or too many");
+  if (!j.contains("units") || !j["units"].is_array()) return bad("units missing");
+  CutPatternMessage m;
+  m.pattern.rank = j["rank"].get<std::int64_t>();
+  m.position = j["position"].get<std::uint64_t>();
+  m.units_per_s = j["units_per_s"].get<double>();
+  m.age_s = j["age_s"].get<double>();
+  if (j.contains("iteration")) {
+    if (!NonNegative(j["iteration"])) return bad("iteration not a non-negative integer");
+    m.pattern.iteration_at_start = j["iteration"].get<std::uint64_t>();
+  }
+  for (const json& c : j["comms"]) {
+    const bool shaped = c.is_array() && c.size() == 3 && c[0].is_string() && c[1].is_number_integer() &&
+                        NonNegative(c[2]);
+    const auto id = shaped ? ParseCommIdHex(c[0].get<std::string>()) : std::nullopt;
+    if (!id || c[1].get<std::int64_t>() < 1 || static_cast<double>(c[1].get<std::int64_t>()) > kMaxRank) {
+      return bad("a comm is [id (16 hex), nranks 1..max, base_seq]");
+    }
+    m.pattern.comms.push_back({*id, c[1].get<std::int64_t>(), c[2].get<std::uint64_t>()});
+  }
+  for (const json& u : j["units"]) {
+    if (!u.is_array() || u.size() < 4 || u.size() % 2 != 0 || !NonNegative(u[0]) || !NonNegative(u[1])) {
+      return bad("a unit run is [repeat, group, comm, count, ...]");
+    }
+    const std::uint64_t repeat = u[0].get<std::uint64_t>();
+    if (repeat < 1 || repeat > kMaxUnits || m.pattern.units.size() + repeat > kMaxUnits) return bad("too many units");
+    analyzer::CallUnit unit{u[1].get<std::uint64_t>() != 0, {}};
+    for (std::size_t x = 2; x < u.size(); x += 2) {
+      if (!NonNegative(u[x]) || !NonNegative(u[x + 1]) ||
+          u[x].get<std::uint64_t>() >= m.pattern.comms.size() || u[x + 1].get<std::uint64_t>() < 1 ||
+          u[x + 1].get<std::uint64_t>() > kMaxUnits) {
+        return bad("a unit names an unknown comm index or a count outside [1, 2^20]");
+      }
+      unit.calls.push_back({static_cast<std::uint32_t>(u[x].get<std::uint64_t>()),
+                            static_cast<std::uint32_t>(u[x + 1].get<std::uint64_t>())});
+    }
+    m.pattern.units.insert(m.pattern.units.end(), repeat, unit);
+  }
+  return m;
 }
 
 }  // namespace falcon::protocol

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "analyzer/cut_plan.h"
 #include "falcon/protocol.h"
 #include "falcon/status.h"
 
@@ -135,6 +136,11 @@ struct Command {
   std::uint64_t at_iteration = 0;
   double max_pause_s = 0;
   std::optional<std::uint64_t> comm_seq;  // with comm: the cut
+  struct RankTargets {
+    std::int64_t rank = -1;
+    std::vector<analyzer::CutTarget> targets;  // 1..FALCON_PAUSE_MAX_TARGETS
+  };
+  std::vector<RankTargets> targets;  // the consistent cut per rank (instead of comm/comm_seq)
   // pause, validate
   std::string task;
   std::optional<std::string> comm;
@@ -159,7 +165,21 @@ struct AckRankResult {
   std::optional<std::string> task_status;  // validate: ok | bad_request | unsupported | failed
   std::optional<double> median_s, min_s, max_s, rate;
   std::optional<std::string> blob;  // vcomm_id: the validation communicator's unique id, hex
+  std::optional<nlohmann::json> pattern;  // cut_info: CutPatternToJson
 };
+
+// cut_info's per-rank answer: one period of calls (analyzer::RankCallPattern, min_position
+// unset), the units issued since its start, their pace and the age of the last call.
+struct CutPatternMessage {
+  analyzer::RankCallPattern pattern;
+  std::uint64_t position = 0;
+  double units_per_s = 0;
+  double age_s = 0;
+};
+nlohmann::json CutPatternToJson(const CutPatternMessage& m);
+// Validates every field (bounds, indices, sizes); InvalidArgument says which.
+Result<CutPatternMessage> ParseCutPattern(const nlohmann::json& j);
+nlohmann::json CutTargetsToJson(const Command::RankTargets& t);
 
 struct Ack {
   ReportHeader header;

@@ -64,7 +64,7 @@ inline constexpr KeySpec kProfilesStream{
     "comm_profile", "per-communicator call profiles per rank (op/size signature, count, timing)"};
 inline constexpr KeySpec kCommandsStream{
     "commands", "falcon:{job}:commands:{host}", KeyKind::kStream, Direction::kControllerToAgent,
-    "set_mode|pause|resume|validate|plan",
+    "set_mode|pause|resume|validate|plan|cut_info",
     "commands for one agent; read with XREADGROUP (group kCommandGroup), acknowledged with XACK "
     "after an ack message is queued"};
 inline constexpr KeySpec kAcksStream{
@@ -261,9 +261,20 @@ inline constexpr FieldSpec kPauseFields[] = {
     {"comm_seq", JsonType::kInteger, false,
      "stop before this call (0-based, per communicator) of comm; same on every rank", "", 0,
      kMaxI64},
+    {"targets", JsonType::kArray, false,
+     "the consistent cut per rank, instead of comm/comm_seq: {rank, t: [[comm, trigger_seq, "
+     "expect_seq], ...]} (at most 16 communicators); a rank stops before the call of comm with "
+     "comm_seq trigger_seq (after its group), then must have issued expect_seq calls on each",
+     "", 1, kMaxRank, JsonType::kObject},
 };
 inline constexpr MessageSpec kPause{"pause", kPauseFields,
                                     "trap the ranks at an agreed iteration boundary"};
+
+// cut_info: each rank's recent call pattern (ack result `pattern`), from which the controller
+// or falcon-ctl plans a consistent cut (analyzer/cut_plan.h) for a pause's `targets`.
+inline constexpr FieldSpec kCutInfoFields[] = {FALCON_PROTOCOL_COMMAND_FIELDS};
+inline constexpr MessageSpec kCutInfo{"cut_info", kCutInfoFields,
+                                      "report each rank's call pattern for a consistent cut"};
 
 inline constexpr FieldSpec kResumeFields[] = {FALCON_PROTOCOL_COMMAND_FIELDS};
 inline constexpr MessageSpec kResume{"resume", kResumeFields, "release a pause"};
@@ -314,7 +325,7 @@ inline constexpr MessageSpec kPlanCommand{
     "plan", kPlanCommandFields,
     "act mode: hand a mitigation plan to the shims (falcon.h C API) for the framework to apply"};
 
-inline constexpr MessageSpec kCommands[] = {kSetMode, kPause, kResume, kValidate, kPlanCommand};
+inline constexpr MessageSpec kCommands[] = {kSetMode, kPause, kResume, kValidate, kPlanCommand, kCutInfo};
 
 inline constexpr FieldSpec kAckFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
@@ -325,8 +336,9 @@ inline constexpr FieldSpec kAckFields[] = {
     {"ranks", JsonType::kArray, true, "ranks the command was applied to", "", 0, kMaxRank,
      JsonType::kInteger},
     {"results", JsonType::kArray, false,
-     "pause/resume/validate: per rank {rank, state, task_status?, median_s?, min_s?, max_s?, "
-     "rate?, blob? (vcomm_id: the unique id, 256 hex digits)}", "", 0, kMaxRank, JsonType::kObject},
+     "pause/resume/validate/cut_info: per rank {rank, state, task_status?, median_s?, min_s?, "
+     "max_s?, rate?, blob? (vcomm_id: the unique id, 256 hex digits), pattern? (cut_info)}", "", 0,
+     kMaxRank, JsonType::kObject},
 };
 inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one command"};
 
@@ -424,7 +436,7 @@ inline constexpr MessageSpec kAllMessages[] = {kRankRegister,   kAgentHeartbeat,
                                                kPause,          kResume,         kValidate,
                                                kAck,            kIncident,       kAlert,
                                                kControllerState, kControllerRequest,
-                                               kPlanCommand,    kMitigationPlan};
+                                               kPlanCommand,    kMitigationPlan, kCutInfo};
 
 #undef FALCON_PROTOCOL_REPORT_FIELDS
 #undef FALCON_PROTOCOL_RANK_FIELDS
