@@ -730,7 +730,7 @@ json AckTo(const OutgoingCommand& c, const std::string& status,
   } else if (c.command.type == "validate") {
     for (std::int64_t r : a.ranks) {
       const double min_s = c.command.task == "gemm" ? GemmMin(r) : P2pMin(r);
-      a.results.push_back({r, "ok", "ok", 1.5 * min_s, min_s, 2 * min_s, std::nullopt, std::nullopt});
+      a.results.push_back({r, "ok", "ok", 1.5 * min_s, min_s, 2 * min_s, std::nullopt, std::nullopt, std::nullopt});
     }
   }
   return Validated(protocol::ToJson(a), protocol::kAck);
@@ -738,7 +738,7 @@ json AckTo(const OutgoingCommand& c, const std::string& status,
 
 // A pause / resume result: the rank's trap state.
 protocol::AckRankResult Trap(std::int64_t rank, const char* state) {
-  return {rank, state, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+  return {rank, state, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
 }
 
 std::optional<json> AllOk(const OutgoingCommand& c) { return AckTo(c, "ok"); }
@@ -747,6 +747,18 @@ void Answer(ValidationRun& run, const std::vector<OutgoingCommand>& cmds, const 
   for (const OutgoingCommand& c : cmds) {
     if (std::optional<json> a = respond(c)) run.OnAck(*a);
   }
+}
+
+// run.Next, answering a round's cut_info as agents whose ranks have no call pattern yet would
+// (so the round falls back to the cut on the communicator spanning the job).
+std::vector<OutgoingCommand> Next(ValidationRun& run, const JobView& view, std::int64_t now_ns) {
+  std::vector<OutgoingCommand> cmds = run.Next(view, now_ns);
+  if (cmds.empty() || cmds[0].command.type != "cut_info") return cmds;
+  for (const OutgoingCommand& c : cmds) {
+    EXPECT_EQ(c.command.type, "cut_info");
+    run.OnAck(AckTo(c, "failed"));
+  }
+  return run.Next(view, now_ns);
 }
 
 std::set<std::string> HostsOf(const std::vector<OutgoingCommand>& cmds, const std::string& type) {
@@ -782,6 +794,66 @@ void ExpectPause(const std::vector<OutgoingCommand>& cmds, std::int64_t now_ns, 
   }
 }
 
+// The agents' answer to cut_info: every rank's call pattern (two TP all-reduces, then a grouped
+// DP exchange), each rank reported r % 3 periods on and r units into its period.
+json CutInfoAck(const OutgoingCommand& c) {
+  std::vector<protocol::AckRankResult> results;
+  for (std::int64_t r = 0; r < kRanks; ++r) {
+    if (HostOfRank(r) != c.host) continue;
+    protocol::CutPatternMessage m;
+    m.pattern.rank = r;
+    const auto k = static_cast<std::uint64_t>(r % 3);  // periods this rank's report is ahead
+    m.pattern.comms = {{kWorld, kRanks, 3}, {TpId(r / 2), 2, 100 + 2 * k}, {DpId(r % 2), kRanks / 2, 50 + 2 * k}};
+    m.pattern.units = {{false, {{1, 1}}}, {false, {{1, 1}}}, {true, {{2, 2}}}};
+    m.position = static_cast<std::uint64_t>(r);
+    m.units_per_s = 300;
+    m.age_s = 0.01;
+    protocol::AckRankResult res{r, "ok", std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                                std::nullopt, protocol::CutPatternToJson(m)};
+    results.push_back(res);
+  }
+  return AckTo(c, "ok", results);
+}
+
+TEST(ValidationRunTest, PlannedCutGivesEveryRankConsistentTargets) {
+  const JobView view = RunningJob();
+  ValidationSettings s;
+  s.pause_lead_s = 1;
+  ValidationRun run("vc", {}, s, false);
+  std::int64_t now = kReportedNs;
+  std::vector<OutgoingCommand> cmds = run.Next(view, now);
+  EXPECT_EQ(HostsOf(cmds, "cut_info"), kHosts);
+  for (const OutgoingCommand& c : cmds) run.OnAck(CutInfoAck(c));
+  cmds = run.Next(view, now);
+  EXPECT_EQ(HostsOf(cmds, "pause"), kHosts);
+  std::map<std::uint64_t, std::set<std::uint64_t>> expect;  // comm -> expect_seq over members
+  std::set<std::int64_t> ranks;
+  for (const OutgoingCommand& c : cmds) {
+    EXPECT_FALSE(c.command.comm.has_value()) << "a planned cut, not one communicator's call";
+    for (const auto& t : c.command.targets) {
+      EXPECT_EQ(HostOfRank(t.rank), c.host) << "each agent gets its own ranks";
+      ranks.insert(t.rank);
+      EXPECT_EQ(t.targets.size(), 3u);
+      for (const auto& x : t.targets) expect[x.comm].insert(x.expect_seq);
+    }
+  }
+  EXPECT_EQ(ranks.size(), static_cast<std::size_t>(kRanks));
+  for (const auto& [comm, values] : expect) EXPECT_EQ(values.size(), 1u) << protocol::CommIdHex(comm);
+  // 300 units/s x (1 s lead + 0.01 s) = 303 units (101 periods, 2 TP calls each) ahead at least.
+  EXPECT_GE(*expect[TpId(0)].begin(), 100u + 2 * 101);
+  // A rank that stopped off plan: released, and the cut is planned again.
+  for (const OutgoingCommand& c : cmds) {
+    std::vector<protocol::AckRankResult> results;
+    for (const auto& t : c.command.targets) results.push_back(Trap(t.rank, t.rank == 1 ? "misaligned" : "trapped"));
+    run.OnAck(AckTo(c, "failed", results));
+  }
+  cmds = run.Next(view, now);
+  EXPECT_EQ(HostsOf(cmds, "resume"), kHosts);
+  Answer(run, cmds);
+  cmds = run.Next(view, now);
+  EXPECT_EQ(HostsOf(cmds, "cut_info"), kHosts) << "retried from fresh patterns";
+}
+
 TEST(ValidationRunTest, PauseCutIsPlacedAheadOfWhereTheJobIsNow) {
   struct Case {
     double stale_s;  // since the view's last report
@@ -794,7 +866,7 @@ TEST(ValidationRunTest, PauseCutIsPlacedAheadOfWhereTheJobIsNow) {
     s.pause_lead_s = c.lead_s;
     ValidationRun run("v7", GemmThenP2p(), s, false);
     const std::int64_t now = kReportedNs + static_cast<std::int64_t>(c.stale_s * kSec);
-    const std::vector<OutgoingCommand> cmds = run.Next(view, now);
+    const std::vector<OutgoingCommand> cmds = Next(run, view, now);
     ExpectPause(cmds, now, c.lead_s);
     std::set<std::string> ids;
     for (const OutgoingCommand& cmd : cmds) {
@@ -803,7 +875,7 @@ TEST(ValidationRunTest, PauseCutIsPlacedAheadOfWhereTheJobIsNow) {
     }
     EXPECT_EQ(ids.size(), cmds.size()) << "command ids are distinct";
     EXPECT_FALSE(run.done());
-    EXPECT_TRUE(run.Next(view, now + kSec).empty()) << "waiting for the acks";
+    EXPECT_TRUE(Next(run, view, now + kSec).empty()) << "waiting for the acks";
   }
 }
 
@@ -864,16 +936,16 @@ TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator
     const JobView view = RunningJob();
     ValidationRun run("v9", steps(), ValidationSettings{}, false);
     std::int64_t now = kReportedNs;
-    std::vector<OutgoingCommand> cmds = run.Next(view, now);
+    std::vector<OutgoingCommand> cmds = Next(run, view, now);
     Answer(run, cmds);  // the pause
-    cmds = run.Next(view, now += kSec);
+    cmds = Next(run, view, now += kSec);
     ASSERT_EQ(cmds.size(), 1u);
     EXPECT_EQ(cmds[0].command.task, "vcomm_id");
     Answer(run, cmds, [&](const OutgoingCommand& c) {
-      protocol::AckRankResult r{0, "done", "ok", 0.0, 0.0, 0.0, 0.0, blob};
+      protocol::AckRankResult r{0, "done", "ok", 0.0, 0.0, 0.0, 0.0, blob, std::nullopt};
       return std::optional<json>(AckTo(c, "ok", std::vector<protocol::AckRankResult>{r}));
     });
-    cmds = run.Next(view, now += kSec);
+    cmds = Next(run, view, now += kSec);
     ASSERT_EQ(cmds.size(), 4u) << "one join per rank";
     for (const OutgoingCommand& c : cmds) {
       EXPECT_EQ(c.command.task, "vcomm_join");
@@ -884,11 +956,11 @@ TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator
     Answer(run, cmds, [&](const OutgoingCommand& c) {
       const std::int64_t r = c.command.ranks->front();
       const char* status = join_fails && r == 2 ? "failed" : "ok";
-      protocol::AckRankResult res{r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt};
+      protocol::AckRankResult res{r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt, std::nullopt};
       return std::optional<json>(AckTo(c, join_fails && r == 2 ? "failed" : "ok",
                                        std::vector<protocol::AckRankResult>{res}));
     });
-    cmds = run.Next(view, now += kSec);
+    cmds = Next(run, view, now += kSec);
     ASSERT_FALSE(cmds.empty());
     if (join_fails) {
       EXPECT_EQ(HostsOf(cmds, "resume"), kHosts) << "no transfer: straight to the resume";
@@ -912,12 +984,12 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     s.statistic = c.statistic;
     ValidationRun run("v1", GemmThenP2p(), s, false);
     std::int64_t now = kReportedNs;
-    std::vector<OutgoingCommand> cmds = run.Next(view, now);
+    std::vector<OutgoingCommand> cmds = Next(run, view, now);
     ExpectPause(cmds, now, s.pause_lead_s);
     Answer(run, cmds);
     now += kSec;
 
-    cmds = run.Next(view, now);  // the GEMM step: one command per host with its ranks
+    cmds = Next(run, view, now);  // the GEMM step: one command per host with its ranks
     ASSERT_EQ(cmds.size(), 2u);
     std::map<std::string, std::set<std::int64_t>> gemm_ranks;
     for (const OutgoingCommand& cmd : cmds) {
@@ -932,7 +1004,7 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     Answer(run, cmds);
     now += kSec;
 
-    cmds = run.Next(view, now);  // the P2P step: one command per rank, towards its peer
+    cmds = Next(run, view, now);  // the P2P step: one command per rank, towards its peer
     ASSERT_EQ(cmds.size(), 4u);
     std::map<std::int64_t, std::int64_t> peer_of;
     for (const OutgoingCommand& cmd : cmds) {
@@ -948,11 +1020,11 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     Answer(run, cmds);
     now += kSec;
 
-    cmds = run.Next(view, now);
+    cmds = Next(run, view, now);
     EXPECT_EQ(HostsOf(cmds, "resume"), kHosts);
     EXPECT_FALSE(run.done()) << "until the resumes are acked";
     Answer(run, cmds);
-    EXPECT_TRUE(run.Next(view, now).empty());
+    EXPECT_TRUE(Next(run, view, now).empty());
     EXPECT_TRUE(run.done());
     EXPECT_TRUE(run.completed());
     EXPECT_EQ(run.failure(), "");
@@ -990,7 +1062,7 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
          std::vector<protocol::AckRankResult> results;
          for (std::int64_t r : *c.command.ranks) {
            const double m = c.command.task == "gemm" ? GemmMin(r) : P2pMin(r);
-           results.push_back({r, "ok", r == 1 ? "failed" : "ok", 1.5 * m, m, 2 * m, std::nullopt, std::nullopt});
+           results.push_back({r, "ok", r == 1 ? "failed" : "ok", 1.5 * m, m, 2 * m, std::nullopt, std::nullopt, std::nullopt});
          }
          return AckTo(c, "ok", results);
        },
@@ -1015,7 +1087,7 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
     ValidationRun run("v2", GemmThenP2p(), s, false);
     std::int64_t now = kReportedNs;
     for (int i = 0; i < 20 && !run.done(); ++i) {
-      Answer(run, run.Next(view, now), c.respond);
+      Answer(run, Next(run, view, now), c.respond);
       now += static_cast<std::int64_t>(s.ack_timeout_s * kSec) + kSec;  // past any ack deadline
     }
     ASSERT_TRUE(run.done());
@@ -1037,7 +1109,7 @@ Responder GemmTimes(std::set<std::int64_t> slow_first, std::set<std::int64_t> sl
     for (std::int64_t r : *c.command.ranks) {
       const bool slow = slow_always.count(r) > 0 || (first && slow_first.count(r) > 0);
       const double m = slow ? 0.020 : 0.010;
-      results.push_back({r, "ok", "ok", m, m, m, std::nullopt, std::nullopt});
+      results.push_back({r, "ok", "ok", m, m, m, std::nullopt, std::nullopt, std::nullopt});
     }
     return AckTo(c, "ok", results);
   };
@@ -1068,7 +1140,7 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
     std::int64_t now = kReportedNs;
     std::vector<std::string> types;
     for (int i = 0; i < 20 && !run.done(); ++i) {
-      const std::vector<OutgoingCommand> cmds = run.Next(view, now);
+      const std::vector<OutgoingCommand> cmds = Next(run, view, now);
       if (!cmds.empty()) types.push_back(cmds.front().command.type + ":" + cmds.front().command.task);
       Answer(run, cmds, respond);
       now += kSec;
@@ -1157,19 +1229,19 @@ TEST(ValidationRunTest, MissedCutIsReleasedThenRetriedWithADoubledLead) {
     s.pause_attempts = c.attempts;
     ValidationRun run("v3", GemmThenP2p(), s, false);
     std::int64_t now = kReportedNs;
-    std::vector<OutgoingCommand> cmds = run.Next(view, now);
+    std::vector<OutgoingCommand> cmds = Next(run, view, now);
     ExpectPause(cmds, now, s.pause_lead_s);
     Answer(run, cmds, [](const OutgoingCommand& cmd) -> std::optional<json> {
       if (cmd.host == "node0") return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{Trap(0, "armed")});
       return AckTo(cmd, "failed", std::vector<protocol::AckRankResult>{Trap(4, "armed"), Trap(5, "missed")});
     });
     now += kSec / 2;
-    cmds = run.Next(view, now);
+    cmds = Next(run, view, now);
     EXPECT_EQ(HostsOf(cmds, "resume"), kHosts) << "release whatever did stop";
     EXPECT_FALSE(run.paused());
     Answer(run, cmds);
     now += kSec / 2;
-    cmds = run.Next(view, now);
+    cmds = Next(run, view, now);
     if (!c.retried) {
       EXPECT_TRUE(cmds.empty());
       EXPECT_TRUE(run.done());
@@ -1181,7 +1253,7 @@ TEST(ValidationRunTest, MissedCutIsReleasedThenRetriedWithADoubledLead) {
     EXPECT_EQ(run.failure(), "");
     for (int i = 0; i < 10 && !run.done(); ++i) {
       Answer(run, cmds);
-      cmds = run.Next(view, now);
+      cmds = Next(run, view, now);
     }
     EXPECT_TRUE(run.completed());
     EXPECT_EQ(run.Summary()["pause_attempts"], 2);
@@ -1199,15 +1271,15 @@ TEST(ValidationRunTest, PauseAcksMissingPastTheDeadlineFailTheRoundAndResume) {
     ValidationSettings s;
     ValidationRun run("v4", GemmThenP2p(), s, false);
     std::int64_t now = kReportedNs;
-    std::vector<OutgoingCommand> cmds = run.Next(view, now);
+    std::vector<OutgoingCommand> cmds = Next(run, view, now);
     Answer(run, cmds, [](const OutgoingCommand& cmd) -> std::optional<json> {
       if (cmd.host == "node1") return std::nullopt;
       return AckTo(cmd, "ok");
     });
     const std::int64_t deadline = now + static_cast<std::int64_t>((s.pause_lead_s + s.ack_timeout_s) * kSec);
-    EXPECT_TRUE(run.Next(view, deadline - kSec).empty()) << "still waiting";
+    EXPECT_TRUE(Next(run, view, deadline - kSec).empty()) << "still waiting";
     EXPECT_EQ(run.failure(), "");
-    cmds = run.Next(view, deadline + 1);
+    cmds = Next(run, view, deadline + 1);
     EXPECT_EQ(HostsOf(cmds, "resume"), kHosts);
     EXPECT_NE(run.failure().find("node1"), std::string::npos) << run.failure();
     EXPECT_FALSE(run.done());
@@ -1215,11 +1287,11 @@ TEST(ValidationRunTest, PauseAcksMissingPastTheDeadlineFailTheRoundAndResume) {
     if (c.resume_acked) {
       Answer(run, cmds);
     } else {
-      EXPECT_TRUE(run.Next(view, now + kSec).empty());
+      EXPECT_TRUE(Next(run, view, now + kSec).empty());
       EXPECT_FALSE(run.done());
       now += static_cast<std::int64_t>(s.ack_timeout_s * kSec) + 1;
     }
-    EXPECT_TRUE(run.Next(view, now).empty());
+    EXPECT_TRUE(Next(run, view, now).empty());
     EXPECT_TRUE(run.done());
     EXPECT_FALSE(run.completed());
     EXPECT_FALSE(run.paused());
@@ -1231,20 +1303,21 @@ TEST(ValidationRunTest, ReleaseFirstResumesEveryHostBeforeThePause) {
   const JobView view = RunningJob();
   ValidationRun run("v5", GemmThenP2p(), ValidationSettings{}, true);
   std::int64_t now = kReportedNs;
-  std::vector<OutgoingCommand> cmds = run.Next(view, now);
+  std::vector<OutgoingCommand> cmds = Next(run, view, now);
   EXPECT_EQ(HostsOf(cmds, "resume"), kHosts);
-  EXPECT_TRUE(run.Next(view, now).empty()) << "the pause waits for the release";
+  EXPECT_TRUE(Next(run, view, now).empty()) << "the pause waits for the release";
   // Agents with nothing paused refuse a resume: that still counts as an answer.
   Answer(run, cmds, [](const OutgoingCommand& cmd) -> std::optional<json> { return AckTo(cmd, "rejected"); });
   now += kSec;
-  cmds = run.Next(view, now);
+  cmds = Next(run, view, now);
   ExpectPause(cmds, now, ValidationSettings{}.pause_lead_s);
   EXPECT_FALSE(run.done());
   EXPECT_EQ(run.failure(), "");
 }
 
-// Without a cut communicator the round waits (a fresh view has no call rates yet), then fails
-// once ack_timeout_s has passed.
+// Without call patterns (cut_info fails: no period locked yet) nor a cut communicator (a fresh
+// view has no call rates yet) the round waits, then fails once ack_timeout_s has passed, naming
+// the likeliest cause.
 TEST(ValidationRunTest, NoCutCommunicatorFailsAfterWaiting) {
   struct Case {
     const char* name;
@@ -1255,18 +1328,18 @@ TEST(ValidationRunTest, NoCutCommunicatorFailsAfterWaiting) {
          JobView v;
          v.Update(JobRanks(1000, kT0), JobAgents());
          return v;
-       }(), "nowhere to cut"},
+       }(), "no consistent cut: node0: failed"},
       {"a member of the world has no agent", RunningJob({{6, "exited"}}), "members 6 "},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     ValidationRun run("v6", GemmThenP2p(), ValidationSettings{}, false);
-    EXPECT_TRUE(run.Next(c.view, kReportedNs).empty());
+    EXPECT_TRUE(Next(run, c.view, kReportedNs).empty());
     EXPECT_FALSE(run.done()) << "waits for call rates first";
     const auto wait_ns = static_cast<std::int64_t>(ValidationSettings{}.ack_timeout_s * 1e9);
-    EXPECT_TRUE(run.Next(c.view, kReportedNs + wait_ns / 2).empty());
+    EXPECT_TRUE(Next(run, c.view, kReportedNs + wait_ns / 2).empty());
     EXPECT_FALSE(run.done());
-    EXPECT_TRUE(run.Next(c.view, kReportedNs + wait_ns + 1).empty());
+    EXPECT_TRUE(Next(run, c.view, kReportedNs + wait_ns + 1).empty());
     EXPECT_TRUE(run.done());
     EXPECT_FALSE(run.completed());
     EXPECT_NE(run.failure().find(c.says), std::string::npos) << run.failure();

@@ -104,11 +104,14 @@ void ValidationRun::OnAck(const json& ack) {
 
 std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64_t now_ns) {
   for (;;) {
-    const bool waiting = phase_ == Phase::kAwaitPause || phase_ == Phase::kAwaitStep ||
-                         phase_ == Phase::kAwaitResume;
+    const bool waiting = phase_ == Phase::kAwaitCutInfo || phase_ == Phase::kAwaitPause ||
+                         phase_ == Phase::kAwaitStep || phase_ == Phase::kAwaitResume;
     if (waiting && !AllAcked() && now_ns < deadline_ns_) return {};
     switch (phase_) {
-      case Phase::kPause: return SendPause(view, now_ns);
+      case Phase::kPause:
+        if (now_ns < cut_retry_ns_) return {};
+        return SendCutInfo(view, now_ns);
+      case Phase::kAwaitCutInfo: return SendPlannedPause(view, now_ns);
       case Phase::kAwaitPause: FinishPause(view, now_ns); break;
       case Phase::kStep: return SendStep(view, now_ns);
       case Phase::kAwaitStep: FinishStep(view); break;
@@ -128,6 +131,115 @@ std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64
   }
 }
 
+std::string ValidationRun::NoCutReason(const JobView& view) const {
+  std::size_t widest = 0;
+  std::string missing;
+  for (const auto& [id, c] : view.comms()) {
+    if (c.members.size() <= widest) continue;
+    widest = c.members.size();
+    missing.clear();
+    for (std::size_t r = 0; r < c.members.size(); ++r) {
+      if (c.members[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  if (!missing.empty()) {  // the likeliest cause first: ranks nobody can pause
+    return "members " + missing + " of the job's widest communicator (" + std::to_string(widest) +
+           " ranks) have no live agent: they cannot be paused";
+  }
+  if (!cut_failure_.empty()) return "no consistent cut: " + cut_failure_;
+  return "no communicator spans every live rank with a known call rate: nowhere to cut";
+}
+
+std::vector<OutgoingCommand> ValidationRun::SendCutInfo(const JobView& view, std::int64_t now_ns) {
+  pending_.clear();
+  if (view.agent_hosts().empty()) return SendPause(view, now_ns);  // says why there is no cut
+  std::vector<OutgoingCommand> out;
+  for (const std::string& host : view.agent_hosts()) {
+    protocol::Command cmd = NewCommand(std::string(protocol::kCutInfo.type), now_ns, settings_.ack_timeout_s);
+    pending_[cmd.id] = {host, "cut_info", std::nullopt};
+    out.push_back({host, std::move(cmd)});
+  }
+  cut_info_ns_ = now_ns;
+  deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+  phase_ = Phase::kAwaitCutInfo;
+  return out;
+}
+
+std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view, std::int64_t now_ns) {
+  std::vector<analyzer::RankCallPattern> patterns;
+  std::vector<double> pace;  // units per second, per pattern
+  std::map<std::int64_t, std::string> host_of;
+  std::string why;
+  for (const auto& [id, p] : pending_) {
+    if (!p.ack) {
+      why += p.host + ": no answer; ";
+      continue;
+    }
+    if ((*p.ack)["status"] != "ok") why += p.host + ": " + p.ack->value("detail", std::string("failed")) + "; ";
+    for (const json& r : p.ack->value("results", json::array())) {
+      if (!r.contains("pattern")) continue;
+      const auto m = protocol::ParseCutPattern(r["pattern"]);
+      if (!m.ok()) {
+        why += p.host + ": " + m.status().message() + "; ";
+        continue;
+      }
+      analyzer::RankCallPattern pattern = m.value().pattern;
+      // Where the rank will be once the pause reaches it: its position when reported, plus its
+      // pace over the report's age, the time since we asked and the lead.
+      const double ahead_s = m.value().age_s + static_cast<double>(now_ns - cut_info_ns_) / kNsPerS + lead_s_;
+      pattern.min_position = m.value().position + static_cast<std::uint64_t>(std::ceil(m.value().units_per_s * ahead_s)) + 1;
+      host_of[pattern.rank] = p.host;
+      patterns.push_back(std::move(pattern));
+      pace.push_back(m.value().units_per_s);
+    }
+  }
+  analyzer::CutPlan plan;
+  if (why.empty()) plan = analyzer::PlanCut(patterns);
+  else plan.failure = why;
+  if (!plan.ok()) {
+    if (plan.failure != cut_failure_) {
+      log_.push_back({{"step", "cut"}, {"attempt", pause_attempt_ + 1}, {"failed", plan.failure}});
+    }
+    cut_failure_ = plan.failure;
+    if (view.CutComm()) return SendPause(view, now_ns);  // the one-communicator cut
+    // No pattern yet (a fresh job locks its period after a few iterations): ask again shortly.
+    if (cut_wait_deadline_ns_ == 0) cut_wait_deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+    pending_.clear();
+    if (now_ns < cut_wait_deadline_ns_) {
+      cut_retry_ns_ = AfterSeconds(now_ns, 0.5);
+      phase_ = Phase::kPause;
+      return {};
+    }
+    failure_ = NoCutReason(view);
+    phase_ = Phase::kDone;
+    return {};
+  }
+  pending_.clear();
+  std::map<std::string, std::vector<protocol::Command::RankTargets>> by_host;
+  for (const analyzer::RankCut& c : plan.ranks) by_host[host_of[c.rank]].push_back({c.rank, c.targets});
+  std::vector<OutgoingCommand> out;
+  for (auto& [host, targets] : by_host) {
+    protocol::Command cmd = NewCommand("pause", now_ns, settings_.max_pause_s);
+    cmd.max_pause_s = settings_.max_pause_s;
+    cmd.targets = std::move(targets);
+    pending_[cmd.id] = {host, "pause", std::nullopt};
+    out.push_back({host, std::move(cmd)});
+  }
+  log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"cut", "planned"},
+                  {"ranks", plan.ranks.size()}, {"lead_s", lead_s_}});
+  // The longest any rank needs to reach its stop at its pace (the lead, unless the cut had to
+  // go further to be consistent).
+  double slowest = lead_s_;
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    if (pace[i] <= 0) continue;
+    const double extra = static_cast<double>(plan.ranks[i].position - patterns[i].min_position) / pace[i];
+    slowest = std::max(slowest, lead_s_ + extra);
+  }
+  deadline_ns_ = AfterSeconds(now_ns, slowest + settings_.ack_timeout_s);
+  phase_ = Phase::kAwaitPause;
+  return out;
+}
+
 std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   const std::optional<std::uint64_t> cut = view.CutComm();
@@ -136,21 +248,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
     return {};  // a fresh view has no call rates yet (two reports make one): wait for the next
   }
   if (!cut || view.agent_hosts().empty()) {
-    failure_ = "no communicator spans every live rank with a known call rate: nowhere to cut";
-    std::size_t widest = 0;
-    std::string missing;
-    for (const auto& [id, c] : view.comms()) {
-      if (c.members.size() <= widest) continue;
-      widest = c.members.size();
-      missing.clear();
-      for (std::size_t r = 0; r < c.members.size(); ++r) {
-        if (c.members[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    if (!missing.empty()) {
-      failure_ = "members " + missing + " of the job's widest communicator (" + std::to_string(widest) +
-                 " ranks) have no live agent: they cannot be paused";
-    }
+    failure_ = NoCutReason(view);
     phase_ = Phase::kDone;
     return {};
   }
@@ -186,7 +284,9 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
     if ((*p.ack)["status"] == "ok") continue;
     ok = false;
     why += p.host + ": " + (*p.ack)["status"].get<std::string>() + " " + p.ack->value("detail", "") + "; ";
-    for (const json& r : p.ack->value("results", json::array())) missed = missed || r.value("state", "") == "missed";
+    for (const json& r : p.ack->value("results", json::array())) {
+      missed = missed || r.value("state", "") == "missed" || r.value("state", "") == "misaligned";
+    }
   }
   if (ok) {
     paused_ = true;

@@ -1,12 +1,16 @@
 // ValidationRun: one validation round as a state machine the controller drives from its loop:
 // pause every rank at a consistent cut, run the planned benchmark steps (validation_steps.h)
 // one at a time, resume, and hand over the measurements as a localisation input.
-//  - Pause: the cut is call `seq` of the view's cut communicator (one that spans every live
-//    rank), placed `pause_lead_s` ahead of where its furthest member was when last reported
-//    (extrapolated with the measured call rate, so a stale report still lands ahead). A cut some
-//    rank had already passed ("missed") is retried further ahead, up to `pause_attempts` times.
-//    With no cut communicator yet (a fresh controller has not measured call rates: that takes
-//    two reports), it waits up to `ack_timeout_s` before giving up.
+//  - Pause: first `cut_info` to every agent: each rank's last period of ordered calls. From them
+//    PlanCut (analyzer/cut_plan.h) picks the earliest consistent cut at least `pause_lead_s`
+//    ahead of every rank (extrapolated with each rank's pace and the age of its pattern), with
+//    no collective spanning the job needed; the pause carries per-rank, per-communicator targets.
+//    When no rank pattern is to be had (no period locked yet) and a communicator spans every
+//    live rank, the cut falls back to call `seq` of that communicator, placed the same way from
+//    its reported call rate. A cut some rank had already passed ("missed") or stopped off plan
+//    ("misaligned") is retried further ahead, up to `pause_attempts` times. With neither (a
+//    fresh controller has not measured call rates: that takes two reports), it waits up to
+//    `ack_timeout_s` before giving up.
 //  - Each step sends its commands, then waits for every ack up to `ack_timeout_s`. A task that
 //    failed or was never acked leaves its measurement out; the round goes on.
 //  - Re-measuring (`remeasure`): when the steps are done and the findings are ambiguous (more than
@@ -92,13 +96,17 @@ class ValidationRun {
   [[nodiscard]] nlohmann::json Summary() const;
 
  private:
-  enum class Phase { kPause, kAwaitPause, kStep, kAwaitStep, kResume, kAwaitResume, kDone };
+  enum class Phase { kPause, kAwaitCutInfo, kAwaitPause, kStep, kAwaitStep, kResume, kAwaitResume, kDone };
   struct Pending {
     std::string host;
     std::string type;
     std::optional<nlohmann::json> ack;
   };
 
+  std::vector<OutgoingCommand> SendCutInfo(const JobView& view, std::int64_t now_ns);
+  std::string NoCutReason(const JobView& view) const;  // why a round found no cut
+  // From the cut_info acks: the planned cut's pause, else the one-communicator cut (SendPause).
+  std::vector<OutgoingCommand> SendPlannedPause(const JobView& view, std::int64_t now_ns);
   std::vector<OutgoingCommand> SendPause(const JobView& view, std::int64_t now_ns);
   std::vector<OutgoingCommand> SendStep(const JobView& view, std::int64_t now_ns);
   std::vector<OutgoingCommand> SendResume(const JobView& view, std::int64_t now_ns);
@@ -122,6 +130,9 @@ class ValidationRun {
   bool paused_ = false;
   bool retry_pause_ = false;
   std::int64_t cut_wait_deadline_ns_ = 0;  // give up waiting for a cut communicator then
+  std::int64_t cut_info_ns_ = 0;           // when cut_info went out
+  std::int64_t cut_retry_ns_ = 0;          // no cut_info before then (patterns not ready)
+  std::string cut_failure_;                // why the last planned cut was not possible
   std::vector<std::size_t> order_;  // indices into steps_: each once, then those re-measured
   std::size_t cursor_ = 0;          // into order_: the step under way or next
   bool remeasure_planned_ = false;

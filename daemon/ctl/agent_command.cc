@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -46,6 +47,8 @@ struct SendOptions {
   std::vector<std::int64_t> ranks;
   protocol::Command command;  // type and type-specific fields; ids filled at send time
   std::function<std::string()> check;  // after parsing: "" or what is wrong with the flags
+  std::function<bool()> plan_cut;  // pause --iteration: plan a consistent cut from cut_info first
+  double cut_lead_s = 1.0;
 };
 
 protocol::KeyVars HostVars(const std::string& job, const std::string& host) {
@@ -58,6 +61,7 @@ struct Target {
   std::string host;
   std::string command_id;
   std::optional<json> ack;  // validated
+  std::vector<protocol::Command::RankTargets> cut;  // pause: this host's part of a planned cut
 };
 
 // Hosts to send to, from --agent, --ranks (rank keys) or every agent heartbeat.
@@ -114,6 +118,7 @@ Status SendAll(redis::RedisConnection& c, const SendOptions& o, std::vector<Targ
     cmd.issued_ns = now;
     cmd.deadline_ns = now + static_cast<std::int64_t>(o.redis.timeout_s * 1e9);
     if (!o.ranks.empty()) cmd.ranks = o.ranks;
+    if (!t.cut.empty()) cmd.targets = t.cut;
     const json j = protocol::ToJson(cmd);
     const protocol::MessageSpec* spec = protocol::FindCommand(cmd.type);
     if (spec == nullptr) return Status::Internal("unknown command type " + cmd.type);
@@ -190,6 +195,56 @@ int Report(const SendOptions& o, const std::vector<Target>& targets) {
   return not_ok ? kExitFound : kExitOk;
 }
 
+// pause --iteration N: asks every agent for its ranks' call patterns (cut_info), plans the
+// consistent cut that stops the lowest rank at the start of iteration N (analyzer/cut_plan.h)
+// and gives each target its hosts' part. Prints why and returns non-zero when there is none.
+int PlanCutFor(redis::RedisConnection& c, const SendOptions& o, const std::string& acks, std::vector<Target>& targets) {
+  SendOptions info = o;
+  info.command = protocol::Command{};
+  info.command.type = std::string(protocol::kCutInfo.type);
+  std::vector<Target> asked;
+  for (const Target& t : targets) asked.push_back({t.host, "", std::nullopt, {}});
+  Result<std::string> last = LastId(c, acks);
+  if (!last.ok()) return ReportRedisError(last.status());
+  const std::int64_t asked_ns = NowNs();
+  if (Status s = SendAll(c, info, asked); !s.ok()) return ReportRedisError(s);
+  if (Status s = AwaitAcks(c, acks, last.value(), o.redis.timeout_s, asked); !s.ok()) return ReportRedisError(s);
+  std::vector<analyzer::RankCallPattern> patterns;
+  std::map<std::int64_t, std::size_t> target_of;  // rank -> index into targets
+  std::string why;
+  for (std::size_t i = 0; i < asked.size(); ++i) {
+    if (!asked[i].ack) {
+      why += asked[i].host + ": no answer; ";
+      continue;
+    }
+    const json& a = *asked[i].ack;
+    if (a["status"] != "ok") why += asked[i].host + ": " + a.value("detail", std::string("failed")) + "; ";
+    for (const json& r : a.value("results", json::array())) {
+      if (!r.contains("pattern")) continue;
+      const auto m = protocol::ParseCutPattern(r["pattern"]);
+      if (!m.ok()) {
+        why += asked[i].host + ": " + m.status().message() + "; ";
+        continue;
+      }
+      analyzer::RankCallPattern p = m.value().pattern;
+      const double ahead_s = m.value().age_s + static_cast<double>(NowNs() - asked_ns) / 1e9 + o.cut_lead_s;
+      p.min_position = m.value().position + static_cast<std::uint64_t>(std::ceil(m.value().units_per_s * ahead_s)) + 1;
+      target_of[p.rank] = i;
+      patterns.push_back(std::move(p));
+    }
+  }
+  analyzer::CutOptions options;
+  options.iteration = o.command.at_iteration;
+  const analyzer::CutPlan plan = why.empty() ? analyzer::PlanCut(patterns, options) : analyzer::CutPlan{{}, why};
+  if (!plan.ok()) {
+    std::fprintf(stderr, "falcon-ctl pause: no consistent cut at iteration %llu: %s\n",
+                 static_cast<unsigned long long>(o.command.at_iteration), plan.failure.c_str());
+    return kExitFound;
+  }
+  for (const analyzer::RankCut& r : plan.ranks) targets[target_of[r.rank]].cut.push_back({r.rank, r.targets});
+  return kExitOk;
+}
+
 int RunSend(SendOptions o) {
   if (o.check) {
     if (const std::string bad = o.check(); !bad.empty()) {
@@ -214,7 +269,11 @@ int RunSend(SendOptions o) {
   Result<std::string> last = LastId(c, acks.value());
   if (!last.ok()) return ReportRedisError(last.status());
   std::vector<Target> targets;
-  for (const std::string& h : hosts.value()) targets.push_back({h, "", std::nullopt});
+  for (const std::string& h : hosts.value()) targets.push_back({h, "", std::nullopt, {}});
+  if (o.plan_cut && o.plan_cut()) {
+    if (const int rc = PlanCutFor(c, o, acks.value(), targets); rc != kExitOk) return rc;
+    if (Result<std::string> l = LastId(c, acks.value()); l.ok()) last = l;
+  }
   if (Status s = SendAll(c, o, targets); !s.ok()) return ReportRedisError(s);
   if (Status s = AwaitAcks(c, acks.value(), last.value(), o.redis.timeout_s, targets); !s.ok()) {
     return ReportRedisError(s);
@@ -327,8 +386,17 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
                                    "the cut: call number (0-based, per communicator) of --comm");
   comm->needs(seq);
   seq->needs(comm);
-  pause->check = [iter, comm]() -> std::string {
-    return iter->count() == 0 && comm->count() == 0 ? "give --iteration N and/or --comm ID --seq N" : "";
+  p->add_option("--lead", pause->cut_lead_s,
+                "with --iteration: seconds every rank must still have before its stop")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  pause->plan_cut = [comm] { return comm->count() == 0; };
+  pause->check = [po = pause.get(), iter, comm]() -> std::string {  // raw: pause owns the check
+    if (iter->count() == 0 && comm->count() == 0) return "give --iteration N, or --comm ID --seq N";
+    if (comm->count() == 0 && !po->ranks.empty()) {
+      return "--iteration pauses every rank (a cut of some ranks only would stall the others): drop --ranks";
+    }
+    return "";
   };
   p->add_option("--max-pause", pause->command.max_pause_s, "seconds after which the ranks resume by themselves")
       ->check(CLI::Range(0.001, 3600.0))
