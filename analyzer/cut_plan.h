@@ -72,7 +72,10 @@ struct RankCut {
 };
 
 struct CutOptions {
-  std::uint64_t horizon_periods = 8;   // search [min_position, min_position + horizon x period]
+  // Search [min_position, min_position + horizon x period] per rank: wide enough for ranks
+  // whose reports were taken far apart (each rank's minimum is where it will be, not a common
+  // point; the cut lands near the furthest of them). Cost grows with log(horizon) only.
+  std::uint64_t horizon_periods = 4096;
   std::uint64_t max_rounds = 100000;   // propagation rounds before giving up
   // Stop the lowest rank exactly at the start of this iteration (falcon-ctl pause --iteration);
   // needs that rank's iteration_at_start.
