@@ -49,6 +49,7 @@ class CollOp final : public Op {
   }
 
   Progress Step(int64_t now) override;
+  bool device_work() const override { return true; }
 
   double ModelSeconds() const override {
     return ModelCollSeconds(Config().fabric, &Config().plan, a_.kind, comm_->nodes, ModelBytes(),

@@ -26,6 +26,9 @@
 // --watchdog runs a second thread that polls ncclCommGetAsyncError on every communicator every
 // millisecond for the whole run, as PyTorch's ProcessGroupNCCL watchdog does (every 100 ms); an
 // error it sees exits 2.
+// With --cuda the NCCL calls are asynchronous, as on a GPU: the job synchronises its stream
+// (cuStreamSynchronize, in the relaxed capture mode so that --capture-thread's global capture is
+// not disturbed) before the host reads or rewrites a buffer a call uses.
 // Thread-safety: collectives come from the main thread only; the watchdog only polls errors. Must never: hang without bound (the emulator's deadline fails
 // the job) or ignore an NCCL error (any error exits 2).
 #include <dlfcn.h>
@@ -128,6 +131,26 @@ int CaptureLoop(const std::string& lib, int rank, const std::atomic<bool>* stop,
     ++captures;
   }
   return captures;
+}
+
+// --cuda: waits for the stream's queued work, as a CUDA program does before the host touches
+// the buffers NCCL uses. No-op without a stream (the emulator's calls then complete in place).
+void SyncStream(const std::string& lib, void* stream) {
+  if (stream == nullptr) return;
+  using SyncFn = int (*)(void*);
+  using ModeFn = int (*)(int*);
+  static void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  static auto sync = h ? reinterpret_cast<SyncFn>(dlsym(h, "cuStreamSynchronize")) : nullptr;
+  static auto mode = h ? reinterpret_cast<ModeFn>(dlsym(h, "cuThreadExchangeStreamCaptureMode")) : nullptr;
+  int relaxed = 2, rc = -1;
+  if (sync != nullptr && mode != nullptr && mode(&relaxed) == 0) {
+    rc = sync(stream);
+    mode(&relaxed);
+  }
+  if (rc != 0) {
+    std::fprintf(stderr, "falcon-emu-job: cuStreamSynchronize failed (%d)\n", rc);
+    std::exit(2);
+  }
 }
 
 double Now() {
@@ -250,6 +273,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 3; ++k) {
       std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
       NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, tp, stream));
+      SyncStream(o.cuda, stream);
       if (o.check) {
         // TP group = consecutive ranks base..base+tp_n-1
         const int base = rank - tp_rank;
@@ -261,6 +285,7 @@ int main(int argc, char** argv) {
     std::fill(s.begin(), s.end(), static_cast<float>(rank));
     NCCL_OK(ncclAllGather(s.data(), g.data(), shard, ncclFloat, tp, stream));
     NCCL_OK(ncclReduceScatter(g.data(), s.data(), shard, ncclFloat, ncclSum, tp, stream));
+    SyncStream(o.cuda, stream);
     if (o.check) {
       // Every member's gathered block tp_rank holds `rank`; the reduce-scatter sums tp_n of them.
       Verify(s, shard, static_cast<float>(tp_n * rank), "tp gather+scatter", &wrong);
@@ -270,15 +295,18 @@ int main(int argc, char** argv) {
     NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (rank + 1) % world, comm, stream));
     NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (rank + world - 1) % world, comm, stream));
     NCCL_OK(ncclGroupEnd());
+    SyncStream(o.cuda, stream);
     if (o.check) Verify(ring_out, count, static_cast<float>(((rank + world - 1) % world) * 1000 + it), "ring", &wrong);
     Compute(o.compute_ms);
     std::fill(a.begin(), a.end(), 1.0f);
     NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, stream));
+    SyncStream(o.cuda, stream);
     if (o.check) Verify(a, count, static_cast<float>(dp_n), "dp allreduce", &wrong);
     const bool want_stop = rank == 0 && !o.stop_file.empty() && access(o.stop_file.c_str(), F_OK) == 0;
     const float word = want_stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it);
     std::fill(a.begin(), a.end(), rank == 0 ? word : -1.0f);
     NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, stream));
+    SyncStream(o.cuda, stream);
     stop = a[0] == static_cast<float>(-(it + 1));
     if (o.check) Verify(a, count, stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it), "broadcast", &wrong);
     done = it + 1;

@@ -39,6 +39,14 @@ namespace falcon::emu {
 // first failure (or ncclSuccess).
 [[nodiscard]] ncclResult_t RunOps(std::vector<std::unique_ptr<Op>>& ops);
 
+// Launches `ops` in order in the calling thread, makes their first-use connections there
+// (blocking until the peers arrive, as NCCL's group launch), then queues them as one unit of
+// device work on their streams (device.h) and returns ncclSuccess: the stream's worker drives
+// them, records failures as the communicators' async errors, and later work on the streams and
+// communicators waits for it. REQUIRES: every op is device_work() on a blocking communicator and
+// DeviceUsable(its stream).
+[[nodiscard]] ncclResult_t RunOnDevice(std::vector<std::unique_ptr<Op>> ops);
+
 // Launches `ops` in order in the calling thread, then queues them as one job for the progress
 // thread (invariant 1). Returns ncclInProgress. Throws std::system_error (turned into an error
 // at the API edge, api_util.h) only if the progress thread cannot be started, before launching.
