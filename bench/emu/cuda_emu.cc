@@ -28,6 +28,8 @@
 // by unsafe calls from its own thread. Work enqueued on a capturing stream is recorded into the
 // capture, in order, instead of run; cuGraphInstantiate + cuGraphLaunch replay it on the launch
 // stream (a chain of the recorded work; events recorded during a capture are not graph nodes).
+// The NCCL emulator records its collectives with falconEmuCudaCaptureHostFunc, whose host part
+// runs at each cuGraphLaunch, so replays never pass through the NCCL API.
 // Thread-safety: the current context is per thread, as in the driver. Streams, events, graphs and
 // device memory are heap objects the emulated driver keeps track of (as the real one does), so
 // what a program never frees is released at exit, not reported as a leak. Unknown stream handles
@@ -85,15 +87,22 @@ __attribute__((tls_model("initial-exec"))) thread_local Context* t_current = nul
 
 int CurrentCtx() { return t_current != nullptr ? t_current->device : -1; }
 
+// One recorded piece of work: `run` on the device at every replay, after `on_launch` ran in the
+// thread calling cuGraphLaunch (empty for plain work; see falconEmuCudaCaptureHostFunc).
+struct Node {
+  std::function<void()> on_launch;
+  std::function<void()> run;
+};
+
 // A capture in progress on one stream (guarded by g_capture_mu).
 struct Capture {
   int status = 0;  // 0 none, 1 active, 2 invalidated (CUstreamCaptureStatus)
   int mode = kModeGlobal;
   const void* thread = nullptr;
-  std::vector<std::function<void()>> nodes;  // recorded work, in order
+  std::vector<Node> nodes;  // recorded work, in order
 };
 struct Graph {
-  std::vector<std::function<void()>> nodes;
+  std::vector<Node> nodes;
 };
 
 // The calling thread's capture mode (cuThreadExchangeStreamCaptureMode), and a token naming it.
@@ -196,7 +205,7 @@ CuResult Submit(void* stream, std::function<void()> run, std::vector<Dep> deps =
     std::lock_guard<std::mutex> lock(g_capture_mu);
     auto it = Capturing().find(stream);
     if (it != Capturing().end()) {
-      if (it->second.status == 1) it->second.nodes.push_back(std::move(run));
+      if (it->second.status == 1) it->second.nodes.push_back(Node{nullptr, std::move(run)});
       return it->second.status == 1 ? kSuccess : kCaptureInvalidated;
     }
   }
@@ -457,9 +466,12 @@ __attribute__((visibility("default"))) CuResult cuGraphExecDestroy(void* exec) {
 // Replays the graph's work on `stream`, in capture order, as one unit of stream work.
 __attribute__((visibility("default"))) CuResult cuGraphLaunch(void* exec, void* stream) {
   if (exec == nullptr) return kInvalidValue;
-  auto nodes = std::make_shared<std::vector<std::function<void()>>>(static_cast<const Graph*>(exec)->nodes);
+  auto nodes = std::make_shared<std::vector<Node>>(static_cast<const Graph*>(exec)->nodes);
+  for (Node& n : *nodes) {
+    if (n.on_launch) n.on_launch();
+  }
   return Submit(stream, [nodes] {
-    for (auto& n : *nodes) n();
+    for (Node& n : *nodes) n.run();
   });
 }
 
@@ -621,6 +633,23 @@ __attribute__((visibility("default"))) CuResult cuMemcpyDtoH_v2(void* dst, unsig
 __attribute__((visibility("default"))) CuResult cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src,
                                                                  size_t bytes) {
   return cuMemcpy(dst, src, bytes);
+}
+
+// For the NCCL emulator: records into the capture running on `stream` a node whose on_launch(arg)
+// runs in the thread that calls cuGraphLaunch (the host side of a launch: NCCL's sequence
+// numbers) and whose run(arg) runs on the device at each replay. Nothing is freed: the node
+// lives as long as the process (a graph's lifetime is not known to the caller).
+// CUDA_ERROR_INVALID_VALUE if the stream is not being captured.
+__attribute__((visibility("default"))) CuResult falconEmuCudaCaptureHostFunc(void* stream, void (*on_launch)(void*),
+                                                                             void (*run)(void*), void* arg) {
+  if (const CuResult rc = NeedContext(); rc != kSuccess) return rc;
+  if (on_launch == nullptr || run == nullptr || IsLegacy(stream)) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = Capturing().find(stream);
+  if (it == Capturing().end()) return kInvalidValue;
+  if (it->second.status != 1) return kCaptureInvalidated;
+  it->second.nodes.push_back(Node{[on_launch, arg] { on_launch(arg); }, [run, arg] { run(arg); }});
+  return kSuccess;
 }
 
 // Marks this library as the emulator for the NCCL and cuBLAS emulators, which then put their

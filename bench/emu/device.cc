@@ -42,7 +42,8 @@ const CudaEmuApi* TryLoad() {
                   Load(lib, "cuEventSynchronize", &api->event_synchronize) &&
                   Load(lib, "cuEventQuery", &api->event_query) &&
                   Load(lib, "cuStreamIsCapturing", &api->stream_is_capturing) &&
-                  Load(lib, "cuThreadExchangeStreamCaptureMode", &api->exchange_capture_mode);
+                  Load(lib, "cuThreadExchangeStreamCaptureMode", &api->exchange_capture_mode) &&
+                  Load(lib, "falconEmuCudaCaptureHostFunc", &api->capture_host_func);
   dlclose(lib);  // NOLOAD took a reference; the program's own keeps the library mapped
   if (!ok) {
     delete api;
@@ -119,6 +120,15 @@ bool DeviceUsable(void* stream) {
   // Asking is safe during a capture in any mode: cuStreamIsCapturing is not an unsafe call.
   int status = kCaptureNone;
   return cu->stream_is_capturing(stream, &status) == 0 && status == kCaptureNone;
+}
+
+bool DeviceCapturing(void* stream) {
+  const CudaEmuApi* cu = CudaEmu();
+  if (cu == nullptr) return false;
+  void* ctx = nullptr;
+  if (cu->ctx_get_current(&ctx) != 0 || ctx == nullptr) return false;
+  int status = kCaptureNone;
+  return cu->stream_is_capturing(stream, &status) == 0 && status == 1;  // active (not invalidated)
 }
 
 void* MarkStream(void* stream) {

@@ -31,6 +31,7 @@ struct CudaEmuApi {
   int (*event_query)(void*) = nullptr;
   int (*stream_is_capturing)(void*, int*) = nullptr;
   int (*exchange_capture_mode)(int*) = nullptr;
+  int (*capture_host_func)(void*, void (*)(void*), void (*)(void*), void*) = nullptr;  // falconEmuCudaCaptureHostFunc
 };
 
 // The entry points once the process has loaded the driver emulator (a real driver is never
@@ -39,6 +40,9 @@ struct CudaEmuApi {
 
 // True if work on `stream` can be queued on the emulated device now (see the file comment).
 [[nodiscard]] bool DeviceUsable(void* stream);
+// True if `stream` is being captured into a CUDA graph on the emulated device (the calling thread
+// has a current context): device work is then recorded, not run (engine.h CaptureOnDevice).
+[[nodiscard]] bool DeviceCapturing(void* stream);
 
 // An event recorded on `stream` now (its queued work), for a nonblocking communicator's op that
 // runs in the background but must start after that work (Op gate); null if there is no device.

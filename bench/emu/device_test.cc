@@ -439,5 +439,36 @@ TEST(DeviceTest, CapturedKernelsReplayOnGraphLaunch) {
   EXPECT_TRUE(AllZero(codes)) << Codes(codes);
 }
 
+// A collective issued on a capturing stream is recorded, not run; each graph launch replays it on
+// the launch stream (taking its place in the communicator's sequence at the launch) without
+// passing through the NCCL API again; eager calls before and after still match across ranks.
+TEST(DeviceTest, CapturedCollectiveReplaysOnGraphLaunch) {
+  const auto codes = RunRanks(2, [&](int rank, const ncclUniqueId& id) {
+    int failures = 0;
+    const Cu cu = Cu::Load(rank);
+    auto* cap = static_cast<cudaStream_t>(cu.Stream(1));
+    auto* run = static_cast<cudaStream_t>(cu.Stream(1));
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, 2, id, rank) != ncclSuccess) return 2;
+    std::vector<float> v(64, 1.0f);
+    EMU_CHECK(cu.begin_capture(cap, 1) == 0, "begin");  // thread-local
+    EMU_CHECK(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comm, cap) == ncclSuccess, "capture");
+    void* graph = nullptr;
+    void* exec = nullptr;
+    EMU_CHECK(cu.end_capture(cap, &graph) == 0 && graph != nullptr, "end");
+    EMU_CHECK(cu.stream_sync(cap) == 0 && v[0] == 1.0f, "the captured all-reduce ran during the capture");
+    EMU_CHECK(cu.instantiate(&exec, graph, 0) == 0, "instantiate");
+    EMU_CHECK(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comm, run) == ncclSuccess, "eager");
+    EMU_CHECK(cu.graph_launch(exec, run) == 0 && cu.graph_launch(exec, run) == 0, "launch");
+    EMU_CHECK(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comm, run) == ncclSuccess, "eager");
+    EMU_CHECK(cu.stream_sync(run) == 0, "sync");
+    EMU_CHECK(v[0] == 16.0f && v[63] == 16.0f, "v = %g after 1 eager + 2 replays + 1 eager (want 16)",
+              static_cast<double>(v[0]));
+    EMU_CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+    return failures;
+  }, Quiet());
+  EXPECT_TRUE(AllZero(codes)) << Codes(codes);
+}
+
 }  // namespace
 }  // namespace falcon::emu

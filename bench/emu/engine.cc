@@ -308,6 +308,47 @@ bool QueueJob(const CudaEmuApi& cu, std::unique_ptr<DeviceJob>& job, const std::
   if (joined != nullptr) (void)cu.event_destroy(joined);  // the waits already hold what they need
   return ok;
 }
+// A group captured into a CUDA graph: prototypes of its ops, cloned, launched (sequence numbers,
+// connections) in the thread that calls cuGraphLaunch, and driven on the device at the replay,
+// in launch order. Lives for the process (a graph's lifetime is not known here).
+struct CapturedGroup {
+  std::vector<std::unique_ptr<Op>> protos;
+  std::mutex mu;
+  std::deque<std::unique_ptr<Batch>> launched;  // guarded by mu: launched, not yet run
+
+  static void OnLaunch(void* p) {
+    auto* g = static_cast<CapturedGroup*>(p);
+    std::vector<std::unique_ptr<Op>> ops;
+    for (const auto& proto : g->protos) ops.push_back(proto->Clone());
+    auto batch = std::make_unique<Batch>(std::move(ops));
+    batch->Launch();
+    // A failed connection marks its op's communicator failed; the replay then fails at once.
+    (void)ConnectAll(batch->ops());
+    for (ncclComm* c : JobComms(batch->ops())) ++c->device_launched;  // SyncCommDevice waits for the replay
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->launched.push_back(std::move(batch));
+  }
+
+  static void Run(void* p) {
+    auto* g = static_cast<CapturedGroup*>(p);
+    std::unique_ptr<Batch> batch;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      if (g->launched.empty()) return;
+      batch = std::move(g->launched.front());
+      g->launched.pop_front();
+    }
+    Drive(*batch);
+    for (const auto& op : batch->ops()) {
+      if (op->result() != ncclSuccess) SetAsyncError(op->comm(), op->result());
+    }
+    for (ncclComm* c : JobComms(batch->ops())) {
+      c->device_done.fetch_add(1, std::memory_order_release);
+      c->device_done.notify_all();
+    }
+  }
+};
+
 }  // namespace
 
 bool PeerWait::Expired(int64_t now_ns) const {
@@ -379,6 +420,23 @@ ncclResult_t RunOnDevice(std::vector<std::unique_ptr<Op>> ops) {
   if (cu != nullptr && QueueJob(*cu, job, comms)) return ncclSuccess;
   Drive(*job->batch);  // the driver refused the work: run it here (host time == device time)
   return job->batch->first_error();
+}
+
+bool CaptureOnDevice(std::vector<std::unique_ptr<Op>>& ops) {
+  const CudaEmuApi* cu = CudaEmu();
+  if (cu == nullptr) return false;
+  for (const auto& op : ops) {
+    if (op->Clone() == nullptr) return false;
+  }
+  auto* g = new CapturedGroup;
+  void* stream = ops.front()->stream();
+  g->protos = std::move(ops);
+  if (cu->capture_host_func(stream, CapturedGroup::OnLaunch, CapturedGroup::Run, g) != 0) {
+    ops = std::move(g->protos);
+    delete g;
+    return false;
+  }
+  return true;  // `g` is the graph's from now on
 }
 
 ncclResult_t RunInBackground(std::vector<std::unique_ptr<Op>> ops) {

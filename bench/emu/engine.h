@@ -47,6 +47,13 @@ namespace falcon::emu {
 // DeviceUsable(its stream).
 [[nodiscard]] ncclResult_t RunOnDevice(std::vector<std::unique_ptr<Op>> ops);
 
+// Records unlaunched device-work `ops` into the CUDA graph being captured on the first op's
+// stream (device.h DeviceCapturing) instead of running them: each cuGraphLaunch of the graph
+// launches fresh copies in its calling thread (sequence numbers, connections) and its replay
+// drives them on the device, without passing through the NCCL API. True if recorded (`ops` is
+// then consumed); false, with `ops` untouched, if the driver refused.
+[[nodiscard]] bool CaptureOnDevice(std::vector<std::unique_ptr<Op>>& ops);
+
 // Launches `ops` in order in the calling thread, then queues them as one job for the progress
 // thread (invariant 1). Returns ncclInProgress. Throws std::system_error (turned into an error
 // at the API edge, api_util.h) only if the progress thread cannot be started, before launching.

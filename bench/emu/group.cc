@@ -35,11 +35,18 @@ bool OnDevice(const std::vector<std::unique_ptr<Op>>& ops) {
                      [](const std::unique_ptr<Op>& op) { return op->device_work() && DeviceUsable(op->stream()); });
 }
 
+// True if every op is device work and the first op's stream is being captured into a graph.
+bool Captured(const std::vector<std::unique_ptr<Op>>& ops) {
+  return std::all_of(ops.begin(), ops.end(), [](const std::unique_ptr<Op>& op) { return op->device_work(); }) &&
+         DeviceCapturing(ops.front()->stream());
+}
+
 // Runs a finished group (or one ungrouped call): in this thread for blocking communicators,
 // in the background for nonblocking ones (ncclInProgress).
 ncclResult_t Execute(std::vector<std::unique_ptr<Op>> ops) {
   switch (KindOf(ops)) {
     case Blocking::kYes:
+      if (Captured(ops) && CaptureOnDevice(ops)) return ncclSuccess;
       if (OnDevice(ops)) return RunOnDevice(std::move(ops));
       // Host work (init, split, shrink) follows the communicators' device work (their
       // collective state is shared with it).

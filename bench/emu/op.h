@@ -16,6 +16,7 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ class Op {
   // Makes the op wait, in Poll, until the device reached `mark` (device.h MarkStream; owned by
   // the op from now on): a nonblocking communicator's op starts after its stream's earlier work.
   void set_gate(void* mark) { gate_ = mark; }
+
+  // A fresh, unlaunched op with the same arguments and stream (a CUDA graph replays a captured
+  // call as a new op each time); null for ops that cannot be captured.
+  [[nodiscard]] virtual std::unique_ptr<Op> Clone() const { return nullptr; }
 
   // The CUstream the call named (0: the legacy stream).
   void set_stream(void* stream) { stream_ = stream; }

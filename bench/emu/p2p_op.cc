@@ -26,6 +26,11 @@ class P2pOp final : public Op {
 
   Progress Step(int64_t now) override;
   bool device_work() const override { return true; }
+  std::unique_ptr<Op> Clone() const override {
+    auto op = std::make_unique<P2pOp>(comm_, a_);
+    op->set_stream(stream_);
+    return op;
+  }
   Progress Connect(int64_t now) override;
 
   double ModelSeconds() const override {
