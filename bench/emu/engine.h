@@ -1,7 +1,9 @@
 // The emulator's progress engine: drives a batch of launched Ops to completion, either in the
-// calling thread (blocking communicators: RunOps) or in the background (nonblocking
-// communicators: RunInBackground), where NCCL's ncclGroupEndInternal launches on a helper
-// pthread (groupLaunchNonBlocking).
+// calling thread (blocking communicators without a device: RunOps), on the emulated device's
+// stream worker (blocking communicators over the CUDA driver emulator: RunOnDevice, recorded
+// into a CUDA graph while the stream is captured: CaptureOnDevice; device.h), or in the
+// background (nonblocking communicators: RunInBackground), where NCCL's ncclGroupEndInternal
+// launches on a helper pthread (groupLaunchNonBlocking).
 //
 // Background design: one process-wide progress thread, started on first use and never joined
 // (a job may wait forever on a peer that never comes; the process may exit under it). It owns
