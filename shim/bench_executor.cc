@@ -31,9 +31,12 @@ Timings Summarise(double* samples, uint32_t n) {
 
 double Seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 
-// C(m x n) += A(m x k) * B(k x n), row-major, i-k-j order (streams rows of B and C).
-void HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, uint32_t k) {
+// C(m x n) += A(m x k) * B(k x n), row-major, i-k-j order (streams rows of B and C). Returns
+// false, unfinished, once `deadline_mono_ns` passed (checked every row): a GEMM too large for the
+// host must not hold the job past its pause.
+bool HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, uint32_t k, int64_t deadline_mono_ns) {
   for (uint32_t i = 0; i < m; ++i) {
+    if (SystemMonoNs() > deadline_mono_ns) return false;
     float* crow = c + uint64_t{i} * n;
     for (uint32_t p = 0; p < k; ++p) {
       const float av = a[uint64_t{i} * k + p];
@@ -41,6 +44,7 @@ void HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, 
       for (uint32_t j = 0; j < n; ++j) crow[j] += av * brow[j];
     }
   }
+  return true;
 }
 
 FalconTaskResult Finish(double* samples, const FalconTask& t, double flops, FalconTaskResult r) {
@@ -73,13 +77,19 @@ FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer
     return r;
   }
   for (uint64_t i = 0; i < a_n + b_n; ++i) buf[i] = static_cast<float>(i % 7) * 0.25f;
-  HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k);  // warm-up
-  for (uint32_t rep = 0; rep < t.repeats; ++rep) {
+  bool done = HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k, deadline_mono_ns);  // warm-up
+  for (uint32_t rep = 0; rep < t.repeats && done; ++rep) {
     const int64_t t0 = SystemMonoNs();
-    HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k);
+    done = HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k, deadline_mono_ns);
     samples[rep] = Seconds(SystemMonoNs() - t0);
   }
   std::free(buf);
+  if (!done) {
+    Log(LogLevel::kWarn, "host GEMM %ux%ux%u did not finish before the pause's deadline; the task failed", t.m, t.n,
+        t.k);
+    r.status = kFalconTaskFailed;
+    return r;
+  }
   return Finish(samples, t, flops, r);
 }
 
