@@ -5,7 +5,7 @@
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
 //   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]
-//                  [--cuda-after N] [--capture-thread] [--watchdog]
+//                  [--cuda-after N] [--capture-thread] [--watchdog] [--side-kernel-s S]
 //
 // --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
 // exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
@@ -23,6 +23,10 @@
 // stream into a CUDA graph in the global capture mode, 10 ms at a time, as a framework capturing
 // part of its step would; a capture some other thread's calls invalidated is counted, and the
 // job then exits 3.
+// --side-kernel-s S (with --cuda) gives the job a second stream: its first iteration runs one
+// all-reduce there (so a shim knows the stream), its second leaves a modelled kernel of S seconds
+// running on it (falconEmuLaunchCompute) that the job never waits for: device work still queued
+// when the job is paused.
 // --watchdog runs a second thread that polls ncclCommGetAsyncError on every communicator every
 // millisecond for the whole run, as PyTorch's ProcessGroupNCCL watchdog does (every 100 ms); an
 // error it sees exits 2.
@@ -57,6 +61,7 @@ struct Options {
   int cuda_after = 0;
   bool capture_thread = false;
   bool watchdog = false;
+  double side_kernel_s = 0;
 };
 
 // --cuda: the driver calls a CUDA program makes before NCCL (cuInit, a current primary context,
@@ -188,6 +193,29 @@ int Verify(const std::vector<float>& v, size_t n, float expect, const char* what
   return 0;
 }
 
+// --side-kernel-s: iteration 0 runs an all-reduce on a second stream (the job's own, kept for
+// the process's life); iteration 1 leaves a kernel of o.side_kernel_s seconds running on it.
+void SideStreamStep(const Options& o, ncclComm_t comm, int it) {
+  static void* side = nullptr;
+  void* h = dlopen(o.cuda.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  using StreamCreateFn = int (*)(void**, unsigned);
+  using LaunchFn = int (*)(void*, double);
+  auto stream_create = h ? reinterpret_cast<StreamCreateFn>(dlsym(h, "cuStreamCreate")) : nullptr;
+  auto launch = reinterpret_cast<LaunchFn>(dlsym(RTLD_DEFAULT, "falconEmuLaunchCompute"));
+  if (stream_create == nullptr || launch == nullptr || (side == nullptr && stream_create(&side, 0) != 0)) {
+    std::fprintf(stderr, "falcon-emu-job: --side-kernel-s needs the CUDA driver and NCCL emulators\n");
+    std::exit(2);
+  }
+  if (it == 0) {
+    float x = 1;
+    NCCL_OK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, static_cast<cudaStream_t>(side)));
+    SyncStream(o.cuda, side);
+  } else if (launch(side, o.side_kernel_s) != 0) {
+    std::fprintf(stderr, "falcon-emu-job: falconEmuLaunchCompute failed\n");
+    std::exit(2);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,9 +231,10 @@ int main(int argc, char** argv) {
     else if (a == "--cuda-after" && i + 1 < argc) o.cuda_after = std::atoi(argv[++i]);
     else if (a == "--capture-thread") o.capture_thread = true;
     else if (a == "--watchdog") o.watchdog = true;
+    else if (a == "--side-kernel-s" && i + 1 < argc) o.side_kernel_s = std::atof(argv[++i]);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n"
-                  "                      [--cuda-after N] [--capture-thread] [--watchdog]\n");
+                  "                      [--cuda-after N] [--capture-thread] [--watchdog] [--side-kernel-s S]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -214,8 +243,8 @@ int main(int argc, char** argv) {
   }
   const falcon::emu::JobEnv env = falcon::emu::ReadJobEnv();
   const int rank = env.rank, world = env.world_size;
-  if (o.capture_thread && o.cuda.empty()) {
-    std::fprintf(stderr, "falcon-emu-job: --capture-thread needs --cuda\n");
+  if ((o.capture_thread || o.side_kernel_s > 0) && (o.cuda.empty() || o.cuda_after > 0)) {
+    std::fprintf(stderr, "falcon-emu-job: --capture-thread and --side-kernel-s need --cuda (from the start)\n");
     return 2;
   }
   cudaStream_t stream = nullptr;
@@ -269,6 +298,7 @@ int main(int argc, char** argv) {
     if (o.capture_thread && stream != nullptr && !capturer.joinable()) {
       capturer = std::thread([&] { captures = CaptureLoop(o.cuda, rank, &capture_stop, &invalidated); });
     }
+    if (o.side_kernel_s > 0 && it < 2) SideStreamStep(o, comm, it);
     Compute(o.compute_ms);
     for (int k = 0; k < 3; ++k) {
       std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
