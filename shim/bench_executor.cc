@@ -1,9 +1,7 @@
 // Benchmark executor: see bench_executor.h.
 #include "shim/bench_executor.h"
 
-#include <dlfcn.h>
 #include <nccl.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,35 +31,12 @@ Timings Summarise(double* samples, uint32_t n) {
 
 double Seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 
-// Optional hook of the NCCL emulator: how much slower this rank's compute is now (>= 1).
-double EmulatedComputeFactor(int32_t rank) {
-  using FactorFn = double (*)(int, double);
-  using SecondsFn = double (*)();
-  static auto factor = reinterpret_cast<FactorFn>(dlsym(RTLD_DEFAULT, "falconEmuComputeFactor"));
-  static auto seconds = reinterpret_cast<SecondsFn>(dlsym(RTLD_DEFAULT, "falconEmuJobSeconds"));
-  if (factor == nullptr || seconds == nullptr || rank < 0) return 1.0;
-  const double f = factor(rank, seconds());
-  return f >= 1.0 ? f : 1.0;
-}
-
-// Optional hook of the NCCL emulator: the modelled GEMM time on this rank's emulated GPU
-// (fault plan included), or < 0 when there is no model.
-double EmulatedGemmSeconds(int32_t rank, double flops) {
-  using GemmFn = double (*)(int, double);
-  static auto gemm = reinterpret_cast<GemmFn>(dlsym(RTLD_DEFAULT, "falconEmuGemmSeconds"));
-  if (gemm == nullptr || rank < 0) return -1.0;
-  return gemm(rank, flops);
-}
-
-void SleepNs(int64_t ns) {
-  if (ns <= 0) return;
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  nanosleep(&ts, nullptr);
-}
-
-// C(m x n) += A(m x k) * B(k x n), row-major, i-k-j order (streams rows of B and C).
-void HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, uint32_t k) {
+// C(m x n) += A(m x k) * B(k x n), row-major, i-k-j order (streams rows of B and C). Returns
+// false, unfinished, once `deadline_mono_ns` passed (checked every row): a GEMM too large for the
+// host must not hold the job past its pause.
+bool HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, uint32_t k, int64_t deadline_mono_ns) {
   for (uint32_t i = 0; i < m; ++i) {
+    if (SystemMonoNs() > deadline_mono_ns) return false;
     float* crow = c + uint64_t{i} * n;
     for (uint32_t p = 0; p < k; ++p) {
       const float av = a[uint64_t{i} * k + p];
@@ -69,6 +44,7 @@ void HostGemm(const float* a, const float* b, float* c, uint32_t m, uint32_t n, 
       for (uint32_t j = 0; j < n; ++j) crow[j] += av * brow[j];
     }
   }
+  return true;
 }
 
 FalconTaskResult Finish(double* samples, const FalconTask& t, double flops, FalconTaskResult r) {
@@ -86,20 +62,14 @@ FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer
     r.status = kFalconTaskBadRequest;
     return r;
   }
-  if (GpuBenchWanted()) return GpuGemm(t, r, deadline_mono_ns);
+  if (GpuBenchWanted()) {
+    void* streams[Tracer::kJobStreams + 1];
+    const size_t n = tracer.JobStreams(streams, Tracer::kJobStreams + 1);
+    return GpuGemm(t, r, GpuJobStreams{streams, n}, deadline_mono_ns);
+  }
   r.timing_source = kFalconTimingHost;
   const double flops = 2.0 * static_cast<double>(t.m) * t.n * t.k;
   double samples[kMaxRepeats];
-  // Over the emulator the "GPU" is modelled like its fabric: the GEMM takes the modelled time,
-  // so validation measures the emulated device, not how busy the host's cores happen to be.
-  if (const double model_s = EmulatedGemmSeconds(tracer.config().rank_hint, flops); model_s >= 0) {
-    for (uint32_t rep = 0; rep < t.repeats; ++rep) {
-      const int64_t t0 = SystemMonoNs();
-      SleepNs(static_cast<int64_t>(model_s * 1e9));
-      samples[rep] = Seconds(SystemMonoNs() - t0);
-    }
-    return Finish(samples, t, flops, r);
-  }
   const uint64_t a_n = uint64_t{t.m} * t.k, b_n = uint64_t{t.k} * t.n, c_n = uint64_t{t.m} * t.n;
   auto* buf = static_cast<float*>(std::calloc(a_n + b_n + c_n, sizeof(float)));
   if (buf == nullptr) {
@@ -107,17 +77,19 @@ FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer
     return r;
   }
   for (uint64_t i = 0; i < a_n + b_n; ++i) buf[i] = static_cast<float>(i % 7) * 0.25f;
-  HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k);  // warm-up
-  for (uint32_t rep = 0; rep < t.repeats; ++rep) {
+  bool done = HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k, deadline_mono_ns);  // warm-up
+  for (uint32_t rep = 0; rep < t.repeats && done; ++rep) {
     const int64_t t0 = SystemMonoNs();
-    HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k);
-    const int64_t elapsed = SystemMonoNs() - t0;
-    // Over the emulator, a slow-compute fault stretches this rank's compute, GEMM included.
-    const double factor = EmulatedComputeFactor(tracer.config().rank_hint);
-    SleepNs(static_cast<int64_t>(static_cast<double>(elapsed) * (factor - 1.0)));
+    done = HostGemm(buf, buf + a_n, buf + a_n + b_n, t.m, t.n, t.k, deadline_mono_ns);
     samples[rep] = Seconds(SystemMonoNs() - t0);
   }
   std::free(buf);
+  if (!done) {
+    Log(LogLevel::kWarn, "host GEMM %ux%ux%u did not finish before the pause's deadline; the task failed", t.m, t.n,
+        t.k);
+    r.status = kFalconTaskFailed;
+    return r;
+  }
   return Finish(samples, t, flops, r);
 }
 

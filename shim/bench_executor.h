@@ -10,10 +10,9 @@
 //    GEMM is a cuBLAS SGEMM and the transfers move device buffers, both timed with CUDA events
 //    (gpu_bench.h). A CUDA process without a current context gets kFalconTaskUnsupported for
 //    the validation communicator: host buffers could fault on a GPU communicator.
-//  - Otherwise the GEMM is a host GEMM and the buffers host memory. Over the NCCL emulator, its
-//    GEMM model (falconEmuGemmSeconds) or, failing that, a slow-compute fault of its plan
-//    (falconEmuComputeFactor), looked up at run time if the process has them, sets the measured
-//    time as it sets the trainer's compute.
+//    The GEMM is fenced against the job's device work queued before it (gpu_bench.h GpuGemm).
+//  - Otherwise the GEMM is a host GEMM and the buffers host memory; the GEMM's time is measured
+//    on the host, nothing else.
 #pragma once
 
 #include <cstdint>

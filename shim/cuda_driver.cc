@@ -43,6 +43,8 @@ const CudaDriver* LoadedCudaDriver() {
   Load(lib, "cuMemFree_v2", &d.mem_free);
   Load(lib, "cuMemsetD32Async", &d.memset_d32_async);
   Load(lib, "cuThreadExchangeStreamCaptureMode", &d.thread_exchange_capture_mode);
+  Load(lib, "cuStreamWaitEvent", &d.stream_wait_event);
+  Load(lib, "cuStreamGetCtx", &d.stream_get_ctx);
   g_loaded.store(&d, std::memory_order_release);
   return &d;
 }

@@ -30,6 +30,8 @@ struct CudaDriver {
   CuResult (*mem_free)(CuDevicePtr) = nullptr;
   CuResult (*memset_d32_async)(CuDevicePtr, unsigned, size_t, void*) = nullptr;
   CuResult (*thread_exchange_capture_mode)(int*) = nullptr;  // cuThreadExchangeStreamCaptureMode
+  CuResult (*stream_wait_event)(void*, void*, unsigned) = nullptr;
+  CuResult (*stream_get_ctx)(void*, void**) = nullptr;
 };
 
 // The loaded driver's entry points, looked up once it is found; nullptr while the process has

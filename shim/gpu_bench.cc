@@ -26,6 +26,7 @@ constexpr int kCublasOpN = 0;
 constexpr int kCublasSuccess = 0;
 constexpr uint32_t kMaxRepeats = 1000;
 constexpr int kMaxContexts = 16;
+constexpr size_t kMaxFences = 32;  // job streams a GEMM fences against
 
 struct Cublas {
   bool ok = false;
@@ -122,7 +123,7 @@ void* CurrentContext(const CudaDriver* cu) {
 // running (a missed deadline): then leaked on purpose.
 class TaskResources {
  public:
-  static constexpr size_t kMaxEvents = kMaxRepeats + 2;
+  static constexpr size_t kMaxEvents = kMaxRepeats + 2 + kMaxFences;
   explicit TaskResources(const CudaDriver& cu) : cu_(cu) {}
   TaskResources(const TaskResources&) = delete;
   TaskResources& operator=(const TaskResources&) = delete;
@@ -226,11 +227,43 @@ void Drain(const CudaDriver& cu, TaskResources& res, size_t fence, void* stream,
   }
 }
 
+// The fence before a timed GEMM: an event recorded on each of the job's streams in context `ctx`
+// (events first..), a bounded wait until all have completed, then Falcon's stream made to wait
+// for each (already complete: it orders, never blocks), so the timed region measures the GEMM
+// alone, never the job's queued work, and Falcon's stream is never left waiting on the job. A
+// stream being captured, or of another context, is skipped (recording into it would alter a
+// graph or fail). False if the job's work did not finish by the deadline (or the driver refused).
+bool FenceJobWork(const CudaDriver& cu, void* ctx, void* stream, const GpuJobStreams& job, TaskResources& res,
+                  size_t first, int64_t deadline_mono_ns) {
+  size_t used = 0;
+  for (size_t i = 0; i < job.n && i < kMaxFences; ++i) {
+    void* s = job.streams[i];
+    void* owner = nullptr;
+    if (cu.stream_get_ctx != nullptr && (cu.stream_get_ctx(s, &owner) != kCudaSuccess || owner != ctx)) continue;
+    int status = 0;
+    if (cu.stream_is_capturing == nullptr || cu.stream_is_capturing(s, &status) != kCudaSuccess || status != 0) continue;
+    if (cu.event_record(res.event(first + used), s) == kCudaSuccess) ++used;  // else a stream the job destroyed
+  }
+  for (size_t i = 0; i < used; ++i) {
+    const CuResult rc = WaitEvent(cu, res.event(first + i), deadline_mono_ns);
+    if (rc == kCudaNotReady) {
+      Log(LogLevel::kWarn, "GPU benchmark GEMM: the job's queued device work did not finish before the pause's "
+                           "deadline; the GEMM was not run");
+      return false;
+    }
+    if (rc != kCudaSuccess) return false;
+    if (cu.stream_wait_event != nullptr && cu.stream_wait_event(stream, res.event(first + i), 0) != kCudaSuccess) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool GpuBenchWanted() { return CurrentContext(BenchDriver()) != nullptr; }
 
-FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadline_mono_ns) {
+FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, const GpuJobStreams& job, int64_t deadline_mono_ns) {
   r.timing_source = kFalconTimingCudaEvents;
   r.status = kFalconTaskFailed;
   const CudaDriver* driver = BenchDriver();
@@ -257,6 +290,13 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadli
     return r;
   }
   TaskResources res(cu);
+  // One per repetition boundary, a drain fence, and one per job stream for the job fence.
+  if (!res.MakeEvents(t.repeats + 2 + std::min(job.n, kMaxFences))) {
+    Log(LogLevel::kWarn, "GPU benchmark: cuEventCreate failed");
+    return r;
+  }
+  // Before anything is allocated: a fence that times out leaves nothing the device may use.
+  if (!FenceJobWork(cu, ctx, st->stream, job, res, t.repeats + 2, deadline_mono_ns)) return r;
   const size_t a_n = size_t{t.m} * t.k, b_n = size_t{t.k} * t.n, c_n = size_t{t.m} * t.n;
   CuResult rc = kCudaSuccess;
   const CuDevicePtr a = res.Alloc(a_n * sizeof(float), &rc);
@@ -265,10 +305,6 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, int64_t deadli
   if (rc != kCudaSuccess) {
     Log(LogLevel::kWarn, "GPU benchmark: cannot allocate %zu bytes for a %ux%ux%u GEMM (CUresult %d)",
         (a_n + b_n + c_n) * sizeof(float), t.m, t.n, t.k, rc);
-    return r;
-  }
-  if (!res.MakeEvents(t.repeats + 2)) {  // one per repetition boundary, and a fence
-    Log(LogLevel::kWarn, "GPU benchmark: cuEventCreate failed");
     return r;
   }
   rc = cu.memset_d32_async(a, kQuarterBits, a_n, st->stream);

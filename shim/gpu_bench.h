@@ -16,6 +16,7 @@
 // Thread-safety: called only from the trapped training thread (one task at a time per process).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "falcon/shm_abi.h"
@@ -28,9 +29,19 @@ namespace falcon::shim {
 // the GEMM belongs on the GPU.
 bool GpuBenchWanted();
 
-// GEMM m x n x k (single precision), `task.repeats` times after one warm-up; fills the timing
-// fields and the status of `r`.
-FalconTaskResult GpuGemm(const FalconTask& task, FalconTaskResult r, int64_t deadline_mono_ns);
+// The streams the job's NCCL calls used (Tracer::JobStreams; null = the legacy stream).
+struct GpuJobStreams {
+  void* const* streams;
+  size_t n;
+};
+
+// GEMM m x n x k (single precision) on Falcon's stream, `task.repeats` times after one warm-up,
+// each timed between CUDA events on that stream (device time); fills the timing fields and the
+// status of `r`. Fenced: before anything is queued, an event is recorded on each of `job`'s
+// streams in this context and the GEMMs wait for them; the task fails (and runs nothing) if the
+// job's work queued before it has not finished by the deadline.
+FalconTaskResult GpuGemm(const FalconTask& task, FalconTaskResult r, const GpuJobStreams& job,
+                         int64_t deadline_mono_ns);
 
 // Called once per repetition of a P2P exchange (the warm-up included) with the host times around
 // its enqueue, the bytes it moved and the NCCL result, for the benchmark records.

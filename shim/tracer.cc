@@ -176,6 +176,31 @@ uint32_t Tracer::SlotOf(const void* comm, ThreadState& ts) {
   return slot;
 }
 
+void Tracer::NoteStream(void* stream) {
+  if (stream == nullptr) {
+    legacy_stream_used_.store(true, std::memory_order_relaxed);
+    return;
+  }
+  for (std::atomic<void*>& slot : job_streams_) {
+    void* seen = slot.load(std::memory_order_relaxed);
+    if (seen == stream) return;
+    if (seen == nullptr) {
+      if (slot.compare_exchange_strong(seen, stream, std::memory_order_relaxed) || seen == stream) return;
+    }
+  }
+}
+
+size_t Tracer::JobStreams(void** out, size_t max) const {
+  size_t n = 0;
+  for (const std::atomic<void*>& slot : job_streams_) {
+    void* s = slot.load(std::memory_order_relaxed);
+    if (s == nullptr || n == max) break;
+    out[n++] = s;
+  }
+  if (n < max && legacy_stream_used_.load(std::memory_order_relaxed)) out[n++] = nullptr;
+  return n;
+}
+
 GpuTicket Tracer::GpuBegin(const CallDesc& d, ThreadState& ts) {
   GpuTicket g;
   if (!d.gpu_work || !gpu_.available()) return g;

@@ -79,6 +79,9 @@ struct ThreadState {
   int32_t group_ticket = -1;
   void* group_stream = nullptr;
   uint32_t group_streams = 0;
+  // The stream of this thread's last call with device work (Tracer::NoteStream is told of each
+  // new one).
+  void* last_stream = reinterpret_cast<void*>(~uintptr_t{0});  // none yet (0 is the legacy stream)
 };
 
 // ncclInProgress (nccl.h; checked in wrapper_util.h): a nonblocking communicator's call that
@@ -121,6 +124,14 @@ class Tracer {
   CommRegistry& comms() { return comms_; }
   Segment& segment() { return segment_; }
   GpuTimer& gpu() { return gpu_; }
+  // HOT PATH helper (lock-free, no allocation): remembers a stream the job's NCCL calls use,
+  // for the GEMM validation's fence (gpu_bench.h). The first kJobStreams distinct streams are
+  // kept; later ones are not (a job uses a handful).
+  void NoteStream(void* stream);
+  // Copies up to `max` remembered streams into `out` (null: the legacy default stream); returns
+  // how many. Any thread.
+  size_t JobStreams(void** out, size_t max) const;
+  static constexpr size_t kJobStreams = 32;
   Trap& trap() { return trap_; }
   // Trapped thread only (validation_comm.h).
   ValidationComm& validation() { return validation_; }
@@ -147,6 +158,8 @@ class Tracer {
   Segment segment_;
   CommRegistry comms_;
   GpuTimer gpu_;
+  std::atomic<void*> job_streams_[kJobStreams] = {};  // NoteStream: filled front to back, never cleared
+  std::atomic<bool> legacy_stream_used_{false};       // NoteStream(nullptr) was called
   Trap trap_;
   ValidationComm validation_;
   FastClock clock_;
@@ -238,6 +251,10 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     EndCall(d.op, ResultCode(r), *tracer, ts);
     ts.depth = 0;
     return r;
+  }
+  if (d.gpu_work && d.stream != ts.last_stream) {  // rare: a thread's stream changes seldom
+    ts.last_stream = d.stream;
+    tracer->NoteStream(d.stream);
   }
   const int64_t t0 = tracer->clock().Now();  // after any pause: the call starts now
   if (FalconThreadSlot* s = ts.slot) {  // in-flight state, for hang diagnosis

@@ -175,7 +175,7 @@ FalconTaskResult ValidationComm::P2p(const FalconTask& t, FalconTaskResult r, Tr
     if (res != ncclSuccess) {
       Log(LogLevel::kWarn, "validation p2p failed: NCCL result %d%s", static_cast<int>(res),
           res == ncclInProgress ? " (deadline passed)" : "");
-      buffers_in_use_ = res == ncclInProgress;  // the emulated transfer may still touch them
+      buffers_in_use_ = res == ncclInProgress;  // the device may still be moving them
       Abort("a transfer failed or missed the deadline");
       return Failed(r);
     }

@@ -62,7 +62,9 @@ class ShimTrapTest : public ::testing::Test {
   // runs until FinishJob() (at most `iters` iterations), so slow builds never run out of job.
   // `gpu`: the job is a CUDA program over the CUDA driver and cuBLAS emulators (falcon-emu-job
   // --cuda), so the shim takes its GPU paths; `env` is added to the job's environment.
-  void StartJob(int iters = 1'000'000, bool gpu = false, std::vector<std::string> env = {}) {
+  // `job_args` are appended to the job's command line.
+  void StartJob(int iters = 1'000'000, bool gpu = false, std::vector<std::string> env = {},
+                const std::vector<std::string>& job_args = {}) {
     std::vector<std::string> argv = {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
                                      "--ranks-per-node", "2", "--job-timeout", "600", "--lib-dir", testing::EmuLibDir(),
                                      "--preload", testing::PreloadValue(), "--",
@@ -74,6 +76,7 @@ class ShimTrapTest : public ::testing::Test {
       argv.insert(argv.end(), {"--cuda", testing::BinDir("cuda-emu-lib") + "/libcuda.so.1"});
       env.push_back("FALCON_CUBLAS=" + testing::BinDir("cuda-emu-lib") + "/libcublas.so.13");
     }
+    argv.insert(argv.end(), job_args.begin(), job_args.end());
     job_ = testing::Spawn(argv, env);
     ASSERT_GT(job_, 0);
     ASSERT_TRUE(testing::WaitUntil([&] { return OpenAll(); }, 60)) << "segments did not appear";
@@ -353,6 +356,21 @@ TEST_F(ShimTrapTest, OnAStalledGpuATaskFailsAtThePauseDeadlineAndTrainingGoesOn)
   std::vector<uint64_t> gens = PauseAll(RealNow() + 8'000'000'000LL);
   ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
   for (const FalconTaskResult& r : RunOnAll(GemmOnAll(2, 32, 32, 32))) EXPECT_EQ(r.status, kFalconTaskFailed);
+  ASSERT_TRUE(AllIn(kFalconPauseTimedOut, gens, 20));
+  EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
+}
+
+// The GEMM is fenced against the job's queued device work: a kernel the job left running on a
+// stream its NCCL calls use keeps the GEMM from starting, so the task fails at the pause's
+// deadline (it never measures a device the job still occupies), the pause ends by itself, and
+// training goes on.
+TEST_F(ShimTrapTest, OnAGpuTheGemmWaitsForTheJobsQueuedWork) {
+  StartJob(1'000'000, /*gpu=*/true, {}, {"--side-kernel-s", "100000"});
+  std::vector<uint64_t> gens = PauseAll(RealNow() + 8'000'000'000LL);
+  ASSERT_TRUE(AllIn(kFalconPauseTrapped, gens, 30));
+  for (const FalconTaskResult& r : RunOnAll(GemmOnAll(2, 32, 32, 32))) {
+    EXPECT_EQ(r.status, kFalconTaskFailed) << "the GEMM ran while the job's kernel still occupied its device";
+  }
   ASSERT_TRUE(AllIn(kFalconPauseTimedOut, gens, 20));
   EXPECT_EQ(FinishJob(120), 0) << "the job's --check found wrong data, or it failed";
 }

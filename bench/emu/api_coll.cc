@@ -79,7 +79,7 @@ struct CollCall {
   ncclRedOp_t op = ncclSum;
 };
 
-ncclResult_t SubmitColl(ncclComm* comm, int datatype, CollCall call) {
+ncclResult_t SubmitColl(ncclComm* comm, int datatype, CollCall call, cudaStream_t stream) {
   const char* name = call.args.name;
   ncclResult_t rc = CheckUsable(comm, name);
   if (rc != ncclSuccess) return CallError(rc);
@@ -100,7 +100,9 @@ ncclResult_t SubmitColl(ncclComm* comm, int datatype, CollCall call) {
     rc = ResolveRed(name, comm, call.op, call.args.dtype, &call.args.red);
     if (rc != ncclSuccess) return CallError(rc);
   }
-  return Submit(MakeCollOp(comm, call.args));
+  std::unique_ptr<Op> op = MakeCollOp(comm, call.args);
+  op->set_stream(stream);
+  return Submit(std::move(op));
 }
 
 CollCall Make(CollKind kind, const char* name, const void* s, void* r, size_t count, int root) {
@@ -114,7 +116,7 @@ CollCall Make(CollKind kind, const char* name, const void* s, void* r, size_t co
   return c;
 }
 
-ncclResult_t SubmitP2p(ncclComm* comm, int datatype, P2pArgs a) {
+ncclResult_t SubmitP2p(ncclComm* comm, int datatype, P2pArgs a, cudaStream_t stream) {
   const char* name = a.is_send ? "ncclSend" : "ncclRecv";
   ncclResult_t rc = CheckUsable(comm, name);
   if (rc != ncclSuccess) return CallError(rc);
@@ -129,7 +131,9 @@ ncclResult_t SubmitP2p(ncclComm* comm, int datatype, P2pArgs a) {
   if (a.count > 0 && (a.is_send ? a.send == nullptr : a.recv == nullptr)) {
     return CallError(Fail(ncclInvalidArgument, comm, std::string(name) + ": null buffer"));
   }
-  return Submit(MakeP2pOp(comm, a));
+  std::unique_ptr<Op> op = MakeP2pOp(comm, a);
+  op->set_stream(stream);
+  return Submit(std::move(op));
 }
 
 using BroadcastFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
@@ -151,22 +155,22 @@ BroadcastFn DynamicBroadcast() {
 using namespace falcon::emu;  // NOLINT: entry points below are the C ABI of this module
 
 FALCON_EMU_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclAllReduce", [&] {
     CollCall c = Make(CollKind::kAllReduce, "ncclAllReduce", sendbuff, recvbuff, count, 0);
     c.reduction = true;
     c.op = op;
-    return SubmitColl(comm, datatype, c);
+    return SubmitColl(comm, datatype, c, stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-    ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclBroadcast", [&] {
     CollCall c = Make(CollKind::kBroadcast, "ncclBroadcast", sendbuff, recvbuff, count, root);
     c.rooted = true;
     c.need_send = IsRankOf(comm, root);
-    return SubmitColl(comm, datatype, c);
+    return SubmitColl(comm, datatype, c, stream);
   });
 }
 
@@ -177,82 +181,82 @@ FALCON_EMU_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
-    ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclReduce", [&] {
     CollCall c = Make(CollKind::kReduce, "ncclReduce", sendbuff, recvbuff, count, root);
     c.reduction = true;
     c.rooted = true;
     c.op = op;
     c.need_recv = IsRankOf(comm, root);
-    return SubmitColl(comm, datatype, c);
+    return SubmitColl(comm, datatype, c, stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclAllGather", [&] {
-    return SubmitColl(comm, datatype, Make(CollKind::kAllGather, "ncclAllGather", sendbuff, recvbuff, sendcount, 0));
+    return SubmitColl(comm, datatype, Make(CollKind::kAllGather, "ncclAllGather", sendbuff, recvbuff, sendcount, 0), stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclReduceScatter", [&] {
     CollCall c = Make(CollKind::kReduceScatter, "ncclReduceScatter", sendbuff, recvbuff, recvcount, 0);
     c.reduction = true;
     c.op = op;
-    return SubmitColl(comm, datatype, c);
+    return SubmitColl(comm, datatype, c, stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclAlltoAll", [&] {
-    return SubmitColl(comm, datatype, Make(CollKind::kAlltoAll, "ncclAlltoAll", sendbuff, recvbuff, count, 0));
+    return SubmitColl(comm, datatype, Make(CollKind::kAlltoAll, "ncclAlltoAll", sendbuff, recvbuff, count, 0), stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
-    ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclGather", [&] {
     CollCall c = Make(CollKind::kGather, "ncclGather", sendbuff, recvbuff, count, root);
     c.rooted = true;
     c.need_recv = IsRankOf(comm, root);
-    return SubmitColl(comm, datatype, c);
+    return SubmitColl(comm, datatype, c, stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
-    ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+    ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclScatter", [&] {
     CollCall c = Make(CollKind::kScatter, "ncclScatter", sendbuff, recvbuff, count, root);
     c.rooted = true;
     c.need_send = IsRankOf(comm, root);
-    return SubmitColl(comm, datatype, c);
+    return SubmitColl(comm, datatype, c, stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-    int peer, ncclComm_t comm, cudaStream_t) {
+    int peer, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclSend", [&] {
     P2pArgs a;
     a.is_send = true;
     a.send = sendbuff;
     a.count = count;
     a.peer = peer;
-    return SubmitP2p(comm, datatype, a);
+    return SubmitP2p(comm, datatype, a, stream);
   });
 }
 
 FALCON_EMU_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
-    int peer, ncclComm_t comm, cudaStream_t) {
+    int peer, ncclComm_t comm, cudaStream_t stream) {
   return Guarded("ncclRecv", [&] {
     P2pArgs a;
     a.is_send = false;
     a.recv = recvbuff;
     a.count = count;
     a.peer = peer;
-    return SubmitP2p(comm, datatype, a);
+    return SubmitP2p(comm, datatype, a, stream);
   });
 }
 

@@ -30,6 +30,7 @@
 
 #include "api_util.h"
 #include "bench/nccl_error_string.h"
+#include "device.h"
 #include "emu_config.h"
 #include "engine.h"
 #include "falcon_emu.h"
@@ -221,6 +222,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
       ops.push_back(std::make_unique<FinalizeOp>(comm));
       return RunInBackground(std::move(ops));  // ncclInProgress, as NCCL's nonblocking finalize
     }
+    SyncCommDevice(comm);  // a blocking finalize flushes the communicator's queued work
     comm->finalized = true;
     return ncclSuccess;
   });
@@ -236,6 +238,7 @@ FALCON_EMU_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
       return Fail(ncclInvalidUsage, comm, "ncclCommDestroy: a nonblocking operation is in progress; poll "
                                           "ncclCommGetAsyncError until it ends, or ncclCommAbort");
     }
+    SyncCommDevice(comm);  // destroy finalizes first: the queued work completes
     DeleteComm(comm);
     return ncclSuccess;
   });

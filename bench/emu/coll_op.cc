@@ -49,6 +49,12 @@ class CollOp final : public Op {
   }
 
   Progress Step(int64_t now) override;
+  bool device_work() const override { return true; }
+  std::unique_ptr<Op> Clone() const override {
+    auto op = std::make_unique<CollOp>(comm_, a_);
+    op->set_stream(stream_);
+    return op;
+  }
 
   double ModelSeconds() const override {
     return ModelCollSeconds(Config().fabric, &Config().plan, a_.kind, comm_->nodes, ModelBytes(),

@@ -5,6 +5,8 @@
 // Must never: throw out of these functions except std::bad_alloc, which API entry points catch.
 #include "comm.h"
 
+#include "device.h"
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -55,6 +57,7 @@ void Release(ncclComm* c) {
     if (c->aborted.load(std::memory_order_relaxed)) StoreRelease(c->seg->rank(c->rank)->gone, int32_t{1});
     c->seg->Unlink();
   }
+  ReleaseCommDevice(c);
   c->magic = 0;
   delete c;
 }
@@ -141,6 +144,8 @@ void SetGeometry(ncclComm* c, int rank, int nranks) {
   c->recvs_done.assign(n, 0);
   c->send_cursor.assign(n, 0);
   c->recv_cursor.assign(n, 0);
+  c->send_connected.assign(n, false);
+  c->recv_connected.assign(n, false);
 }
 
 void DeleteComm(ncclComm* c) {

@@ -73,6 +73,11 @@ struct ncclComm {
   uint64_t last_step = 0;  // last collective step allocated
   std::vector<uint64_t> sends_launched, sends_done, recvs_launched, recvs_done;  // per peer
   std::vector<uint64_t> send_cursor, recv_cursor;  // last channel chunk used, per peer
+  std::vector<bool> send_connected, recv_connected;  // first-use connection with each peer made
+  // [owner] The CUDA driver emulator's event recorded after this communicator's last device work
+  // (device.h), or null; destroyed with the communicator.
+  void* device_event = nullptr;
+  uint64_t device_launched = 0;  // [owner] units of device work queued on this communicator
   uint64_t splits = 0;
   uint64_t shrinks = 0;
   std::vector<falcon::emu::RedOpEntry> redops;
@@ -83,6 +88,7 @@ struct ncclComm {
   std::atomic<bool> aborted{false};  // ncclCommAbort was called (invariant 2)
   std::atomic<int> inflight{0};      // background jobs driving this communicator (engine.h)
   std::atomic<int> refs{1};          // invariant 1
+  std::atomic<uint64_t> device_done{0};  // units of device work finished (release; notified)
   std::mutex mu;
   std::string last_error;  // guarded by mu
 };

@@ -72,7 +72,12 @@ EmuConfig Parse() {
   ReadDouble("FALCON_EMU_TIME_SCALE", 0, &c.fabric.time_scale, &err);
   ReadDouble("FALCON_EMU_TIMEOUT_S", 1e-3, &c.timeout_s, &err);
   ReadDouble("FALCON_EMU_GPU_TFLOPS", 0, &c.gpu_tflops, &err);
+  ReadDouble("FALCON_EMU_COMPUTE_NOISE", 0, &c.compute_noise, &err);
+  if (c.compute_noise > 1) err = "FALCON_EMU_COMPUTE_NOISE must be in [0, 1]";
   std::optional<long long> x;
+  ReadInt("FALCON_EMU_NOISE_SEED", 0, (1LL << 62), &x, &err);
+  if (x) c.noise_seed = static_cast<uint64_t>(*x);
+  x.reset();
   ReadInt("FALCON_EMU_RANKS_PER_NODE", 1, 1 << 20, &x, &err);
   if (x) c.ranks_per_node = static_cast<int>(*x);
   x.reset();

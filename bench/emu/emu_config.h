@@ -24,6 +24,8 @@ struct EmuConfig {
   FabricParams fabric;
   double timeout_s = 0;               // FALCON_EMU_TIMEOUT_S: lenient peer deadline; 0 = wait forever (NCCL)
   double gpu_tflops = 10;             // FALCON_EMU_GPU_TFLOPS: modelled GEMM rate (0 = no model)
+  double compute_noise = 0.03;        // FALCON_EMU_COMPUTE_NOISE: sigma of a kernel's lognormal noise (0 = none)
+  uint64_t noise_seed = 0;            // FALCON_EMU_NOISE_SEED: mixed with the rank into each rank's seed
   int ranks_per_node = 8;             // FALCON_EMU_RANKS_PER_NODE
   std::vector<int> placement;         // FALCON_EMU_PLACEMENT: node of each global rank
   std::optional<int> global_rank;     // FALCON_EMU_RANK, else RANK

@@ -5,7 +5,7 @@
 // all-reduce on DP and a broadcast, with sleeps standing for compute.
 //
 //   falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]
-//                  [--cuda-after N] [--capture-thread] [--watchdog] [--no-world]
+//                  [--cuda-after N] [--capture-thread] [--watchdog] [--side-kernel-s S] [--no-world]
 //
 // --stop-file makes --iters an upper bound: rank 0 looks for PATH every iteration and, once it
 // exists, tells every rank through the iteration's broadcast (it sends -(it+1) instead of it) so
@@ -26,9 +26,16 @@
 // --no-world issues no collective on the world communicator after start-up, as Megatron-style
 // jobs do: the ring runs on the DP group, and the stop word travels by a broadcast on the DP
 // group from global rank 0 then one on each TP group from its first rank (DP x TP = the world).
+// --side-kernel-s S (with --cuda) gives the job a second stream: its first iteration runs one
+// all-reduce there (so a shim knows the stream), its second leaves a modelled kernel of S seconds
+// running on it (falconEmuLaunchCompute) that the job never waits for: device work still queued
+// when the job is paused.
 // --watchdog runs a second thread that polls ncclCommGetAsyncError on every communicator every
 // millisecond for the whole run, as PyTorch's ProcessGroupNCCL watchdog does (every 100 ms); an
 // error it sees exits 2.
+// With --cuda the NCCL calls are asynchronous, as on a GPU: the job synchronises its stream
+// (cuStreamSynchronize, in the relaxed capture mode so that --capture-thread's global capture is
+// not disturbed) before the host reads or rewrites a buffer a call uses.
 // Thread-safety: collectives come from the main thread only; the watchdog only polls errors. Must never: hang without bound (the emulator's deadline fails
 // the job) or ignore an NCCL error (any error exits 2).
 #include <dlfcn.h>
@@ -58,6 +65,7 @@ struct Options {
   bool capture_thread = false;
   bool watchdog = false;
   bool no_world = false;
+  double side_kernel_s = 0;
 };
 
 // --cuda: the driver calls a CUDA program makes before NCCL (cuInit, a current primary context,
@@ -134,6 +142,26 @@ int CaptureLoop(const std::string& lib, int rank, const std::atomic<bool>* stop,
   return captures;
 }
 
+// --cuda: waits for the stream's queued work, as a CUDA program does before the host touches
+// the buffers NCCL uses. No-op without a stream (the emulator's calls then complete in place).
+void SyncStream(const std::string& lib, void* stream) {
+  if (stream == nullptr) return;
+  using SyncFn = int (*)(void*);
+  using ModeFn = int (*)(int*);
+  static void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  static auto sync = h ? reinterpret_cast<SyncFn>(dlsym(h, "cuStreamSynchronize")) : nullptr;
+  static auto mode = h ? reinterpret_cast<ModeFn>(dlsym(h, "cuThreadExchangeStreamCaptureMode")) : nullptr;
+  int relaxed = 2, rc = -1;
+  if (sync != nullptr && mode != nullptr && mode(&relaxed) == 0) {
+    rc = sync(stream);
+    mode(&relaxed);
+  }
+  if (rc != 0) {
+    std::fprintf(stderr, "falcon-emu-job: cuStreamSynchronize failed (%d)\n", rc);
+    std::exit(2);
+  }
+}
+
 double Now() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -169,6 +197,29 @@ int Verify(const std::vector<float>& v, size_t n, float expect, const char* what
   return 0;
 }
 
+// --side-kernel-s: iteration 0 runs an all-reduce on a second stream (the job's own, kept for
+// the process's life); iteration 1 leaves a kernel of o.side_kernel_s seconds running on it.
+void SideStreamStep(const Options& o, ncclComm_t comm, int it) {
+  static void* side = nullptr;
+  void* h = dlopen(o.cuda.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  using StreamCreateFn = int (*)(void**, unsigned);
+  using LaunchFn = int (*)(void*, double);
+  auto stream_create = h ? reinterpret_cast<StreamCreateFn>(dlsym(h, "cuStreamCreate")) : nullptr;
+  auto launch = reinterpret_cast<LaunchFn>(dlsym(RTLD_DEFAULT, "falconEmuLaunchCompute"));
+  if (stream_create == nullptr || launch == nullptr || (side == nullptr && stream_create(&side, 0) != 0)) {
+    std::fprintf(stderr, "falcon-emu-job: --side-kernel-s needs the CUDA driver and NCCL emulators\n");
+    std::exit(2);
+  }
+  if (it == 0) {
+    float x = 1;
+    NCCL_OK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, static_cast<cudaStream_t>(side)));
+    SyncStream(o.cuda, side);
+  } else if (launch(side, o.side_kernel_s) != 0) {
+    std::fprintf(stderr, "falcon-emu-job: falconEmuLaunchCompute failed\n");
+    std::exit(2);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,9 +236,10 @@ int main(int argc, char** argv) {
     else if (a == "--capture-thread") o.capture_thread = true;
     else if (a == "--watchdog") o.watchdog = true;
     else if (a == "--no-world") o.no_world = true;
+    else if (a == "--side-kernel-s" && i + 1 < argc) o.side_kernel_s = std::atof(argv[++i]);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: falcon-emu-job [--iters N] [--compute-ms MS] [--bytes B] [--check] [--stop-file PATH] [--cuda LIB]\n"
-                  "                      [--cuda-after N] [--capture-thread] [--watchdog] [--no-world]\n");
+                  "                      [--cuda-after N] [--capture-thread] [--watchdog] [--side-kernel-s S] [--no-world]\n");
       return 0;
     } else {
       std::fprintf(stderr, "falcon-emu-job: unknown option %s\n", a.c_str());
@@ -196,8 +248,8 @@ int main(int argc, char** argv) {
   }
   const falcon::emu::JobEnv env = falcon::emu::ReadJobEnv();
   const int rank = env.rank, world = env.world_size;
-  if (o.capture_thread && o.cuda.empty()) {
-    std::fprintf(stderr, "falcon-emu-job: --capture-thread needs --cuda\n");
+  if ((o.capture_thread || o.side_kernel_s > 0) && (o.cuda.empty() || o.cuda_after > 0)) {
+    std::fprintf(stderr, "falcon-emu-job: --capture-thread and --side-kernel-s need --cuda (from the start)\n");
     return 2;
   }
   cudaStream_t stream = nullptr;
@@ -251,10 +303,12 @@ int main(int argc, char** argv) {
     if (o.capture_thread && stream != nullptr && !capturer.joinable()) {
       capturer = std::thread([&] { captures = CaptureLoop(o.cuda, rank, &capture_stop, &invalidated); });
     }
+    if (o.side_kernel_s > 0 && it < 2) SideStreamStep(o, comm, it);
     Compute(o.compute_ms);
     for (int k = 0; k < 3; ++k) {
       std::fill(a.begin(), a.end(), static_cast<float>(rank + k));
       NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, tp, stream));
+      SyncStream(o.cuda, stream);
       if (o.check) {
         // TP group = consecutive ranks base..base+tp_n-1
         const int base = rank - tp_rank;
@@ -266,6 +320,7 @@ int main(int argc, char** argv) {
     std::fill(s.begin(), s.end(), static_cast<float>(rank));
     NCCL_OK(ncclAllGather(s.data(), g.data(), shard, ncclFloat, tp, stream));
     NCCL_OK(ncclReduceScatter(g.data(), s.data(), shard, ncclFloat, ncclSum, tp, stream));
+    SyncStream(o.cuda, stream);
     if (o.check) {
       // Every member's gathered block tp_rank holds `rank`; the reduce-scatter sums tp_n of them.
       Verify(s, shard, static_cast<float>(tp_n * rank), "tp gather+scatter", &wrong);
@@ -280,12 +335,14 @@ int main(int argc, char** argv) {
     NCCL_OK(ncclSend(ring_in.data(), count, ncclFloat, (ring_me + 1) % ring_n, ring, stream));
     NCCL_OK(ncclRecv(ring_out.data(), count, ncclFloat, (ring_me + ring_n - 1) % ring_n, ring, stream));
     NCCL_OK(ncclGroupEnd());
+    SyncStream(o.cuda, stream);
     if (o.check) {
       Verify(ring_out, count, static_cast<float>(global_of((ring_me + ring_n - 1) % ring_n) * 1000 + it), "ring", &wrong);
     }
     Compute(o.compute_ms);
     std::fill(a.begin(), a.end(), 1.0f);
     NCCL_OK(ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, dp, stream));
+    SyncStream(o.cuda, stream);
     if (o.check) Verify(a, count, static_cast<float>(dp_n), "dp allreduce", &wrong);
     const bool want_stop = rank == 0 && !o.stop_file.empty() && access(o.stop_file.c_str(), F_OK) == 0;
     const float word = want_stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it);
@@ -296,6 +353,7 @@ int main(int argc, char** argv) {
     } else {
       NCCL_OK(ncclBroadcast(a.data(), a.data(), count, ncclFloat, 0, comm, stream));
     }
+    SyncStream(o.cuda, stream);
     stop = a[0] == static_cast<float>(-(it + 1));
     if (o.check) Verify(a, count, stop ? static_cast<float>(-(it + 1)) : static_cast<float>(it), "broadcast", &wrong);
     done = it + 1;

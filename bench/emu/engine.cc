@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "device.h"
 #include "emu_config.h"
 #include "job_state.h"
 
@@ -200,6 +201,154 @@ Background& Bg() {
   return *b;
 }
 
+// Drives a launched batch to completion in the calling thread (after its launch).
+void Drive(Batch& batch) {
+  int idle = 0;
+  while (!batch.done()) {
+    const int64_t now = NowNs();
+    Sweep s;
+    batch.StepAll(now, &s);
+    if (s.advanced) {
+      idle = 0;
+    } else if (!batch.done()) {
+      Backoff(idle++, now, s.wake, s.peers);
+    }
+  }
+}
+
+// Makes every op's first-use connection (Op::Connect), polling them all together so ranks of one
+// thread connect to each other; fails on an abort or a peer that is gone.
+ncclResult_t ConnectAll(std::vector<std::unique_ptr<Op>>& ops) {
+  std::vector<bool> connected(ops.size(), false);
+  size_t left = ops.size();
+  int idle = 0;
+  while (left > 0) {
+    const int64_t now = NowNs();
+    bool advanced = false;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (connected[i]) continue;
+      ncclComm* c = ops[i]->comm();
+      if (c->aborted.load(std::memory_order_acquire)) {
+        SetAsyncError(c, ncclInternalError);
+        return Fail(ncclInternalError, c, c->label + ": the communicator was aborted (ncclCommAbort)");
+      }
+      const Progress p = ops[i]->Connect(now);
+      if (p == Progress::kFailed) return ops[i]->result();
+      if (p == Progress::kDone) {
+        connected[i] = true;
+        --left;
+        advanced = true;
+      }
+    }
+    if (advanced) idle = 0;
+    else if (left > 0) Backoff(idle++, now, INT64_MAX, true);
+  }
+  return ncclSuccess;
+}
+
+// A batch queued on the device: run by its stream's worker (DeviceJob::Run), then freed there.
+struct DeviceJob {
+  std::unique_ptr<Batch> batch;
+  std::vector<ncclComm*> comms;  // each counted in its device_launched; the ops hold references
+
+  static void Run(void* p) {
+    std::unique_ptr<DeviceJob> job(static_cast<DeviceJob*>(p));
+    Drive(*job->batch);
+    for (const auto& op : job->batch->ops()) {
+      if (op->result() != ncclSuccess) SetAsyncError(op->comm(), op->result());
+    }
+    for (ncclComm* c : job->comms) {  // SyncCommDevice waits for this
+      c->device_done.fetch_add(1, std::memory_order_release);
+      c->device_done.notify_all();
+    }
+  }
+};
+
+// The distinct streams of `ops`, the first op's first.
+std::vector<void*> StreamsOf(const std::vector<std::unique_ptr<Op>>& ops) {
+  std::vector<void*> streams;
+  for (const auto& op : ops) {
+    if (std::find(streams.begin(), streams.end(), op->stream()) == streams.end()) streams.push_back(op->stream());
+  }
+  return streams;
+}
+
+// Queues `job` on the first stream, ordered after the other streams' earlier work and the
+// communicators' earlier device work, and orders the other streams' later work after it (as
+// NCCL joins the streams of a group and serialises a communicator's kernels). False if the
+// driver refused before the job was queued (the caller then still owns it).
+bool QueueJob(const CudaEmuApi& cu, std::unique_ptr<DeviceJob>& job, const std::vector<ncclComm*>& comms) {
+  const std::vector<void*> streams = StreamsOf(job->batch->ops());
+  void* main = streams.front();
+  void* joined = nullptr;
+  bool ok = cu.event_create(&joined, 0) == 0;
+  for (size_t i = 1; ok && i < streams.size(); ++i) {
+    ok = cu.event_record(joined, streams[i]) == 0 && cu.stream_wait_event(main, joined, 0) == 0;
+  }
+  for (ncclComm* c : comms) {
+    if (ok && c->device_event != nullptr) ok = cu.stream_wait_event(main, c->device_event, 0) == 0;
+    if (ok && c->device_event == nullptr) ok = cu.event_create(&c->device_event, 0) == 0;
+  }
+  if (ok) {
+    job->comms = comms;
+    for (ncclComm* c : comms) ++c->device_launched;  // before the worker can finish it
+  }
+  ok = ok && cu.launch_host_func(main, DeviceJob::Run, job.get()) == 0;
+  if (!ok) {
+    for (ncclComm* c : job->comms) --c->device_launched;
+    job->comms.clear();
+  }
+  if (ok) {
+    job.release();  // DeviceJob::Run frees it
+    // Cannot fail for handles that just worked; a failure would only lose ordering, not data.
+    (void)cu.event_record(joined, main);
+    for (size_t i = 1; i < streams.size(); ++i) (void)cu.stream_wait_event(streams[i], joined, 0);
+    for (ncclComm* c : comms) (void)cu.event_record(c->device_event, main);
+  }
+  if (joined != nullptr) (void)cu.event_destroy(joined);  // the waits already hold what they need
+  return ok;
+}
+// A group captured into a CUDA graph: prototypes of its ops, cloned, launched (sequence numbers,
+// connections) in the thread that calls cuGraphLaunch, and driven on the device at the replay,
+// in launch order. Lives for the process (a graph's lifetime is not known here).
+struct CapturedGroup {
+  std::vector<std::unique_ptr<Op>> protos;
+  std::mutex mu;
+  std::deque<std::unique_ptr<Batch>> launched;  // guarded by mu: launched, not yet run
+
+  static void OnLaunch(void* p) {
+    auto* g = static_cast<CapturedGroup*>(p);
+    std::vector<std::unique_ptr<Op>> ops;
+    for (const auto& proto : g->protos) ops.push_back(proto->Clone());
+    auto batch = std::make_unique<Batch>(std::move(ops));
+    batch->Launch();
+    // A failed connection marks its op's communicator failed; the replay then fails at once.
+    (void)ConnectAll(batch->ops());
+    for (ncclComm* c : JobComms(batch->ops())) ++c->device_launched;  // SyncCommDevice waits for the replay
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->launched.push_back(std::move(batch));
+  }
+
+  static void Run(void* p) {
+    auto* g = static_cast<CapturedGroup*>(p);
+    std::unique_ptr<Batch> batch;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);
+      if (g->launched.empty()) return;
+      batch = std::move(g->launched.front());
+      g->launched.pop_front();
+    }
+    Drive(*batch);
+    for (const auto& op : batch->ops()) {
+      if (op->result() != ncclSuccess) SetAsyncError(op->comm(), op->result());
+    }
+    for (ncclComm* c : JobComms(batch->ops())) {
+      c->device_done.fetch_add(1, std::memory_order_release);
+      c->device_done.notify_all();
+    }
+  }
+};
+
 }  // namespace
 
 bool PeerWait::Expired(int64_t now_ns) const {
@@ -229,11 +378,21 @@ bool PeerGone(const Segment& seg, int r) {
   return LoadAcquire(ctl->gone) != 0 || ProcessGone(LoadAcquire(ctl->pid));
 }
 
+Op::~Op() {
+  DropMark(gate_);
+  Release(comm_);
+}
+
 Progress Op::Poll(int64_t now_ns) {
   if (comm_->aborted.load(std::memory_order_acquire)) {
     result_ = Fail(ncclInternalError, comm_, comm_->label + ": the communicator was aborted (ncclCommAbort)");
     SetAsyncError(comm_, ncclInternalError);
     return Progress::kFailed;
+  }
+  if (gate_ != nullptr) {
+    if (!MarkReached(gate_)) return Progress::kPending;
+    DropMark(gate_);
+    gate_ = nullptr;
   }
   return Step(now_ns);
 }
@@ -241,19 +400,43 @@ Progress Op::Poll(int64_t now_ns) {
 ncclResult_t RunOps(std::vector<std::unique_ptr<Op>>& ops) {
   Batch batch(std::move(ops));
   batch.Launch();
-  int idle = 0;
-  while (!batch.done()) {
-    const int64_t now = NowNs();
-    Sweep s;
-    batch.StepAll(now, &s);
-    if (s.advanced) {
-      idle = 0;
-    } else if (!batch.done()) {
-      Backoff(idle++, now, s.wake, s.peers);
-    }
+  // The same first-use handshake as on the device, so a peer on either path finds its flag.
+  ncclResult_t rc = ConnectAll(batch.ops());
+  if (rc == ncclSuccess) {
+    Drive(batch);
+    rc = batch.first_error();
   }
   ops = std::move(batch.ops());
-  return batch.first_error();
+  return rc;
+}
+
+ncclResult_t RunOnDevice(std::vector<std::unique_ptr<Op>> ops) {
+  auto job = std::make_unique<DeviceJob>();
+  job->batch = std::make_unique<Batch>(std::move(ops));
+  job->batch->Launch();
+  if (const ncclResult_t rc = ConnectAll(job->batch->ops()); rc != ncclSuccess) return rc;
+  const std::vector<ncclComm*> comms = JobComms(job->batch->ops());
+  const CudaEmuApi* cu = CudaEmu();
+  if (cu != nullptr && QueueJob(*cu, job, comms)) return ncclSuccess;
+  Drive(*job->batch);  // the driver refused the work: run it here (host time == device time)
+  return job->batch->first_error();
+}
+
+bool CaptureOnDevice(std::vector<std::unique_ptr<Op>>& ops) {
+  const CudaEmuApi* cu = CudaEmu();
+  if (cu == nullptr) return false;
+  for (const auto& op : ops) {
+    if (op->Clone() == nullptr) return false;
+  }
+  auto* g = new CapturedGroup;
+  void* stream = ops.front()->stream();
+  g->protos = std::move(ops);
+  if (cu->capture_host_func(stream, CapturedGroup::OnLaunch, CapturedGroup::Run, g) != 0) {
+    ops = std::move(g->protos);
+    delete g;
+    return false;
+  }
+  return true;  // `g` is the graph's from now on
 }
 
 ncclResult_t RunInBackground(std::vector<std::unique_ptr<Op>> ops) {

@@ -1,7 +1,9 @@
 // The emulator's progress engine: drives a batch of launched Ops to completion, either in the
-// calling thread (blocking communicators: RunOps) or in the background (nonblocking
-// communicators: RunInBackground), where NCCL's ncclGroupEndInternal launches on a helper
-// pthread (groupLaunchNonBlocking).
+// calling thread (blocking communicators without a device: RunOps), on the emulated device's
+// stream worker (blocking communicators over the CUDA driver emulator: RunOnDevice, recorded
+// into a CUDA graph while the stream is captured: CaptureOnDevice; device.h), or in the
+// background (nonblocking communicators: RunInBackground), where NCCL's ncclGroupEndInternal
+// launches on a helper pthread (groupLaunchNonBlocking).
 //
 // Background design: one process-wide progress thread, started on first use and never joined
 // (a job may wait forever on a peer that never comes; the process may exit under it). It owns
@@ -38,6 +40,21 @@ namespace falcon::emu {
 // Launches `ops` in order and drives them to completion in the calling thread; returns the
 // first failure (or ncclSuccess).
 [[nodiscard]] ncclResult_t RunOps(std::vector<std::unique_ptr<Op>>& ops);
+
+// Launches `ops` in order in the calling thread, makes their first-use connections there
+// (blocking until the peers arrive, as NCCL's group launch), then queues them as one unit of
+// device work on their streams (device.h) and returns ncclSuccess: the stream's worker drives
+// them, records failures as the communicators' async errors, and later work on the streams and
+// communicators waits for it. REQUIRES: every op is device_work() on a blocking communicator and
+// DeviceUsable(its stream).
+[[nodiscard]] ncclResult_t RunOnDevice(std::vector<std::unique_ptr<Op>> ops);
+
+// Records unlaunched device-work `ops` into the CUDA graph being captured on the first op's
+// stream (device.h DeviceCapturing) instead of running them: each cuGraphLaunch of the graph
+// launches fresh copies in its calling thread (sequence numbers, connections) and its replay
+// drives them on the device, without passing through the NCCL API. True if recorded (`ops` is
+// then consumed); false, with `ops` untouched, if the driver refused.
+[[nodiscard]] bool CaptureOnDevice(std::vector<std::unique_ptr<Op>>& ops);
 
 // Launches `ops` in order in the calling thread, then queues them as one job for the progress
 // thread (invariant 1). Returns ncclInProgress. Throws std::system_error (turned into an error

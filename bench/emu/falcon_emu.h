@@ -4,8 +4,9 @@
  *
  * Resolve them with dlsym(RTLD_DEFAULT, ...) when the program may also run over the real NCCL.
  * Thread-safety: all are safe to call from any thread at any time.
- * They never block (beyond a bounded wait for another process's placement write), allocate per
- * call, or fail (falconEmuSetPlacement reports errors): a broken configuration reads as "no
+ * They never block (beyond a bounded wait for another process's placement write; the kernel
+ * launches without a device run their kernel in the caller), allocate per call (except the kernel
+ * launches, one small object per kernel), or fail (falconEmuSetPlacement reports errors): a broken configuration reads as "no
  * faults". */
 #ifndef FALCON_BENCH_EMU_FALCON_EMU_H_
 #define FALCON_BENCH_EMU_FALCON_EMU_H_
@@ -14,16 +15,41 @@
 extern "C" {
 #endif
 
+/* Enqueues a modelled kernel of nominal duration `seconds` (unslowed) on `stream` (a CUstream of
+ * the calling thread's current context; 0 = its legacy default stream) and returns once it is
+ * queued, as a kernel launch does. On the emulated device (the CUDA driver emulator, libcuda.so.1
+ * from bench/emu, loaded by the program) the kernel occupies its stream, in stream order, for
+ *   seconds x the compute factor of the GPU this rank runs on when the kernel STARTS
+ *   (falconEmuComputeFactor at that moment) x noise,
+ * noise being lognormal with sigma FALCON_EMU_COMPUTE_NOISE (default 0.03; 0 = none) from a
+ * generator seeded by the rank (and FALCON_EMU_NOISE_SEED). FALCON_EMU_TIME_SCALE does not apply
+ * (the caller's seconds are taken as given). Events recorded around it time it; a stream
+ * capture records it into the graph. Without the driver emulator or a current context the host
+ * is the device: the kernel runs in the calling thread before this returns.
+ * Returns 0, or -1 (seconds negative or not finite), -2 (broken configuration), -3 (the driver
+ * refused the stream, e.g. an unknown handle). */
+int falconEmuLaunchCompute(void* stream, double seconds);
+
+/* The cuBLAS emulator's GEMM launch: a kernel as falconEmuLaunchCompute of nominal duration
+ * flops / FALCON_EMU_GPU_TFLOPS x FALCON_EMU_TIME_SCALE (0 when the rate is 0), which runs
+ * body(arg) (the real computation) when it starts and release(arg) when done (or at once when
+ * it cannot be queued). The kernel lasts the longer of the model and body's own time.
+ * Returns as falconEmuLaunchCompute (-1 also for negative flops). */
+int falconEmuLaunchGemm(void* stream, double flops, void (*body)(void*), void* arg, void (*release)(void*));
+
 /* The fault plan's compute slowdown for `globalRank` at `t_s` seconds since the job epoch: the
  * product of the factors of active "compute" faults naming the GPU the rank runs on now, 1.0 when
- * none (the emulator itself ignores compute faults; the trainer applies them to its modelled
- * compute). Compute faults name launch ranks, i.e. the GPUs those ranks were launched on: after
+ * none. The emulated device applies it to every kernel (falconEmuLaunchCompute, the cuBLAS
+ * emulator's GEMMs); this export remains for programs that model compute themselves (the
+ * emulated trainer, until it launches its compute as kernels). Compute faults name launch ranks, i.e. the GPUs those ranks were launched on: after
  * falconEmuSetPlacement the k-th lowest rank on a node runs on that node's k-th GPU, so a rank
  * moved off its slow GPU is no longer slowed and a rank moved onto it is (hang faults stay with
  * the rank). */
 double falconEmuComputeFactor(int globalRank, double t_s);
 
-/* Modelled time of `flops` floating-point operations of GEMM on `globalRank`'s emulated GPU, now:
+/* Kept only for programs outside the shim that model GEMMs themselves (the emulated trainer may,
+ * for a while); nothing in Falcon's shim or daemons uses it: the shim measures GEMMs on the device.
+ * Modelled time of `flops` floating-point operations of GEMM on `globalRank`'s emulated GPU, now:
  * flops / FALCON_EMU_GPU_TFLOPS (default 10) x falconEmuComputeFactor x FALCON_EMU_TIME_SCALE.
  * -1.0 when the model is off (FALCON_EMU_GPU_TFLOPS=0) or the configuration is broken: then a
  * caller measures real host work instead. */

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "device.h"
 #include "engine.h"
 #include "job_state.h"
 
@@ -28,12 +29,35 @@ Blocking KindOf(const std::vector<std::unique_ptr<Op>>& ops) {
   return nonblocking ? Blocking::kNo : Blocking::kYes;
 }
 
+// True if every op is device work whose stream can take it now (device.h).
+bool OnDevice(const std::vector<std::unique_ptr<Op>>& ops) {
+  return std::all_of(ops.begin(), ops.end(),
+                     [](const std::unique_ptr<Op>& op) { return op->device_work() && DeviceUsable(op->stream()); });
+}
+
+// True if every op is device work and the first op's stream is being captured into a graph.
+bool Captured(const std::vector<std::unique_ptr<Op>>& ops) {
+  return std::all_of(ops.begin(), ops.end(), [](const std::unique_ptr<Op>& op) { return op->device_work(); }) &&
+         DeviceCapturing(ops.front()->stream());
+}
+
 // Runs a finished group (or one ungrouped call): in this thread for blocking communicators,
 // in the background for nonblocking ones (ncclInProgress).
 ncclResult_t Execute(std::vector<std::unique_ptr<Op>> ops) {
   switch (KindOf(ops)) {
-    case Blocking::kYes: return RunOps(ops);
-    case Blocking::kNo: return RunInBackground(std::move(ops));
+    case Blocking::kYes:
+      if (Captured(ops) && CaptureOnDevice(ops)) return ncclSuccess;
+      if (OnDevice(ops)) return RunOnDevice(std::move(ops));
+      // Host work (init, split, shrink) follows the communicators' device work (their
+      // collective state is shared with it).
+      for (const auto& op : ops) SyncCommDevice(op->comm());
+      return RunOps(ops);
+    case Blocking::kNo:
+      // Not on streams (device.h), but after the streams' earlier work, as a kernel would be.
+      for (auto& op : ops) {
+        if (op->device_work()) op->set_gate(MarkStream(op->stream()));
+      }
+      return RunInBackground(std::move(ops));
     case Blocking::kMixed: break;
   }
   // NCCL refuses this too (group.cc): a group is either blocking or not.

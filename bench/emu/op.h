@@ -3,9 +3,12 @@
 // an ungrouped call) launches its ops in submission order and polls them until all finish, so
 // ops of several communicators and of several ranks in one thread progress together.
 //
-// Thread-safety: an Op is launched by the thread that submitted it and then driven by that
-// thread (blocking communicators) or by the background progress thread (nonblocking ones,
-// engine.h). It holds a reference to its communicator for its whole life (comm.h invariant 1).
+// Thread-safety: an Op is launched (and connected) by the thread that submitted it and then
+// driven by that thread (blocking communicators without a device), by the worker of its device
+// stream (blocking communicators over the CUDA driver emulator, device.h), or by the background
+// progress thread (nonblocking ones, engine.h). Launch touches only the communicator's
+// `*_launched` counters and Step only its `*_done` counters and cursors, so the host may launch
+// while the device steps earlier ops of the same communicator. It holds a reference to its communicator for its whole life (comm.h invariant 1).
 // Must never: block or sleep inside Launch/Step (waiting is the engine's job), throw.
 #ifndef FALCON_BENCH_EMU_OP_H_
 #define FALCON_BENCH_EMU_OP_H_
@@ -13,6 +16,7 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,7 +29,7 @@ enum class Progress { kPending, kAdvanced, kDone, kFailed };
 class Op {
  public:
   explicit Op(ncclComm* comm) : comm_(comm) { Retain(comm_); }
-  virtual ~Op() { Release(comm_); }
+  virtual ~Op();
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
@@ -38,6 +42,24 @@ class Op {
   [[nodiscard]] virtual ncclComm* child() const { return nullptr; }
   // Modelled seconds of this op if it started now (ncclGroupSimulateEnd).
   [[nodiscard]] virtual double ModelSeconds() const { return 0; }
+  // True for collectives and send/recv: work that runs on the device's stream (device.h);
+  // init, split, shrink and finalize run in the host thread.
+  [[nodiscard]] virtual bool device_work() const { return false; }
+  // One non-blocking attempt at the host-side connection ncclGroupEnd makes before the device
+  // work is queued (first send/recv between a pair: both must have arrived). After Launch.
+  [[nodiscard]] virtual Progress Connect(int64_t /*now_ns*/) { return Progress::kDone; }
+
+  // Makes the op wait, in Poll, until the device reached `mark` (device.h MarkStream; owned by
+  // the op from now on): a nonblocking communicator's op starts after its stream's earlier work.
+  void set_gate(void* mark) { gate_ = mark; }
+
+  // A fresh, unlaunched op with the same arguments and stream (a CUDA graph replays a captured
+  // call as a new op each time); null for ops that cannot be captured.
+  [[nodiscard]] virtual std::unique_ptr<Op> Clone() const { return nullptr; }
+
+  // The CUstream the call named (0: the legacy stream).
+  void set_stream(void* stream) { stream_ = stream; }
+  [[nodiscard]] void* stream() const { return stream_; }
 
   [[nodiscard]] ncclResult_t result() const { return result_; }
   [[nodiscard]] ncclComm* comm() const { return comm_; }
@@ -49,6 +71,8 @@ class Op {
   virtual Progress Step(int64_t now_ns) = 0;
 
   ncclComm* comm_;
+  void* stream_ = nullptr;
+  void* gate_ = nullptr;
   ncclResult_t result_ = ncclSuccess;
   int64_t wake_at_ns_ = 0;
 };

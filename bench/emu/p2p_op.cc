@@ -25,6 +25,13 @@ class P2pOp final : public Op {
   }
 
   Progress Step(int64_t now) override;
+  bool device_work() const override { return true; }
+  std::unique_ptr<Op> Clone() const override {
+    auto op = std::make_unique<P2pOp>(comm_, a_);
+    op->set_stream(stream_);
+    return op;
+  }
+  Progress Connect(int64_t now) override;
 
   double ModelSeconds() const override {
     const int me = comm_->nodes[static_cast<size_t>(comm_->rank)];
@@ -62,7 +69,27 @@ class P2pOp final : public Op {
   int64_t peer_arrive_ns_ = 0;
   int64_t hang_deadline_ns_ = 0;
   PeerWait wait_;
+  bool connecting_ = false;
 };
+
+// NCCL connects a pair at its first send/recv, inside the group launch, blocking until the peer
+// takes part (shm_segment.h invariant 5).
+Progress P2pOp::Connect(int64_t now) {
+  const auto p = static_cast<size_t>(a_.peer);
+  std::vector<bool>& connected = a_.is_send ? comm_->send_connected : comm_->recv_connected;
+  if (connected[p]) return Progress::kDone;
+  Chan* ch = Channel();
+  if (!connecting_) {
+    connecting_ = true;
+    wait_.Reset(now);
+    StoreRelease(a_.is_send ? ch->send_ready : ch->recv_ready, uint32_t{1});
+  }
+  if (LoadAcquire(a_.is_send ? ch->recv_ready : ch->send_ready) != 0) {
+    connected[p] = true;
+    return Progress::kDone;
+  }
+  return Waiting(now, false);
+}
 
 Progress P2pOp::Waiting(int64_t now, bool progressed) {
   const bool dead = wait_.LivenessDue(now) && PeerGone(*comm_->seg, a_.peer);

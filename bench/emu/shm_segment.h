@@ -28,6 +28,9 @@
 //     c % 2 only when `acked` >= c - 2, then publishes `sent` = c; the receiver copies it out after
 //     seeing `sent` >= c and publishes `acked` = c. recv_arrive_ns[m % 2] for message m is written
 //     by the receiver before it acks any chunk of m.
+//  5. Connection (first use of a channel, inside ncclGroupEnd): the sender sets `send_ready`, the
+//     receiver `recv_ready` (release, 0 -> 1 once); each side's connect is complete once it sees
+//     the other's flag (acquire).
 //
 // Thread-safety: a Segment object is owned by one communicator and used by one thread at a time.
 // Must never: block (TryOpen is a non-blocking attempt the caller repeats), or unlink a segment
@@ -96,11 +99,13 @@ struct alignas(64) ChunkHeader {
 };
 
 struct alignas(64) Chan {
-  uint64_t sent;  // atomic, sender-written
-  uint8_t pad0[56];
+  uint64_t sent;        // atomic, sender-written
+  uint32_t send_ready;  // atomic, sender-written: 1 once the sender reached its first connect
+  uint8_t pad0[52];
   uint64_t acked;  // atomic, receiver-written
   int64_t recv_arrive_ns[2];
-  uint8_t pad1[40];
+  uint32_t recv_ready;  // atomic, receiver-written: 1 once the receiver reached its first connect
+  uint8_t pad1[36];
   ChunkHeader hdr[2];
 };
 
