@@ -8,7 +8,7 @@
 // the emulator exports it (resolved once with dlsym(RTLD_DEFAULT, ...); the emulated device then
 // applies compute faults and noise itself), else host-side modelled compute (ComputeModel: a
 // sleep of nominal x falconEmuComputeFactor) on the calling thread.
-// Without a driver (no libcuda.so.1) streams and events are null and every wait is a no-op: the
+// Without a driver (no libcuda.so.1, or one that cannot open device `ordinal`) streams and events are null and every wait is a no-op: the
 // NCCL calls then complete before they return, which the program relies on nowhere else.
 // Where the driver lacks cuStreamWaitEvent, a stream wait becomes a host wait on the event
 // (stricter, still correct).
