@@ -64,6 +64,14 @@ Comms::~Comms() {
   }
 }
 
+void Comms::AbortAll() {
+  watchdog_.reset();
+  // Abort errors are not actionable: the job has failed already.
+  for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) (void)ncclCommAbort(*it);
+  owned_.clear();
+  mine_.clear();
+}
+
 ncclComm_t Comms::Find(Group g) const {
   const auto it = mine_.find(g);
   return it == mine_.end() ? nullptr : it->second;

@@ -62,6 +62,11 @@ class Comms {
   // rank 0 may remove a restart round's id file.
   [[nodiscard]] static Result<std::unique_ptr<Comms>> Create(const Shape& shape, int rank, const CommsOptions& options);
 
+  // After a failure: stops the watchdog and aborts every communicator (ncclCommAbort: work in
+  // flight is dropped, as PyTorch's abort does; a destroy could wait for peers that are gone).
+  // The Comms holds none afterwards.
+  void AbortAll();
+
   // This rank's communicator of group kind `g`, created now in lazy mode. REQUIRES: this rank is
   // a member of such a group (every rank is, except for embd / pos-embd).
   [[nodiscard]] Result<ncclComm_t> Get(Group g);

@@ -48,6 +48,7 @@ Status JobRun::Run() {
   std::fflush(stdout);
   trainer_.reset();  // before the communicators they use
   mtrainer_.reset();
+  if (!s.ok() && comms_ && !o_.world_sync) comms_->AbortAll();  // device work may still be in flight
   comms_.reset();
   device_.reset();
   return s;

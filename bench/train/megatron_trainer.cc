@@ -91,14 +91,14 @@ void MegatronTrainer::MaybeCorrupt(std::span<float> buf, int iter) const {
 // stream so far, the operation goes on its stream, an event marks its end, and (work.wait())
 // the compute stream waits for that event when it consumes the result.
 Status MegatronTrainer::Enqueue(Lane* lane, const std::function<ncclResult_t(ncclComm_t, StreamHandle)>& op,
-                                const char* what, bool compute_waits) {
+                                const char* what, Consumer consumer) {
   Result<ncclComm_t> comm = comms_->Get(lane->group);
   if (!comm.ok()) return comm.status();
   if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
   if (Status s = device_->StreamWait(lane->stream, compute_done_); !s.ok()) return s;
   if (Status s = NcclDone(op(comm.value(), lane->stream), comm.value(), what); !s.ok()) return s;
   if (Status s = device_->Record(lane->done, lane->stream); !s.ok()) return s;
-  if (compute_waits) return device_->StreamWait(compute_, lane->done);
+  if (consumer == Consumer::kCompute) return device_->StreamWait(compute_, lane->done);
   return Status::Ok();
 }
 
@@ -114,7 +114,8 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
     const Step& step = steps[i];
     const Status s = step.kind == StepKind::kExchange
                          ? RunExchange(iter, step.xchg)
-                         : RunCompute(iter, step.mb, step.kind, i == last_backward, micro_batches);
+                         : RunCompute(iter, step.mb, step.kind, i == last_backward ? Buckets::kReduce : Buckets::kAccumulate,
+                                      micro_batches);
     if (!s.ok()) return s;
   }
   if (Status s = FinishGradSync(iter, micro_batches); !s.ok()) return s;
@@ -128,7 +129,7 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
   return d;
 }
 
-Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, bool last_backward,
+Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, Buckets buckets,
                                    const std::vector<int>& micro_batches) {
   const bool fwd = kind == StepKind::kForward;
   for (int i = 0; i < options_.layers; ++i) {
@@ -147,7 +148,7 @@ Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, bool last_ba
       if (Status s = TpAllReduce(iter, mb, 2 * layer + sub, PayloadTag::kTpBackward); !s.ok()) return s;
     }
     // The layer's gradients are complete in the last micro-batch: its bucket goes now.
-    if (last_backward) {
+    if (buckets == Buckets::kReduce) {
       if (Status s = ReduceBucket(iter, layer, micro_batches); !s.ok()) return s;
     }
   }
@@ -166,7 +167,7 @@ Status MegatronTrainer::TpAllReduce(int iter, int mb, int sublayer, PayloadTag t
   const std::size_t n = tp_buf_.size();
   if (Status s = Enqueue(&tp_, [&](ncclComm_t c, StreamHandle st) {
         return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(tp)", /*compute_waits=*/true);
+      }, "ncclAllReduce(tp)", Consumer::kCompute);
       !s.ok()) {
     return s;
   }
@@ -210,7 +211,7 @@ Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
     const ncclResult_t end = ncclGroupEnd();  // always close the group, even after a failed enqueue
     return rc != ncclSuccess ? rc : end;
   };
-  if (Status s = Enqueue(&pp_, group, "pipeline batch_isend_irecv group", /*compute_waits=*/true); !s.ok()) return s;
+  if (Status s = Enqueue(&pp_, group, "pipeline batch_isend_irecv group", Consumer::kCompute); !s.ok()) return s;
   if (!options_.check) return Status::Ok();
   if (Status s = device_->HostWait(pp_.done); !s.ok()) return s;
   if (x.recv_fwd_from_prev) {
@@ -261,12 +262,12 @@ Status MegatronTrainer::ReduceBucket(int iter, int layer, const std::vector<int>
   if (distributed_optimizer()) {
     return Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
       return ncclReduceScatter(in, out, shard, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
-    }, "ncclReduceScatter(dp-cp bucket)", /*compute_waits=*/false);
+    }, "ncclReduceScatter(dp-cp bucket)", Consumer::kLater);
   }
   const std::size_t n = bucket_;
   return Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
     return ncclAllReduce(in, in, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
-  }, "ncclAllReduce(dp-cp bucket)", /*compute_waits=*/false);
+  }, "ncclAllReduce(dp-cp bucket)", Consumer::kLater);
 }
 
 Status MegatronTrainer::FinishGradSync(int iter, const std::vector<int>& micro_batches) {
@@ -303,7 +304,7 @@ Status MegatronTrainer::EmbeddingGrads(int iter) {
   const std::size_t n = embd_buf_.size();
   if (Status s = Enqueue(&embd_, [&](ncclComm_t c, StreamHandle st) {
         return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(embd)", /*compute_waits=*/true);
+      }, "ncclAllReduce(embd)", Consumer::kCompute);
       !s.ok()) {
     return s;
   }
@@ -325,7 +326,7 @@ Result<ControlDecision> MegatronTrainer::LossAndGradNorm(int iter, const Propose
   double* lb = loss_.data();
   if (Status s = Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
         return ncclAllReduce(lb, lb, n, ncclFloat64, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(dp-cp loss)", /*compute_waits=*/false);
+      }, "ncclAllReduce(dp-cp loss)", Consumer::kLater);
       !s.ok()) {
     return s;
   }
@@ -341,7 +342,7 @@ Result<ControlDecision> MegatronTrainer::LossAndGradNorm(int iter, const Propose
   double* nb = norm_.data();
   if (Status s = Enqueue(&mp_, [&](ncclComm_t c, StreamHandle st) {
         return ncclAllReduce(nb, nb, n, ncclFloat64, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(mp grad norm)", /*compute_waits=*/true);
+      }, "ncclAllReduce(mp grad norm)", Consumer::kCompute);
       !s.ok()) {
     return s;
   }
@@ -368,7 +369,7 @@ Status MegatronTrainer::GatherParams(int iter, const std::vector<int>& micro_bat
     float* out = param_.data() + b * bucket_;
     if (Status s = Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
           return ncclAllGather(in, out, shard, ncclFloat, c, static_cast<cudaStream_t>(st));
-        }, "ncclAllGather(dp-cp params)", /*compute_waits=*/false);
+        }, "ncclAllGather(dp-cp params)", Consumer::kLater);
         !s.ok()) {
       return s;
     }
@@ -409,7 +410,7 @@ Status MegatronTrainer::WorldBarrier() {
   std::int32_t* buf = barrier_.data();
   if (Status s = Enqueue(&world_, [&](ncclComm_t c, StreamHandle st) {
         return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(world barrier)", /*compute_waits=*/true);
+      }, "ncclAllReduce(world barrier)", Consumer::kCompute);
       !s.ok()) {
     return s;
   }
@@ -421,7 +422,7 @@ Status MegatronTrainer::WorldBroadcast(std::vector<std::int32_t>* payload) {
   const std::size_t n = payload->size();
   if (Status s = Enqueue(&world_, [&](ncclComm_t c, StreamHandle st) {
         return ncclBroadcast(buf, buf, n, ncclInt32, 0, c, static_cast<cudaStream_t>(st));
-      }, "ncclBroadcast(world plan payload)", /*compute_waits=*/false);
+      }, "ncclBroadcast(world plan payload)", Consumer::kLater);
       !s.ok()) {
     return s;
   }

@@ -92,9 +92,15 @@ class MegatronTrainer {
     std::vector<int> micro_batches;
   };
 
+  // Who reads an operation's result on the device: the compute stream (it waits for the
+  // operation's event), or nobody yet (a later explicit wait, or the host after HostWait).
+  enum class Consumer { kCompute, kLater };
+  // Whether a backward step is the last micro-batch's, whose gradients complete the buckets.
+  enum class Buckets { kAccumulate, kReduce };
+
   [[nodiscard]] Status Enqueue(Lane* lane, const std::function<ncclResult_t(ncclComm_t, StreamHandle)>& op,
-                               const char* what, bool compute_waits);
-  [[nodiscard]] Status RunCompute(int iter, int mb, StepKind kind, bool last_backward,
+                               const char* what, Consumer consumer);
+  [[nodiscard]] Status RunCompute(int iter, int mb, StepKind kind, Buckets buckets,
                                   const std::vector<int>& micro_batches);
   [[nodiscard]] Status TpAllReduce(int iter, int mb, int sublayer, PayloadTag tag);
   [[nodiscard]] Status RunExchange(int iter, const Exchange& x);
