@@ -363,7 +363,13 @@ Result<ControlDecision> MegatronTrainer::LossAndGradNorm(int iter, const Propose
 // The distributed optimizer's parameter all-gather, bucket by bucket, after the optimizer kernel.
 Status MegatronTrainer::GatherParams(int iter, const std::vector<int>& micro_batches) {
   const std::size_t shard = bucket_ / static_cast<std::size_t>(shape_.dp);
-  if (options_.check) std::fill(param_.begin(), param_.end(), -1.0f);  // every element must be overwritten
+  if (options_.check) {
+    // Every element must be overwritten; the host writes once the forward kernels that read the
+    // parameters are done.
+    if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
+    if (Status s = device_->HostWait(compute_done_); !s.ok()) return s;
+    std::fill(param_.begin(), param_.end(), -1.0f);
+  }
   for (std::size_t b = 0; b < static_cast<std::size_t>(options_.layers); ++b) {
     float* in = grad_shard_.data() + b * shard;
     float* out = param_.data() + b * bucket_;
