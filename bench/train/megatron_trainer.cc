@@ -233,12 +233,16 @@ Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
   return Status::Ok();
 }
 
-float MegatronTrainer::ExpectedGrad(int iter, const std::vector<int>& micro_batches, std::size_t i) const {
-  std::vector<GradKeyFn> keys;
+std::function<float(std::size_t)> MegatronTrainer::ExpectedGrad(int iter, const std::vector<int>& micro_batches,
+                                                                  std::size_t base) const {
+  std::vector<GradKeyFn> keys;  // built once per verification, not per element
   for (int d = 0; d < shape_.dp; ++d) {
-    keys.push_back([=, this](int mb) { return PayloadKey(PayloadTag::kDpGrad, {iter, mb, coords_.pp, coords_.tp, d}); });
+    const std::int64_t pp = coords_.pp, tp = coords_.tp;
+    keys.push_back([=](int mb) { return PayloadKey(PayloadTag::kDpGrad, {iter, mb, pp, tp, d}); });
   }
-  return WeightedGradSum(keys, micro_batches, i);
+  return [keys = std::move(keys), micro_batches, base](std::size_t i) {
+    return WeightedGradSum(keys, micro_batches, base + i);
+  };
 }
 
 Status MegatronTrainer::ReduceBucket(int iter, int layer, const std::vector<int>& micro_batches) {
@@ -279,7 +283,7 @@ Status MegatronTrainer::FinishGradSync(int iter, const std::vector<int>& micro_b
     const std::size_t base = b * bucket_ + (distributed_optimizer() ? shard * static_cast<std::size_t>(coords_.dp) : 0);
     std::span<const float> got = distributed_optimizer() ? std::span<const float>(grad_shard_).subspan(b * shard, shard)
                                                           : std::span<const float>(grad_).subspan(b * bucket_, bucket_);
-    if (Status s = Verify(got, [&](std::size_t i) { return ExpectedGrad(iter, micro_batches, base + i); },
+    if (Status s = Verify(got, ExpectedGrad(iter, micro_batches, base),
                           Rotation(iter, 0, 0) + b, 1e-5,
                           Where(iter, -1) + " DP gradient " + (distributed_optimizer() ? "reduce-scatter" : "all-reduce") +
                               " bucket " + std::to_string(b) + " (offset " + std::to_string(base) + ")");
@@ -394,7 +398,7 @@ Status MegatronTrainer::WaitParams(int layer) {
   if (!options_.check) return device_->StreamWait(compute_, gathered_[b]);
   if (Status s = device_->HostWait(gathered_[b]); !s.ok()) return s;
   return Verify(std::span<const float>(param_).subspan(b * bucket_, bucket_),
-                [&](std::size_t i) { return ExpectedGrad(p.iter, p.micro_batches, b * bucket_ + i); },
+                ExpectedGrad(p.iter, p.micro_batches, b * bucket_),
                 Rotation(p.iter, 0, 1) + b, 1e-5,
                 Where(p.iter, -1) + " DP parameter all-gather bucket " + std::to_string(b));
 }

@@ -112,7 +112,9 @@ class MegatronTrainer {
   [[nodiscard]] Status WaitParams(int layer);
   [[nodiscard]] Status Verify(std::span<const float> buf, const std::function<float(std::size_t)>& expect,
                               std::uint64_t rotation, double tolerance, const std::string& what) const;
-  [[nodiscard]] float ExpectedGrad(int iter, const std::vector<int>& micro_batches, std::size_t i) const;
+  // Element i of the expectation = the weighted DP gradient sum at element base + i.
+  [[nodiscard]] std::function<float(std::size_t)> ExpectedGrad(int iter, const std::vector<int>& micro_batches,
+                                                               std::size_t base) const;
   [[nodiscard]] std::string Where(int iter, int mb) const;
   void MaybeCorrupt(std::span<float> buf, int iter) const;
   [[nodiscard]] bool distributed_optimizer() const { return options_.dp_mode == DpMode::kReduceScatterAllGather; }
