@@ -35,14 +35,22 @@ Status JobRun::Run() {
     for (const IterationRecord& it : report_.iterations) nodes.insert(it.node);
     report_.faults = FaultsAffecting(*faults_, env_.rank, std::vector<int>(nodes.begin(), nodes.end()));
   }
+  if (comms_) {
+    report_.comm_groups = comms_->created();
+    report_.world_splits = comms_->splits();
+    report_.watchdog_polls = comms_->watchdog_polls();
+  }
   if (!o_.report.empty()) {
     const Status w = WriteReport(o_.report, report_);
     if (s.ok()) s = w;
   }
   if (env_.rank == 0) std::printf("%s\n", SummaryLine(report_).c_str());
   std::fflush(stdout);
-  trainer_.reset();  // before the communicators it uses
+  trainer_.reset();  // before the communicators they use
+  mtrainer_.reset();
+  if (!s.ok() && comms_ && !o_.world_sync) comms_->AbortAll();  // device work may still be in flight
   comms_.reset();
+  device_.reset();
   return s;
 }
 
@@ -87,6 +95,11 @@ Status JobRun::Setup() {
 Status JobRun::StartComms(int round) {
   CommsOptions co;
   co.id_timeout_s = env_.id_timeout_s;
+  co.id_file = env_.id_file;
+  co.megatron = !o_.world_sync;
+  co.lazy = o_.lazy_init;
+  co.nonblocking = o_.nonblocking;
+  co.watchdog = !o_.world_sync && o_.watchdog;
   if (round > 0) {
     if (env_.id_file.empty()) return Status::Unavailable("restart: no FALCON_EMU_ID_FILE to exchange the new unique id");
     co.id_file = env_.id_file + ".restart" + std::to_string(round);
@@ -95,19 +108,66 @@ Status JobRun::StartComms(int round) {
   if (!comms.ok()) return comms.status();
   comms_ = std::move(comms).value();
   // Every rank has read the id once the world exists: the round's file is no longer needed.
-  if (round > 0 && env_.rank == 0) std::remove(co.id_file.c_str());
+  if (round > 0 && env_.rank == 0 && !o_.lazy_init) std::remove(co.id_file.c_str());
   if (!compute_) {
     const int rank = env_.rank;
     compute_ = std::make_unique<ComputeModel>([rank](double t) { return falconEmuComputeFactor(rank, t); },
                                               [this] { return Now(); });
   }
-  trainer_ = std::make_unique<Trainer>(o_, env_.rank, *comms_, compute_.get());
-  return Status::Ok();
+  if (o_.world_sync) {
+    trainer_ = std::make_unique<Trainer>(o_, env_.rank, *comms_, compute_.get());
+    return Status::Ok();
+  }
+  if (!device_) {
+    // The local GPU: the rank's seat on its node (the emulated driver has 8 devices).
+    const int ordinal = env_.rank % std::max(1, env_.ranks_per_node) % 8;
+    Result<std::unique_ptr<Device>> dev = Device::Open(ordinal, compute_.get());
+    if (!dev.ok()) return dev.status();
+    device_ = std::move(dev).value();
+    report_.device_streams = device_->has_driver();
+    report_.device_compute = device_->device_compute();
+  }
+  mtrainer_ = std::make_unique<MegatronTrainer>(o_, env_.rank, comms_.get(), device_.get());
+  return mtrainer_->Init();
 }
 
 Status JobRun::Barrier() {
+  if (!o_.world_sync) return mtrainer_->WorldBarrier();
   std::int32_t x = 1;
   return NcclStatus(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comms_->world(), nullptr), "ncclAllReduce(world barrier)");
+}
+
+Status JobRun::Drain() { return mtrainer_ ? mtrainer_->Drain() : Status::Ok(); }
+
+ControlDecision JobRun::MakeProposal(int iter) {
+  ControlDecision p;
+  if (env_.rank == 0) {
+    p.stop = (o_.iters > 0 && iter + 1 >= o_.iters) || (o_.duration_s > 0 && Now() >= o_.duration_s);
+    if (!p.stop) p.plan = Propose();
+  }
+  proposal_ = p;
+  return p;
+}
+
+Status JobRun::ReceivePayload(const ControlDecision& proposal, ControlDecision* d) {
+  if (!d->plan || PayloadSize(*d->plan) == 0) return Status::Ok();
+  Announcement& a = *d->plan;
+  std::vector<std::int32_t> payload(PayloadSize(a), 0);
+  if (env_.rank == 0) {
+    if (!proposal.plan) return Status::Corrupt("control word: a plan rank 0 did not announce");
+    payload = PackPayload(*proposal.plan);
+  }
+  if (o_.world_sync) {
+    if (Status s = NcclStatus(ncclBroadcast(payload.data(), payload.data(), payload.size(), ncclInt32, 0,
+                                            comms_->world(), nullptr),
+                              "ncclBroadcast(world plan payload)");
+        !s.ok()) {
+      return s;
+    }
+  } else if (Status s = mtrainer_->WorldBroadcast(&payload); !s.ok()) {
+    return s;
+  }
+  return UnpackPayload(payload, &a);
 }
 
 Result<ControlDecision> JobRun::Agree(const ControlDecision& proposal) {
@@ -118,22 +178,21 @@ Result<ControlDecision> JobRun::Agree(const ControlDecision& proposal) {
       !s.ok()) {
     return s;
   }
-  Result<ControlDecision> d = UnpackControl(word, env_.world_size, o_.shape.dp);
-  if (!d.ok() || !d.value().plan || PayloadSize(*d.value().plan) == 0) return d;
-  Announcement& a = *d.value().plan;
-  std::vector<std::int32_t> payload(PayloadSize(a), 0);
-  if (env_.rank == 0) {
-    if (!proposal.plan) return Status::Corrupt("control word: a plan rank 0 did not announce");
-    payload = PackPayload(*proposal.plan);
+  return UnpackControl(word, env_.world_size, o_.shape.dp);
+}
+
+Result<ControlDecision> JobRun::Step(int iter) {
+  Result<ControlDecision> d = Status::Ok();
+  if (o_.world_sync) {
+    if (Status s = trainer_->RunIteration(iter, state_.micro_batches); !s.ok()) return s;
+    d = Agree(MakeProposal(iter));
+  } else {
+    d = mtrainer_->RunIteration(iter, state_.micro_batches, [this, iter] { return MakeProposal(iter); });
   }
-  if (Status s = NcclStatus(ncclBroadcast(payload.data(), payload.data(), payload.size(), ncclInt32, 0, comms_->world(),
-                                          nullptr),
-                            "ncclBroadcast(world plan payload)");
-      !s.ok()) {
-    return s;
-  }
-  if (Status s = UnpackPayload(payload, &a); !s.ok()) return s;
-  return d;
+  if (!d.ok()) return d;
+  ControlDecision decision = std::move(d).value();
+  if (Status s = ReceivePayload(proposal_, &decision); !s.ok()) return s;
+  return decision;
 }
 
 Status JobRun::Loop() {
@@ -141,13 +200,7 @@ Status JobRun::Loop() {
     const double start = Now();
     compute_->TakeMaxFactor();
     const int node = falconEmuNodeOf(env_.rank);
-    if (Status s = trainer_->RunIteration(iter, state_.micro_batches); !s.ok()) return s;
-    ControlDecision proposal;
-    if (env_.rank == 0) {
-      proposal.stop = (o_.iters > 0 && iter + 1 >= o_.iters) || (o_.duration_s > 0 && Now() >= o_.duration_s);
-      if (!proposal.stop) proposal.plan = Propose();
-    }
-    Result<ControlDecision> d = Agree(proposal);
+    Result<ControlDecision> d = Step(iter);
     if (!d.ok()) return d.status();
     const double end = Now();
     report_.iterations.push_back({iter, start, end - start,
@@ -156,7 +209,11 @@ Status JobRun::Loop() {
     highest_iter_run_ = std::max(highest_iter_run_, iter);
     Progress(iter);
     int next = iter + 1;
-    MaybeCheckpoint(next);  // the state after this iteration is complete: a restart now loses nothing
+    // The state after this iteration is complete: a restart now loses nothing.
+    if (Result<bool> c = MaybeCheckpoint(next); !c.ok()) return c.status();
+    if (d.value().plan || d.value().stop) {
+      if (Status s = Drain(); !s.ok()) return s;
+    }
     if (d.value().plan) {
       if (Status s = Apply(*d.value().plan, end, &next); !s.ok()) return s;
     }

@@ -1,9 +1,10 @@
 // The run loop of one falcon-train-emu rank: builds the communicators and the trainer, runs
 // iterations until rank 0 decides to stop, agrees on stop and mitigation plans through the
-// per-iteration control all-reduce (control_word.h), applies S1..S4 plans (job_run.h), records
-// the ground truth and writes the report.
+// control word (control_word.h: carried by the DP loss and MP grad-norm all-reduces, or with
+// --world-sync a world all-reduce of its own), applies S1..S4 plans (job_run.h), records the
+// ground truth and writes the report.
 //
-// Thread-safety: one thread per process. Must never: let ranks disagree on the iteration at
+// Thread-safety: one training thread per process (and a watchdog thread, comms.h). Must never: let ranks disagree on the iteration at
 // which they stop or switch plans (only the control word decides), or skip the report on an
 // error that happens after the options were accepted.
 #ifndef FALCON_BENCH_TRAIN_JOB_H_

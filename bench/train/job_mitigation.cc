@@ -137,6 +137,7 @@ Status JobRun::Restart(const Announcement& a, double decided_at, const std::vect
   r.restart_s = o_.restart_s;
   r.exclude_nodes = a.exclude_nodes;
   trainer_.reset();
+  mtrainer_.reset();  // drained at the boundary
   comms_.reset();  // destroys the world and its splits
   SleepFor(o_.restart_s);
   if (to != state_.placement) {
@@ -154,8 +155,8 @@ Status JobRun::Restart(const Announcement& a, double decided_at, const std::vect
   return Status::Ok();
 }
 
-void JobRun::MaybeCheckpoint(int next_iter) {
-  if (next_iter <= checkpoint_.next_iter || next_iter % o_.checkpoint_every != 0) return;
+Result<bool> JobRun::MaybeCheckpoint(int next_iter) {
+  if (next_iter <= checkpoint_.next_iter || next_iter % o_.checkpoint_every != 0) return false;
   checkpoint_ = {next_iter};
   ++report_.checkpoints.taken;
   report_.checkpoints.last_iter = next_iter;
@@ -169,6 +170,14 @@ void JobRun::MaybeCheckpoint(int next_iter) {
     recent /= static_cast<double>(k);
     ack_.ReportCost(static_cast<std::uint32_t>(Strategy::kRestart), o_.restart_s + 0.5 * o_.checkpoint_every * recent);
   }
+  if (o_.checkpoint_save_ms > 0) {
+    // A modelled save (the device idle first, as a state_dict copy synchronises it), then
+    // torch.distributed.barrier(): every rank has saved before training goes on.
+    if (Status s = Drain(); !s.ok()) return s;
+    SleepFor(o_.checkpoint_save_ms * 1e-3);
+    if (Status s = Barrier(); !s.ok()) return s;
+  }
+  return true;
 }
 
 }  // namespace falcon::train

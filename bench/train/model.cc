@@ -29,11 +29,16 @@ void SleepFor(double seconds) {
   }
 }
 
-double ComputeModel::Run(double base_ms) {
-  if (base_ms <= 0) return 1;
+double ComputeModel::Observe() {
   double f = factor_ ? factor_(clock_ ? clock_() : 0) : 1;
   if (!(f >= 1)) f = 1;  // also maps NaN to 1
   max_factor_ = std::max(max_factor_, f);
+  return f;
+}
+
+double ComputeModel::Run(double base_ms) {
+  if (base_ms <= 0) return 1;
+  const double f = Observe();
   SleepFor(base_ms * f * 1e-3);
   return f;
 }

@@ -39,6 +39,9 @@ class ComputeModel {
   // Sleeps for base_ms times the factor in force when the phase starts (sampled once per phase).
   // Returns the factor used.
   double Run(double base_ms);
+  // Samples the factor in force now into TakeMaxFactor's record without sleeping (compute that
+  // the emulated device runs and slows itself). Returns it.
+  double Observe();
 
   // Largest factor used since the last call (1 when none); resets it.
   double TakeMaxFactor();
@@ -57,7 +60,7 @@ void SleepFor(double seconds);
 // --- Payloads -------------------------------------------------------------------------------
 
 // What a buffer carries; part of every payload key.
-enum class PayloadTag : std::int64_t { kActivation = 1, kActivationGrad, kTpForward, kTpBackward, kDpGrad };
+enum class PayloadTag : std::int64_t { kActivation = 1, kActivationGrad, kTpForward, kTpBackward, kDpGrad, kEmbeddingGrad };
 
 // A 64-bit key over the fields (FNV-1a style mixing of each value).
 [[nodiscard]] std::uint64_t PayloadKey(PayloadTag tag, std::initializer_list<std::int64_t> fields);

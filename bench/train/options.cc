@@ -72,8 +72,11 @@ const std::vector<OptionSpec>& Table() {
        [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e6, &o->optimizer_ms); }},
       {"--grad-bytes", "B", "DP gradient bytes per rank (default layers*12*H*H/tp*2)",
        [](Options* o, const std::string& v) { return ParseSize(v, std::size_t{1} << 32, &o->grad_bytes); }},
-      {"--dp-mode", "MODE", "allreduce (default) or rs-ag (reduce-scatter + all-gather)",
+      {"--dp-mode", "MODE", "rs-ag (distributed optimizer: bucketed reduce-scatter + parameter all-gather; the "
+       "default) or allreduce (bucketed gradient all-reduce); --world-sync: one all-reduce (default) or one "
+       "reduce-scatter + all-gather after the backward",
        [](Options* o, const std::string& v) -> std::string {
+         o->dp_mode_given = true;
          if (v == "allreduce") o->dp_mode = DpMode::kAllReduce;
          else if (v == "rs-ag") o->dp_mode = DpMode::kReduceScatterAllGather;
          else return "'" + v + "' is not allreduce or rs-ag";
@@ -112,6 +115,22 @@ const std::vector<OptionSpec>& Table() {
       {"--inject-corruption", "ITER", "test hook for --check: in iteration ITER every rank perturbs one element of "
        "each buffer it sends or contributes, so the receivers' checks must fail (exit 1)",
        [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->inject_corruption); }},
+      {"--world-sync", nullptr, "legacy, kinder mode: the world, tp, dp and pp communicators only, synchronous "
+       "NCCL calls, host-side compute, one gradient reduction after the backward and a world all-reduce of the "
+       "control word every iteration; no watchdog",
+       [](Options* o, const std::string&) { o->world_sync = true; return std::string(); }},
+      {"--lazy-init", nullptr, "create each process group's communicator at its first use, by its members "
+       "(ncclCommInitRank), instead of splitting the world for every group at start-up",
+       [](Options* o, const std::string&) { o->lazy_init = true; return std::string(); }},
+      {"--nonblocking", nullptr, "nonblocking communicators (ncclConfig_t.blocking = 0), polled with "
+       "ncclCommGetAsyncError until ready",
+       [](Options* o, const std::string&) { o->nonblocking = true; return std::string(); }},
+      {"--no-watchdog", nullptr, "no watchdog thread (default: one polls ncclCommGetAsyncError on every "
+       "communicator every 100 ms and ends the process on an asynchronous error)",
+       [](Options* o, const std::string&) { o->watchdog = false; return std::string(); }},
+      {"--checkpoint-save-ms", "MS", "modelled time to save each checkpoint (default 0 = nothing modelled); when "
+       "> 0 every checkpoint drains the device, sleeps MS and ends in a world barrier",
+       [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e7, &o->checkpoint_save_ms); }},
       {"--help", nullptr, "this text",
        [](Options* o, const std::string&) { o->help = true; return std::string(); }},
   };
@@ -186,6 +205,10 @@ Result<Options> ParseOptions(int argc, const char* const* argv) {
     }
   }
   if (o.iters == 0 && o.duration_s == 0) o.iters = Options::kDefaultIters;
+  if (!o.world_sync && !o.dp_mode_given) o.dp_mode = DpMode::kReduceScatterAllGather;  // distributed optimizer
+  if (o.world_sync && (o.lazy_init || o.nonblocking)) {
+    return Status::InvalidArgument("--lazy-init and --nonblocking model PyTorch's communicators; not with --world-sync");
+  }
   if (o.falcon_plans && !o.plan_file.empty()) {
     return Status::InvalidArgument("--plan-file and --falcon-plans are alternatives: choose one plan source");
   }
@@ -195,7 +218,8 @@ Result<Options> ParseOptions(int argc, const char* const* argv) {
 std::string UsageText() {
   std::string out =
       "usage: falcon-emu-run -n N [launcher options] -- falcon-train-emu [options]\n"
-      "Emulated TP x DP x PP trainer: 1F1B micro-batches, modelled compute, real NCCL calls.\n";
+      "Emulated TP x DP x PP trainer as PyTorch + Megatron-LM run it: 1F1B micro-batches, modelled compute on\n"
+      "streams, real NCCL calls, no world collective per iteration (--world-sync: the legacy mode).\n";
   for (const OptionSpec& s : Table()) {
     std::string left = std::string("  ") + s.name + (s.arg ? std::string(" ") + s.arg : "");
     if (left.size() < 24) left.resize(24, ' ');

@@ -27,7 +27,8 @@ struct Options {
   double compute_ms = 2;          // --compute-ms: forward of one layer for one micro-batch
   double optimizer_ms = 1;        // --optimizer-ms: optimizer step per iteration
   std::size_t grad_bytes = 0;     // --grad-bytes: DP gradient bytes; 0 = derived (GradBytes)
-  DpMode dp_mode = DpMode::kAllReduce;  // --dp-mode allreduce|rs-ag
+  DpMode dp_mode = DpMode::kAllReduce;  // --dp-mode allreduce|rs-ag (default rs-ag unless --world-sync)
+  bool dp_mode_given = false;     // --dp-mode was on the command line
   int iters = 0;                  // --iters: 0 = not given
   double duration_s = 0;          // --duration-s: 0 = not given
   bool check = false;             // --check
@@ -40,6 +41,11 @@ struct Options {
   int spare_nodes = 0;            // --spare-nodes N: idle emulated nodes after the job's
   std::size_t state_bytes = 0;    // --state-bytes: per-rank parameter + optimizer bytes; 0 = derived
   int inject_corruption = -1;     // --inject-corruption ITER: test hook (with --check), -1 = off
+  bool world_sync = false;        // --world-sync: the legacy mode (world control all-reduce)
+  bool lazy_init = false;         // --lazy-init: communicators at first use
+  bool nonblocking = false;       // --nonblocking: ncclConfig_t.blocking = 0
+  bool watchdog = true;           // --no-watchdog turns it off (always off with --world-sync)
+  double checkpoint_save_ms = 0;  // --checkpoint-save-ms: modelled save + world barrier per checkpoint
   bool help = false;              // --help / -h
 
   // Activation (and activation-gradient) message bytes: b * S * H * 2 (bf16-sized payload).

@@ -55,6 +55,29 @@ TEST(OptionsTest, ParsesEveryKind) {
   EXPECT_EQ(o.value().plan_file, "/tmp/p.json");
 }
 
+TEST(OptionsTest, ModesAndTheirDefaults) {
+  const Result<Options> def = Parse({});
+  ASSERT_TRUE(def.ok());
+  EXPECT_FALSE(def.value().world_sync);
+  EXPECT_TRUE(def.value().watchdog);
+  EXPECT_EQ(def.value().dp_mode, DpMode::kReduceScatterAllGather);  // the distributed optimizer
+  const Result<Options> legacy = Parse({"--world-sync"});
+  ASSERT_TRUE(legacy.ok());
+  EXPECT_TRUE(legacy.value().world_sync);
+  EXPECT_EQ(legacy.value().dp_mode, DpMode::kAllReduce);
+  const Result<Options> ar = Parse({"--dp-mode", "allreduce", "--lazy-init", "--nonblocking", "--no-watchdog",
+                                    "--checkpoint-save-ms", "5"});
+  ASSERT_TRUE(ar.ok()) << ar.status().ToString();
+  EXPECT_EQ(ar.value().dp_mode, DpMode::kAllReduce);
+  EXPECT_TRUE(ar.value().lazy_init);
+  EXPECT_TRUE(ar.value().nonblocking);
+  EXPECT_FALSE(ar.value().watchdog);
+  EXPECT_DOUBLE_EQ(ar.value().checkpoint_save_ms, 5);
+  const Result<Options> bad = Parse({"--world-sync", "--lazy-init"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not with --world-sync"), std::string::npos);
+}
+
 TEST(OptionsTest, RejectsBadInput) {
   struct Case { std::vector<const char*> args; const char* says; };
   for (const Case& c : {Case{{"--bogus"}, "unknown option --bogus"}, Case{{"--tp"}, "needs a value"},

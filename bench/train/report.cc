@@ -38,7 +38,9 @@ json ConfigJson(const Options& o) {
           {"iters", o.iters}, {"duration_s", o.duration_s}, {"plan_file", o.plan_file},
           {"plan_source", o.falcon_plans ? "falcon" : (o.plan_file.empty() ? "none" : "file")},
           {"checkpoint_every", o.checkpoint_every}, {"restart_s", o.restart_s}, {"spare_nodes", o.spare_nodes},
-          {"state_bytes", o.StateBytes()}};
+          {"state_bytes", o.StateBytes()}, {"mode", o.world_sync ? "world-sync" : "megatron"},
+          {"lazy_init", o.lazy_init}, {"nonblocking", o.nonblocking}, {"watchdog", o.watchdog && !o.world_sync},
+          {"checkpoint_save_ms", o.checkpoint_save_ms}};
 }
 
 json PlanJson(const PlanRecord& p) {
@@ -132,7 +134,11 @@ std::string ReportJson(const ReportData& r, int indent) {
       {"restarts", restarts},
       {"checkpoints", {{"every", r.checkpoints.every}, {"taken", r.checkpoints.taken},
                        {"last_iter", r.checkpoints.last_iter}}},
-      {"faults", faults}, {"summary", SummaryJson(r)}};
+      {"faults", faults},
+      {"runtime", {{"comm_groups", r.comm_groups}, {"world_splits", r.world_splits},
+                   {"watchdog_polls", r.watchdog_polls}, {"device_streams", r.device_streams},
+                   {"device_compute", r.device_compute}}},
+      {"summary", SummaryJson(r)}};
   // Strings here are ours or come from UTF-8 clean messages; replace keeps dump() exception-free.
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }

@@ -132,6 +132,12 @@ struct ReportData {
   std::vector<RestartRecord> restarts;
   CheckpointStats checkpoints;
   std::vector<AffectingFault> faults;
+  // The communicators and threads, as the run made them (the last set after a restart).
+  std::vector<std::string> comm_groups;  // "name.index" in creation order
+  int world_splits = 0;                  // ncclCommSplit calls on the world (members and not)
+  std::uint64_t watchdog_polls = 0;      // polling rounds of the watchdog thread
+  bool device_streams = false;           // a driver was loaded: work ran on streams
+  bool device_compute = false;           // compute was enqueued on the device (falconEmuLaunchCompute)
 };
 
 // `nodes`: every node the rank ran on.

@@ -1,4 +1,6 @@
-// One rank of the emulated hybrid-parallel trainer: runs one training iteration at a time.
+// One rank of the emulated hybrid-parallel trainer in the legacy mode (--world-sync): runs one
+// training iteration at a time with synchronous NCCL calls and host-side compute. The default
+// mode is megatron_trainer.h.
 //
 // An iteration is the 1F1B schedule of this rank's pipeline stage (schedule.h) over the
 // micro-batches of its DP replica; per micro-batch and layer, forward = modelled compute + a TP

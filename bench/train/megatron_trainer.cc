@@ -1,0 +1,442 @@
+// One training iteration of one rank as PyTorch + Megatron-LM run it; see megatron_trainer.h.
+#include "megatron_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace falcon::train {
+namespace {
+
+std::size_t Floats(std::size_t bytes) { return std::max<std::size_t>(1, bytes / sizeof(float)); }
+
+std::uint64_t Rotation(int iter, int mb, int layer) {
+  return static_cast<std::uint64_t>(iter) * 131 + static_cast<std::uint64_t>(mb) * 7 + static_cast<std::uint64_t>(layer);
+}
+
+}  // namespace
+
+MegatronTrainer::MegatronTrainer(const Options& options, int rank, Comms* comms, Device* device)
+    : options_(options),
+      shape_(options.shape),
+      rank_(rank),
+      coords_(CoordsOf(options.shape, rank)),
+      comms_(comms),
+      device_(device) {}
+
+Status MegatronTrainer::Init() {
+  tp_.group = Group::kTp;
+  pp_.group = Group::kPp;
+  dp_.group = Group::kDpCp;
+  mp_.group = Group::kMp;
+  embd_.group = Group::kEmbd;
+  world_.group = Group::kWorld;
+  Result<StreamHandle> cs = device_->NewStream();
+  if (!cs.ok()) return cs.status();
+  compute_ = cs.value();
+  Result<EventHandle> ce = device_->NewEvent();
+  if (!ce.ok()) return ce.status();
+  compute_done_ = ce.value();
+  for (Lane* lane : {&tp_, &pp_, &dp_, &mp_, &embd_, &world_}) {
+    Result<StreamHandle> s = device_->NewStream();
+    if (!s.ok()) return s.status();
+    Result<EventHandle> e = device_->NewEvent();
+    if (!e.ok()) return e.status();
+    lane->stream = s.value();
+    lane->done = e.value();
+  }
+  const std::size_t layers = static_cast<std::size_t>(options_.layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    Result<EventHandle> e = device_->NewEvent();
+    if (!e.ok()) return e.status();
+    gathered_.push_back(e.value());
+  }
+  const std::size_t act = Floats(options_.ActivationBytes());
+  tp_buf_.assign(act, 0);
+  fwd_send_.assign(act, 0);
+  fwd_recv_.assign(act, 0);
+  bwd_send_.assign(act, 0);
+  bwd_recv_.assign(act, 0);
+  embd_buf_.assign(act, 0);
+  const std::size_t dp = static_cast<std::size_t>(shape_.dp);
+  const std::size_t per_layer = (Floats(options_.GradBytes()) + layers - 1) / layers;
+  bucket_ = (per_layer + dp - 1) / dp * dp;  // a reduce-scatter needs dp | count
+  grad_.assign(bucket_ * layers, 0);
+  grad_shard_.assign(grad_.size() / dp, 0);
+  param_.assign(grad_.size(), 0);
+  pending_.assign(layers, PendingGather{});
+  return Status::Ok();
+}
+
+std::string MegatronTrainer::Where(int iter, int mb) const {
+  std::string s = "rank " + std::to_string(rank_) + " (tp " + std::to_string(coords_.tp) + ", dp " +
+                  std::to_string(coords_.dp) + ", pp " + std::to_string(coords_.pp) + ") iteration " +
+                  std::to_string(iter);
+  if (mb >= 0) s += " micro-batch " + std::to_string(mb);
+  return s;
+}
+
+Status MegatronTrainer::Verify(std::span<const float> buf, const std::function<float(std::size_t)>& expect,
+                               std::uint64_t rotation, double tolerance, const std::string& what) const {
+  if (auto m = VerifySample(buf, expect, rotation, tolerance)) {
+    return Status::Corrupt("check failed: " + DescribeMismatch(what, *m));
+  }
+  return Status::Ok();
+}
+
+void MegatronTrainer::MaybeCorrupt(std::span<float> buf, int iter) const {
+  if (iter == options_.inject_corruption && !buf.empty()) buf.back() += 1000.0f;  // in every sample
+}
+
+// PyTorch's collective on a process group: its stream waits for the work enqueued on the compute
+// stream so far, the operation goes on its stream, an event marks its end, and (work.wait())
+// the compute stream waits for that event when it consumes the result.
+Status MegatronTrainer::Enqueue(Lane* lane, const std::function<ncclResult_t(ncclComm_t, StreamHandle)>& op,
+                                const char* what, Consumer consumer) {
+  Result<ncclComm_t> comm = comms_->Get(lane->group);
+  if (!comm.ok()) return comm.status();
+  if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
+  if (Status s = device_->StreamWait(lane->stream, compute_done_); !s.ok()) return s;
+  if (Status s = NcclDone(op(comm.value(), lane->stream), comm.value(), what); !s.ok()) return s;
+  if (Status s = device_->Record(lane->done, lane->stream); !s.ok()) return s;
+  if (consumer == Consumer::kCompute) return device_->StreamWait(compute_, lane->done);
+  return Status::Ok();
+}
+
+Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vector<int>& micro_batches,
+                                                      const ProposeFn& propose) {
+  const int m = micro_batches[static_cast<std::size_t>(coords_.dp)];
+  const std::vector<Step> steps = Build1F1B(shape_.pp, coords_.pp, m);
+  std::size_t last_backward = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].kind == StepKind::kBackward) last_backward = i;
+  }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Step& step = steps[i];
+    const Status s = step.kind == StepKind::kExchange
+                         ? RunExchange(iter, step.xchg)
+                         : RunCompute(iter, step.mb, step.kind, i == last_backward ? Buckets::kReduce : Buckets::kAccumulate,
+                                      micro_batches);
+    if (!s.ok()) return s;
+  }
+  if (Status s = FinishGradSync(iter, micro_batches); !s.ok()) return s;
+  if (Status s = EmbeddingGrads(iter); !s.ok()) return s;
+  Result<ControlDecision> d = LossAndGradNorm(iter, propose);
+  if (!d.ok()) return d;
+  if (Status s = device_->Compute(compute_, options_.optimizer_ms); !s.ok()) return s;
+  if (distributed_optimizer()) {
+    if (Status s = GatherParams(iter, micro_batches); !s.ok()) return s;
+  }
+  return d;
+}
+
+Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, Buckets buckets,
+                                   const std::vector<int>& micro_batches) {
+  const bool fwd = kind == StepKind::kForward;
+  for (int i = 0; i < options_.layers; ++i) {
+    const int layer = fwd ? i : options_.layers - 1 - i;  // backward walks the layers in reverse
+    if (fwd) {
+      // Attention then MLP, each ending in a row-parallel layer's TP all-reduce.
+      if (Status s = WaitParams(layer); !s.ok()) return s;
+      for (int sub = 0; sub < 2; ++sub) {
+        if (Status s = device_->Compute(compute_, options_.compute_ms / 2); !s.ok()) return s;
+        if (Status s = TpAllReduce(iter, mb, 2 * layer + sub, PayloadTag::kTpForward); !s.ok()) return s;
+      }
+      continue;
+    }
+    for (int sub = 1; sub >= 0; --sub) {
+      if (Status s = device_->Compute(compute_, options_.compute_ms); !s.ok()) return s;
+      if (Status s = TpAllReduce(iter, mb, 2 * layer + sub, PayloadTag::kTpBackward); !s.ok()) return s;
+    }
+    // The layer's gradients are complete in the last micro-batch: its bucket goes now.
+    if (buckets == Buckets::kReduce) {
+      if (Status s = ReduceBucket(iter, layer, micro_batches); !s.ok()) return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Status MegatronTrainer::TpAllReduce(int iter, int mb, int sublayer, PayloadTag tag) {
+  if (shape_.tp == 1) return Status::Ok();
+  auto key = [&](int tp_rank) { return PayloadKey(tag, {iter, mb, sublayer, coords_.pp, coords_.dp, tp_rank}); };
+  if (options_.check) {
+    if (Status s = device_->HostWait(tp_.done); !s.ok()) return s;  // the previous all-reduce is done with it
+    FillPayload(tp_buf_, key(coords_.tp));
+    MaybeCorrupt(tp_buf_, iter);
+  }
+  float* buf = tp_buf_.data();
+  const std::size_t n = tp_buf_.size();
+  if (Status s = Enqueue(&tp_, [&](ncclComm_t c, StreamHandle st) {
+        return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+      }, "ncclAllReduce(tp)", Consumer::kCompute);
+      !s.ok()) {
+    return s;
+  }
+  if (!options_.check) return Status::Ok();
+  if (Status s = device_->HostWait(tp_.done); !s.ok()) return s;
+  std::vector<std::uint64_t> keys;
+  for (int r = 0; r < shape_.tp; ++r) keys.push_back(key(r));
+  auto expect = [&keys](std::size_t i) {
+    float sum = 0;
+    for (std::uint64_t k : keys) sum += PayloadValue(k, i);
+    return sum;
+  };
+  const char* dir = tag == PayloadTag::kTpForward ? "forward" : "backward";
+  return Verify(tp_buf_, expect, Rotation(iter, mb, sublayer), 0,
+                Where(iter, mb) + " layer " + std::to_string(sublayer / 2) + (sublayer % 2 ? " MLP" : " attention") +
+                    " TP " + dir + " all-reduce");
+}
+
+// batch_isend_irecv: one group on the PP communicator, Megatron's op order.
+Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
+  const int stage = coords_.pp;
+  auto key = [&](PayloadTag tag, int mb, int from_stage) {
+    return PayloadKey(tag, {iter, mb, from_stage, coords_.dp, coords_.tp});
+  };
+  if (options_.check) {
+    if (Status s = device_->HostWait(pp_.done); !s.ok()) return s;  // earlier sends are done with the buffers
+    if (x.send_fwd_to_next) FillPayload(fwd_send_, key(PayloadTag::kActivation, x.send_fwd_mb, stage));
+    if (x.send_bwd_to_prev) FillPayload(bwd_send_, key(PayloadTag::kActivationGrad, x.send_bwd_mb, stage));
+    MaybeCorrupt(fwd_send_, iter);
+    MaybeCorrupt(bwd_send_, iter);
+  }
+  const std::size_t n = fwd_send_.size();
+  auto group = [&](ncclComm_t pp, StreamHandle st) {
+    auto s = static_cast<cudaStream_t>(st);
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) return rc;
+    if (x.send_bwd_to_prev && rc == ncclSuccess) rc = ncclSend(bwd_send_.data(), n, ncclFloat, stage - 1, pp, s);
+    if (x.recv_fwd_from_prev && rc == ncclSuccess) rc = ncclRecv(fwd_recv_.data(), n, ncclFloat, stage - 1, pp, s);
+    if (x.send_fwd_to_next && rc == ncclSuccess) rc = ncclSend(fwd_send_.data(), n, ncclFloat, stage + 1, pp, s);
+    if (x.recv_bwd_from_next && rc == ncclSuccess) rc = ncclRecv(bwd_recv_.data(), n, ncclFloat, stage + 1, pp, s);
+    const ncclResult_t end = ncclGroupEnd();  // always close the group, even after a failed enqueue
+    return rc != ncclSuccess ? rc : end;
+  };
+  if (Status s = Enqueue(&pp_, group, "pipeline batch_isend_irecv group", Consumer::kCompute); !s.ok()) return s;
+  if (!options_.check) return Status::Ok();
+  if (Status s = device_->HostWait(pp_.done); !s.ok()) return s;
+  if (x.recv_fwd_from_prev) {
+    const std::uint64_t k = key(PayloadTag::kActivation, x.recv_fwd_mb, stage - 1);
+    if (Status s = Verify(fwd_recv_, [k](std::size_t i) { return PayloadValue(k, i); }, Rotation(iter, x.recv_fwd_mb, 0),
+                          0, Where(iter, x.recv_fwd_mb) + " activation received from stage " + std::to_string(stage - 1));
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (x.recv_bwd_from_next) {
+    const std::uint64_t k = key(PayloadTag::kActivationGrad, x.recv_bwd_mb, stage + 1);
+    if (Status s = Verify(bwd_recv_, [k](std::size_t i) { return PayloadValue(k, i); }, Rotation(iter, x.recv_bwd_mb, 1),
+                          0, Where(iter, x.recv_bwd_mb) + " gradient received from stage " + std::to_string(stage + 1));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+std::function<float(std::size_t)> MegatronTrainer::ExpectedGrad(int iter, const std::vector<int>& micro_batches,
+                                                                  std::size_t base) const {
+  std::vector<GradKeyFn> keys;  // built once per verification, not per element
+  for (int d = 0; d < shape_.dp; ++d) {
+    const std::int64_t pp = coords_.pp, tp = coords_.tp;
+    keys.push_back([=](int mb) { return PayloadKey(PayloadTag::kDpGrad, {iter, mb, pp, tp, d}); });
+  }
+  return [keys = std::move(keys), micro_batches, base](std::size_t i) {
+    return WeightedGradSum(keys, micro_batches, base + i);
+  };
+}
+
+Status MegatronTrainer::ReduceBucket(int iter, int layer, const std::vector<int>& micro_batches) {
+  if (options_.check && layer == options_.layers - 1) {
+    // The first bucket of the iteration: the host writes every bucket's gradients once the
+    // previous iteration's reductions are done with them.
+    if (Status s = device_->HostWait(dp_.done); !s.ok()) return s;
+    const int mine = micro_batches[static_cast<std::size_t>(coords_.dp)];
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    for (int mb = 0; mb < mine; ++mb) {
+      AddPayload(grad_, PayloadKey(PayloadTag::kDpGrad, {iter, mb, coords_.pp, coords_.tp, coords_.dp}));
+    }
+    const float w = ReplicaWeight(mine, micro_batches);
+    for (float& g : grad_) g *= w;
+    MaybeCorrupt(grad_, iter);
+  }
+  const std::size_t l = static_cast<std::size_t>(layer);
+  float* in = grad_.data() + l * bucket_;
+  const std::size_t shard = bucket_ / static_cast<std::size_t>(shape_.dp);
+  float* out = grad_shard_.data() + l * shard;
+  if (distributed_optimizer()) {
+    return Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
+      return ncclReduceScatter(in, out, shard, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+    }, "ncclReduceScatter(dp-cp bucket)", Consumer::kLater);
+  }
+  const std::size_t n = bucket_;
+  return Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
+    return ncclAllReduce(in, in, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+  }, "ncclAllReduce(dp-cp bucket)", Consumer::kLater);
+}
+
+Status MegatronTrainer::FinishGradSync(int iter, const std::vector<int>& micro_batches) {
+  if (Status s = device_->StreamWait(compute_, dp_.done); !s.ok()) return s;
+  if (!options_.check) return Status::Ok();
+  if (Status s = device_->HostWait(dp_.done); !s.ok()) return s;
+  const std::size_t shard = bucket_ / static_cast<std::size_t>(shape_.dp);
+  for (std::size_t b = 0; b < static_cast<std::size_t>(options_.layers); ++b) {
+    const std::size_t base = b * bucket_ + (distributed_optimizer() ? shard * static_cast<std::size_t>(coords_.dp) : 0);
+    std::span<const float> got = distributed_optimizer() ? std::span<const float>(grad_shard_).subspan(b * shard, shard)
+                                                          : std::span<const float>(grad_).subspan(b * bucket_, bucket_);
+    if (Status s = Verify(got, ExpectedGrad(iter, micro_batches, base),
+                          Rotation(iter, 0, 0) + b, 1e-5,
+                          Where(iter, -1) + " DP gradient " + (distributed_optimizer() ? "reduce-scatter" : "all-reduce") +
+                              " bucket " + std::to_string(b) + " (offset " + std::to_string(base) + ")");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+// finalize_model_grads: the tied word-embedding gradients of the first and last stage.
+Status MegatronTrainer::EmbeddingGrads(int iter) {
+  const int stage = coords_.pp;
+  if (shape_.pp == 1 || (stage != 0 && stage != shape_.pp - 1)) return Status::Ok();
+  auto key = [&](int s) { return PayloadKey(PayloadTag::kEmbeddingGrad, {iter, coords_.dp, coords_.tp, s}); };
+  if (options_.check) {
+    if (Status s = device_->HostWait(embd_.done); !s.ok()) return s;
+    FillPayload(embd_buf_, key(stage));
+    MaybeCorrupt(embd_buf_, iter);
+  }
+  float* buf = embd_buf_.data();
+  const std::size_t n = embd_buf_.size();
+  if (Status s = Enqueue(&embd_, [&](ncclComm_t c, StreamHandle st) {
+        return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+      }, "ncclAllReduce(embd)", Consumer::kCompute);
+      !s.ok()) {
+    return s;
+  }
+  if (!options_.check) return Status::Ok();
+  if (Status s = device_->HostWait(embd_.done); !s.ok()) return s;
+  const std::uint64_t first = key(0), last = key(shape_.pp - 1);
+  return Verify(embd_buf_, [&](std::size_t i) { return PayloadValue(first, i) + PayloadValue(last, i); },
+                Rotation(iter, 0, 2), 0, Where(iter, -1) + " embedding gradient all-reduce");
+}
+
+// The loss over the DP group, then the grad norm over the model-parallel group, both read by the
+// host; the control word rides on both (megatron_trainer.h).
+Result<ControlDecision> MegatronTrainer::LossAndGradNorm(int iter, const ProposeFn& propose) {
+  const std::vector<std::int32_t> word = PackControl(propose(), shape_.dp);
+  const std::size_t n = word.size() + 1;
+  loss_.assign(n, 0);
+  loss_[0] = 1;  // this replica's loss
+  for (std::size_t i = 0; i < word.size(); ++i) loss_[i + 1] = word[i];
+  double* lb = loss_.data();
+  if (Status s = Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
+        return ncclAllReduce(lb, lb, n, ncclFloat64, ncclSum, c, static_cast<cudaStream_t>(st));
+      }, "ncclAllReduce(dp-cp loss)", Consumer::kLater);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = device_->HostWait(dp_.done); !s.ok()) return s;  // loss.item()
+  // Members after the DP sum: the DP group's size (word field 1).
+  if (loss_[0] != shape_.dp || loss_[2] != shape_.dp) {
+    return Status::Corrupt(Where(iter, -1) + ": loss all-reduce: " + std::to_string(loss_[0]) + " / " +
+                           std::to_string(loss_[2]) + " members, expected " + std::to_string(shape_.dp));
+  }
+  norm_.assign(n, 0);
+  norm_[0] = 1;  // this rank's share of the squared gradient norm
+  for (std::size_t i = 1; i < n; ++i) norm_[i] = loss_[i];
+  double* nb = norm_.data();
+  if (Status s = Enqueue(&mp_, [&](ncclComm_t c, StreamHandle st) {
+        return ncclAllReduce(nb, nb, n, ncclFloat64, ncclSum, c, static_cast<cudaStream_t>(st));
+      }, "ncclAllReduce(mp grad norm)", Consumer::kCompute);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = device_->HostWait(mp_.done); !s.ok()) return s;  // grad_norm.item()
+  if (norm_[0] != shape_.tp * shape_.pp) {
+    return Status::Corrupt(Where(iter, -1) + ": grad-norm all-reduce: " + std::to_string(norm_[0]) +
+                           " shares, expected " + std::to_string(shape_.tp * shape_.pp));
+  }
+  std::vector<std::int32_t> summed(word.size());
+  for (std::size_t i = 0; i < word.size(); ++i) {
+    const double v = norm_[i + 1];
+    if (v != std::floor(v) || std::fabs(v) > 2147483647.0) return Status::Corrupt("control word: not an integer");
+    summed[i] = static_cast<std::int32_t>(v);
+  }
+  return UnpackControl(summed, shape_.world(), shape_.dp);
+}
+
+// The distributed optimizer's parameter all-gather, bucket by bucket, after the optimizer kernel.
+Status MegatronTrainer::GatherParams(int iter, const std::vector<int>& micro_batches) {
+  const std::size_t shard = bucket_ / static_cast<std::size_t>(shape_.dp);
+  if (options_.check) {
+    // Every element must be overwritten; the host writes once the forward kernels that read the
+    // parameters are done.
+    if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
+    if (Status s = device_->HostWait(compute_done_); !s.ok()) return s;
+    std::fill(param_.begin(), param_.end(), -1.0f);
+  }
+  for (std::size_t b = 0; b < static_cast<std::size_t>(options_.layers); ++b) {
+    float* in = grad_shard_.data() + b * shard;
+    float* out = param_.data() + b * bucket_;
+    if (Status s = Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
+          return ncclAllGather(in, out, shard, ncclFloat, c, static_cast<cudaStream_t>(st));
+        }, "ncclAllGather(dp-cp params)", Consumer::kLater);
+        !s.ok()) {
+      return s;
+    }
+    if (Status s = device_->Record(gathered_[b], dp_.stream); !s.ok()) return s;
+    pending_[b] = {true, iter, micro_batches};
+  }
+  return Status::Ok();
+}
+
+// The forward pre-hook of a layer: its parameters must have arrived.
+Status MegatronTrainer::WaitParams(int layer) {
+  PendingGather& p = pending_[static_cast<std::size_t>(layer)];
+  if (!p.pending) return Status::Ok();
+  const std::size_t b = static_cast<std::size_t>(layer);
+  p.pending = false;
+  if (!options_.check) return device_->StreamWait(compute_, gathered_[b]);
+  if (Status s = device_->HostWait(gathered_[b]); !s.ok()) return s;
+  return Verify(std::span<const float>(param_).subspan(b * bucket_, bucket_),
+                ExpectedGrad(p.iter, p.micro_batches, b * bucket_),
+                Rotation(p.iter, 0, 1) + b, 1e-5,
+                Where(p.iter, -1) + " DP parameter all-gather bucket " + std::to_string(b));
+}
+
+Status MegatronTrainer::Drain() {
+  for (Lane* lane : {&tp_, &pp_, &dp_, &mp_, &embd_, &world_}) {
+    if (Status s = device_->HostWait(lane->done); !s.ok()) return s;
+  }
+  if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
+  if (Status s = device_->HostWait(compute_done_); !s.ok()) return s;
+  for (int l = 0; l < options_.layers; ++l) {
+    if (Status s = WaitParams(l); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+Status MegatronTrainer::WorldBarrier() {
+  barrier_.assign(1, 1);
+  std::int32_t* buf = barrier_.data();
+  if (Status s = Enqueue(&world_, [&](ncclComm_t c, StreamHandle st) {
+        return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, static_cast<cudaStream_t>(st));
+      }, "ncclAllReduce(world barrier)", Consumer::kCompute);
+      !s.ok()) {
+    return s;
+  }
+  return device_->HostWait(world_.done);
+}
+
+Status MegatronTrainer::WorldBroadcast(std::vector<std::int32_t>* payload) {
+  std::int32_t* buf = payload->data();
+  const std::size_t n = payload->size();
+  if (Status s = Enqueue(&world_, [&](ncclComm_t c, StreamHandle st) {
+        return ncclBroadcast(buf, buf, n, ncclInt32, 0, c, static_cast<cudaStream_t>(st));
+      }, "ncclBroadcast(world plan payload)", Consumer::kLater);
+      !s.ok()) {
+    return s;
+  }
+  return device_->HostWait(world_.done);
+}
+
+}  // namespace falcon::train

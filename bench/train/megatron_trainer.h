@@ -1,0 +1,146 @@
+// One rank of the emulated trainer as PyTorch + Megatron-LM run it (the default mode): one
+// training iteration at a time, device work on streams, the host running ahead until it reads a
+// result.
+//
+// Per iteration (megatron/core/pipeline_parallel/schedules.py, p2p_communication.py,
+// distributed/param_and_grad_buffer.py, optimizer/ as read; PyTorch's ProcessGroupNCCL stream
+// semantics):
+//  * compute (modelled kernels, device.h) on the compute stream; every process group's NCCL
+//    work on its own stream, which first waits for the compute stream (an event), and the compute
+//    stream waits for it in turn where it consumes the result (work.wait(): no host wait);
+//  * forward of a layer = attention kernel, TP all-reduce, MLP kernel, TP all-reduce (tp > 1);
+//    backward the same in reverse with 2x the kernel time;
+//  * pipeline traffic of the 1F1B schedule (schedule.h) as batch_isend_irecv: one
+//    ncclGroupStart/End on the PP communicator per exchange, in Megatron's op order (send_prev,
+//    recv_prev, send_next, recv_next);
+//  * gradients in one bucket per layer on the dp-cp group: during the last micro-batch's
+//    backward, a bucket is reduced as soon as its layer's gradients are complete (reduce-scatter
+//    for the distributed optimizer, --dp-mode rs-ag, the default; all-reduce with --dp-mode
+//    allreduce), overlapped with the rest of the backward; finish_grad_sync makes the compute
+//    stream wait for them;
+//  * embedding gradients all-reduced on the embedding group (first and last stage, pp > 1);
+//  * the loss all-reduced on the dp-cp group and read by the host (loss.item(): a host wait),
+//    then the grad norm all-reduced on the model-parallel group and read (grad_norm.item());
+//    both carry the control word (control_word.h): summed over DP then over MP, every rank
+//    gets the sum over the world (DP group x MP group = world), with no world collective;
+//  * the optimizer kernel, then (distributed optimizer) the parameter all-gather of every bucket,
+//    which the next iteration's forward of that layer waits for (overlapped with the forward).
+// With --check every received or reduced buffer is verified after a host wait on its stream.
+//
+// Thread-safety: one thread. Must never: let the host touch a buffer that device work still
+// reads or writes (it waits on the event recorded after that work first), issue collectives in a
+// rank-dependent order within a group, or continue after a failed check.
+#ifndef FALCON_BENCH_TRAIN_MEGATRON_TRAINER_H_
+#define FALCON_BENCH_TRAIN_MEGATRON_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comms.h"
+#include "control_word.h"
+#include "device.h"
+#include "falcon/status.h"
+#include "layout.h"
+#include "model.h"
+#include "options.h"
+#include "schedule.h"
+
+namespace falcon::train {
+
+class MegatronTrainer {
+ public:
+  // Rank 0's proposal for the iteration's control word (others get an empty one).
+  using ProposeFn = std::function<ControlDecision()>;
+
+  // REQUIRES: `comms` and `device` outlive the trainer; options.shape is valid for `rank`.
+  MegatronTrainer(const Options& options, int rank, Comms* comms, Device* device);
+
+  // Creates streams, events and buffers. Call once before RunIteration.
+  [[nodiscard]] Status Init();
+
+  // Runs iteration `iter` with `micro_batches[d]` micro-batches on DP replica d; calls
+  // `propose` once, after the backward, for this rank's contribution to the control word.
+  // Returns the decision every rank of the job gets in this iteration (an applied plan's payload
+  // vectors sized but not filled: control_word.h). Corrupt when --check found a wrong value or
+  // the word is corrupt; Unavailable when an NCCL or driver call failed.
+  [[nodiscard]] Result<ControlDecision> RunIteration(int iter, const std::vector<int>& micro_batches,
+                                                     const ProposeFn& propose);
+
+  // Waits until every stream is idle (verifying the parameter all-gathers still in flight).
+  // After it, no device work touches the trainer's buffers or communicators.
+  [[nodiscard]] Status Drain();
+
+  // The rare world collectives (a plan's payload, a checkpoint or S3 barrier), on the world's
+  // stream, waited for by the host. REQUIRES: every rank calls them at the same point.
+  [[nodiscard]] Status WorldBarrier();
+  // Rank 0's `payload` to every rank (same size everywhere).
+  [[nodiscard]] Status WorldBroadcast(std::vector<std::int32_t>* payload);
+
+ private:
+  // A process group's NCCL stream and the event recorded after its latest operation.
+  struct Lane {
+    Group group = Group::kWorld;
+    StreamHandle stream = nullptr;
+    EventHandle done = nullptr;
+  };
+  // A bucket's parameter all-gather in flight: what it must deliver.
+  struct PendingGather {
+    bool pending = false;
+    int iter = 0;
+    std::vector<int> micro_batches;
+  };
+
+  // Who reads an operation's result on the device: the compute stream (it waits for the
+  // operation's event), or nobody yet (a later explicit wait, or the host after HostWait).
+  enum class Consumer { kCompute, kLater };
+  // Whether a backward step is the last micro-batch's, whose gradients complete the buckets.
+  enum class Buckets { kAccumulate, kReduce };
+
+  [[nodiscard]] Status Enqueue(Lane* lane, const std::function<ncclResult_t(ncclComm_t, StreamHandle)>& op,
+                               const char* what, Consumer consumer);
+  [[nodiscard]] Status RunCompute(int iter, int mb, StepKind kind, Buckets buckets,
+                                  const std::vector<int>& micro_batches);
+  [[nodiscard]] Status TpAllReduce(int iter, int mb, int sublayer, PayloadTag tag);
+  [[nodiscard]] Status RunExchange(int iter, const Exchange& x);
+  [[nodiscard]] Status ReduceBucket(int iter, int layer, const std::vector<int>& micro_batches);
+  [[nodiscard]] Status FinishGradSync(int iter, const std::vector<int>& micro_batches);
+  [[nodiscard]] Status EmbeddingGrads(int iter);
+  [[nodiscard]] Result<ControlDecision> LossAndGradNorm(int iter, const ProposeFn& propose);
+  [[nodiscard]] Status GatherParams(int iter, const std::vector<int>& micro_batches);
+  [[nodiscard]] Status WaitParams(int layer);
+  [[nodiscard]] Status Verify(std::span<const float> buf, const std::function<float(std::size_t)>& expect,
+                              std::uint64_t rotation, double tolerance, const std::string& what) const;
+  // Element i of the expectation = the weighted DP gradient sum at element base + i.
+  [[nodiscard]] std::function<float(std::size_t)> ExpectedGrad(int iter, const std::vector<int>& micro_batches,
+                                                               std::size_t base) const;
+  [[nodiscard]] std::string Where(int iter, int mb) const;
+  void MaybeCorrupt(std::span<float> buf, int iter) const;
+  [[nodiscard]] bool distributed_optimizer() const { return options_.dp_mode == DpMode::kReduceScatterAllGather; }
+
+  // Fixed after construction / Init.
+  const Options options_;
+  const Shape shape_;
+  const int rank_;
+  const Coords coords_;
+  Comms* const comms_;
+  Device* const device_;
+  StreamHandle compute_ = nullptr;
+  EventHandle compute_done_ = nullptr;
+  Lane tp_, pp_, dp_, mp_, embd_, world_;
+  std::vector<EventHandle> gathered_;  // per bucket: after its parameter all-gather
+  std::size_t bucket_ = 0;             // floats per gradient bucket (a multiple of dp)
+
+  // Buffers, reused every iteration (see the thread-safety contract).
+  std::vector<float> tp_buf_;
+  std::vector<float> fwd_send_, fwd_recv_, bwd_send_, bwd_recv_;
+  std::vector<float> grad_, grad_shard_, param_, embd_buf_;
+  std::vector<double> loss_, norm_;
+  std::vector<std::int32_t> barrier_;
+  std::vector<PendingGather> pending_;  // per bucket
+};
+
+}  // namespace falcon::train
+
+#endif  // FALCON_BENCH_TRAIN_MEGATRON_TRAINER_H_
