@@ -139,8 +139,7 @@ class Run:
         job = self.spawn([self.bin("bench/emu/falcon-emu-run"), "-n", str(RANKS), "--ranks-per-node", "2",
                           "--job-timeout", str(int(self.args.duration) + 110), "--node-shm-dirs", shm, "--preload", self.bin("shim/libfalcon_shim.so"),
                           "--fault-plan", plan, "--", self.bin("bench/train/falcon-train-emu"),
-                          # the legacy mode: the controller's pause cut needs a world collective
-                          "--world-sync", "--tp", "2", "--dp",
+                          "--tp", "2", "--dp",
                           "4", "--pp", "2", "--compute-ms", str(self.args.compute_ms), "--grad-bytes",
                           str(self.args.grad_bytes),
                           "--progress-every", "0", "--report", os.path.join(self.dir, "report.json"),

@@ -163,8 +163,7 @@ class Demo:
         argv = [self.bin["run"], "-n", str(RANKS), "--ranks-per-node", str(RANKS_PER_NODE),
                 "--job-timeout", str(int(duration_s) + 300),
                 "--node-shm-dirs", shm, "--preload", self.bin["shim"], "--fault-plan", plan_file, "--",
-                # --world-sync: the controller's pause cut needs a world collective every iteration
-                self.bin["train"], "--world-sync", "--tp", str(TP), "--dp", str(DP), "--pp", str(PP),
+                self.bin["train"], "--tp", str(TP), "--dp", str(DP), "--pp", str(PP),
                 "--micro-batches", str(MICRO_BATCHES), "--compute-ms", "10", "--grad-bytes", "2097152", "--check",
                 "--progress-every", "0", "--duration-s", str(duration_s),
                 "--report", os.path.join(self.work, "train-report.json"),

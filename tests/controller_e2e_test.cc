@@ -120,8 +120,6 @@ class ControllerEndToEndTest : public ::testing::Test {
   }
 
   // The trainer for `seconds` of job time with `faults` (the fault plan's list), data checked.
-  // --world-sync: the controller's pause cut needs a communicator spanning every rank, which
-  // only the trainer's legacy mode uses every iteration.
   void StartJob(const std::string& faults, double seconds, const std::string& trainer_args = "") {
     const std::string plan = R"({"faults":[)" + faults + "]}";
     const std::string train = testing::BinDir("bench/train") + "/falcon-train-emu";
@@ -130,7 +128,7 @@ class ControllerEndToEndTest : public ::testing::Test {
         std::to_string(static_cast<int>(seconds) + 300) +
         " --node-shm-dirs '" + shm_ + "' --lib-dir '" + testing::EmuLibDir() + "' --preload '" +
         testing::PreloadValue() + "' --fault-plan '" + plan + "' -- '" + train +
-        "' --world-sync --tp 2 --dp 4 --pp 2 --compute-ms 10 --grad-bytes 2097152 --check --progress-every 100 "
+        "' --tp 2 --dp 4 --pp 2 --compute-ms 10 --grad-bytes 2097152 --check --progress-every 100 "
         "--duration-s " +
         std::to_string(seconds) + " " + trainer_args + " >'" +
         dir_.path() + "/job.log' 2>&1";

@@ -11,8 +11,10 @@
 // faults included. Without it, the GEMM is a plain host function on the stream (its real time);
 // without the driver emulator loaded, it runs in the calling thread.
 // Results are computed for real up to kMaxRealMacs multiply-adds; a larger GEMM (a validation
-// GEMM of size 4096 would take minutes on a CPU) is timed only and fills C with quiet NaNs, so a
-// caller that reads it cannot mistake it for a result. alpha and beta are read at the call
+// GEMM of size 4096 would take minutes on a CPU) is timed only and writes a quiet NaN at the head
+// of every column of C, so a caller that reads it cannot mistake it for a result (filling all of
+// C would cost real CPU time that the model does not charge: 64 MiB at size 4096, tens of ms
+// when 16 ranks share two cores, which would swamp the modelled time). alpha and beta are read at the call
 // (CUBLAS_POINTER_MODE_HOST).
 // Thread-safety: a handle is used by one thread at a time, as with cuBLAS.
 #include <dlfcn.h>
@@ -66,7 +68,7 @@ struct Gemm {
     for (int j = 0; j < g->n; ++j) {
       T* cj = g->c + static_cast<int64_t>(j) * g->ldc;
       if (!real) {
-        for (int i = 0; i < g->m; ++i) cj[i] = std::numeric_limits<T>::quiet_NaN();
+        if (g->m > 0) cj[0] = std::numeric_limits<T>::quiet_NaN();
         continue;
       }
       for (int i = 0; i < g->m; ++i) cj[i] = g->beta == T(0) ? T(0) : cj[i] * g->beta;  // beta 0: C is not read

@@ -1,12 +1,13 @@
 // falcon-emu-run: launches an N-rank job on this host over the NCCL emulator.
 //
 //   falcon-emu-run -n N [--ranks-per-node K] [--fault-plan F] [--timeout S] [--job-timeout S]
-//                  [--preload LIB] [--lib-dir DIR] [--node-shm-dirs DIR] [--no-prefix] [--grace S]
-//                  -- PROGRAM ARGS...
+//                  [--preload LIB] [--lib-dir DIR] [--cuda-lib-dir DIR | --no-cuda]
+//                  [--node-shm-dirs DIR] [--no-prefix] [--grace S] -- PROGRAM ARGS...
 //
 // Forks N ranks with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, FALCON_EMU_RANK,
 // FALCON_EMU_EPOCH_NS, FALCON_EMU_ID_FILE (fresh temp path), FALCON_EMU_JOB_STATE (the job's
-// shared state, job_state.h: runtime placement), LD_LIBRARY_PATH (emulator dir first) and
+// shared state, job_state.h: runtime placement), LD_LIBRARY_PATH (the NCCL emulator's dir first,
+// then the CUDA driver and cuBLAS emulators', so a rank that dlopens libcuda.so.1 gets a GPU) and
 // LD_PRELOAD (--preload); forwards each rank's stdout/stderr line by line with a
 // "[rank R] " prefix; exits non-zero if any rank fails; on SIGINT/SIGTERM, or when a rank fails,
 // terminates the others after --grace seconds (SIGTERM, then SIGKILL 2 s later). --job-timeout S
@@ -56,6 +57,7 @@ struct Options {
   int ranks_per_node = 8;
   bool rpn_given = false;
   std::string fault_plan, timeout, preload, lib_dir = FALCON_EMU_LIB_DIR, node_shm_dirs;
+  std::string cuda_lib_dir = FALCON_EMU_CUDA_LIB_DIR;  // "" with --no-cuda
   double job_timeout = 0, grace = 5;
   bool prefix = true;
   std::vector<char*> argv;
@@ -74,11 +76,14 @@ void Usage(FILE* f) {
       "  --preload LIB           LD_PRELOAD for every rank (e.g. the Falcon shim)\n"
       "  --lib-dir DIR           emulator directory to put first on LD_LIBRARY_PATH\n"
       "                          (default: %s)\n"
+      "  --cuda-lib-dir DIR      CUDA driver and cuBLAS emulators' directory, also put on\n"
+      "                          LD_LIBRARY_PATH: every rank is a GPU process (default: %s)\n"
+      "  --no-cuda               no CUDA driver on the ranks' library path (host-only ranks)\n"
       "  --node-shm-dirs DIR     FALCON_SHM_DIR=DIR/node<K> for the ranks of emulated node K\n"
       "                          (one falcon-agent per emulated node)\n"
       "  --grace S               seconds to let other ranks finish after one fails (default 5)\n"
       "  --no-prefix             forward output without the \"[rank R] \" prefix\n"
-      "  -h, --help              this text\n", FALCON_EMU_LIB_DIR);
+      "  -h, --help              this text\n", FALCON_EMU_LIB_DIR, FALCON_EMU_CUDA_LIB_DIR);
 }
 
 double Now() {
@@ -115,6 +120,10 @@ bool Parse(int argc, char** argv, Options* o) {
       o->job_timeout = std::atof(v.c_str());
     } else if (a == "--preload" && next(&v)) {
       o->preload = v;
+    } else if (a == "--cuda-lib-dir" && next(&v)) {
+      o->cuda_lib_dir = v;
+    } else if (a == "--no-cuda") {
+      o->cuda_lib_dir.clear();
     } else if (a == "--lib-dir" && next(&v)) {
       o->lib_dir = v;
     } else if (a == "--node-shm-dirs" && next(&v)) {
@@ -203,9 +212,10 @@ void ExecRank(const Options& o, int r, int out_fd, int err_fd, const std::string
   if (o.rpn_given) setenv("FALCON_EMU_RANKS_PER_NODE", std::to_string(rpn).c_str(), 1);
   if (!o.fault_plan.empty()) setenv("FALCON_EMU_FAULT_PLAN", o.fault_plan.c_str(), 1);
   if (!o.timeout.empty()) setenv("FALCON_EMU_TIMEOUT_S", o.timeout.c_str(), 1);
-  if (!o.lib_dir.empty()) {
+  for (const std::string& dir : {o.cuda_lib_dir, o.lib_dir}) {  // the NCCL emulator ends up first
+    if (dir.empty()) continue;
     const char* old = std::getenv("LD_LIBRARY_PATH");
-    const std::string v = o.lib_dir + (old && *old ? std::string(":") + old : "");
+    const std::string v = dir + (old && *old ? std::string(":") + old : "");
     setenv("LD_LIBRARY_PATH", v.c_str(), 1);
   }
   if (!o.preload.empty()) setenv("LD_PRELOAD", o.preload.c_str(), 1);
