@@ -44,7 +44,7 @@ if ((sanitizers)); then
   # sanitizer, ~520 s and ~470 s of CPU; their tests take seconds).
   shim_emu=(falcon_shim falcon_nccl_noop falcon-test-calls falcon_shim_tests falcon-test-emu-comms
             falcon_shim_emu_tests falcon_nccl_emu falcon_emu_run falcon_emu_job
-            emu_collectives_test emu_comm_test engine_test fault_plan_test datatypes_test)
+            emu_collectives_test emu_comm_test engine_test fault_plan_test datatypes_test device_test)
   daemon_unit=(falcon_agent_tests falcon_controller_tests)
   for preset in asan tsan; do
     targets=("${shim_emu[@]}" "${daemon_unit[@]}")
