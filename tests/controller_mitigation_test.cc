@@ -88,6 +88,30 @@ TEST(MitigationLayoutTest, ShapeAndPlacementComeFromTheCommunicators) {
   }
 }
 
+// Megatron makes groups with the same members under several names (dp and dp-cp, tp and tp-cp,
+// pp and the embedding group when pp = 2): each member set counts once.
+TEST(MitigationLayoutTest, GroupsAlikeUnderSeveralNamesCountOnce) {
+  auto twins = [](protocol::RankRegistration& m) {
+    const std::vector<protocol::CommSummary> comms = m.comms;
+    for (const protocol::CommSummary& c : comms) {
+      if (c.nranks == static_cast<std::int32_t>(kWorldRanks)) continue;
+      protocol::CommSummary twin = c;
+      twin.id = c.id + 0x100000ULL;
+      twin.name = c.name + "-twin";
+      twin.calls = c.calls / 2;
+      m.comms.push_back(twin);
+    }
+  };
+  for (auto [tp, dp, pp] : {std::tuple{2, 4, 2}, std::tuple{1, 8, 2}, std::tuple{4, 2, 2}}) {
+    SCOPED_TRACE(std::to_string(tp) + "x" + std::to_string(dp) + "x" + std::to_string(pp));
+    Result<JobLayout> l = InferLayout(View(tp, dp, pp, 2, twins), "");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l.value().placement.shape.tp, tp);
+    EXPECT_EQ(l.value().placement.shape.dp, dp);
+    EXPECT_EQ(l.value().placement.shape.pp, pp);
+  }
+}
+
 TEST(MitigationLayoutTest, PlacementInForceAndExcludedNodesAreHonoured) {
   JobView v = View(2, 4, 2);
   // An S4 plan moved node 2's ranks (4, 5) onto spare0 (node 8) in place.

@@ -325,10 +325,13 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
     out.placement.shape = s.value();
   } else {
     // Families of communicators that partition the job: same stride and size, every rank in one.
+    // Communicators with the same members count once (Megatron makes several groups alike: dp
+    // and dp-cp, tp and tp-cp when cp = 1); their calls add up.
     struct Family {
       std::int64_t stride = 0, size = 0, covered = 0;
       double calls = 0;
       std::size_t comms = 0;
+      std::set<std::vector<std::int64_t>> member_sets;
     };
     std::map<std::pair<std::int64_t, std::int64_t>, Family> families;
     for (const auto& [id, c] : view.comms()) {
@@ -338,9 +341,11 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
       Family& f = families[{stride, c.nranks}];
       f.stride = stride;
       f.size = c.nranks;
-      f.covered += c.nranks;
       f.calls += static_cast<double>(c.max_calls);
-      ++f.comms;
+      if (f.member_sets.insert(c.members).second) {
+        f.covered += c.nranks;
+        ++f.comms;
+      }
     }
     const Family* dp = nullptr;
     for (const auto& [key, f] : families) {
