@@ -94,7 +94,9 @@ std::uint64_t IssuedBefore(const RankCallPattern& p, std::uint32_t comm, std::ui
   return r.Issued(comm, position);
 }
 
-CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options) {
+namespace {
+
+CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) {
   CutPlan out;
   if (ranks.empty()) {
     out.failure = "no rank to cut";
@@ -247,6 +249,33 @@ CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& option
       cut.targets.push_back({ranks[i].comms[c].id, r.Issued(c, t), r.Issued(c, x)});
     }
     out.ranks.push_back(std::move(cut));
+  }
+  return out;
+}
+
+}  // namespace
+
+CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options) {
+  CutPlan out = Plan(ranks, options);
+  if (out.ok() || !options.iteration) return out;
+  // With the lowest rank pinned to an iteration, a failure usually means another rank will be
+  // past the matching point before a pause can reach it. Tell that apart from patterns that
+  // really disagree: plan again with the other ranks free to stop anywhere after now.
+  std::vector<RankCallPattern> relaxed(ranks.begin(), ranks.end());
+  const auto lowest = std::min_element(relaxed.begin(), relaxed.end(),
+                                       [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  for (auto it = relaxed.begin(); it != relaxed.end(); ++it) {
+    if (it != lowest) it->min_position = 0;
+  }
+  const CutPlan free = Plan(relaxed, options);
+  if (!free.ok()) return out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (free.ranks[i].position < ranks[i].min_position) {
+      out.failure = "iteration " + std::to_string(*options.iteration) + " begins too soon: rank " +
+                    std::to_string(ranks[i].rank) + " will be past its matching point before a pause reaches it; " +
+                    "choose a later one";
+      return out;
+    }
   }
   return out;
 }

@@ -209,6 +209,27 @@ TEST(CutPlanTest, IterationStopsTheLowestRankAtThatIterationsStart) {
   EXPECT_NE(PlanCut(in, options).failure.find("no iteration boundary"), std::string::npos);
 }
 
+// The lowest rank could still stop at the iteration, but another rank will be past the matching
+// point by the time a pause reaches it: that is "too soon" on that rank, not a disagreement.
+TEST(CutPlanTest, AnotherRankAlreadyPastTheIterationIsTooSoonNamingIt) {
+  const std::vector<Program> progs = PipelineJob(2, 2, 2, 2);
+  std::vector<RankCallPattern> in;
+  for (const Program& p : progs) {
+    in.push_back(PatternOf(p, 1, 1));
+    in.back().iteration_at_start = 10;
+  }
+  CutOptions options;
+  options.iteration = 12;
+  ASSERT_TRUE(PlanCut(in, options).ok());
+  in[3].min_position = 6 * progs[3].units.size();  // rank 3 will be five iterations further on
+  const CutPlan plan = PlanCut(in, options);
+  EXPECT_FALSE(plan.ok());
+  EXPECT_NE(plan.failure.find("too soon"), std::string::npos) << plan.failure;
+  EXPECT_NE(plan.failure.find("rank " + std::to_string(in[3].rank)), std::string::npos) << plan.failure;
+  options.iteration = 20;  // a later iteration is fine
+  EXPECT_TRUE(PlanCut(in, options).ok()) << PlanCut(in, options).failure;
+}
+
 // Random SPMD programs: a global order of collectives on random communicators, projected onto
 // each rank (so the members of every communicator issue the same calls), with random groups.
 // The plan must be consistent and the earliest one: brute force over small domains.
