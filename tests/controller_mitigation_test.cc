@@ -112,6 +112,29 @@ TEST(MitigationLayoutTest, GroupsAlikeUnderSeveralNamesCountOnce) {
   }
 }
 
+// Megatron also makes groups it never uses in plain TP x DP x PP training: tp-dp (consecutive
+// ranks, TP x DP of them, no calls) would be the quietest partition of all. Pipeline groups
+// quieter than DP (few micro-batches) must not pass for DP either: their stride is no TP size.
+TEST(MitigationLayoutTest, UnusedGroupsAndQuietPipelinesAreNotDataParallel) {
+  for (auto [tp, dp, pp] : {std::tuple{2, 4, 2}, std::tuple{4, 2, 2}, std::tuple{2, 8, 1}}) {
+    SCOPED_TRACE(std::to_string(tp) + "x" + std::to_string(dp) + "x" + std::to_string(pp));
+    auto megatron = [tp, dp](protocol::RankRegistration& m) {
+      const auto r = static_cast<std::int32_t>(m.rank);
+      for (protocol::CommSummary& c : m.comms) {
+        if (c.name == "pp") c.calls = 10;  // fewer calls than DP's 50
+      }
+      if (tp * dp < kWorldRanks) {
+        m.comms.push_back({0x4000ULL + static_cast<std::uint64_t>(r / (tp * dp)), r % (tp * dp), tp * dp, "tp-dp", 0});
+      }
+    };
+    Result<JobLayout> l = InferLayout(View(tp, dp, pp, 2, megatron), "");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l.value().placement.shape.tp, tp);
+    EXPECT_EQ(l.value().placement.shape.dp, dp);
+    EXPECT_EQ(l.value().placement.shape.pp, pp);
+  }
+}
+
 TEST(MitigationLayoutTest, PlacementInForceAndExcludedNodesAreHonoured) {
   JobView v = View(2, 4, 2);
   // An S4 plan moved node 2's ranks (4, 5) onto spare0 (node 8) in place.

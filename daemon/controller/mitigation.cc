@@ -347,25 +347,29 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
         ++f.comms;
       }
     }
+    // A family counts when it partitions the job and carries calls: Megatron makes groups it
+    // never uses (tp-dp, tp-dp-cp: consecutive ranks, no calls), which would otherwise look like
+    // the quietest partition. The data-parallel family is the quietest one that fits a layout:
+    // its stride is the size of a tensor-parallel family (or 1), and TP x DP divides the world.
+    auto used = [&](std::int64_t stride, std::int64_t size) {
+      const auto it = families.find({stride, size});
+      return it != families.end() && it->second.covered == world && it->second.calls > 0;
+    };
     const Family* dp = nullptr;
     for (const auto& [key, f] : families) {
-      if (f.covered != world) continue;  // not a partition (pipeline pairs of a deep pipeline, ...)
+      if (!used(f.stride, f.size)) continue;  // not a partition (pipeline pairs of a deep pipeline, ...)
+      if (f.stride > 1 && !used(1, f.stride)) continue;
+      if (world % (f.stride * f.size) != 0) continue;
       if (dp == nullptr || f.calls / static_cast<double>(f.comms) < dp->calls / static_cast<double>(dp->comms)) dp = &f;
     }
-    if (dp == nullptr) return Status::InvalidArgument("no family of communicators partitions the job: data parallelism not found");
+    if (dp == nullptr) {
+      return Status::InvalidArgument(
+          "no family of communicators with calls partitions the job into tensor x data parallel groups: "
+          "data parallelism not found (give the shape: --job-shape TPxDPxPP)");
+    }
     analyzer::JobShape s;
     s.tp = static_cast<std::int32_t>(dp->stride);
     s.dp = static_cast<std::int32_t>(dp->size);
-    if (s.tp > 1) {
-      auto tp = families.find({1, s.tp});
-      if (tp == families.end() || tp->second.covered != world) {
-        return Status::InvalidArgument("data-parallel stride " + std::to_string(s.tp) +
-                                       " without tensor-parallel groups of that size");
-      }
-    }
-    if (world % (std::int64_t{s.tp} * s.dp) != 0) {
-      return Status::InvalidArgument("world " + std::to_string(world) + " is not a multiple of TP x DP");
-    }
     s.pp = static_cast<std::int32_t>(world / (std::int64_t{s.tp} * s.dp));
     out.placement.shape = s;
   }
