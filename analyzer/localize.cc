@@ -127,7 +127,7 @@ void FindGpus(const LocalizationInput& in, const LocalizationOptions& o, Localiz
             [](const SlowGpu& a, const SlowGpu& b2) { return a.rank < b2.rank; });
 }
 
-// Slow transfers of the judged group, merged per unordered rank pair.
+// Slow transfers, the peers' included, merged per unordered rank pair.
 std::map<RankPair, SlowLink> FindSlowLinks(
     const LocalizationInput& in, const LocalizationOptions& o, Localization& out) {
   std::map<LinkKind, Pool> all;
@@ -147,27 +147,29 @@ std::map<RankPair, SlowLink> FindSlowLinks(
   for (const auto& [key, pool] : by_pass) pass_base[key] = MakeBaseline(pool, o.link_ratio, scratch);
 
   std::map<RankPair, SlowLink> slow;
-  for (const TransferMeasurement& t : in.transfers) {
-    const Baseline& b_all = all_base[KindOf(t)];
-    if (b_all.sources < o.min_baseline) {
-      ++out.transfers_unassessed;
-      continue;
-    }
-    const double v = PerByte(t);
-    const double bytes = static_cast<double>(t.bytes);
-    if (!Slow(v, b_all, o.link_ratio, bytes, o)) continue;
-    const Baseline& b_pass = pass_base[{KindOf(t), t.pass}];
-    const bool pass_judged = b_pass.sources >= o.min_baseline;
-    if (pass_judged && !Slow(v, b_pass, o.link_ratio, bytes, o)) continue;
-    SlowLink link{t.sender,      t.receiver, t.sender_node, t.receiver_node, t.pass, 1,
-                  MakeEvidence(v, b_all), pass_judged ? MakeEvidence(v, b_pass) : Evidence{}};
-    auto [it, inserted] = slow.try_emplace(PairOf(t), link);
-    if (!inserted) {
-      link.measurements = it->second.measurements + 1;
-      if (link.evidence.ratio > it->second.evidence.ratio) {
-        it->second = link;
-      } else {
-        it->second.measurements = link.measurements;
+  for (const auto& list : {in.transfers, in.peer_transfers}) {
+    for (const TransferMeasurement& t : list) {
+      const Baseline& b_all = all_base[KindOf(t)];
+      if (b_all.sources < o.min_baseline) {
+        ++out.transfers_unassessed;
+        continue;
+      }
+      const double v = PerByte(t);
+      const double bytes = static_cast<double>(t.bytes);
+      if (!Slow(v, b_all, o.link_ratio, bytes, o)) continue;
+      const Baseline& b_pass = pass_base[{KindOf(t), t.pass}];
+      const bool pass_judged = b_pass.sources >= o.min_baseline;
+      if (pass_judged && !Slow(v, b_pass, o.link_ratio, bytes, o)) continue;
+      SlowLink link{t.sender,      t.receiver, t.sender_node, t.receiver_node, t.pass, 1,
+                    MakeEvidence(v, b_all), pass_judged ? MakeEvidence(v, b_pass) : Evidence{}};
+      auto [it, inserted] = slow.try_emplace(PairOf(t), link);
+      if (!inserted) {
+        link.measurements = it->second.measurements + 1;
+        if (link.evidence.ratio > it->second.evidence.ratio) {
+          it->second = link;
+        } else {
+          it->second.measurements = link.measurements;
+        }
       }
     }
   }
@@ -189,10 +191,12 @@ void FindNics(const LocalizationInput& in, const LocalizationOptions& o,
               std::map<RankPair, SlowLink> slow,
               Localization& out) {
   std::map<std::int32_t, std::set<std::int32_t>> tested, slow_peers;
-  for (const TransferMeasurement& t : in.transfers) {
-    if (KindOf(t) != LinkKind::kInter) continue;
-    tested[t.sender_node].insert(t.receiver_node);
-    tested[t.receiver_node].insert(t.sender_node);
+  for (const auto& list : {in.transfers, in.peer_transfers}) {
+    for (const TransferMeasurement& t : list) {
+      if (KindOf(t) != LinkKind::kInter) continue;
+      tested[t.sender_node].insert(t.receiver_node);
+      tested[t.receiver_node].insert(t.sender_node);
+    }
   }
   // Explaining away, greediest first: the node whose slow links reach the most peers is taken
   // as a slow NIC, its links are explained, and the others are judged on what is left. A healthy

@@ -13,8 +13,10 @@
 //  - NIC: a node whose slow inter-node links reach at least nic_min_links distinct peer nodes
 //    and at least nic_min_fraction of the peer nodes it was tested with. The links it explains
 //    are reported under the NIC, not as links.
-//  Peers' results (the same plan or GEMM on healthy groups of the class) widen the baselines and
-//  are never reported: that is how a 2-rank group gets a baseline. A baseline needs values from
+//  Peers' results (the same plan or GEMM on healthy groups of the class) widen the baselines:
+//  that is how a 2-rank group gets a baseline. Their transfers are judged too: a link the
+//  profile did not single out (its group waited on other things) is still slow when measured
+//  slow. Peers' GEMMs only widen the baseline. A baseline needs values from
 //  min_baseline distinct sources (GPUs; rank pairs for links); otherwise the result is not judged
 //  and is counted as unassessed. No finding at all means the
 //  suspicion was a false alarm (or unassessable: see the counts).
@@ -51,8 +53,8 @@ struct GemmMeasurement {
 };
 
 struct LocalizationInput {
-  std::span<const TransferMeasurement> transfers;       // the suspicious group(s): judged
-  std::span<const TransferMeasurement> peer_transfers;  // healthy peers: baseline only
+  std::span<const TransferMeasurement> transfers;       // the suspicious group(s)
+  std::span<const TransferMeasurement> peer_transfers;  // healthy peers: baseline, judged too
   std::span<const GemmMeasurement> gemms;
   std::span<const GemmMeasurement> peer_gemms;
 };

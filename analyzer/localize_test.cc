@@ -209,6 +209,26 @@ TEST(LocalizeTest, TinyGroupsNeedTheirClassPeers) {
   }
 }
 
+// The profile singled out one group, but the slow link lies in a peer group of its class (its
+// group's collective time hid it behind waits): measured slow, it is named all the same.
+TEST(LocalizeTest, ASlowLinkInAPeerGroupIsNamed) {
+  for (int trial = 0; trial < 100; ++trial) {
+    testing::Rng rng(static_cast<std::uint64_t>(trial) + 7000);
+    RoundSpec own_spec;
+    own_spec.n = 4;
+    const Round own = MakeRound(own_spec, rng);
+    RoundSpec peer_spec = own_spec;
+    peer_spec.first_rank = 100;
+    peer_spec.fault = Fault::kLink;
+    peer_spec.factor = 1.6 + rng.Uniform();
+    const Round peer = MakeRound(peer_spec, rng);
+    const Localization loc = Localize({own.transfers, peer.transfers, own.gemms, {}}).value();
+    ASSERT_EQ(loc.links.size(), 1u) << "trial " << trial;
+    EXPECT_EQ(Unordered(loc.links[0].sender_node, loc.links[0].receiver_node), peer.link) << "trial " << trial;
+    EXPECT_TRUE(loc.nics.empty() && loc.gpus.empty()) << "trial " << trial;
+  }
+}
+
 TEST(LocalizeTest, ScaleFree) {
   // Same rounds in seconds, milliseconds' and microseconds' magnitude: the same findings with
   // the absolute margin off; with the default 20 us margin, identical for second- and

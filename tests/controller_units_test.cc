@@ -350,6 +350,7 @@ struct ProfileKnobs {
   // comm -> (global rank, lead in us): that rank enters every call late by the lead (its compute
   // is slow), so every other member's median_us is longer by the lead. Means are left alone.
   std::map<std::uint64_t, std::pair<std::int64_t, double>> late;
+  bool late_in_means = false;  // the wait shows in the means too (device time on a GPU)
 };
 
 protocol::CommProfile CommProfileOf(std::uint64_t id, std::int32_t rank, std::int32_t nranks,
@@ -363,7 +364,7 @@ protocol::CommProfile CommProfileOf(std::uint64_t id, std::int32_t rank, std::in
     // Windows are not aligned to iterations: counts differ a little from rank to rank.
     protocol::SignatureProfile p{s.op, s.bytes, -1, s.count + static_cast<std::uint64_t>(global % 3), {}, {}, {}};
     if (k.mode != "track") {
-      p.mean_us = s.us * scale;
+      p.mean_us = s.us * scale + (k.late_in_means ? wait_us : 0.0);
       p.median_us = s.us * scale + wait_us;
     }
     c.sigs.push_back(p);
@@ -451,6 +452,26 @@ TEST(ProfileAnalysisTest, MemberThatWaitsLeastOnEveryCollectiveIsAComputeSuspect
     EXPECT_GT(f.wait_gap, 0.05);
     EXPECT_DOUBLE_EQ(f.confidence, 1.0);
     EXPECT_TRUE(r.value().suspicious.empty()) << "mean times are alike";
+  }
+}
+
+// On a GPU a call's device time holds its wait for the last member: a group waiting for a slow
+// GPU has every other member's times long. The group's transfer time is the last arriver's, so
+// the group is not slower than its class (the GEMMs find the GPU); a really slow group still is.
+TEST(ProfileAnalysisTest, WaitingForASlowMemberDoesNotMakeAGroupSlow) {
+  for (const std::uint64_t comm : {TpId(1), DpId(0)}) {
+    SCOPED_TRACE(protocol::CommIdHex(comm));
+    ProfileKnobs k;
+    k.late[comm] = {comm == TpId(1) ? 3 : 4, 5000};
+    k.late_in_means = true;
+    Result<ProfileVerdict> r = AnalyzeProfiles(RunningJob(), JobProfiles(k), {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r.value().suspicious.empty()) << r.value().evidence.dump();
+    ASSERT_EQ(r.value().compute_suspects.size(), 1u);
+    k.comm_scale[comm] = 1.5;
+    r = AnalyzeProfiles(RunningJob(), JobProfiles(k), {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r.value().suspicious, std::vector<std::uint64_t>{comm}) << r.value().evidence.dump();
   }
 }
 

@@ -7,7 +7,6 @@
 #include <limits>
 #include <tuple>
 
-#include "analyzer/robust.h"
 #include "analyzer/signature.h"
 #include "daemon/protocol/messages.h"
 
@@ -63,13 +62,41 @@ void Collect(const json& profile, std::map<std::uint64_t, CommReport>& reports) 
   }
 }
 
-// Mean host duration per call over a member's signatures; NaN without timings.
-double MeanPerCall(const std::map<SigKey, SigStat>& sigs) {
+// A communicator's transfer time per call; NaN without timings. A collective's members finish
+// together, so each member's duration is its wait for the last to arrive plus the transfer: the
+// least median over the members (the last to arrive waits for nobody) is the transfer's, and a
+// slow GPU that makes its group wait does not make the group look slow. A point-to-point transfer
+// has two ends (the sender's Send to its peer, the peer's Recv from it): the lesser of the two.
+// Weighted by each transfer's calls per member.
+double TransferPerCall(const CommReport& r) {
+  struct Ends {
+    double least = std::numeric_limits<double>::infinity();
+    double calls = 0;
+    double ends = 0;
+  };
+  // op, bytes, sender, receiver (-1, -1 for a collective)
+  std::map<std::tuple<std::string, std::uint64_t, std::int32_t, std::int32_t>, Ends> transfers;
+  for (const auto& [rank, sigs] : r.members) {
+    for (const auto& [key, st] : sigs) {
+      const auto& [op, bytes, peer] = key;
+      const double d = std::isfinite(st.median_us) ? st.median_us : st.mean_us;
+      if (!std::isfinite(d) || d < 0 || st.count == 0) continue;
+      std::tuple<std::string, std::uint64_t, std::int32_t, std::int32_t> k{op, bytes, -1, -1};
+      if (peer >= 0) {
+        const bool recv = analyzer::ParseOpKind(op) == analyzer::OpKind::kRecv;
+        const bool p2p = recv || analyzer::ParseOpKind(op) == analyzer::OpKind::kSend;
+        k = {p2p ? std::string("P2P") : op, bytes, recv ? peer : rank, recv ? rank : peer};
+      }
+      Ends& e = transfers[k];
+      e.least = std::min(e.least, d);
+      e.calls += static_cast<double>(st.count);
+      e.ends += 1;
+    }
+  }
   double weighted = 0, calls = 0;
-  for (const auto& [key, st] : sigs) {
-    if (!std::isfinite(st.mean_us) || st.count == 0) continue;
-    weighted += st.mean_us * static_cast<double>(st.count);
-    calls += static_cast<double>(st.count);
+  for (const auto& [k, e] : transfers) {
+    weighted += e.least * e.calls / e.ends;
+    calls += e.calls / e.ends;
   }
   return calls > 0 ? weighted / calls * 1e-6 : kNaN;
 }
@@ -152,12 +179,7 @@ Result<ProfileVerdict> AnalyzeProfiles(const JobView& view,
   std::vector<double> metric;
   for (const auto& [id, r] : reports) {
     comms.push_back(ToAnalyzer(id, r, view));
-    std::vector<double> per_member;
-    for (const auto& [rank, sigs] : r.members) {
-      if (const double m = MeanPerCall(sigs); std::isfinite(m)) per_member.push_back(m);
-    }
-    std::vector<double> scratch;
-    metric.push_back(per_member.empty() ? kNaN : analyzer::Median(per_member, scratch));
+    metric.push_back(TransferPerCall(r));
   }
   Result<analyzer::CommClassification> classes = analyzer::ClassifyCommunicators(comms);
   if (!classes.ok()) return classes.status();

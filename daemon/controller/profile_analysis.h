@@ -5,8 +5,10 @@
 //  - A communicator's signature is the set of (op, bytes) it carries, from its members' profile
 //    windows. Windows are not aligned to iterations, so counts are not compared: two TP groups
 //    whose windows held 301 and 300 iterations are still one class.
-//  - Its metric is the mean host duration per call, median over the members that reported
-//    timings (profile or sample mode).
+//  - Its metric is its transfer time per call (profile or sample mode timings: device time where
+//    the shim had CUDA events): per collective signature the least median over its members (the
+//    last to arrive waits for nobody), per point-to-point transfer the lesser of its two ends,
+//    weighted by calls. Waiting for a slow member does not make a group look slow.
 //  - Compute suspect: per communicator, rows = its signatures, columns = members, cell = that
 //    member's median duration of that signature; analyzer::FindComputeSuspect decides.
 // Thread-safety: stateless functions. Must never: do I/O, or use a profile it was not given
