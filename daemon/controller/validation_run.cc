@@ -21,6 +21,11 @@ std::int64_t AfterSeconds(std::int64_t now_ns, double s) {
   return now_ns + static_cast<std::int64_t>(s * static_cast<double>(kNsPerS));
 }
 
+// Milliseconds from `from_ns` to `now_ns`, to the tenth (0 before the first send).
+double MsSince(std::int64_t from_ns, std::int64_t now_ns) {
+  return from_ns > 0 && now_ns > from_ns ? std::round(static_cast<double>(now_ns - from_ns) / 1e5) / 10 : 0.0;
+}
+
 std::vector<std::size_t> Sequence(std::size_t n) {
   std::vector<std::size_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = i;
@@ -114,7 +119,7 @@ std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64
       case Phase::kAwaitCutInfo: return SendPlannedPause(view, now_ns);
       case Phase::kAwaitPause: FinishPause(view, now_ns); break;
       case Phase::kStep: return SendStep(view, now_ns);
-      case Phase::kAwaitStep: FinishStep(view); break;
+      case Phase::kAwaitStep: FinishStep(view, now_ns); break;
       case Phase::kResume: return SendResume(view, now_ns);
       case Phase::kAwaitResume:
         if (retry_pause_) {  // released after a missed cut: now try again further ahead
@@ -123,7 +128,11 @@ std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64
           break;
         }
         resumed_ns_ = now_ns;
-        if (!AllAcked()) log_.push_back({{"step", "resume"}, {"note", "not every agent acked the resume"}});
+        if (!AllAcked()) {
+          log_.push_back({{"step", "resume"}, {"note", "not every agent acked the resume"}, {"ms", MsSince(sent_ns_, now_ns)}});
+        } else {
+          log_.push_back({{"step", "resume"}, {"ms", MsSince(sent_ns_, now_ns)}});
+        }
         phase_ = Phase::kDone;
         break;
       case Phase::kDone: return {};
@@ -236,6 +245,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
     slowest = std::max(slowest, lead_s_ + extra);
   }
   deadline_ns_ = AfterSeconds(now_ns, slowest + settings_.ack_timeout_s);
+  sent_ns_ = now_ns;
   phase_ = Phase::kAwaitPause;
   return out;
 }
@@ -267,6 +277,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
   log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"comm", protocol::CommIdHex(*cut)},
                   {"comm_seq", c.max_calls + ahead}, {"lead_s", lead_s_}});
   deadline_ns_ = AfterSeconds(now_ns, stale_s + lead_s_ + settings_.ack_timeout_s);
+  sent_ns_ = now_ns;
   phase_ = Phase::kAwaitPause;
   return out;
 }
@@ -291,6 +302,7 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
   if (ok) {
     paused_ = true;
     paused_ns_ = now_ns;
+    log_.push_back({{"step", "paused"}, {"ms", MsSince(sent_ns_, now_ns)}});
     phase_ = steps_.empty() ? Phase::kResume : Phase::kStep;
     return;
   }
@@ -343,13 +355,14 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
     out.push_back({host, std::move(cmd)});
   }
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+  sent_ns_ = now_ns;
   phase_ = Phase::kAwaitStep;
   return out;
 }
 
 // The validation communicator's steps: its id must come back, and every rank must join, or
 // no transfer is posted (the P2P part of the round ends here; GEMM results stand).
-bool ValidationRun::FinishVcommStep(const ValidationStep& step) {
+bool ValidationRun::FinishVcommStep(const ValidationStep& step, std::int64_t now_ns) {
   if (step.tasks.empty() || (step.tasks.front().task != "vcomm_id" && step.tasks.front().task != "vcomm_join")) {
     return false;
   }
@@ -375,7 +388,7 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step) {
     if (ready.count(t.rank) == 0) not_ready += (not_ready.empty() ? "" : ", ") + std::to_string(t.rank);
   }
   log_.push_back({{"step", step.what}, {"commands", pending_.size()}, {"missing_acks", missing},
-                  {"not_ready", not_ready}});
+                  {"not_ready", not_ready}, {"ms", MsSince(sent_ns_, now_ns)}});
   ++cursor_;
   if (!not_ready.empty()) {
     // Nobody has posted a transfer yet: skip them all rather than leave a peer waiting.
@@ -386,9 +399,9 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step) {
   return true;
 }
 
-void ValidationRun::FinishStep(const JobView& view) {
+void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
   const ValidationStep& step = steps_[order_[cursor_]];
-  if (FinishVcommStep(step)) return;
+  if (FinishVcommStep(step, now_ns)) return;
   const bool again = cursor_ >= steps_.size();
   std::map<std::int64_t, double> medians;  // rank -> seconds (settings_.statistic of the repetitions)
   int missing = 0, failed = 0;
@@ -425,7 +438,8 @@ void ValidationRun::FinishStep(const JobView& view) {
     Merge(t.judged ? transfers_ : peer_transfers_, m);
   }
   log_.push_back({{"step", again ? step.what + " again" : step.what}, {"commands", pending_.size()},
-                  {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()}});
+                  {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()},
+                  {"ms", MsSince(sent_ns_, now_ns)}});
   ++cursor_;
   if (cursor_ == order_.size()) PlanRemeasure();
   phase_ = cursor_ < order_.size() ? Phase::kStep : Phase::kResume;
@@ -475,6 +489,7 @@ std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std:
   // After a missed cut, wait for every agent to answer the release (agents with nothing paused
   // refuse it at once) before arming the next pause, so no rank is still trapped by the old one.
   retry_pause_ = !paused_ && failure_.empty();
+  sent_ns_ = now_ns;
   phase_ = Phase::kAwaitResume;
   return out;
 }

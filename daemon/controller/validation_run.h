@@ -111,8 +111,8 @@ class ValidationRun {
   std::vector<OutgoingCommand> SendStep(const JobView& view, std::int64_t now_ns);
   std::vector<OutgoingCommand> SendResume(const JobView& view, std::int64_t now_ns);
   void FinishPause(const JobView& view, std::int64_t now_ns);
-  void FinishStep(const JobView& view);
-  bool FinishVcommStep(const ValidationStep& step);  // true if `step` was a vcomm step
+  void FinishStep(const JobView& view, std::int64_t now_ns);
+  bool FinishVcommStep(const ValidationStep& step, std::int64_t now_ns);  // true if `step` was a vcomm step
   void PlanRemeasure();  // after the last step: append the steps to run again, if any
   bool AllAcked() const;
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
@@ -123,6 +123,7 @@ class ValidationRun {
 
   Phase phase_ = Phase::kPause;
   std::int64_t deadline_ns_ = 0;
+  std::int64_t sent_ns_ = 0;  // when the pause or the current step went out (the log's "ms")
   std::map<std::string, Pending> pending_;  // command id -> host and ack
   int commands_ = 0;
   int pause_attempt_ = 0;
