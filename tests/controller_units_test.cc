@@ -611,6 +611,9 @@ TEST(ValidationStepsTest, P2pStepsMeasureEveryPlannedPairOnceWithoutSharingARank
       {{kWorld}, {}, false},
       {{kWorld}, {}, true},
       {{TpId(2), DpId(1)}, {TpId(3), DpId(0)}, true},
+      // The world's ring holds TP pairs: each pair is measured once, for the judged world.
+      {{kWorld}, {TpId(0), TpId(1), DpId(0)}, true},
+      {{TpId(0)}, {kWorld}, false},
   };
   const JobView view = RunningJob();
   for (const Case& c : cases) {
@@ -619,10 +622,12 @@ TEST(ValidationStepsTest, P2pStepsMeasureEveryPlannedPairOnceWithoutSharingARank
     Result<std::vector<ValidationStep>> steps = PlanValidationSteps(view, c.judged, c.peers, {0, c.tree});
     ASSERT_TRUE(steps.ok()) << steps.status().ToString();
     std::set<Exchange> expected;
+    std::set<std::pair<std::int64_t, std::int64_t>> pairs;  // one measurement per pair of ranks
     for (const auto* list : {&c.judged, &c.peers}) {
       for (std::uint64_t id : *list) {
-        const std::set<Exchange> e = PlannedExchanges(view, id, c.tree);
-        expected.insert(e.begin(), e.end());
+        for (const Exchange& e : PlannedExchanges(view, id, c.tree)) {
+          if (pairs.insert({std::get<1>(e), std::get<2>(e)}).second) expected.insert(e);
+        }
       }
     }
     std::multiset<Exchange> measured;

@@ -18,8 +18,10 @@ struct CommPass {
   std::vector<std::pair<std::int32_t, std::int32_t>> pairs;
 };
 
-Status AddCommPasses(const CommInfo& c, bool judged, const StepOptions& o, std::vector<CommPass>& out) {
-  std::set<std::pair<std::int32_t, std::int32_t>> seen;
+// `measured`: the unordered pairs of global ranks already planned this round (the same two GPUs
+// and the same link, whichever communicator they were planned for): each is measured once.
+Status AddCommPasses(const CommInfo& c, bool judged, const StepOptions& o,
+                     std::set<std::pair<std::int64_t, std::int64_t>>& measured, std::vector<CommPass>& out) {
   std::vector<analyzer::PlanTopology> plans = {analyzer::PlanTopology::kRing};
   if (o.tree) plans.push_back(analyzer::PlanTopology::kTree);
   for (analyzer::PlanTopology t : plans) {
@@ -28,8 +30,9 @@ Status AddCommPasses(const CommInfo& c, bool judged, const StepOptions& o, std::
     for (const analyzer::ValidationPass& p : plan.value().passes) {
       CommPass cp{c.id, judged, {}};
       for (const analyzer::PlannedTransfer& x : p.transfers) {
-        const auto key = std::minmax(x.sender, x.receiver);
-        if (seen.insert(key).second) cp.pairs.emplace_back(x.sender, x.receiver);
+        const std::int64_t a = c.members[static_cast<std::size_t>(x.sender)];
+        const std::int64_t b = c.members[static_cast<std::size_t>(x.receiver)];
+        if (measured.insert(std::minmax(a, b)).second) cp.pairs.emplace_back(x.sender, x.receiver);
       }
       if (!cp.pairs.empty()) out.push_back(std::move(cp));
     }
@@ -93,6 +96,7 @@ Result<std::vector<ValidationStep>> PlanValidationSteps(const JobView& view,
   }
   std::vector<CommPass> passes;
   std::set<std::uint64_t> planned;
+  std::set<std::pair<std::int64_t, std::int64_t>> measured;
   std::map<std::int64_t, std::int32_t> vrank_of;
   for (std::size_t i = 0; i < ranks.size(); ++i) vrank_of[ranks[i]] = static_cast<std::int32_t>(i);
   for (const auto& [list, is_judged] : {std::pair{&judged, true}, std::pair{&peers, false}}) {
@@ -104,7 +108,7 @@ Result<std::vector<ValidationStep>> PlanValidationSteps(const JobView& view,
                       [&](std::int64_t m) { return vrank_of.count(m) == 0; })) {
         continue;
       }
-      if (Status s = AddCommPasses(it->second, is_judged, options, passes); !s.ok()) return s;
+      if (Status s = AddCommPasses(it->second, is_judged, options, measured, passes); !s.ok()) return s;
     }
   }
   if (passes.empty()) return steps;

@@ -12,9 +12,12 @@
 //    it is ready before any transfer is posted — then the P2P steps run on it. Per job
 //    communicator under test, the ring plan (2 passes, 3 for odd sizes) and the tree plan (<= 4
 //    passes) of analyzer/validation_plan.h. A transfer is an exchange between two ranks (both
-//    send and receive; the agent's `peer`), so each unordered pair is measured once; pairs the
-//    ring already covered are dropped from the tree. Passes of different communicators share a
-//    step when they touch disjoint ranks (communicators of one class usually do).
+//    send and receive; the agent's `peer`), so each unordered pair of ranks is measured once per
+//    round: pairs the ring already covered are dropped from the tree, and pairs an earlier
+//    communicator covered (Megatron's groups alike, a TP pair that is also a model-parallel pair)
+//    from later ones — suspicious communicators first, so a pair they share with a peer stays
+//    judged. Passes of different communicators share a step when they touch disjoint ranks
+//    (communicators of one class usually do).
 // Thread-safety: pure functions. Must never: do I/O.
 #pragma once
 
