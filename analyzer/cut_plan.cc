@@ -256,6 +256,25 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
 }  // namespace
 
 CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options) {
+  if (!options.iteration && options.iteration_start_tries > 0 && !ranks.empty()) {
+    const auto lowest = std::min_element(ranks.begin(), ranks.end(),
+                                         [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    const std::uint64_t units = lowest->units.size();
+    if (lowest->iteration_at_start && units > 0) {
+      // The first iteration whose start is at or after the rank's minimum position.
+      const std::uint64_t first = *lowest->iteration_at_start + (std::max<std::uint64_t>(lowest->min_position, 1) + units - 1) / units;
+      CutOptions at = options;
+      at.iteration_start_tries = 0;
+      for (std::uint64_t i = 0; i < options.iteration_start_tries; ++i) {
+        at.iteration = first + i;
+        CutPlan plan = Plan(ranks, at);
+        if (plan.ok()) return plan;
+      }
+    }
+    CutOptions earliest = options;
+    earliest.iteration_start_tries = 0;
+    return Plan(ranks, earliest);
+  }
   CutPlan out = Plan(ranks, options);
   if (out.ok() || !options.iteration) return out;
   // With the lowest rank pinned to an iteration, a failure usually means another rank will be

@@ -80,6 +80,12 @@ struct CutOptions {
   // Stop the lowest rank exactly at the start of this iteration (falcon-ctl pause --iteration);
   // needs that rank's iteration_at_start.
   std::optional<std::uint64_t> iteration;
+  // Without `iteration`: > 0 stops the lowest rank at the first iteration start it can still
+  // reach (trying this many iterations), where the cut costs the least: frameworks synchronise
+  // the host with the device at the end of an iteration, so little device work is queued behind
+  // the stop and a validation's GEMM need not wait for it. Falls back to the earliest cut when
+  // that rank has no iteration boundary, or none of those iterations has a consistent cut.
+  std::uint64_t iteration_start_tries = 0;
 };
 
 struct CutPlan {

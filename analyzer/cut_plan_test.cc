@@ -230,6 +230,35 @@ TEST(CutPlanTest, AnotherRankAlreadyPastTheIterationIsTooSoonNamingIt) {
   EXPECT_TRUE(PlanCut(in, options).ok()) << PlanCut(in, options).failure;
 }
 
+// The validation cut prefers an iteration start on the lowest rank (little device work queued
+// there); without an iteration boundary it is the earliest cut.
+TEST(CutPlanTest, IterationStartTriesStopTheLowestRankAtTheNextIterationStart) {
+  const std::vector<Program> progs = PipelineJob(2, 2, 2, 2);
+  const std::uint64_t units = progs[0].units.size();
+  for (std::uint64_t min : {std::uint64_t{1}, units / 2, units, 3 * units + 1}) {
+    SCOPED_TRACE(min);
+    std::vector<std::uint64_t> offsets;
+    std::vector<RankCallPattern> in;
+    for (std::size_t i = 0; i < progs.size(); ++i) {
+      offsets.push_back(0);
+      in.push_back(PatternOf(progs[i], 0, min));
+      in.back().iteration_at_start = 7;
+    }
+    CutOptions options;
+    options.iteration_start_tries = 3;
+    const CutPlan plan = PlanCut(in, options);
+    ExpectConsistent(progs, offsets, plan);
+    ASSERT_TRUE(plan.ok()) << plan.failure;
+    EXPECT_EQ(plan.ranks[0].position % units, 0u) << "an iteration start";
+    EXPECT_GE(plan.ranks[0].position, min);
+    EXPECT_LT(plan.ranks[0].position, std::max<std::uint64_t>(min, 1) + units);
+    for (RankCallPattern& p : in) p.iteration_at_start.reset();
+    const CutPlan earliest = PlanCut(in, options);
+    ASSERT_TRUE(earliest.ok()) << earliest.failure;
+    EXPECT_EQ(earliest.ranks[0].position, PlanCut(in).ranks[0].position) << "no boundary: the earliest cut";
+  }
+}
+
 // Random SPMD programs: a global order of collectives on random communicators, projected onto
 // each rank (so the members of every communicator issue the same calls), with random groups.
 // The plan must be consistent and the earliest one: brute force over small domains.

@@ -71,6 +71,10 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "pause-lead-s", v.pause_lead_s, "place the pause cut this far ahead, s")->check(CLI::Range(0.01, 600.0));
   Entry(app, "max-pause-s", v.max_pause_s, "the shims resume by themselves after this, s")->check(CLI::Range(1.0, 3600.0));
   Entry(app, "pause-attempts", v.pause_attempts, "cuts tried per validation when ranks passed them")->check(CLI::Range(1, 20));
+  Entry(app, "pause-iteration-tries", v.cut_iteration_tries,
+        "stop the lowest rank at one of the next this many iteration starts it can reach, where little device "
+        "work is queued behind the cut (0: the earliest consistent cut)")
+      ->check(CLI::Range(0, 100));
   Entry(app, "ack-timeout-s", v.ack_timeout_s, "longest wait for an agent's ack, s")->check(CLI::Range(0.1, 3600.0));
   Entry(app, "gemm-size", v.gemm_size, "GEMM validation matrix dimension")->check(CLI::Range(1, 8192));
   Entry(app, "gemm-repeats", v.gemm_repeats, "timed GEMM repetitions")->check(CLI::Range(1, 1000));

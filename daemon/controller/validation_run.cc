@@ -203,7 +203,9 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
     }
   }
   analyzer::CutPlan plan;
-  if (why.empty()) plan = analyzer::PlanCut(patterns);
+  analyzer::CutOptions options;
+  options.iteration_start_tries = static_cast<std::uint64_t>(std::max(settings_.cut_iteration_tries, 0));
+  if (why.empty()) plan = analyzer::PlanCut(patterns, options);
   else plan.failure = why;
   if (!plan.ok()) {
     if (plan.failure != cut_failure_) {

@@ -51,6 +51,8 @@ struct ValidationSettings {
   double pause_lead_s = 1.0;
   double max_pause_s = 60;
   int pause_attempts = 3;
+  // analyzer::CutOptions::iteration_start_tries: cut where the device has little queued work.
+  int cut_iteration_tries = 2;
   double ack_timeout_s = 20;
   // As analyzer/validation_plan.h: large enough that throughput, not launch latency, is timed.
   std::int64_t gemm_size = 4096;

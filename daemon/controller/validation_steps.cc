@@ -40,8 +40,10 @@ Status AddCommPasses(const CommInfo& c, bool judged, const StepOptions& o,
   return Status::Ok();
 }
 
-// First-fit packing of passes into steps whose ranks are disjoint. `vrank_of`: a global rank's
-// rank in the validation communicator.
+// First-fit packing of exchanges, pass by pass, into steps whose ranks are disjoint: a pass's
+// exchanges usually share a step, and a pass thinned out by pairs measured already fills the
+// gaps of earlier steps instead of opening steps of its own. `vrank_of`: a global rank's rank in
+// the validation communicator.
 std::vector<ValidationStep> Pack(const std::vector<CommPass>& passes, const JobView& view,
                                  const std::map<std::int64_t, std::int32_t>& vrank_of) {
   std::vector<ValidationStep> steps;
@@ -49,25 +51,19 @@ std::vector<ValidationStep> Pack(const std::vector<CommPass>& passes, const JobV
   for (std::uint32_t index = 0; index < passes.size(); ++index) {
     const CommPass& p = passes[index];
     const CommInfo& c = view.comms().at(p.comm);
-    std::vector<RankTaskSpec> tasks;
-    std::set<std::int64_t> ranks;
     for (const auto& [a, b] : p.pairs) {
       const std::int64_t ga = c.members[static_cast<std::size_t>(a)];
       const std::int64_t gb = c.members[static_cast<std::size_t>(b)];
-      tasks.push_back({ga, "p2p", p.comm, vrank_of.at(gb), gb, index, p.judged});
-      tasks.push_back({gb, "p2p", p.comm, vrank_of.at(ga), ga, index, p.judged});
-      ranks.insert({ga, gb});
+      std::size_t s = 0;
+      while (s < steps.size() && (used[s].count(ga) > 0 || used[s].count(gb) > 0)) ++s;
+      if (s == steps.size()) {
+        steps.emplace_back();
+        used.emplace_back();
+      }
+      steps[s].tasks.push_back({ga, "p2p", p.comm, vrank_of.at(gb), gb, index, p.judged});
+      steps[s].tasks.push_back({gb, "p2p", p.comm, vrank_of.at(ga), ga, index, p.judged});
+      used[s].insert({ga, gb});
     }
-    std::size_t s = 0;
-    for (; s < steps.size(); ++s) {
-      if (std::none_of(ranks.begin(), ranks.end(), [&](std::int64_t r) { return used[s].count(r) > 0; })) break;
-    }
-    if (s == steps.size()) {
-      steps.emplace_back();
-      used.emplace_back();
-    }
-    steps[s].tasks.insert(steps[s].tasks.end(), tasks.begin(), tasks.end());
-    used[s].insert(ranks.begin(), ranks.end());
   }
   for (std::size_t s = 0; s < steps.size(); ++s) {
     steps[s].what = "p2p " + std::to_string(s + 1) + "/" + std::to_string(steps.size());

@@ -16,8 +16,9 @@
 //    round: pairs the ring already covered are dropped from the tree, and pairs an earlier
 //    communicator covered (Megatron's groups alike, a TP pair that is also a model-parallel pair)
 //    from later ones — suspicious communicators first, so a pair they share with a peer stays
-//    judged. Passes of different communicators share a step when they touch disjoint ranks
-//    (communicators of one class usually do).
+//    judged. Exchanges are packed first fit, pass by pass, into steps where no rank takes part
+//    twice: passes of different communicators share a step when they touch disjoint ranks, and
+//    the exchanges a thinned-out pass has left fill earlier steps' gaps.
 // Thread-safety: pure functions. Must never: do I/O.
 #pragma once
 
