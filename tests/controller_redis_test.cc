@@ -176,5 +176,23 @@ TEST_F(ControllerRedisTest, WrongTypeStreamIsSetAsideWithBackoffAndTheRestGoesOn
   }
 }
 
+TEST_F(ControllerRedisTest, OutOfBoundNumbersAreDroppedAndTheStateStillSaves) {
+  RegisterRank0();
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { return State().is_object(); }, 20)) << ReadFile(log_);
+  AddIterations({1e300, 1e300, 1e300, 1e300});
+  AddIterations({-1.0});
+  AddIterations({0.25});
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s.contains("current_s") && s["current_s"] == 0.25;
+  }, 20)) << ReadFile(log_);
+  ASSERT_TRUE(SavedAfter(NowNs() + 500'000'000));
+  const std::string text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=bad_message stream=iterations"), 2u) << text;
+  EXPECT_NE(text.find("iterations.seconds: element 0 out of bounds"), std::string::npos) << text;
+  EXPECT_EQ(text.find("controller_state would be invalid"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace falcon

@@ -320,7 +320,7 @@ TEST(JobViewTest, MalformedCommEntriesAreSkipped) {
     SCOPED_TRACE(entry);
     json m = RankMsg({0, "node0", {{kWorld, 0, 1, "world", 5}}});
     m["comms"].push_back(json::parse(entry));
-    ASSERT_TRUE(protocol::ValidateMessage(m, protocol::kRankRegister).ok()) << "the schema lets it through";
+    // The schema refuses most of these (kRankCommFields); the view skips whatever reaches it.
     JobView v;
     v.Update({m}, {AgentMsg("node0")});
     ASSERT_EQ(v.ranks().count(0), 1u);
@@ -534,7 +534,7 @@ TEST(ProfileAnalysisTest, WrongShapedEntriesAreSkipped) {
     json& p = profiles[0];
     if (!c.comm.empty()) p["comms"].push_back(json::parse(c.comm));
     if (!c.sig.empty()) p["comms"][0]["sigs"].push_back(json::parse(c.sig));
-    ASSERT_TRUE(protocol::ValidateMessage(p, protocol::kCommProfile).ok()) << "the schema lets it through";
+    // The schema refuses most of these (kProfileCommFields); the analysis skips whatever reaches it.
     Result<ProfileVerdict> r = AnalyzeProfiles(RunningJob(), profiles, {});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r.value().suspicious, std::vector<std::uint64_t>{TpId(3)});
