@@ -114,6 +114,27 @@ JobView RunningJob(const std::map<std::int64_t, std::string>& state_of = {}) {
 // ---------------------------------------------------------------------------------------------
 // JobView
 
+TEST(JobViewTest, ClaimedCommunicatorSizesDoNotSizeMemory) {
+  // One registration claiming 40 communicators of the largest size the schema allows: none can
+  // be known whole with one process registered, so none is kept (nor allocated); the real job's
+  // communicators beside it are unaffected.
+  std::vector<protocol::CommSummary> huge;
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    huge.push_back({0xf00d000000000000ULL + i, 0, static_cast<std::int32_t>(protocol::kMaxCommRanks), "x", 1});
+  }
+  JobView alone;
+  alone.Update({RankMsg({0, "node0", huge, kT0})}, JobAgents());
+  EXPECT_EQ(alone.ranks().size(), 1u);
+  EXPECT_TRUE(alone.comms().empty());
+
+  std::vector<json> ranks = JobRanks(1000, kT0);
+  ranks.push_back(RankMsg({kRanks, "node1", huge, kT0}));
+  JobView v;
+  v.Update(ranks, JobAgents());
+  EXPECT_EQ(v.comms().size(), 1u + kRanks / 2 + 2);  // world, TP groups, DP groups
+  EXPECT_TRUE(v.comms().at(kWorld).complete());
+}
+
 TEST(JobViewTest, MembersFollowCommRankOrderAndOnlyLiveRanksCount) {
   // Communicator 0xaa numbers the four ranks backwards: global rank r is comm rank 3 - r.
   struct Case {

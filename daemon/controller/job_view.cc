@@ -42,7 +42,7 @@ RankInfo ParseRank(const nlohmann::json& m) {
     rc.id = *id;
     rc.rank = rank->get<std::int32_t>();
     rc.nranks = nranks->get<std::int32_t>();
-    if (rc.nranks < 1 || rc.nranks > (1 << 24) || rc.rank < 0 || rc.rank >= rc.nranks) continue;
+    if (rc.nranks < 1 || rc.nranks > protocol::kMaxCommRanks || rc.rank < 0 || rc.rank >= rc.nranks) continue;
     const auto calls = c.find("calls");
     if (calls != c.end() && calls->is_number_unsigned()) rc.calls = calls->get<std::uint64_t>();
     r.comms.push_back(rc);
@@ -66,10 +66,16 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
     RankInfo r = ParseRank(m);
     ranks_[r.rank] = std::move(r);
   }
+  // Every member of a communicator is a process of the job, and every process registers: a
+  // communicator claiming more members than there are registrations cannot be known whole yet
+  // and is left out until they arrive. Member tables are then sized by what was reported, never
+  // by what one message claims.
+  const std::size_t registered = ranks.size();
   std::set<std::string> hosts;
   for (const auto& [rank, r] : ranks_) {
     hosts.insert(r.host);
     for (const RankComm& rc : r.comms) {
+      if (static_cast<std::size_t>(rc.nranks) > registered) continue;
       CommInfo& c = comms_[rc.id];
       if (c.members.empty()) {
         c.id = rc.id;
