@@ -115,8 +115,8 @@ JobView RunningJob(const std::map<std::int64_t, std::string>& state_of = {}) {
 // JobView
 
 TEST(JobViewTest, ClaimedCommunicatorSizesDoNotSizeMemory) {
-  // One registration claiming 40 communicators of the largest size the schema allows: none can
-  // be known whole with one process registered, so none is kept (nor allocated); the real job's
+  // One registration claiming 40 communicators of the largest size the schema allows: one
+  // report each is far too few for such sizes, so none is kept (nor allocated); the real job's
   // communicators beside it are unaffected.
   std::vector<protocol::CommSummary> huge;
   for (std::uint64_t i = 0; i < 40; ++i) {

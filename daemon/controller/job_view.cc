@@ -11,6 +11,7 @@ namespace falcon::controller {
 namespace {
 
 constexpr double kRateSmoothing = 0.5;  // weight of the newest rate estimate
+constexpr std::size_t kMembersPerReport = 64;  // member slots one report may make the view hold
 
 RankInfo ParseRank(const nlohmann::json& m) {
   RankInfo r;
@@ -66,16 +67,19 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
     RankInfo r = ParseRank(m);
     ranks_[r.rank] = std::move(r);
   }
-  // Every member of a communicator is a process of the job, and every process registers: a
-  // communicator claiming more members than there are registrations cannot be known whole yet
-  // and is left out until they arrive. Member tables are then sized by what was reported, never
-  // by what one message claims.
-  const std::size_t registered = ranks.size();
+  // A member table is sized by the communicator's nranks, a claim: it is built only when at
+  // least 1 in kMembersPerReport of its members reported it, so memory stays proportional to
+  // the reports (kMembersPerReport slots each at most), never to what one message claims. A
+  // real communicator is kept with half its ranks gone (an agent died) or while the job starts.
+  std::map<std::uint64_t, std::size_t> reports;
+  for (const auto& [rank, r] : ranks_) {
+    for (const RankComm& rc : r.comms) ++reports[rc.id];
+  }
   std::set<std::string> hosts;
   for (const auto& [rank, r] : ranks_) {
     hosts.insert(r.host);
     for (const RankComm& rc : r.comms) {
-      if (static_cast<std::size_t>(rc.nranks) > registered) continue;
+      if (static_cast<std::size_t>(rc.nranks) > kMembersPerReport * reports[rc.id]) continue;
       CommInfo& c = comms_[rc.id];
       if (c.members.empty()) {
         c.id = rc.id;
