@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/messages.h"
@@ -230,8 +233,90 @@ TEST_P(ProtocolTest, VersionTypeAndSyntaxAreChecked) {
   EXPECT_FALSE(ParseMessage(std::string(kMaxMessageBytes + 1, ' '), spec).ok());
 }
 
+// Every number a message can carry has finite bounds: fields, array elements, and the fields of
+// the array elements the schema looks into (one unbounded number is a value the controller may
+// later fail to save, or size an allocation by).
+void ExpectBounded(const std::string& where, std::span<const FieldSpec> fields) {
+  constexpr double kLow = std::numeric_limits<double>::lowest(), kHigh = std::numeric_limits<double>::max();
+  for (const FieldSpec& f : fields) {
+    const std::string name = where + "." + std::string(f.name);
+    if (f.type == JsonType::kInteger || f.type == JsonType::kNumber) {
+      EXPECT_TRUE(f.min > kLow && f.max < kHigh) << name;
+    }
+    if (f.type == JsonType::kArray && (f.items == JsonType::kInteger || f.items == JsonType::kNumber)) {
+      EXPECT_TRUE(f.item_min > kLow && f.item_max < kHigh) << name << "[]";
+    }
+    if (f.type == JsonType::kArray && f.item_object != nullptr) ExpectBounded(name + "[]", f.item_object->fields);
+  }
+}
+
+TEST_P(ProtocolTest, EveryNumberIsBounded) {
+  const MessageSpec& spec = GetParam();
+  ExpectBounded(std::string(spec.type), spec.fields);
+}
+
+TEST_P(ProtocolTest, ArrayElementBoundsAreChecked) {
+  const MessageSpec& spec = GetParam();
+  for (const FieldSpec& f : spec.fields) {
+    if (f.type != JsonType::kArray || (f.items != JsonType::kInteger && f.items != JsonType::kNumber)) continue;
+    const bool integer = f.items == JsonType::kInteger;
+    for (const json& bad : {integer ? json(static_cast<std::int64_t>(f.item_min) - 1) : json(f.item_min - 1.0),
+                            integer ? (f.item_max > 1e15 ? json(std::numeric_limits<std::uint64_t>::max())
+                                                         : json(static_cast<std::uint64_t>(f.item_max) + 1))
+                                    : json(f.item_max * 2 + 1)}) {
+      json m = Example(spec.type);
+      m[std::string(f.name)] = json::array({bad});
+      const Status st = ValidateMessage(m, spec);
+      EXPECT_FALSE(st.ok()) << spec.type << "." << f.name << " = [" << bad.dump() << "]";
+      EXPECT_NE(st.message().find(std::string(f.name)), std::string::npos) << st.message();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllMessages, ProtocolTest, ::testing::ValuesIn(kAllMessages),
                          [](const auto& p) { return std::string(p.param.type); });
+
+// What broke the controller once: each is refused, and the Status names the element.
+TEST(ProtocolBoundsTest, HostileSizesAndNumbersAreRefused) {
+  struct Case {
+    const char* what;
+    std::string_view type;
+    std::function<void(json&)> mutate;
+    const char* names;  // in the error
+  };
+  const std::vector<Case> cases = {
+      {"a claimed 16M-member communicator", kRankRegister.type,
+       [](json& m) { m["comms"][0]["nranks"] = 16777216; }, "rank_register.comms[0].nranks"},
+      {"comm rank beyond any communicator", kRankRegister.type,
+       [](json& m) { m["comms"][0]["rank"] = 1 << 20; }, "rank_register.comms[0].rank"},
+      {"a communicator entry without its size", kRankRegister.type,
+       [](json& m) { m["comms"][0].erase("nranks"); }, "rank_register.comms[0].nranks"},
+      {"too many communicators", kRankRegister.type,
+       [](json& m) {
+         const json one = m["comms"][0];
+         m["comms"] = json::array();
+         for (int i = 0; i < static_cast<int>(kMaxCommsPerRank) + 1; ++i) m["comms"].push_back(one);
+       },
+       "rank_register.comms"},
+      {"1e300 seconds", kIterations.type, [](json& m) { m["seconds"] = {1e300, 0.5}; }, "iterations.seconds"},
+      {"negative seconds", kIterations.type, [](json& m) { m["seconds"] = {0.5, -1.0}; }, "iterations.seconds"},
+      {"negative start", kIterations.type, [](json& m) { m["start_ns"] = {1, -5}; }, "iterations.start_ns"},
+      {"profile signature bytes", kCommProfile.type,
+       [](json& m) { m["comms"][0]["sigs"][0]["bytes"] = -1; }, "comm_profile.comms[0].sigs[0].bytes"},
+      {"profile time", kCommProfile.type,
+       [](json& m) { m["comms"][0]["sigs"][0]["median_us"] = 1e300; }, "comm_profile.comms[0].sigs[0].median_us"},
+      {"benchmark time", kAck.type,
+       [](json& m) { m["results"] = json::array({json{{"rank", 0}, {"state", "trapped"}, {"median_s", 1e300}}}); },
+       "ack.results[0].median_s"},
+  };
+  for (const Case& c : cases) {
+    json m = Example(c.type);
+    c.mutate(m);
+    const Status st = ValidateMessage(m, *FindMessage(c.type));
+    EXPECT_FALSE(st.ok()) << c.what;
+    EXPECT_NE(st.message().find(c.names), std::string::npos) << c.what << ": " << st.message();
+  }
+}
 
 // cut_info's pattern and pause's targets: round trips, and every malformed part is refused.
 TEST(ProtocolCutTest, PatternsAndTargetsRoundTripAndBadOnesAreRefused) {

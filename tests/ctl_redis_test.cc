@@ -158,6 +158,20 @@ TEST_F(CtlRedisTest, StatusShowsRanksAndSkipsMalformed) {
   EXPECT_EQ(doc["agents"].size(), 1u);
 }
 
+TEST_F(CtlRedisTest, StatusSkipsKeysOfTheWrongType) {
+  RegisterAgent("node0", {0, 1});
+  for (const std::string& key : {Key(protocol::kRankKey, "", 5), Key(protocol::kAgentKey, "node9"),
+                                 Key(protocol::kIterationsStream), Key(protocol::kAlarmsStream)}) {
+    ASSERT_TRUE(conn_->Command({"SET", key, "not what the protocol says"}).ok());
+  }
+  testing::ProcessResult j = Ctl({"status", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  EXPECT_EQ(json::parse(j.out)["ranks"].size(), 2u) << j.out;
+  for (const char* key : {"rank:5", "agent:node9", "iterations", "alarms"}) {
+    EXPECT_NE(j.err.find(std::string(key) + ": redis: WRONGTYPE"), std::string::npos) << key << "\n" << j.err;
+  }
+}
+
 TEST_F(CtlRedisTest, IncidentsListedNewestLastAndMalformedSkipped) {
   for (int i = 0; i < 3; ++i) {
     json inc = {{"v", protocol::kSchemaVersion}, {"type", "incident"}, {"id", "inc-" + std::to_string(i)},

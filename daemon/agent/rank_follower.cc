@@ -62,7 +62,7 @@ RankFollower::RankFollower(daemon::SegmentReader seg, bool writable, const Follo
 }
 
 void RankFollower::RefreshComms() {
-  const std::uint32_t used = LoadShared(seg_.header().comm_used);
+  const std::uint32_t used = LoadShared(seg_.live_header().comm_used);
   if (used == comms_seen_ && !comms_.empty()) return;
   comms_ = daemon::MakeCommTable(seg_);
   comms_seen_ = used;
@@ -130,7 +130,7 @@ std::string RankFollower::mode_name() const {
 }
 
 std::int64_t RankFollower::real_minus_mono_ns() const {
-  return LoadShared(seg_.header().real_minus_mono_ns);
+  return LoadShared(seg_.live_header().real_minus_mono_ns);
 }
 
 std::int64_t RankFollower::rank() const {

@@ -19,6 +19,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::int64_t kNsPerS = 1'000'000'000;
+// After a failed step the loop waits this long, doubling per consecutive failure.
+constexpr int kStepBackoffMinMs = 50;
+constexpr int kStepBackoffMaxMs = 5000;
 
 std::int64_t WallNs() {
   timespec ts{};
@@ -65,12 +68,26 @@ int Controller::Run(const std::atomic<bool>& stop) {
       s = RefreshView();
       next_view_ns_ = now + std::int64_t{config_.view_ms} * 1'000'000;
     }
-    if (s.ok()) s = ReadStreams(run_ ? std::min(config_.tick_ms, 50) : config_.tick_ms);
+    if (s.ok()) s = ReadStreams(WallNs(), run_ ? std::min(config_.tick_ms, 50) : config_.tick_ms);
     if (s.ok()) s = Advance(WallNs());
-    if (s.ok() && (dirty_ || WallNs() >= next_save_ns_)) s = SaveState(WallNs());
+    if (s.ok() && (dirty_ || WallNs() >= next_save_ns_)) {
+      s = SaveState(WallNs());
+    } else if (!s.ok() && conn_->connected() && WallNs() >= next_save_ns_) {
+      // A step that keeps failing must not make the controller look dead: the heartbeat goes on.
+      if (Status saved = SaveState(WallNs()); !saved.ok()) {
+        log_->debug("event=state_save_failed error=\"{}\"", saved.message());
+      }
+    }
     if (!s.ok()) {
-      log_->warn("event=step_failed error=\"{}\"", s.message());
+      StepFailed(s);
       if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kCorrupt) conn_->Close();
+      timespec nap{step_backoff_ms_ / 1000, (step_backoff_ms_ % 1000) * 1'000'000L};  // bounded
+      nanosleep(&nap, nullptr);
+    } else if (step_failures_ > 0) {
+      log_->info("event=step_recovered failures={}", step_failures_);
+      step_failures_ = 0;
+      step_backoff_ms_ = 0;
+      step_error_.clear();
     }
   }
   if (conn_ && conn_->connected()) {
@@ -83,6 +100,15 @@ int Controller::Run(const std::atomic<bool>& stop) {
   }
   log_->info("event=stop");
   return 0;
+}
+
+void Controller::StepFailed(const Status& s) {
+  ++step_failures_;
+  step_backoff_ms_ = std::clamp(step_backoff_ms_ * 2, kStepBackoffMinMs, kStepBackoffMaxMs);
+  if (s.message() == step_error_) return;  // logged already: only a change is news
+  step_error_ = s.message();
+  log_->warn("event=step_failed failures={} retry_ms={} error=\"{}\"", step_failures_, step_backoff_ms_,
+             s.message());
 }
 
 std::vector<std::int64_t> Controller::LiveSlow() const {

@@ -22,6 +22,9 @@
 // it releases a pause its predecessor may have left (resume to every agent) and re-validates.
 // Redis away: the loop reconnects with backoff; an interrupted validation is redone after
 // release; cursors beyond what a restarted (empty) Redis holds start over from its beginning.
+// A key of the wrong type costs only itself: a rank or agent key is skipped, a stream is set
+// aside and probed again with backoff; a step that keeps failing backs off (bounded), is
+// logged once per distinct error, and the state is still saved every heartbeat.
 //
 // Thread-safety: one thread runs Run(); `stop` may be set from any thread (signal handler
 // flag). The loop's only waits are XREAD BLOCK (tick_ms) and the reconnect backoff, both bounded.
@@ -63,8 +66,16 @@ class Controller {
   Status LoadState(std::int64_t now_ns);
   Status CheckCursors();
   Status SaveState(std::int64_t now_ns);
+  // A key Redis refuses (wrong type) is logged once, skipped, and logged again when it clears.
   Status RefreshView();
-  Status ReadStreams(int block_ms);
+  // Reads the report streams, except those set aside as unreadable (ProbeStreams).
+  Status ReadStreams(std::int64_t now_ns, int block_ms);
+  // Checks with TYPE the streams set aside whose retry time has come (`all`: every stream):
+  // a key that is neither a stream nor absent is set aside (logged once) and probed again with
+  // bounded exponential backoff; one that reads again is taken back (logged once).
+  Status ProbeStreams(std::int64_t now_ns, bool all);
+  // Bounded exponential backoff after a failed step, logged when the error changes.
+  void StepFailed(const Status& s);
   Status Send(const std::vector<OutgoingCommand>& commands);
   Status WritePlan(const nlohmann::json& plan_message, const std::string& strategy);
   Status Record(const std::string& stage, const std::string& summary, nlohmann::json fields,
@@ -122,6 +133,15 @@ class Controller {
   std::unique_ptr<redis::RedisConnection> conn_;
   std::int64_t next_connect_ns_ = 0;
   int backoff_ms_ = 0;
+  int step_backoff_ms_ = 0;       // after consecutive failed steps; 0 after a good one
+  std::uint64_t step_failures_ = 0;
+  std::string step_error_;        // the failure last logged
+  std::set<std::string> bad_keys_;  // rank/agent keys Redis refused at the last refresh
+  struct Unreadable {
+    std::int64_t retry_ns = 0;  // wall ns of the next probe
+    int backoff_ms = 0;
+  };
+  std::map<std::string, Unreadable> unreadable_;  // streams set aside, by cursor name
   bool state_loaded_ = false;
 
   ControllerState state_;

@@ -1,6 +1,7 @@
 // Controller, its Redis side: connecting, the persisted state, the job view, the report
 // streams, commands out, incidents and alerts out. See controller.h. Every payload read is
 // validated against its spec first; a bad one is logged, counted and dropped.
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,9 @@ using nlohmann::json;
 constexpr std::uint64_t kCommandsMaxLen = 1000;
 constexpr std::uint64_t kReadCount = 1000;  // stream entries per XREAD at most
 constexpr std::size_t kRecentSamples = 8;
+// A stream Redis refuses to read is probed again after this long, doubling per failed probe.
+constexpr int kStreamRetryMinMs = 1000;
+constexpr int kStreamRetryMaxMs = 60000;
 
 struct StreamSpec {
   const char* name;  // cursor name
@@ -99,6 +103,7 @@ Status Controller::LoadState(std::int64_t now_ns) {
     for (const StreamSpec& s : kStreams) {
       if (state_.cursors.count(s.name)) continue;
       Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
+      if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ReadStreams probes it
       if (!last.ok()) return last.status();
       // Requests made before this controller ever ran are stale: they start at the end too.
       state_.cursors[s.name] = std::string(s.name) == "alarms" || last.value().empty() ? "0-0" : last.value();
@@ -118,6 +123,7 @@ Status Controller::CheckCursors() {
     std::string& cursor = state_.cursors[s.name];
     if (cursor.empty()) cursor = "0-0";
     Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
+    if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ReadStreams probes it
     if (!last.ok()) return last.status();
     if (cursor != "0-0" && (last.value().empty() || StreamIdLess(last.value(), cursor))) {
       log_->warn("event=cursor_reset stream={} cursor={} newest={}", s.name, cursor,
@@ -164,6 +170,7 @@ Status Controller::SaveState(std::int64_t now_ns) {
 
 Status Controller::RefreshView() {
   std::vector<json> ranks, agents;
+  std::set<std::string> seen_bad;  // keys Redis refused in this scan
   for (const auto& [spec, msg, out] : {std::tuple{&protocol::kRankKey, &protocol::kRankRegister, &ranks},
                                        std::tuple{&protocol::kAgentKey, &protocol::kAgentHeartbeat, &agents}}) {
     Result<std::string> pattern = protocol::KeyMatchPattern(*spec, {config_.job, {}, std::nullopt});
@@ -172,7 +179,14 @@ Status Controller::RefreshView() {
     if (!keys.ok()) return keys.status();
     for (const std::string& key : keys.value()) {
       Result<std::map<std::string, std::string>> h = redis::HGetAll(*conn_, key);
-      if (!h.ok()) return h.status();
+      if (!h.ok() && h.status().code() != Status::Code::kInvalidArgument) return h.status();
+      if (!h.ok()) {  // Redis refused this key (not a hash): skip it, the others still count
+        seen_bad.insert(key);
+        if (bad_keys_.insert(key).second) {
+          log_->warn("event=bad_key key={} action=skipped error=\"{}\"", key, h.status().message());
+        }
+        continue;
+      }
       auto text = h.value().find(std::string(protocol::kPayloadField));
       if (text == h.value().end()) continue;  // expired between SCAN and HGETALL
       Result<json> m = protocol::ParseMessage(text->second, *msg);
@@ -184,15 +198,63 @@ Status Controller::RefreshView() {
       out->push_back(std::move(m.value()));
     }
   }
+  for (auto it = bad_keys_.begin(); it != bad_keys_.end();) {
+    if (seen_bad.count(*it)) {
+      ++it;
+      continue;
+    }
+    log_->info("event=bad_key_cleared key={}", *it);  // readable again, or gone
+    it = bad_keys_.erase(it);
+  }
   view_.Update(ranks, agents);
   if (!state_.node_hosts.empty()) view_.SetNodes(state_.node_hosts, state_.placement);
   return Status::Ok();
 }
 
-Status Controller::ReadStreams(int block_ms) {
+Status Controller::ProbeStreams(std::int64_t now_ns, bool all) {
+  for (const StreamSpec& s : kStreams) {
+    auto bad = unreadable_.find(s.name);
+    if (!all && (bad == unreadable_.end() || now_ns < bad->second.retry_ns)) continue;
+    Result<redis::RedisReply> type = conn_->Command({"TYPE", Key(*s.key)});
+    if (!type.ok()) return type.status();
+    const std::string& t = type.value().str;
+    if (t == "stream" || t == "none") {
+      if (bad != unreadable_.end()) {
+        log_->info("event=stream_readable stream={}", s.name);
+        unreadable_.erase(bad);
+      }
+      continue;
+    }
+    if (bad == unreadable_.end()) {
+      bad = unreadable_.emplace(s.name, Unreadable{}).first;
+      log_->warn("event=stream_unreadable stream={} key={} type={} action=skipped retry_max_ms={}", s.name,
+                 Key(*s.key), t, kStreamRetryMaxMs);
+    }
+    Unreadable& u = bad->second;
+    u.backoff_ms = std::clamp(u.backoff_ms * 2, kStreamRetryMinMs, kStreamRetryMaxMs);
+    u.retry_ns = now_ns + std::int64_t{u.backoff_ms} * 1'000'000;
+  }
+  return Status::Ok();
+}
+
+Status Controller::ReadStreams(std::int64_t now_ns, int block_ms) {
+  if (Status s = ProbeStreams(now_ns, false); !s.ok()) return s;
   std::vector<std::pair<std::string, std::string>> streams;
-  for (const StreamSpec& s : kStreams) streams.emplace_back(Key(*s.key), state_.cursors[s.name]);
+  for (const StreamSpec& s : kStreams) {
+    if (!unreadable_.count(s.name)) streams.emplace_back(Key(*s.key), state_.cursors[s.name]);
+  }
+  if (streams.empty()) {  // nothing readable: keep the loop's pace without Redis
+    timespec nap{block_ms / 1000, (block_ms % 1000) * 1'000'000L};
+    nanosleep(&nap, nullptr);
+    return Status::Ok();
+  }
   Result<std::vector<redis::StreamRead>> r = redis::XRead(*conn_, streams, kReadCount, block_ms);
+  if (!r.ok() && r.status().code() == Status::Code::kInvalidArgument) {
+    // Redis refused the read (a key of the wrong type): find the culprits and set them aside.
+    const std::size_t before = unreadable_.size();
+    if (Status s = ProbeStreams(now_ns, true); !s.ok()) return s;
+    if (unreadable_.size() > before) return Status::Ok();
+  }
   if (!r.ok()) return r.status();
   for (const redis::StreamRead& read : r.value()) {
     const StreamSpec* spec = nullptr;

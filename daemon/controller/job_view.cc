@@ -11,6 +11,7 @@ namespace falcon::controller {
 namespace {
 
 constexpr double kRateSmoothing = 0.5;  // weight of the newest rate estimate
+constexpr std::size_t kMembersPerReport = 64;  // member slots one report may make the view hold
 
 RankInfo ParseRank(const nlohmann::json& m) {
   RankInfo r;
@@ -42,7 +43,7 @@ RankInfo ParseRank(const nlohmann::json& m) {
     rc.id = *id;
     rc.rank = rank->get<std::int32_t>();
     rc.nranks = nranks->get<std::int32_t>();
-    if (rc.nranks < 1 || rc.nranks > (1 << 24) || rc.rank < 0 || rc.rank >= rc.nranks) continue;
+    if (rc.nranks < 1 || rc.nranks > protocol::kMaxCommRanks || rc.rank < 0 || rc.rank >= rc.nranks) continue;
     const auto calls = c.find("calls");
     if (calls != c.end() && calls->is_number_unsigned()) rc.calls = calls->get<std::uint64_t>();
     r.comms.push_back(rc);
@@ -66,10 +67,19 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
     RankInfo r = ParseRank(m);
     ranks_[r.rank] = std::move(r);
   }
+  // A member table is sized by the communicator's nranks, a claim: it is built only when at
+  // least 1 in kMembersPerReport of its members reported it, so memory stays proportional to
+  // the reports (kMembersPerReport slots each at most), never to what one message claims. A
+  // real communicator is kept with half its ranks gone (an agent died) or while the job starts.
+  std::map<std::uint64_t, std::size_t> reports;
+  for (const auto& [rank, r] : ranks_) {
+    for (const RankComm& rc : r.comms) ++reports[rc.id];
+  }
   std::set<std::string> hosts;
   for (const auto& [rank, r] : ranks_) {
     hosts.insert(r.host);
     for (const RankComm& rc : r.comms) {
+      if (static_cast<std::size_t>(rc.nranks) > kMembersPerReport * reports[rc.id]) continue;
       CommInfo& c = comms_[rc.id];
       if (c.members.empty()) {
         c.id = rc.id;

@@ -144,12 +144,15 @@ std::string ValidationRun::NoCutReason(const JobView& view) const {
   std::size_t widest = 0;
   std::string missing;
   for (const auto& [id, c] : view.comms()) {
-    if (c.members.size() <= widest) continue;
-    widest = c.members.size();
-    missing.clear();
+    // The widest communicator; among equally wide ones (DP groups), one with members missing.
+    if (c.members.size() < widest || (c.members.size() == widest && !missing.empty())) continue;
+    std::string gaps;
     for (std::size_t r = 0; r < c.members.size(); ++r) {
-      if (c.members[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (c.members[r] < 0) gaps += (gaps.empty() ? "" : ", ") + std::to_string(r);
     }
+    if (c.members.size() == widest && gaps.empty()) continue;
+    widest = c.members.size();
+    missing = std::move(gaps);
   }
   if (!missing.empty()) {  // the likeliest cause first: ranks nobody can pause
     return "members " + missing + " of the job's widest communicator (" + std::to_string(widest) +

@@ -124,6 +124,15 @@ int ReportRedisError(const Status& status) {
   }
 }
 
+namespace {
+
+// Redis refused a read because the key holds another type: one key's problem, not the command's.
+bool WrongType(const Status& s) {
+  return s.code() == Status::Code::kInvalidArgument && s.message().find("WRONGTYPE") != std::string::npos;
+}
+
+}  // namespace
+
 std::optional<nlohmann::json> ValidateOrWarn(const std::string& where, const std::string* text,
                                              const protocol::MessageSpec& spec) {
   if (text == nullptr) {
@@ -147,6 +156,10 @@ Result<std::vector<ValidMessage>> ReadStreamTail(redis::RedisConnection& c,
   std::vector<std::string> argv{"XREVRANGE", stream, "+", after_id.empty() ? "-" : "(" + after_id};
   if (count > 0) argv.insert(argv.end(), {"COUNT", std::to_string(count)});
   Result<redis::RedisReply> r = c.Command(argv);
+  if (!r.ok() && WrongType(r.status())) {
+    std::fprintf(stderr, "falcon-ctl: warning: %s: %s, skipped\n", stream.c_str(), r.status().message().c_str());
+    return std::vector<ValidMessage>{};
+  }
   if (!r.ok()) return r.status();
   // XREVRANGE replies like one stream of an XREAD reply: wrap it to reuse the parser.
   redis::RedisReply wrapped{redis::RedisReply::Type::kArray, {}, 0, {}};
@@ -171,6 +184,10 @@ Result<std::optional<ValidMessage>> ReadHashMessage(redis::RedisConnection& c,
                                                     const std::string& key,
                                                     const protocol::MessageSpec& spec) {
   Result<std::map<std::string, std::string>> h = redis::HGetAll(c, key);
+  if (!h.ok() && WrongType(h.status())) {
+    std::fprintf(stderr, "falcon-ctl: warning: %s: %s, skipped\n", key.c_str(), h.status().message().c_str());
+    return std::optional<ValidMessage>{};
+  }
   if (!h.ok()) return h.status();
   if (h.value().empty()) return std::optional<ValidMessage>{};  // expired since SCAN
   auto it = h.value().find(std::string(protocol::kPayloadField));

@@ -61,7 +61,8 @@ struct ValidMessage {
 
 // Entries of `stream` from newest backwards, at most `count` (0: all), returned oldest first;
 // entries after (exclusive) `after_id` only when it is non-empty. Entries whose payload is
-// missing or fails `spec` are reported on stderr and skipped.
+// missing or fails `spec` are reported on stderr and skipped; a key that is not a stream is
+// reported and read as empty.
 [[nodiscard]] Result<std::vector<ValidMessage>> ReadStreamTail(redis::RedisConnection& c,
                                                                const std::string& stream,
                                                                const protocol::MessageSpec& spec,
@@ -69,7 +70,7 @@ struct ValidMessage {
                                                                const std::string& after_id);
 
 // The kPayloadField of hash `key` validated as `spec`; nullopt (reported on stderr) when the key
-// vanished or the payload is bad.
+// vanished, is not a hash, or the payload is bad.
 [[nodiscard]] Result<std::optional<ValidMessage>> ReadHashMessage(
     redis::RedisConnection& c, const std::string& key, const protocol::MessageSpec& spec);
 

@@ -113,7 +113,7 @@ int RunTrace(const TraceOptions& o) {
     if (!batch.empty()) comms = daemon::MakeCommTable(seg);  // new communicators may have appeared
     for (const FalconRecord& r : batch) {
       if (o.limit != 0 && printed >= o.limit) break;
-      if (o.json) std::printf("%s\n", daemon::RecordToJson(r, seg.header(), comms).dump().c_str());
+      if (o.json) std::printf("%s\n", daemon::RecordToJson(r, seg.live_header(), comms).dump().c_str());
       else PrintRow(r, seg.header(), comms);
       ++printed;
     }

@@ -29,13 +29,37 @@ bool InChoices(std::string_view value, std::string_view choices) {
   return false;
 }
 
-Status FieldError(const MessageSpec& spec, const FieldSpec& f, const std::string& what) {
-  return Status::InvalidArgument(std::string(spec.type) + "." + std::string(f.name) + ": " + what);
+// `where` names the field's container for the log line: "iterations", "rank_register.comms[3]".
+Status FieldError(const std::string& where, const FieldSpec& f, const std::string& what) {
+  return Status::InvalidArgument(where + "." + std::string(f.name) + ": " + what);
 }
 
-Status CheckField(const MessageSpec& spec, const FieldSpec& f, const nlohmann::json& v) {
+Status CheckFields(const std::string& where, std::span<const FieldSpec> fields, const nlohmann::json& m);
+
+Status CheckItems(const std::string& where, const FieldSpec& f, const nlohmann::json& v) {
+  std::size_t i = 0;
+  for (const auto& item : v) {
+    if (!HasType(item, f.items)) {
+      return FieldError(where, f, std::string("elements must be ") + JsonTypeName(f.items));
+    }
+    if (f.items == JsonType::kInteger || f.items == JsonType::kNumber) {
+      const double d = item.get<double>();
+      if (d < f.item_min || d > f.item_max) {
+        return FieldError(where, f, "element " + std::to_string(i) + " out of bounds");
+      }
+    } else if (f.items == JsonType::kObject && f.item_object != nullptr) {
+      Status s = CheckFields(where + "." + std::string(f.name) + "[" + std::to_string(i) + "]",
+                             f.item_object->fields, item);
+      if (!s.ok()) return s;
+    }
+    ++i;
+  }
+  return Status::Ok();
+}
+
+Status CheckField(const std::string& where, const FieldSpec& f, const nlohmann::json& v) {
   if (!HasType(v, f.type)) {
-    return FieldError(spec, f, std::string("want ") + JsonTypeName(f.type) + ", got " +
+    return FieldError(where, f, std::string("want ") + JsonTypeName(f.type) + ", got " +
                                    v.type_name());
   }
   switch (f.type) {
@@ -43,36 +67,45 @@ Status CheckField(const MessageSpec& spec, const FieldSpec& f, const nlohmann::j
       const auto& s = v.get_ref<const std::string&>();
       if (!f.choices.empty()) {
         if (!InChoices(s, f.choices)) {
-          return FieldError(spec, f, "'" + s.substr(0, 40) + "' not one of " +
+          return FieldError(where, f, "'" + s.substr(0, 40) + "' not one of " +
                                          std::string(f.choices));
         }
       } else if (static_cast<double>(s.size()) < std::max(0.0, f.min) ||
                  static_cast<double>(s.size()) > f.max) {
-        return FieldError(spec, f, "length " + std::to_string(s.size()) + " out of bounds");
+        return FieldError(where, f, "length " + std::to_string(s.size()) + " out of bounds");
       }
       return Status::Ok();
     }
     case JsonType::kInteger:
     case JsonType::kNumber: {
       const double d = v.get<double>();
-      if (d < f.min || d > f.max) return FieldError(spec, f, "value out of bounds");
+      if (d < f.min || d > f.max) return FieldError(where, f, "value out of bounds");
       return Status::Ok();
     }
     case JsonType::kArray: {
       if (static_cast<double>(v.size()) < std::max(0.0, f.min) ||
           static_cast<double>(v.size()) > f.max) {
-        return FieldError(spec, f, std::to_string(v.size()) + " elements: out of bounds");
+        return FieldError(where, f, std::to_string(v.size()) + " elements: out of bounds");
       }
-      for (const auto& item : v) {
-        if (!HasType(item, f.items)) {
-          return FieldError(spec, f, std::string("elements must be ") + JsonTypeName(f.items));
-        }
-      }
-      return Status::Ok();
+      return CheckItems(where, f, v);
     }
     case JsonType::kBoolean:
     case JsonType::kObject:
       return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+Status CheckFields(const std::string& where, std::span<const FieldSpec> fields, const nlohmann::json& m) {
+  if (!m.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
+  for (const FieldSpec& f : fields) {
+    const auto it = m.find(f.name);
+    if (it == m.end() || it->is_null()) {
+      if (f.required) return FieldError(where, f, "required field missing");
+      continue;
+    }
+    Status s = CheckField(where, f, *it);
+    if (!s.ok()) return s;
   }
   return Status::Ok();
 }
@@ -114,16 +147,7 @@ Status ValidateMessage(const nlohmann::json& m, const MessageSpec& spec) {
   if (type == m.end() || !type->is_string() || type->get_ref<const std::string&>() != spec.type) {
     return Status::InvalidArgument("\"type\" is not \"" + std::string(spec.type) + "\"");
   }
-  for (const FieldSpec& f : spec.fields) {
-    const auto it = m.find(f.name);
-    if (it == m.end() || it->is_null()) {
-      if (f.required) return FieldError(spec, f, "required field missing");
-      continue;
-    }
-    Status s = CheckField(spec, f, *it);
-    if (!s.ok()) return s;
-  }
-  return Status::Ok();
+  return CheckFields(std::string(spec.type), spec.fields, m);
 }
 
 Result<nlohmann::json> ParseMessage(std::string_view text, const MessageSpec& spec) {

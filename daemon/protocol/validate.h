@@ -3,8 +3,10 @@
 // Every reader of Redis calls ParseMessage (text -> validated JSON) before it looks at a field:
 // the message must be a JSON object of at most kMaxMessageBytes, with "v" == kSchemaVersion,
 // "type" == the expected type (or, for ParseAnyOf, one of a set), every required field present,
-// and every listed field of the declared type, inside its choices/bounds. Unknown fields are
-// allowed (forward compatibility). The Status says which check failed, for the log line.
+// and every listed field of the declared type, inside its choices/bounds; array elements inside
+// their element bounds, and object elements that have an ObjectSpec checked like a message.
+// Unknown fields are allowed (forward compatibility). The Status says which check failed and
+// where ("rank_register.comms[3].nranks: value out of bounds"), for the log line.
 // Thread-safety: pure functions. Must never: throw (JSON exceptions are caught here), or accept
 // a message a check rejected.
 #pragma once

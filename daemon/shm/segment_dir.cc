@@ -122,7 +122,7 @@ WriterEvidence Gather(const SegmentReader& seg, const PidNamespace& own, bool lo
   e.same_namespace = writer.known() && writer == own;
   e.pid_matches = e.same_namespace && ProcessMatches(h.pid, h.pid_start_ticks);
   e.lock_held = lock_held;
-  const uint32_t flags = LoadShared(h.shim_flags, std::memory_order_acquire);
+  const uint32_t flags = LoadShared(seg.live_header().shim_flags, std::memory_order_acquire);
   e.heartbeat_kept = (flags & kFalconShimHeartbeat) != 0;
   const std::array<uint8_t, 16> zero{};
   e.same_boot = writer.boot_id != zero && writer.boot_id == own.boot_id;
@@ -180,7 +180,7 @@ std::optional<SegmentInfo> Inspect(const std::string& path, const SegmentName& n
   info.rank_hint = h.rank_hint;
   info.records = seg.head();
   info.lost = seg.records_lost();
-  info.comms = h.comm_used;
+  info.comms = LoadShared(seg.live_header().comm_used, std::memory_order_relaxed);
   info.created_real_ns = h.created_real_ns;
   info.heartbeat_real_ns = seg.control().heartbeat_real_ns;
   info.state = ClassifyWriter(Gather(seg, own, info.lock_held), options);

@@ -102,6 +102,11 @@ Result<SegmentReader> SegmentReader::Open(const std::string& path, Access access
   r.size_ = file_size;
   auto* bytes = static_cast<unsigned char*>(base);
   r.header_ = h;
+  // Text fields are read as C strings by callers: terminate the copy's, whatever the file holds.
+  copy.host[sizeof(copy.host) - 1] = '\0';
+  copy.job[sizeof(copy.job) - 1] = '\0';
+  copy.exe[sizeof(copy.exe) - 1] = '\0';
+  r.header_copy_ = copy;
   r.control_ = reinterpret_cast<FalconControl*>(bytes + copy.control_offset);
   r.plan_ = reinterpret_cast<FalconPlanBlock*>(bytes + copy.plan_offset);
   r.comms_ = reinterpret_cast<FalconCommEntry*>(bytes + copy.comm_offset);
@@ -120,6 +125,7 @@ SegmentReader& SegmentReader::operator=(SegmentReader&& o) noexcept {
     path_ = std::move(o.path_);
     base_ = std::exchange(o.base_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    header_copy_ = o.header_copy_;
     header_ = std::exchange(o.header_, nullptr);
     control_ = std::exchange(o.control_, nullptr);
     plan_ = std::exchange(o.plan_, nullptr);
@@ -138,7 +144,7 @@ SegmentReader::~SegmentReader() {
 
 uint64_t SegmentReader::head() const {
   uint64_t total = 0;
-  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) {
     total += std::atomic_ref<uint64_t>(lanes_[l].head).load(std::memory_order_acquire);
   }
   return total;
@@ -146,8 +152,8 @@ uint64_t SegmentReader::head() const {
 
 ReadCursor SegmentReader::OldestCursor() const {
   ReadCursor c;
-  const uint64_t cap = header_->lane_capacity;
-  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+  const uint64_t cap = header_copy_.lane_capacity;
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) {
     const uint64_t h = std::atomic_ref<uint64_t>(lanes_[l].head).load(std::memory_order_acquire);
     c.next.push_back(h > cap ? h - cap : 0);
   }
@@ -156,7 +162,7 @@ ReadCursor SegmentReader::OldestCursor() const {
 
 ReadCursor SegmentReader::HeadCursor() const {
   ReadCursor c;
-  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) {
     c.next.push_back(std::atomic_ref<uint64_t>(lanes_[l].head).load(std::memory_order_acquire));
   }
   return c;
@@ -164,13 +170,13 @@ ReadCursor SegmentReader::HeadCursor() const {
 
 uint64_t SegmentReader::records_lost() const {
   uint64_t total = 0;
-  for (uint32_t l = 0; l < header_->lane_count; ++l) total += LoadRelaxed(lanes_[l].records_lost);
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) total += LoadRelaxed(lanes_[l].records_lost);
   return total;
 }
 
 uint64_t SegmentReader::records_dropped() const {
   uint64_t total = 0;
-  for (uint32_t l = 0; l < header_->lane_count; ++l) total += LoadRelaxed(lanes_[l].records_dropped);
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) total += LoadRelaxed(lanes_[l].records_dropped);
   return total;
 }
 
@@ -181,7 +187,7 @@ bool SegmentReader::exited() const {
 std::vector<CommInfo> SegmentReader::Comms() const {
   std::vector<CommInfo> out;
   uint32_t used = LoadRelaxed(header_->comm_used);
-  if (used > header_->comm_capacity) used = header_->comm_capacity;
+  if (used > header_copy_.comm_capacity) used = header_copy_.comm_capacity;
   for (uint32_t i = 0; i < used; ++i) {
     std::atomic_ref<uint32_t> state(comms_[i].state);
     for (int attempt = 0; attempt < 3; ++attempt) {
@@ -193,6 +199,7 @@ std::vector<CommInfo> SegmentReader::Comms() const {
       std::atomic_thread_fence(std::memory_order_acquire);
       if (state.load(std::memory_order_relaxed) == before) {
         info.entry.state = before;
+        info.entry.name[sizeof(info.entry.name) - 1] = '\0';  // a C string for callers
         out.push_back(info);
         break;
       }
@@ -204,7 +211,7 @@ std::vector<CommInfo> SegmentReader::Comms() const {
 std::vector<ThreadInfo> SegmentReader::Threads() const {
   std::vector<ThreadInfo> out;
   uint32_t used = LoadRelaxed(header_->thread_used);
-  if (used > header_->thread_capacity) used = header_->thread_capacity;
+  if (used > header_copy_.thread_capacity) used = header_copy_.thread_capacity;
   for (uint32_t i = 0; i < used; ++i) {
     ThreadInfo t;
     t.slot = i;
@@ -222,7 +229,7 @@ std::vector<ThreadInfo> SegmentReader::Threads() const {
 ReadStats SegmentReader::ReadLane(uint32_t lane, uint64_t* next, size_t max, ReadMode mode,
                                   std::vector<FalconRecord>* out) const {
   ReadStats stats;
-  const uint64_t cap = header_->lane_capacity;
+  const uint64_t cap = header_copy_.lane_capacity;
   FalconRecord* ring = ring_ + uint64_t{lane} * cap;
   const uint64_t end = std::atomic_ref<uint64_t>(lanes_[lane].head).load(std::memory_order_acquire);
   if (end > cap && *next < end - cap) {
@@ -267,9 +274,9 @@ ReadStats SegmentReader::ReadLane(uint32_t lane, uint64_t* next, size_t max, Rea
 
 ReadStats SegmentReader::Read(ReadCursor* cursor, size_t max, ReadMode mode, std::vector<FalconRecord>* out) const {
   ReadStats total;
-  cursor->next.resize(header_->lane_count, 0);
+  cursor->next.resize(header_copy_.lane_count, 0);
   const size_t first = out->size();
-  for (uint32_t l = 0; l < header_->lane_count; ++l) {
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) {
     ReadStats s = ReadLane(l, &cursor->next[l], max, mode, out);
     total.read += s.read;
     total.lost += s.lost;
@@ -286,7 +293,7 @@ ReadStats SegmentReader::Read(ReadCursor* cursor, size_t max, ReadMode mode, std
 
 void SegmentReader::PublishCursor(const ReadCursor& cursor) {
   if (!writable_) return;
-  for (uint32_t l = 0; l < header_->lane_count && l < cursor.next.size(); ++l) {
+  for (uint32_t l = 0; l < header_copy_.lane_count && l < cursor.next.size(); ++l) {
     std::atomic_ref<uint64_t>(lanes_[l].reader_cursor).store(cursor.next[l], std::memory_order_relaxed);
   }
 }
@@ -361,7 +368,7 @@ Status SegmentReader::WritePlan(const ShmPlan& plan) {
 }
 
 uint64_t SegmentReader::CommCalls(uint32_t slot) const {
-  if (slot >= header_->comm_capacity) return 0;
+  if (slot >= header_copy_.comm_capacity) return 0;
   return LoadRelaxed(comms_[slot].calls);
 }
 

@@ -6,6 +6,10 @@
 // returned only if it was read whole; overwritten records are counted as lost and torn ones
 // (a writer died mid-record) as torn.
 // Thread-compatible: one SegmentReader per thread; many readers may map one segment.
+// Shared memory is untrusted after open: the traced process maps the segment read-write and a
+// stray write may change any byte at any time. The reader copies the header once at open,
+// validates the copy and takes every size, offset and capacity from it; what it still reads from
+// the live mapping (heads, counters, used counts, records) is bounded by the copy before use.
 // Never writes to the segment except through the agent's calls (PublishCursor, the control
 // block requests, WritePlan), which only the one "active" reader (the agent) may make, on a
 // reader opened with Access::kReadWrite.
@@ -59,10 +63,16 @@ class SegmentReader {
   ~SegmentReader();
 
   const std::string& path() const { return path_; }
-  const FalconShmHeader& header() const { return *header_; }
+  // The header as copied and validated at open: geometry and identity (pid, names: their text
+  // fields are NUL-terminated in the copy). Fields the shim keeps updating (state, shim_flags,
+  // comm_used, thread_used, counters, real_minus_mono_ns) are stale here: read them from
+  // live_header(), atomically, and bound them before use.
+  const FalconShmHeader& header() const { return header_copy_; }
+  // The live header in shared memory; any field may change under the reader.
+  const FalconShmHeader& live_header() const { return *header_; }
   const FalconControl& control() const { return *control_; }
   const FalconPlanBlock& plan() const { return *plan_; }
-  uint32_t lane_count() const { return header_->lane_count; }
+  uint32_t lane_count() const { return header_copy_.lane_count; }
   // Records written so far, all lanes together.
   uint64_t head() const;
   // Cursors at the oldest record still held in every lane, or at every lane's head.
@@ -125,6 +135,7 @@ class SegmentReader {
   std::string path_;
   void* base_ = nullptr;
   size_t size_ = 0;
+  FalconShmHeader header_copy_{};  // validated at open; the only source of geometry
   FalconShmHeader* header_ = nullptr;
   FalconControl* control_ = nullptr;
   FalconPlanBlock* plan_ = nullptr;

@@ -102,6 +102,8 @@ inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kItera
 
 enum class JsonType : std::uint8_t { kString, kInteger, kNumber, kBoolean, kObject, kArray };
 
+struct ObjectSpec;  // the fields of an array's object elements, below
+
 struct FieldSpec {
   std::string_view name;
   JsonType type;
@@ -112,7 +114,16 @@ struct FieldSpec {
   // kInteger/kNumber: inclusive bounds; kString/kArray: max length in characters/elements.
   double min = std::numeric_limits<double>::lowest();
   double max = std::numeric_limits<double>::max();
-  JsonType items = JsonType::kObject;  // kArray: element type (objects are not checked deeper)
+  JsonType items = JsonType::kObject;  // kArray: element type
+  // kArray of kInteger/kNumber: inclusive bounds of every element.
+  double item_min = std::numeric_limits<double>::lowest();
+  double item_max = std::numeric_limits<double>::max();
+  // kArray of kObject: the elements' fields, checked like a message's (nullptr: any object).
+  const ObjectSpec* item_object = nullptr;
+};
+
+struct ObjectSpec {
+  std::span<const FieldSpec> fields;
 };
 
 struct MessageSpec {
@@ -124,6 +135,60 @@ struct MessageSpec {
 inline constexpr double kMaxI64 = 9.2e18;
 inline constexpr double kMaxRank = 16777216;  // 2^24 ranks
 inline constexpr double kMaxText = 4096;
+inline constexpr double kLowest = std::numeric_limits<double>::lowest();
+inline constexpr double kHighest = std::numeric_limits<double>::max();
+// Members of one communicator. A size the controller allocates from (JobView), so it is bounded
+// well above today's largest jobs rather than by what an int32 holds.
+inline constexpr double kMaxCommRanks = 1 << 20;
+// Communicators one rank may report; real processes hold tens.
+inline constexpr double kMaxCommsPerRank = 1024;
+// Seconds: iteration times, benchmark times, costs. The controller's own state holds some of
+// them (current_s, healthy_s) under the same bound.
+inline constexpr double kMaxSeconds = 1e9;
+
+// One communicator of a rank_register.
+inline constexpr FieldSpec kRankCommFields[] = {
+    {"id", JsonType::kString, true, "communicator id, 16 hex digits", "", 16, 16},
+    {"rank", JsonType::kInteger, true, "the rank's rank in it", "", 0, kMaxCommRanks - 1},
+    {"nranks", JsonType::kInteger, true, "its members", "", 1, kMaxCommRanks},
+    {"name", JsonType::kString, false, "its name (ncclConfig_t commName)", "", 0, 128},
+    {"calls", JsonType::kInteger, false, "calls made on it so far", "", 0, kMaxI64},
+};
+inline constexpr ObjectSpec kRankCommObject{kRankCommFields};
+
+// One call signature of a comm_profile communicator.
+inline constexpr FieldSpec kProfileSigFields[] = {
+    {"op", JsonType::kString, true, "operation", "", 1, 64},
+    {"bytes", JsonType::kInteger, true, "bytes per call", "", 0, kMaxI64},
+    {"peer", JsonType::kInteger, true, "peer or root, -1 if none", "", -1, kMaxCommRanks},
+    {"count", JsonType::kInteger, true, "calls in the window", "", 0, kMaxI64},
+    {"mean_us", JsonType::kNumber, false, "mean time per call, us", "", 0, kMaxSeconds * 1e6},
+    {"median_us", JsonType::kNumber, false, "median time per call, us", "", 0, kMaxSeconds * 1e6},
+    {"clock", JsonType::kString, false, "what the times measure", "device|host"},
+};
+inline constexpr ObjectSpec kProfileSigObject{kProfileSigFields};
+
+// One communicator of a comm_profile.
+inline constexpr FieldSpec kProfileCommFields[] = {
+    {"id", JsonType::kString, true, "communicator id, 16 hex digits", "", 16, 16},
+    {"rank", JsonType::kInteger, true, "the rank's rank in it", "", 0, kMaxCommRanks - 1},
+    {"nranks", JsonType::kInteger, true, "its members", "", 1, kMaxCommRanks},
+    {"sigs", JsonType::kArray, true, "call signatures", "", 0, 65536, JsonType::kObject, kLowest, kHighest,
+     &kProfileSigObject},
+};
+inline constexpr ObjectSpec kProfileCommObject{kProfileCommFields};
+
+// One rank's result in an ack (other fields: blob, pattern, checked by their readers).
+inline constexpr FieldSpec kAckResultFields[] = {
+    {"rank", JsonType::kInteger, true, "global rank", "", -1, kMaxRank},
+    {"state", JsonType::kString, false, "the rank's pause state", "", 0, 64},
+    {"task_status", JsonType::kString, false, "validate: the task's outcome", "", 0, 64},
+    {"median_s", JsonType::kNumber, false, "validate: median time, s", "", 0, kMaxSeconds},
+    {"min_s", JsonType::kNumber, false, "validate: fastest time, s", "", 0, kMaxSeconds},
+    {"max_s", JsonType::kNumber, false, "validate: slowest time, s", "", 0, kMaxSeconds},
+    {"rate", JsonType::kNumber, false, "validate: achieved rate (FLOP/s or B/s)", "", 0, 1e18},
+};
+inline constexpr ObjectSpec kAckResultObject{kAckResultFields};
 
 // Fields every agent report carries.
 #define FALCON_PROTOCOL_REPORT_FIELDS                                                         \
@@ -144,8 +209,8 @@ inline constexpr FieldSpec kRankRegisterFields[] = {
     {"state", JsonType::kString, true, "process state", "live|exited|orphaned"},
     {"started_ns", JsonType::kInteger, true, "segment creation, wall ns", "", 0, kMaxI64},
     {"mode", JsonType::kString, true, "shim recording mode now", "track|profile|sample|off"},
-    {"comms", JsonType::kArray, true,
-     "communicators: {id: 16 hex digits, rank, nranks, name, calls}", "", 0, 65536, JsonType::kObject},
+    {"comms", JsonType::kArray, true, "communicators: {id: 16 hex digits, rank, nranks, name, calls}", "", 0,
+     kMaxCommsPerRank, JsonType::kObject, kLowest, kHighest, &kRankCommObject},
     {"records", JsonType::kInteger, true, "call records read so far", "", 0, kMaxI64},
     {"lost", JsonType::kInteger, true, "records the shim overwrote before they were read", "", 0,
      kMaxI64},
@@ -178,7 +243,7 @@ inline constexpr FieldSpec kAgentHeartbeatFields[] = {
     {"pid", JsonType::kInteger, true, "agent pid", "", 1, 4194304},
     {"version", JsonType::kString, true, "agent version", "", 1, 64},
     {"started_ns", JsonType::kInteger, true, "agent start, wall ns", "", 0, kMaxI64},
-    {"ranks", JsonType::kArray, true, "ranks followed", "", 0, kMaxRank, JsonType::kInteger},
+    {"ranks", JsonType::kArray, true, "ranks followed", "", 0, kMaxRank, JsonType::kInteger, -1, kMaxRank},
     {"cpu_seconds", JsonType::kNumber, true, "agent CPU time (user + system)", "", 0, 1e12},
     {"outbox", JsonType::kInteger, true, "messages waiting for Redis", "", 0, kMaxI64},
     {"dropped", JsonType::kInteger, true, "messages dropped from a full outbox", "", 0, kMaxI64},
@@ -194,9 +259,9 @@ inline constexpr FieldSpec kIterationsFields[] = {
     {"first", JsonType::kInteger, true, "index of the first sample in this rank's series", "", 0,
      kMaxI64},
     {"start_ns", JsonType::kArray, true, "wall-clock start of each sample, ns", "", 1, 100000,
-     JsonType::kInteger},
+     JsonType::kInteger, 0, kMaxI64},
     {"seconds", JsonType::kArray, true, "iteration time of each sample, s", "", 1, 100000,
-     JsonType::kNumber},
+     JsonType::kNumber, 0, kMaxSeconds},
 };
 inline constexpr MessageSpec kIterations{"iterations", kIterationsFields,
                                          "a batch of consecutive iteration samples of one rank"};
@@ -230,7 +295,7 @@ inline constexpr FieldSpec kCommProfileFields[] = {
      "median_us?, clock?}]}; mean/median only for timed calls (profile/sample): clock "
      "\"device\" when they are CUDA-event times of the calls' work (a group's calls share the "
      "group's), \"host\" when host times (no GPU)",
-     "", 0, 65536, JsonType::kObject},
+     "", 0, kMaxCommsPerRank, JsonType::kObject, kLowest, kHighest, &kProfileCommObject},
 };
 inline constexpr MessageSpec kCommProfile{"comm_profile", kCommProfileFields,
                                           "per-communicator profile of one rank over a window"};
@@ -242,7 +307,7 @@ inline constexpr MessageSpec kCommProfile{"comm_profile", kCommProfileFields,
       {"deadline_ns", JsonType::kInteger, false, "not executed after this (ack expired)", "", 0, \
        kMaxI64},                                                                                \
       {"ranks", JsonType::kArray, false, "target ranks (absent: all of the agent's)", "", 0,    \
-       kMaxRank, JsonType::kInteger}
+       kMaxRank, JsonType::kInteger, -1, kMaxRank}
 
 inline constexpr FieldSpec kSetModeFields[] = {
     FALCON_PROTOCOL_COMMAND_FIELDS,
@@ -310,11 +375,12 @@ inline constexpr MessageSpec kValidate{"validate", kValidateFields,
       {"strategy", JsonType::kString, true, "S1 ignore (also: undo), S2 re-balance, S3 "         \
        "re-place, S4 restart", "S1|S2|S3|S4"},                                                   \
       {"micro_batches", JsonType::kArray, false,                                                 \
-       "S2: micro-batches per DP replica, each 1..4096", "", 1, 4096, JsonType::kInteger},       \
+       "S2: micro-batches per DP replica, each 1..4096", "", 1, 4096, JsonType::kInteger, 1, 4096}, \
       {"placement", JsonType::kArray, false,                                                     \
-       "S3/S4: node index (0..65535) of every global rank", "", 1, 65536, JsonType::kInteger},   \
+       "S3/S4: node index (0..65535) of every global rank", "", 1, 65536, JsonType::kInteger, 0, \
+       65535},                                                                                   \
       {"exclude_nodes", JsonType::kArray, false, "S4: node indices to leave out", "", 0, 65536,  \
-       JsonType::kInteger},                                                                      \
+       JsonType::kInteger, 0, 65535},                                                            \
       {"restart", JsonType::kBoolean, false, "S4: restart from the last checkpoint"}
 
 inline constexpr FieldSpec kPlanCommandFields[] = {
@@ -334,11 +400,11 @@ inline constexpr FieldSpec kAckFields[] = {
     {"status", JsonType::kString, true, "outcome", "ok|unsupported|rejected|failed|expired"},
     {"detail", JsonType::kString, false, "human-readable reason", "", 0, kMaxText},
     {"ranks", JsonType::kArray, true, "ranks the command was applied to", "", 0, kMaxRank,
-     JsonType::kInteger},
+     JsonType::kInteger, -1, kMaxRank},
     {"results", JsonType::kArray, false,
      "pause/resume/validate/cut_info: per rank {rank, state, task_status?, median_s?, min_s?, "
      "max_s?, rate?, blob? (vcomm_id: the unique id, 256 hex digits), pattern? (cut_info)}", "", 0,
-     kMaxRank, JsonType::kObject},
+     kMaxRank, JsonType::kObject, kLowest, kHighest, &kAckResultObject},
 };
 inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one command"};
 
@@ -349,7 +415,7 @@ inline constexpr FieldSpec kIncidentFields[] = {
      "detection|localisation|decision|resolution"},
     {"at_ns", JsonType::kInteger, true, "wall-clock time", "", 0, kMaxI64},
     {"summary", JsonType::kString, true, "one line for people", "", 1, kMaxText},
-    {"ranks", JsonType::kArray, false, "ranks involved", "", 0, kMaxRank, JsonType::kInteger},
+    {"ranks", JsonType::kArray, false, "ranks involved", "", 0, kMaxRank, JsonType::kInteger, -1, kMaxRank},
     {"comms", JsonType::kArray, false, "communicator ids involved", "", 0, 65536,
      JsonType::kString},
     {"cause", JsonType::kString, false, "root cause", "compute|link|nic|unknown"},
@@ -384,16 +450,16 @@ inline constexpr FieldSpec kControllerStateFields[] = {
     {"ranks", JsonType::kInteger, true, "live ranks registered", "", 0, kMaxRank},
     {"agents", JsonType::kInteger, true, "live agents", "", 0, kMaxRank},
     {"current_s", JsonType::kNumber, false, "job iteration time now (slowest rank, median of the "
-     "last samples), s", "", 0, 1e9},
+     "last samples), s", "", 0, kMaxSeconds},
     {"healthy_s", JsonType::kNumber, false, "healthy iteration time (before the open incident), s",
-     "", 0, 1e9},
+     "", 0, kMaxSeconds},
     {"period", JsonType::kInteger, false, "calls per iteration (most common over ranks)", "", 1,
      kMaxI64},
     {"mode", JsonType::kString, false, "recording mode the controller asked for",
      "track|profile|sample|off"},
     {"incident", JsonType::kString, false, "open incident id", "", 1, 64},
     {"slow_ranks", JsonType::kArray, true, "ranks whose last alarm is slow", "", 0, kMaxRank,
-     JsonType::kInteger},
+     JsonType::kInteger, -1, kMaxRank},
     {"incidents", JsonType::kInteger, true, "incidents opened by this job so far", "", 0, kMaxI64},
     {"mitigation", JsonType::kString, false, "decision mode", "off|advise|act"},
     {"strategy", JsonType::kString, false, "mitigation in force for the open incident (S1: none yet)",

@@ -1,0 +1,198 @@
+// falcon-controller against a real redis-server holding what a careless or hostile client left
+// there: keys of the wrong type where the protocol expects a hash or a stream, and messages whose
+// numbers are out of bounds. No job and no agents: the test writes the agents' keys itself (with
+// the protocol's own ToJson) and watches the controller's persisted state and its log. The
+// controller must skip what it cannot read, log it once, back off, go on with everything else,
+// and keep saving its state. Every wait is a condition with a deadline.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <time.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+#include "daemon/redis/redis_commands.h"
+#include "tests/support/redis_server.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon {
+namespace {
+
+using nlohmann::json;
+using testing::ReadFile;
+using testing::WaitUntil;
+
+constexpr const char* kJob = "hostile";
+
+std::size_t Count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+class ControllerRedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
+    conn_ = std::make_unique<redis::RedisConnection>(redis_.ClientOptions());
+    ASSERT_TRUE(conn_->Connect().ok());
+    log_ = dir_.path() + "/controller.log";
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      EXPECT_EQ(testing::WaitFor(pid_, 20), 0);
+    }
+  }
+
+  void StartController() {
+    const std::string bin = testing::BinDir("daemon") + "/falcon-controller";
+    const std::string cmd = "exec '" + bin + "' --job " + kJob + " --redis-port " + std::to_string(redis_.port()) +
+                            " --tick-ms 50 --view-ms 100 --heartbeat-ms 200 2>'" + log_ + "'";
+    pid_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+    ASSERT_GT(pid_, 0);
+  }
+
+  std::string Key(const protocol::KeySpec& spec, const std::string& host = "", std::optional<std::int64_t> rank = {}) {
+    return protocol::FormatKey(spec, {kJob, host, rank}).value();
+  }
+
+  // A live rank 0 on node0 and node0's agent, as an agent writes them.
+  void RegisterRank0() {
+    protocol::RankRegistration r;
+    r.header = {kJob, "node0", NowNs()};
+    r.rank = 0;
+    r.pid = 100;
+    r.started_ns = 1;
+    r.comms = {{0xabcdef0123456789ull, 0, 1, "world", 10}};
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 0), {{"msg", protocol::ToJson(r).dump()}}).ok());
+    protocol::AgentHeartbeat a;
+    a.header = {kJob, "node0", NowNs()};
+    a.pid = 7;
+    a.version = "0.1.0";
+    a.ranks = {0};
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, "node0"), {{"msg", protocol::ToJson(a).dump()}}).ok());
+  }
+
+  void AddIterations(const json& seconds) {
+    protocol::IterationBatch b;
+    b.header = {kJob, "node0", NowNs()};
+    b.rank = 0;
+    b.pid = 100;
+    b.period = 9;
+    for (std::size_t i = 0; i < seconds.size(); ++i) b.start_ns.push_back(NowNs());
+    json m = protocol::ToJson(b);
+    m["seconds"] = seconds;
+    ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIterationsStream), 0, {{"msg", m.dump()}}).ok());
+  }
+
+  void SetString(const std::string& key) {
+    ASSERT_TRUE(conn_->Command({"SET", key, "not what the protocol says"}).ok());
+  }
+
+  // The controller's persisted state, validated; null while there is none.
+  json State() {
+    auto h = redis::HGetAll(*conn_, Key(protocol::kControllerKey));
+    if (!h.ok() || h.value().count("msg") == 0) return nullptr;
+    Result<json> m = protocol::ParseMessage(h.value().at("msg"), protocol::kControllerState);
+    return m.ok() ? m.value() : json();
+  }
+
+  // True once the state was saved again after now (the heartbeat goes on).
+  bool SavedAfter(std::int64_t t_ns) {
+    return WaitUntil([&] {
+      const json s = State();
+      return s.is_object() && s["at_ns"].get<std::int64_t>() > t_ns;
+    }, 20);
+  }
+
+  testing::RedisServer redis_;
+  testing::TempDir dir_;
+  std::unique_ptr<redis::RedisConnection> conn_;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(ControllerRedisTest, WrongTypeRankOrAgentKeyIsSkippedAndLoggedOnce) {
+  RegisterRank0();
+  SetString(Key(protocol::kRankKey, "", 1));
+  SetString(Key(protocol::kAgentKey, "node9"));
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == 1 && s["agents"] == 1;
+  }, 20)) << "the good keys must still count\n" << ReadFile(log_);
+  const std::int64_t t = NowNs();
+  ASSERT_TRUE(SavedAfter(t + 1'000'000'000));  // ten refreshes or more later
+  std::string text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=bad_key key=falcon:hostile:rank:1 "), 1u) << text;
+  EXPECT_EQ(Count(text, "event=bad_key key=falcon:hostile:agent:node9 "), 1u) << text;
+  EXPECT_EQ(Count(text, "step_failed"), 0u) << text;
+  ASSERT_TRUE(redis::Del(*conn_, Key(protocol::kRankKey, "", 1)).ok());
+  EXPECT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=bad_key_cleared key=falcon:hostile:rank:1") !=
+                                     std::string::npos; }, 20));
+}
+
+TEST_F(ControllerRedisTest, WrongTypeStreamIsSetAsideWithBackoffAndTheRestGoesOn) {
+  struct Case {
+    const protocol::KeySpec* stream;
+    const char* name;
+  };
+  for (const Case& c : {Case{&protocol::kRequestsStream, "requests"}, Case{&protocol::kAlarmsStream, "alarms"}}) {
+    SCOPED_TRACE(c.name);
+    ASSERT_TRUE(conn_->Command({"FLUSHALL"}).ok());
+    RegisterRank0();
+    SetString(Key(*c.stream));
+    StartController();
+    ASSERT_TRUE(WaitUntil([&] { return State().is_object(); }, 20)) << ReadFile(log_);  // cursors set
+    AddIterations({0.5, 0.5, 0.5});
+    ASSERT_TRUE(WaitUntil([&] {
+      const json s = State();
+      return s.is_object() && s.contains("current_s") && s["current_s"] == 0.5;
+    }, 20)) << "the other streams must still be read\n" << ReadFile(log_);
+    ASSERT_TRUE(SavedAfter(NowNs() + 2'000'000'000));
+    const std::string text = ReadFile(log_);
+    EXPECT_EQ(Count(text, std::string("event=stream_unreadable stream=") + c.name), 1u) << text;
+    EXPECT_LT(Count(text, "\n"), 40u) << "the log must not grow with every tick:\n" << text.substr(0, 4000);
+    ASSERT_TRUE(redis::Del(*conn_, Key(*c.stream)).ok());
+    EXPECT_TRUE(WaitUntil([&] {
+      return ReadFile(log_).find(std::string("event=stream_readable stream=") + c.name) != std::string::npos;
+    }, 20)) << "probed again within the backoff bound";
+    kill(pid_, SIGTERM);
+    EXPECT_EQ(testing::WaitFor(pid_, 20), 0);
+    pid_ = -1;
+  }
+}
+
+TEST_F(ControllerRedisTest, OutOfBoundNumbersAreDroppedAndTheStateStillSaves) {
+  RegisterRank0();
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { return State().is_object(); }, 20)) << ReadFile(log_);
+  AddIterations({1e300, 1e300, 1e300, 1e300});
+  AddIterations({-1.0});
+  AddIterations({0.25});
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s.contains("current_s") && s["current_s"] == 0.25;
+  }, 20)) << ReadFile(log_);
+  ASSERT_TRUE(SavedAfter(NowNs() + 500'000'000));
+  const std::string text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=bad_message stream=iterations"), 2u) << text;
+  EXPECT_NE(text.find("iterations.seconds: element 0 out of bounds"), std::string::npos) << text;
+  EXPECT_EQ(text.find("controller_state would be invalid"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace falcon
