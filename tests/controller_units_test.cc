@@ -1223,6 +1223,90 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
   }
 }
 
+// A slow node pair measured by one rank pair only is what a slow NIC on either node looks like:
+// a probe step measures each of the two nodes against another node, and Localize tells them
+// apart. Four nodes of two ranks; the planned transfers: 0-2 (node0-node1), 4-6, 5-7 (healthy).
+TEST(ValidationRunTest, ASlowLinkSeenByOneNodePairIsProbedAgainstOtherNodes) {
+  auto host = [](std::int64_t r) { return "node" + std::to_string(r / 2); };
+  JobView view;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<json> ranks, agents;
+    for (std::int64_t r = 0; r < kRanks; ++r) {
+      ranks.push_back(RankMsg({r, host(r), JobCommsOf(r, 1000 + 100 * static_cast<std::uint64_t>(round)),
+                               kT0 + round * kSec, "live", 9}));
+    }
+    for (int n = 0; n < 4; ++n) agents.push_back(AgentMsg("node" + std::to_string(n)));
+    view.Update(ranks, agents);
+  }
+  auto plan = [] {
+    ValidationStep id{"vcomm id", {RankTaskSpec{0, "vcomm_id"}}};
+    ValidationStep join{"vcomm join", {}};
+    for (std::int64_t r = 0; r < kRanks; ++r) {
+      RankTaskSpec t{r, "vcomm_join"};
+      t.vrank = r;
+      t.vranks = kRanks;
+      join.tasks.push_back(t);
+    }
+    ValidationStep p2p{"p2p 1/1", {}};
+    std::uint32_t pass = 0;
+    for (const auto& [a, b] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {4, 6}, {5, 7}}) {
+      p2p.tasks.push_back({a, "p2p", kWorld, static_cast<std::int32_t>(b), b, pass, true});
+      p2p.tasks.push_back({b, "p2p", kWorld, static_cast<std::int32_t>(a), a, pass, true});
+      ++pass;
+    }
+    return std::vector<ValidationStep>{id, join, p2p};
+  };
+  struct Case {
+    const char* name;
+    bool nic;  // node0's NIC (slow to every node) rather than the node0-node1 link
+  } cases[] = {{"slow link", false}, {"slow NIC", true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ValidationSettings settings;
+    settings.remeasure = false;
+    ValidationRun run("v8", plan(), settings, false);
+    std::vector<std::pair<std::int64_t, std::int64_t>> probes;
+    const Responder respond = [&](const OutgoingCommand& cmd) -> std::optional<json> {
+      if (cmd.command.type != "validate") return AckTo(cmd, "ok");
+      const std::int64_t r = cmd.command.ranks->front();
+      if (cmd.command.task == "vcomm_id") {
+        protocol::AckRankResult res{r, "done", "ok", 0.0, 0.0, 0.0, 0.0, std::string(2 * FALCON_TASK_BLOB_LEN, 'a'),
+                                    std::nullopt};
+        return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
+      }
+      if (cmd.command.task != "p2p") return AckTo(cmd, "ok");
+      const std::int64_t peer = *cmd.command.peer;  // validation rank = global rank here
+      if (!cmd.command.comm) probes.push_back({std::min(r, peer), std::max(r, peer)});
+      const std::set<std::int64_t> nodes = {r / 2, peer / 2};
+      const bool slow = nodes == std::set<std::int64_t>{0, 1} || (c.nic && nodes.count(0) && nodes.size() == 2);
+      const double t = slow ? 0.05 : 0.02;
+      protocol::AckRankResult res{r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt};
+      return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
+    };
+    std::int64_t now = kReportedNs;
+    for (int i = 0; i < 30 && !run.done(); ++i) {
+      Answer(run, Next(run, view, now), respond);
+      now += kSec;
+    }
+    ASSERT_TRUE(run.completed()) << run.failure();
+    // node0 and node1 each measured against another node, by ranks not yet busy in the step.
+    EXPECT_EQ(probes.size(), 2u * 2u) << "two exchanges, both ends";
+    const Result<analyzer::Localization> loc = analyzer::Localize(run.Input());
+    ASSERT_TRUE(loc.ok());
+    if (c.nic) {
+      ASSERT_EQ(loc.value().nics.size(), 1u) << run.Summary().dump();
+      EXPECT_EQ(loc.value().nics[0].node, 0);
+      EXPECT_TRUE(loc.value().links.empty());
+    } else {
+      EXPECT_TRUE(loc.value().nics.empty()) << run.Summary().dump();
+      ASSERT_FALSE(loc.value().links.empty());
+      for (const analyzer::SlowLink& k : loc.value().links) {
+        EXPECT_EQ((std::set<std::int32_t>{k.sender_node, k.receiver_node}), (std::set<std::int32_t>{0, 1}));
+      }
+    }
+  }
+}
+
 TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairPartialNicsAndLoneSlowTransfers) {
   auto link = [](std::int32_t a, std::int32_t b, std::int32_t na, std::int32_t nb, std::size_t measurements = 1) {
     analyzer::SlowLink k;

@@ -16,6 +16,8 @@ namespace {
 using nlohmann::json;
 
 constexpr std::int64_t kNsPerS = 1'000'000'000;
+// Pass numbers of probe exchanges: apart from the planned passes' (each is a pass of its own).
+constexpr std::uint32_t kProbePassBase = 1u << 24;
 
 std::int64_t AfterSeconds(std::int64_t now_ns, double s) {
   return now_ns + static_cast<std::int64_t>(s * static_cast<double>(kNsPerS));
@@ -342,7 +344,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
       cmd.vrank = t.vrank;
       cmd.bytes = settings_.p2p_bytes;
     } else if (t.task == "p2p") {
-      cmd.comm = protocol::CommIdHex(t.comm);
+      if (t.comm != 0) cmd.comm = protocol::CommIdHex(t.comm);  // a probe measures no job communicator
       cmd.peer = t.peer;
       cmd.bytes = settings_.p2p_bytes;
       cmd.repeats = settings_.p2p_repeats;
@@ -394,6 +396,7 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step, std::int64_t now
   }
   log_.push_back({{"step", step.what}, {"commands", pending_.size()}, {"missing_acks", missing},
                   {"not_ready", not_ready}, {"ms", MsSince(sent_ns_, now_ns)}});
+  ++steps_done_;
   ++cursor_;
   if (!not_ready.empty()) {
     // Nobody has posted a transfer yet: skip them all rather than leave a peer waiting.
@@ -407,7 +410,8 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step, std::int64_t now
 void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
   const ValidationStep& step = steps_[order_[cursor_]];
   if (FinishVcommStep(step, now_ns)) return;
-  const bool again = cursor_ >= steps_.size();
+  const bool again = RunBefore();
+  ++(again ? steps_again_ : steps_done_);
   std::map<std::int64_t, double> medians;  // rank -> seconds (settings_.statistic of the repetitions)
   int missing = 0, failed = 0;
   for (const auto& [id, p] : pending_) {
@@ -446,8 +450,83 @@ void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
                   {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()},
                   {"ms", MsSince(sent_ns_, now_ns)}});
   ++cursor_;
-  if (cursor_ == order_.size()) PlanRemeasure();
+  if (cursor_ == order_.size() && !PlanProbe(view)) PlanRemeasure();
   phase_ = cursor_ < order_.size() ? Phase::kStep : Phase::kResume;
+}
+
+bool ValidationRun::RunBefore() const {
+  return std::find(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(cursor_), order_[cursor_]) !=
+         order_.begin() + static_cast<std::ptrdiff_t>(cursor_);
+}
+
+// A slow link between nodes A and B is also what a slow NIC on A (or on B) looks like when A was
+// measured against B alone: the profile often flags only the pipeline pairs, whose two nodes
+// see nobody else. One more step measures each such node against other nodes (a rank there and
+// a rank elsewhere, on the validation communicator), so Localize can tell the NIC (slow to
+// every node) from the link (slow to one). Nothing to probe: false.
+bool ValidationRun::PlanProbe(const JobView& view) {
+  if (probe_planned_ || !p2p_failure_.empty()) return false;
+  probe_planned_ = true;
+  const Result<analyzer::Localization> loc = analyzer::Localize(Input(), settings_.localization);
+  if (!loc.ok()) return false;
+  std::map<std::int32_t, std::set<std::int32_t>> tested;  // node -> nodes it exchanged with
+  for (const auto* list : {&transfers_, &peer_transfers_}) {
+    for (const analyzer::TransferMeasurement& t : *list) {
+      if (t.sender_node < 0 || t.receiver_node < 0 || t.sender_node == t.receiver_node) continue;
+      tested[t.sender_node].insert(t.receiver_node);
+      tested[t.receiver_node].insert(t.sender_node);
+    }
+  }
+  std::set<std::int32_t> probe_nodes;
+  for (const analyzer::SlowLink& k : loc.value().links) {
+    if (k.sender_node < 0 || k.receiver_node < 0 || k.sender_node == k.receiver_node) continue;
+    for (const std::int32_t n : {k.sender_node, k.receiver_node}) {
+      if (tested[n].size() < settings_.localization.nic_min_links) probe_nodes.insert(n);
+    }
+  }
+  if (probe_nodes.empty()) return false;
+  std::map<std::int64_t, std::int64_t> vrank_of;  // joined ranks, from the join step
+  for (const ValidationStep& st : steps_) {
+    for (const RankTaskSpec& t : st.tasks) {
+      if (t.task == "vcomm_join") vrank_of[t.rank] = t.vrank;
+    }
+  }
+  std::map<std::int32_t, std::vector<std::int64_t>> ranks_on;  // node -> joined ranks
+  for (const auto& [rank, vrank] : vrank_of) {
+    if (const std::int32_t node = view.NodeOf(rank); node >= 0) ranks_on[node].push_back(rank);
+  }
+  ValidationStep probe{"p2p probe", {}};
+  std::set<std::int64_t> busy;
+  auto free_rank = [&](std::int32_t node) -> std::int64_t {
+    for (std::int64_t r : ranks_on[node]) {
+      if (!busy.count(r)) return r;
+    }
+    return -1;
+  };
+  std::uint32_t pass = kProbePassBase;
+  json probed = json::array();
+  for (const std::int32_t n : probe_nodes) {
+    for (const auto& [other, ranks] : ranks_on) {
+      if (tested[n].size() >= settings_.localization.nic_min_links) break;
+      if (other == n || tested[n].count(other)) continue;
+      const std::int64_t a = free_rank(n), b = free_rank(other);
+      if (a < 0) break;
+      if (b < 0) continue;
+      probe.tasks.push_back({a, "p2p", 0, static_cast<std::int32_t>(vrank_of[b]), b, pass, true});
+      probe.tasks.push_back({b, "p2p", 0, static_cast<std::int32_t>(vrank_of[a]), a, pass, true});
+      ++pass;
+      busy.insert({a, b});
+      tested[n].insert(other);
+      tested[other].insert(n);
+      probed.push_back({n, other});
+    }
+  }
+  if (probe.tasks.empty()) return false;
+  steps_.push_back(std::move(probe));
+  order_.push_back(steps_.size() - 1);
+  log_.push_back({{"step", "probe"}, {"why", "a slow link whose node was measured against too few others"},
+                  {"node_pairs", probed}});
+  return true;
 }
 
 void ValidationRun::PlanRemeasure() {
@@ -509,8 +588,8 @@ analyzer::LocalizationInput ValidationRun::Input() const {
 
 json ValidationRun::Summary() const {
   json s = {{"steps_planned", steps_.size()},
-            {"steps_done", std::min(cursor_, steps_.size())},
-            {"steps_remeasured", cursor_ > steps_.size() ? cursor_ - steps_.size() : 0},
+            {"steps_done", steps_done_},
+            {"steps_remeasured", steps_again_},
             {"pause_attempts", pause_attempt_ + (paused_ ? 1 : 0)},
             {"gemms", gemms_.size()},
             {"transfers", transfers_.size()},

@@ -116,11 +116,13 @@ class ValidationRun {
   void FinishStep(const JobView& view, std::int64_t now_ns);
   bool FinishVcommStep(const ValidationStep& step, std::int64_t now_ns);  // true if `step` was a vcomm step
   void PlanRemeasure();  // after the last step: append the steps to run again, if any
+  bool PlanProbe(const JobView& view);  // after the last step: one step telling NICs from links
+  bool RunBefore() const;  // the step at cursor_ ran earlier in this round (a re-measurement)
   bool AllAcked() const;
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
 
   const std::string id_;
-  const std::vector<ValidationStep> steps_;
+  std::vector<ValidationStep> steps_;  // the planned steps, then the probe step if any
   const ValidationSettings settings_;
 
   Phase phase_ = Phase::kPause;
@@ -139,6 +141,8 @@ class ValidationRun {
   std::vector<std::size_t> order_;  // indices into steps_: each once, then those re-measured
   std::size_t cursor_ = 0;          // into order_: the step under way or next
   bool remeasure_planned_ = false;
+  bool probe_planned_ = false;
+  std::size_t steps_done_ = 0, steps_again_ = 0;
   std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
   std::string failure_;
   std::string vcomm_blob_;   // the validation communicator's unique id (hex), from "vcomm id"
