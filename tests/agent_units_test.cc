@@ -73,6 +73,26 @@ TEST(AgentConfigTest, BadValuesAreErrorsThatNameTheOption) {
   EXPECT_TRUE(CheckConfig(AgentConfig()).ok());
 }
 
+// A value holding '#' (a password, a path) is written quoted and read back whole; a control
+// character, which would break the file --print-config writes, is refused from every source.
+TEST(AgentConfigTest, QuotedValuesKeepHashesAndControlCharactersAreRefused) {
+  AgentConfig c;
+  ASSERT_TRUE(ApplyConfigText(c, "redis_password = \"pa#ss\\\"w\" # the password\njob = \"a#b\"\n", "f").ok());
+  EXPECT_EQ(c.redis_password, "pa#ss\"w");
+  EXPECT_EQ(c.job, "a#b");
+  const std::string rendered = RenderConfig(c, ConfigStyle::kValues);
+  EXPECT_NE(rendered.find("job = \"a#b\"\n"), std::string::npos) << rendered;
+  AgentConfig again;
+  ASSERT_TRUE(ApplyConfigText(again, rendered, "rendered").ok());
+  EXPECT_EQ(again.job, "a#b");
+  EXPECT_EQ(ApplyConfigText(c, "job = \"open", "f").message(), "f:1: job: no closing quote");
+  EXPECT_FALSE(ApplyConfigText(c, "job = \"a\" b", "f").ok());
+  const char* bad = "a\nredis_port = 1";
+  const Status s = ApplyEnvironment(c, [&](const char* n) { return std::string(n) == "FALCON_AGENT_JOB" ? bad : nullptr; });
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("control character 0x0a"), std::string::npos) << s.message();
+}
+
 TEST(AgentConfigTest, SampleConfigDocumentsEveryOptionAtItsDefault) {
   std::ifstream f(std::string(FALCON_TEST_SOURCE_DIR) + "/config/falcon-agent.conf");
   ASSERT_TRUE(f.good());

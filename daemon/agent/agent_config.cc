@@ -13,7 +13,6 @@ namespace {
 
 using T = ConfigEntry::Type;
 using C = AgentConfig;
-constexpr double kI = 9.2e18;
 
 const ConfigEntry kTable[] = {
     {"job", T::kString, 1, 128, "job name: the {job} in every Redis key; segments whose FALCON_JOB "
@@ -88,6 +87,38 @@ std::string Trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
+// A value as a config file writes it: up to a '#' comment, or "double-quoted" (a backslash
+// escapes a quote or a backslash inside), which may hold '#', followed by nothing but a comment.
+Result<std::string> FileValue(std::string_view text) {
+  const auto start = text.find_first_not_of(" \t\r");
+  if (start == std::string_view::npos || text[start] != '"') return Trim(text.substr(0, text.find('#')));
+  std::string out;
+  for (std::size_t i = start + 1; i < text.size(); ++i) {
+    if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == '"' || text[i + 1] == '\\')) {
+      out += text[++i];
+    } else if (text[i] == '"') {
+      if (!Trim(text.substr(i + 1, text.find('#', i + 1) - (i + 1))).empty()) {
+        return Status::InvalidArgument("text after the closing quote");
+      }
+      return out;
+    } else {
+      out += text[i];
+    }
+  }
+  return Status::InvalidArgument("no closing quote");
+}
+
+// The value as FileValue reads it back: quoted when it holds a '#' or starts with a quote.
+std::string QuoteForFile(const std::string& v) {
+  if (v.find('#') == std::string::npos && (v.empty() || v.front() != '"')) return v;
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 Status Bad(const ConfigEntry& e, std::string_view origin, const std::string& why) {
   return Status::InvalidArgument(std::string(origin) + ": " + std::string(e.name) + ": " + why);
 }
@@ -136,6 +167,16 @@ Status SetFromText(AgentConfig& config, const ConfigEntry& e, std::string_view t
   const std::string v = Trim(text);
   switch (e.type) {
     case T::kString: {
+      // No option holds a control character; one would break the file --print-config writes
+      // (a newline starts another line) and the log lines that quote the value.
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const auto c = static_cast<unsigned char>(v[i]);
+        if (c < 0x20 || c == 0x7f) {
+          static constexpr char kHex[] = "0123456789abcdef";
+          return Bad(e, origin, std::string("control character 0x") + kHex[c >> 4] + kHex[c & 15] + " at offset " +
+                                    std::to_string(i) + " is not allowed");
+        }
+      }
       if (static_cast<double>(v.size()) < e.min || static_cast<double>(v.size()) > e.max) {
         return Bad(e, origin, "length must be " + FormatDouble(e.min) + ".." + FormatDouble(e.max));
       }
@@ -196,16 +237,18 @@ Status ApplyConfigText(AgentConfig& config, std::string_view text, std::string_v
   while (std::getline(in, line)) {
     ++n;
     const std::string origin = std::string(file_name) + ":" + std::to_string(n);
-    const std::string t = Trim(line.substr(0, line.find('#')));
-    if (t.empty()) continue;
-    const auto eq = t.find('=');
-    if (eq == std::string::npos) {
+    const auto hash = line.find('#');
+    const auto eq = line.find('=');
+    if (eq == std::string::npos || (hash != std::string::npos && hash < eq)) {
+      if (Trim(line.substr(0, hash)).empty()) continue;  // blank or a comment
       return Status::InvalidArgument(origin + ": expected 'name = value'");
     }
-    const std::string name = Trim(t.substr(0, eq));
+    const std::string name = Trim(line.substr(0, eq));
     const ConfigEntry* e = FindEntry(name);
     if (e == nullptr) return Status::InvalidArgument(origin + ": unknown option '" + name + "'");
-    Status s = SetFromText(config, *e, t.substr(eq + 1), origin);
+    Result<std::string> value = FileValue(std::string_view(line).substr(eq + 1));
+    if (!value.ok()) return Status::InvalidArgument(origin + ": " + name + ": " + value.status().message());
+    Status s = SetFromText(config, *e, value.value(), origin);
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -266,7 +309,7 @@ std::string RenderConfig(const AgentConfig& config, ConfigStyle style) {
         << "; env " << EnvName(e.name) << ", flag " << FlagName(e.name) << "\n";
     }
     // Secrets are shown commented out: "<set>" or nothing, never the value.
-    o << (e.secret ? "# " : "") << e.name << " = " << ValueText(config, e) << "\n";
+    o << (e.secret ? "# " : "") << e.name << " = " << QuoteForFile(ValueText(config, e)) << "\n";
   }
   return o.str();
 }

@@ -1,7 +1,7 @@
 // falcon-agent's configuration: one typed table (STYLE rule 11). Each entry has a name, a type,
 // bounds, a meaning and a member of AgentConfig; defaults are AgentConfig's initialisers (one
 // place). Sources, later ones winning: defaults < config file (`name = value` lines, `#`
-// comments) < environment (FALCON_AGENT_<NAME>) < command-line flags (--name-with-dashes).
+// comments, "double-quoted" values that hold a '#') < environment (FALCON_AGENT_<NAME>) < command-line flags (--name-with-dashes).
 // config/falcon-agent.conf is RenderConfig() of the defaults (a test keeps them in sync).
 // Thread-safety: the table is immutable; functions are thread-compatible on their AgentConfig.
 // Must never: read the environment itself (the caller passes a lookup), or print the password.
