@@ -21,6 +21,15 @@ elseif(NOT FALCON_SANITIZE STREQUAL "")
   message(FATAL_ERROR "FALCON_SANITIZE must be '', 'address' or 'thread', not '${FALCON_SANITIZE}'")
 endif()
 
+# FALCON_FUZZ: every Falcon target carries libFuzzer's coverage instrumentation (the fuzz
+# executables link libFuzzer itself, fuzz/CMakeLists.txt); only clang has it.
+if(FALCON_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "FALCON_FUZZ needs clang (libFuzzer): configure with the 'fuzz' preset")
+  endif()
+  list(APPEND FALCON_SANITIZER_FLAGS -fsanitize=fuzzer-no-link)
+endif()
+
 function(falcon_target_defaults target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:${FALCON_WARNING_FLAGS}>

@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhiredis-dev libboost-dev libboost-system-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
   redis-server binutils
+  clang libclang-rt-dev
 )
 
 check_only=0

@@ -4,18 +4,26 @@
 # ThreadSanitizer (and the analyzer under ASan+UBSan).
 #   scripts/test.sh                 every suite but the controller end-to-end one (what CI runs)
 #   scripts/test.sh --no-sanitizers the main build and suite only
+#   scripts/test.sh --fuzz-seconds N  fuzz each target N s at the end (default 30; 0: none)
 #   scripts/test.sh --e2e           also the controller's 16-rank end-to-end suite (~20 min; needs
 #                                   two cores of its own: it is timing-sensitive on a starved VM)
-# Build trees: build/ (RelWithDebInfo), build-asan/, build-tsan/. Uses all cores.
+# Build trees: build/ (RelWithDebInfo), build-asan/, build-tsan/, build-fuzz/ (clang). Uses all cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitizers=1
 e2e=0
-for arg in "$@"; do
+fuzz_seconds=30
+while (($#)); do
+  arg=$1
+  shift
   case "$arg" in
+    --fuzz-seconds)
+      fuzz_seconds="${1:-}"
+      shift || true
+      [[ "$fuzz_seconds" =~ ^[0-9]+$ ]] || { echo "test.sh: --fuzz-seconds needs a whole number" >&2; exit 2; } ;;
     --no-sanitizers) sanitizers=0 ;;
     --e2e) e2e=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -48,12 +56,16 @@ if ((sanitizers)); then
   daemon_unit=(falcon_agent_tests falcon_controller_tests)
   for preset in asan tsan; do
     targets=("${shim_emu[@]}" "${daemon_unit[@]}")
-    [[ $preset == asan ]] && targets+=(falcon_analyzer_tests)
+    [[ $preset == asan ]] && targets+=(falcon_analyzer_tests falcon-fuzz)  # + fuzz corpus replays
     step "build ($preset)"
     cmake --preset "$preset" >/dev/null
     cmake --build --preset "$preset" -j "$jobs" --target "${targets[@]}"
     step "tests ($preset)"
     ctest --preset "$preset" -j "$jobs"
   done
+fi
+if ((fuzz_seconds > 0)); then
+  step "fuzz targets (${fuzz_seconds} s each, libFuzzer)"
+  bash scripts/fuzz.sh --seconds "$fuzz_seconds"
 fi
 step "all tests passed"

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/shm/segment_image.h"
 #include "falcon/shm_abi.h"
 
 namespace falcon::daemon {
@@ -133,28 +134,9 @@ struct Crafted {
   uint32_t state = kFalconProcRunning;
 };
 
-uint64_t Align(uint64_t v) { return (v + 63) & ~uint64_t{63}; }
-
 void WriteSegment(const std::string& path, const Crafted& c) {
-  FalconShmHeader h{};
-  h.magic = FALCON_SHM_MAGIC;
-  h.abi_version = FALCON_SHM_ABI_VERSION;
-  h.header_size = sizeof(FalconShmHeader);
-  h.control_size = sizeof(FalconControl);
-  h.comm_entry_size = sizeof(FalconCommEntry);
-  h.thread_slot_size = sizeof(FalconThreadSlot);
-  h.record_size = sizeof(FalconRecord);
-  h.lane_size = sizeof(FalconLane);
-  h.plan_size = sizeof(FalconPlanBlock);
-  h.lane_count = 2;
-  h.lane_capacity = 64;
-  h.control_offset = Align(sizeof(FalconShmHeader));
-  h.plan_offset = Align(h.control_offset + sizeof(FalconControl));
-  h.comm_offset = Align(h.plan_offset + sizeof(FalconPlanBlock));
-  h.thread_offset = h.comm_offset;  // no comm entries, no thread slots
-  h.lane_offset = h.comm_offset;
-  h.ring_offset = Align(h.lane_offset + 2 * sizeof(FalconLane));
-  h.segment_size = Align(h.ring_offset + 2 * 64 * sizeof(FalconRecord));
+  SegmentImage img = MakeSegmentImage({});
+  FalconShmHeader& h = img.header;
   h.pid = c.pid;
   h.uid = static_cast<uint32_t>(getuid());
   h.pid_start_ticks = c.start_ticks;
@@ -163,19 +145,11 @@ void WriteSegment(const std::string& path, const Crafted& c) {
   h.pid_ns = c.ns.pid_ns;
   std::memcpy(h.boot_id, c.ns.boot_id.data(), sizeof(h.boot_id));
   std::snprintf(h.exe, sizeof(h.exe), "crafted");
-  FalconControl ctl{};
-  ctl.heartbeat_mono_ns = Now(CLOCK_MONOTONIC) - c.heartbeat_age_ns;
-  ctl.heartbeat_real_ns = Now(CLOCK_REALTIME) - c.heartbeat_age_ns;
-  std::string bytes(h.segment_size, '\0');
-  std::memcpy(bytes.data(), &h, sizeof(h));
-  std::memcpy(bytes.data() + h.control_offset, &ctl, sizeof(ctl));
-  for (uint32_t l = 0; l < 2; ++l) {
-    FalconLane lane{};
-    lane.shared = l == 1;
-    lane.owner_thread = 0xFFFFFFFFu;
-    std::memcpy(bytes.data() + h.lane_offset + l * sizeof(FalconLane), &lane, sizeof(lane));
-  }
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  img.StoreHeader();
+  FalconControl* ctl = img.At<FalconControl>(h.control_offset);
+  ctl->heartbeat_mono_ns = Now(CLOCK_MONOTONIC) - c.heartbeat_age_ns;
+  ctl->heartbeat_real_ns = Now(CLOCK_REALTIME) - c.heartbeat_age_ns;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << img.bytes;
 }
 
 class SegmentDirFileTest : public ::testing::Test {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/shm/segment_image.h"
 #include "falcon/shm_abi.h"
 
 namespace falcon::daemon {
@@ -28,56 +29,23 @@ constexpr uint32_t kComms = 2;
 constexpr uint32_t kThreads = 2;
 constexpr uint64_t kRecords = 10;  // all in lane 0
 
-uint64_t Align(uint64_t v) { return (v + 63) & ~uint64_t{63}; }
-
 // A segment of this ABI with kRecords complete records in lane 0 and one live communicator.
 void WriteSegment(const std::string& path) {
-  FalconShmHeader h{};
-  h.magic = FALCON_SHM_MAGIC;
-  h.abi_version = FALCON_SHM_ABI_VERSION;
-  h.header_size = sizeof(FalconShmHeader);
-  h.control_size = sizeof(FalconControl);
-  h.comm_entry_size = sizeof(FalconCommEntry);
-  h.thread_slot_size = sizeof(FalconThreadSlot);
-  h.record_size = sizeof(FalconRecord);
-  h.lane_size = sizeof(FalconLane);
-  h.plan_size = sizeof(FalconPlanBlock);
-  h.lane_count = kLanes;
-  h.lane_capacity = kCapacity;
-  h.comm_capacity = kComms;
-  h.thread_capacity = kThreads;
-  h.control_offset = Align(sizeof(FalconShmHeader));
-  h.plan_offset = Align(h.control_offset + sizeof(FalconControl));
-  h.comm_offset = Align(h.plan_offset + sizeof(FalconPlanBlock));
-  h.thread_offset = Align(h.comm_offset + kComms * sizeof(FalconCommEntry));
-  h.lane_offset = Align(h.thread_offset + kThreads * sizeof(FalconThreadSlot));
-  h.ring_offset = Align(h.lane_offset + kLanes * sizeof(FalconLane));
-  h.segment_size = Align(h.ring_offset + kLanes * kCapacity * sizeof(FalconRecord));
-  h.pid = 1;
-  h.state = kFalconProcRunning;
-  h.comm_used = 1;
-  h.thread_used = 1;
-  std::memset(h.exe, 'x', sizeof(h.exe));  // no terminator: the reader's copy must add one
-  std::string bytes(h.segment_size, '\0');
-  std::memcpy(bytes.data(), &h, sizeof(h));
-  FalconCommEntry comm{};
-  comm.state = kFalconCommLive;
-  comm.nranks = 4;
-  std::memset(comm.name, 'c', sizeof(comm.name));
-  std::memcpy(bytes.data() + h.comm_offset, &comm, sizeof(comm));
-  for (uint32_t l = 0; l < kLanes; ++l) {
-    FalconLane lane{};
-    lane.head = l == 0 ? kRecords : 0;
-    std::memcpy(bytes.data() + h.lane_offset + l * sizeof(FalconLane), &lane, sizeof(lane));
-  }
+  SegmentImage img = MakeSegmentImage({.lanes = kLanes, .capacity = kCapacity, .comms = kComms, .threads = kThreads});
+  img.header.comm_used = 1;
+  img.header.thread_used = 1;
+  std::memset(img.header.exe, 'x', sizeof(img.header.exe));  // no terminator: the reader's copy must add one
+  img.StoreHeader();
+  std::memset(img.Comm(1), 0, sizeof(FalconCommEntry));
+  std::memset(img.Comm(0)->name, 'c', sizeof(img.Comm(0)->name));
+  img.Lane(0)->head = kRecords;
   for (uint64_t i = 0; i < kRecords; ++i) {
-    FalconRecord r{};
-    r.version = 2 * i + 2;  // complete (shm_abi.h seqlock)
-    r.t_start_ns = static_cast<int64_t>(1000 + i);
-    r.count = i;
-    std::memcpy(bytes.data() + h.ring_offset + i * sizeof(FalconRecord), &r, sizeof(r));
+    FalconRecord* r = img.Record(0, i);
+    r->version = 2 * i + 2;  // complete (shm_abi.h seqlock)
+    r->t_start_ns = static_cast<int64_t>(1000 + i);
+    r->count = i;
   }
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << img.bytes;
 }
 
 class SegmentReaderTest : public ::testing::Test {
