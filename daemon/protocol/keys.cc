@@ -67,7 +67,7 @@ Result<std::string> Expand(const KeySpec& spec, const KeyVars& vars, Unset unset
       return Status::Internal("unknown variable {" + std::string(var) + "} in key pattern");
     }
     if (wildcard) {
-      value = "*";
+      value.assign(1, '*');  // not = "*": GCC 12 -O3 reports a false -Wrestrict on that
     } else if (!ValidKeyPart(value)) {
       return Status::InvalidArgument(std::string(spec.name) + " key: {" + std::string(var) +
                                      "} = '" + value.substr(0, 40) +
