@@ -58,7 +58,8 @@ FalconTaskResult Finish(double* samples, const FalconTask& t, double flops, Falc
 }
 
 FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer, int64_t deadline_mono_ns) {
-  if (t.m == 0 || t.n == 0 || t.k == 0 || t.m > kMaxDim || t.n > kMaxDim || t.k > kMaxDim) {
+  if (t.m == 0 || t.n == 0 || t.k == 0 || t.m > kMaxDim || t.n > kMaxDim || t.k > kMaxDim ||
+      t.dtype > kFalconGemmF16) {
     r.status = kFalconTaskBadRequest;
     return r;
   }
@@ -68,6 +69,10 @@ FalconTaskResult RunGemm(const FalconTask& t, FalconTaskResult r, Tracer& tracer
     return GpuGemm(t, r, GpuJobStreams{streams, n}, deadline_mono_ns);
   }
   r.timing_source = kFalconTimingHost;
+  if (t.dtype != kFalconGemmF32) {  // a host has no bf16 / fp16 GEMM worth comparing
+    r.status = kFalconTaskUnsupported;
+    return r;
+  }
   const double flops = 2.0 * static_cast<double>(t.m) * t.n * t.k;
   double samples[kMaxRepeats];
   const uint64_t a_n = uint64_t{t.m} * t.k, b_n = uint64_t{t.k} * t.n, c_n = uint64_t{t.m} * t.n;

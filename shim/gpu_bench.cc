@@ -28,13 +28,37 @@ constexpr uint32_t kMaxRepeats = 1000;
 constexpr int kMaxContexts = 16;
 constexpr size_t kMaxFences = 32;  // job streams a GEMM fences against
 
+// cudaDataType_t / cublasComputeType_t / cublasGemmAlgo_t values (library_types.h, cublas_api.h).
+constexpr int kCudaR16F = 2;
+constexpr int kCudaR16Bf = 14;
+constexpr int kCublasCompute32F = 68;
+constexpr int kCublasGemmDefault = -1;
+
 struct Cublas {
   bool ok = false;
   int (*create)(void**) = nullptr;
   int (*set_stream)(void*, void*) = nullptr;
   int (*sgemm)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int, const float*,
                float*, int) = nullptr;
+  // Optional (bf16 / fp16 tasks are unsupported without it).
+  int (*gemm_ex)(void*, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int,
+                 const void*, void*, int, int, int, int) = nullptr;
 };
+
+// Bytes per element and the 32-bit fill pattern of 0.25 (inputs that keep every product finite).
+struct GemmElement {
+  size_t bytes;
+  unsigned fill32;
+  int cuda_type;  // for cublasGemmEx; unused for fp32
+  const char* name;
+};
+GemmElement ElementOf(uint8_t dtype) {
+  switch (dtype) {
+    case kFalconGemmBf16: return {2, 0x3e803e80u, kCudaR16Bf, "bf16"};
+    case kFalconGemmF16: return {2, 0x34003400u, kCudaR16F, "fp16"};
+    default: return {4, 0x3e800000u, 0, "fp32"};
+  }
+}
 
 template <typename Fn>
 bool Load(void* lib, const char* name, Fn* out) {
@@ -81,6 +105,7 @@ const Cublas& TheCublas() {
     }
     x.ok = Load(lib, "cublasCreate_v2", &x.create) && Load(lib, "cublasSetStream_v2", &x.set_stream) &&
            Load(lib, "cublasSgemm_v2", &x.sgemm);
+    Load(lib, "cublasGemmEx", &x.gemm_ex);
     if (!x.ok) Log(LogLevel::kWarn, "the loaded cuBLAS lacks cublasCreate_v2/SetStream_v2/Sgemm_v2: GEMM validation is off");
     return x;
   }();
@@ -216,8 +241,6 @@ FalconTaskResult Complete(const CudaDriver& cu, TaskResources& res, uint32_t rep
   return Summarise(cu, res, repeats, work, r);
 }
 
-constexpr unsigned kQuarterBits = 0x3e800000u;  // 0.25f: GEMM inputs that stay finite
-
 // After a failure part-way: waits (bounded) for whatever was queued, so the buffers can be
 // freed; leaks them when that cannot be known. The task's last event is the fence.
 void Drain(const CudaDriver& cu, TaskResources& res, size_t fence, void* stream, int64_t deadline_mono_ns) {
@@ -271,7 +294,10 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, const GpuJobSt
   if (ctx == nullptr) return r;
   const CudaDriver& cu = *driver;
   const Cublas& blas = TheCublas();
-  if (!blas.ok) {
+  const GemmElement el = ElementOf(t.dtype);
+  r.dtype = t.dtype;
+  if (!blas.ok || (t.dtype != kFalconGemmF32 && blas.gemm_ex == nullptr)) {
+    if (blas.ok) Log(LogLevel::kWarn, "GPU benchmark: the loaded cuBLAS lacks cublasGemmEx: %s GEMM is unsupported", el.name);
     r.status = kFalconTaskUnsupported;
     return r;
   }
@@ -301,16 +327,17 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, const GpuJobSt
   // reads C, so C is not filled. Two buffers instead of three, one fill instead of three: less
   // of the device's memory held while the job is paused, and less time before the first GEMM.
   const size_t a_n = size_t{t.m} * t.k, b_n = size_t{t.k} * t.n, c_n = size_t{t.m} * t.n;
-  const size_t in_n = std::max(a_n, b_n);
+  // Sizes rounded up to whole 32-bit words, the fill's unit.
+  const size_t in_bytes = (std::max(a_n, b_n) * el.bytes + 3) / 4 * 4, c_bytes = (c_n * el.bytes + 3) / 4 * 4;
   CuResult rc = kCudaSuccess;
-  const CuDevicePtr in = res.Alloc(in_n * sizeof(float), &rc);
-  const CuDevicePtr c = rc == kCudaSuccess ? res.Alloc(c_n * sizeof(float), &rc) : 0;
+  const CuDevicePtr in = res.Alloc(in_bytes, &rc);
+  const CuDevicePtr c = rc == kCudaSuccess ? res.Alloc(c_bytes, &rc) : 0;
   if (rc != kCudaSuccess) {
-    Log(LogLevel::kWarn, "GPU benchmark: cannot allocate %zu bytes for a %ux%ux%u GEMM (CUresult %d)",
-        (in_n + c_n) * sizeof(float), t.m, t.n, t.k, rc);
+    Log(LogLevel::kWarn, "GPU benchmark: cannot allocate %zu bytes for a %ux%ux%u %s GEMM (CUresult %d)",
+        in_bytes + c_bytes, t.m, t.n, t.k, el.name, rc);
     return r;
   }
-  rc = cu.memset_d32_async(in, kQuarterBits, in_n, st->stream);
+  rc = cu.memset_d32_async(in, el.fill32, in_bytes / 4, st->stream);
   if (rc != kCudaSuccess) {
     Log(LogLevel::kWarn, "GPU benchmark: cuMemsetD32Async failed (CUresult %d)", rc);
     Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
@@ -318,18 +345,26 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, const GpuJobSt
   }
   const float alpha = 1.0f, beta = 0.0f;
   const int m = static_cast<int>(t.m), n = static_cast<int>(t.n), k = static_cast<int>(t.k);
-  auto* pa = reinterpret_cast<const float*>(in);
-  auto* pb = reinterpret_cast<const float*>(in);
-  auto* pc = reinterpret_cast<float*>(c);
-  // Column-major C(m x n) = A(m x k) B(k x n). The first call is the untimed warm-up.
-  int s = blas.sgemm(st->cublas, kCublasOpN, kCublasOpN, m, n, k, &alpha, pa, m, pb, k, &beta, pc, m);
+  // Column-major C(m x n) = A(m x k) B(k x n), fp32 accumulation for every type.
+  auto gemm = [&]() -> int {
+    if (t.dtype == kFalconGemmF32) {
+      auto* p = reinterpret_cast<const float*>(in);
+      return blas.sgemm(st->cublas, kCublasOpN, kCublasOpN, m, n, k, &alpha, p, m, p, k, &beta,
+                        reinterpret_cast<float*>(c), m);
+    }
+    auto* p = reinterpret_cast<const void*>(in);
+    return blas.gemm_ex(st->cublas, kCublasOpN, kCublasOpN, m, n, k, &alpha, p, el.cuda_type, m, p, el.cuda_type, k,
+                        &beta, reinterpret_cast<void*>(c), el.cuda_type, m, kCublasCompute32F, kCublasGemmDefault);
+  };
+  // The first call is the untimed warm-up.
+  int s = gemm();
   if (s == kCublasSuccess && cu.event_record(res.event(0), st->stream) != kCudaSuccess) s = -1;
   for (uint32_t i = 0; i < t.repeats && s == kCublasSuccess; ++i) {
-    s = blas.sgemm(st->cublas, kCublasOpN, kCublasOpN, m, n, k, &alpha, pa, m, pb, k, &beta, pc, m);
+    s = gemm();
     if (s == kCublasSuccess && cu.event_record(res.event(i + 1), st->stream) != kCudaSuccess) s = -1;
   }
   if (s != kCublasSuccess) {
-    Log(LogLevel::kWarn, "GPU benchmark: cublasSgemm or cuEventRecord failed (status %d)", s);
+    Log(LogLevel::kWarn, "GPU benchmark: %s GEMM or cuEventRecord failed (status %d)", el.name, s);
     Drain(cu, res, t.repeats + 1, st->stream, deadline_mono_ns);
     return r;
   }

@@ -1,5 +1,5 @@
-// Validation benchmarks on the rank's GPU: a cuBLAS SGEMM and NCCL send/recv between device
-// buffers, timed with CUDA events. Used by the benchmark executor (bench_executor.h) when the
+// Validation benchmarks on the rank's GPU: a cuBLAS GEMM (SGEMM, or GemmEx in bf16 / fp16) and
+// NCCL send/recv between device buffers, timed with CUDA events. Used by the benchmark executor (bench_executor.h) when the
 // process drives a GPU: libcuda.so.1 is already loaded and the trapped thread has a current
 // context. Nothing here loads the CUDA driver into a process that has not loaded it itself.
 //
@@ -35,8 +35,8 @@ struct GpuJobStreams {
   size_t n;
 };
 
-// GEMM m x n x k (single precision) on Falcon's stream, `task.repeats` times after one warm-up,
-// each timed between CUDA events on that stream (device time); fills the timing fields and the
+// GEMM m x n x k of task.dtype (FalconGemmType) on Falcon's stream, `task.repeats` times after
+// one warm-up, each timed between CUDA events on that stream (device time); fills the timing fields and the
 // status of `r`. Fenced: before anything is queued, an event is recorded on each of `job`'s
 // streams in this context and the GEMMs wait for them; the task fails (and runs nothing) if the
 // job's work queued before it has not finished by the deadline.

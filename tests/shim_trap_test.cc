@@ -32,7 +32,7 @@ int64_t RealNow() { return testing::WallClockNs(); }
 
 // The same GEMM task (m x n x k, `repeats` timed) for every rank.
 std::vector<FalconTask> GemmOnAll(uint32_t repeats, uint32_t m, uint32_t n, uint32_t k) {
-  return std::vector<FalconTask>(kRanks, FalconTask{kFalconTaskGemm, repeats, 0, -1, -1, m, n, k, 0, 0, {}});
+  return std::vector<FalconTask>(kRanks, FalconTask{kFalconTaskGemm, repeats, 0, -1, -1, m, n, k, 0, 0, 0, {}});
 }
 
 // A ring pass on the validation communicator (rank r of the job is its rank r): r sends to
@@ -41,14 +41,14 @@ std::vector<FalconTask> RingPass(uint64_t bytes) {
   std::vector<FalconTask> ring(kRanks);
   for (int r = 0; r < kRanks; ++r) {
     ring[static_cast<size_t>(r)] = FalconTask{
-        kFalconTaskP2p, 3, FALCON_VALIDATION_COMM, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, bytes, 0, {}};
+        kFalconTaskP2p, 3, FALCON_VALIDATION_COMM, (r + 1) % kRanks, (r + kRanks - 1) % kRanks, 0, 0, 0, bytes, 0, 0, {}};
   }
   return ring;
 }
 
 // Every rank joins the validation communicator as its job rank, with buffers of `bytes`.
 FalconTask Join(int rank, uint64_t bytes) {
-  return FalconTask{kFalconTaskCommJoin, 1, 0, -1, -1, kRanks, static_cast<uint32_t>(rank), 0, bytes, 0, {}};
+  return FalconTask{kFalconTaskCommJoin, 1, 0, -1, -1, kRanks, static_cast<uint32_t>(rank), 0, bytes, 0, 0, {}};
 }
 
 class ShimTrapTest : public ::testing::Test {
@@ -137,7 +137,7 @@ class ShimTrapTest : public ::testing::Test {
   // Makes a validation communicator's id on rank 0 and has every rank in `joiners` join it;
   // returns the join results (by rank; ranks not in `joiners` get a default result).
   std::vector<FalconTaskResult> JoinValidationComm(uint64_t bytes, const std::vector<int>& joiners) {
-    const uint64_t id_seq = segs_[0].PostTask(FalconTask{kFalconTaskCommId, 1, 0, -1, -1, 0, 0, 0, 0, 0, {}});
+    const uint64_t id_seq = segs_[0].PostTask(FalconTask{kFalconTaskCommId, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0, {}});
     FalconTaskResult id{};
     EXPECT_TRUE(testing::WaitUntil([&] { return segs_[0].TaskDone(id_seq, &id); }, 30));
     EXPECT_EQ(id.status, kFalconTaskOk) << "rank 0 made the unique id";
@@ -198,6 +198,11 @@ TEST_F(ShimTrapTest, PauseValidateResumeCyclesLoseNoTrainingData) {
       EXPECT_EQ(r.status, kFalconTaskOk);
       EXPECT_GT(r.rate, 0.0);
       EXPECT_LE(r.min_s, r.median_s);
+    }
+    if (cycle == 0) {  // a process without a GPU has no bf16 GEMM worth comparing
+      std::vector<FalconTask> bf16 = GemmOnAll(1, 16, 16, 16);
+      for (FalconTask& t : bf16) t.dtype = kFalconGemmBf16;
+      for (const FalconTaskResult& r : RunOnAll(bf16)) EXPECT_EQ(r.status, kFalconTaskUnsupported);
     }
     for (const FalconTaskResult& r : JoinAll(32768)) EXPECT_EQ(r.status, kFalconTaskOk) << "cycle " << cycle;
     for (const FalconTaskResult& r : RunOnAll(RingPass(32768))) {
@@ -313,10 +318,26 @@ TEST_F(ShimTrapTest, OnAGpuTasksUseDeviceBuffersCublasAndCudaEvents) {
   for (const FalconTaskResult& r : RunOnAll(GemmOnAll(3, 64, 32, 48))) {
     EXPECT_EQ(r.status, kFalconTaskOk);
     EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "the GEMM ran on the device path";
+    EXPECT_EQ(r.dtype, kFalconGemmF32);
     EXPECT_GT(r.rate, 0.0);
     EXPECT_LE(r.min_s, r.median_s);
     EXPECT_LE(r.median_s, r.max_s);
   }
+  // The tensor-core types go through cublasGemmEx (odd sizes: the buffers round up to whole
+  // words of the fill); an unknown type is a bad request.
+  for (uint8_t dtype : {uint8_t{kFalconGemmBf16}, uint8_t{kFalconGemmF16}}) {
+    std::vector<FalconTask> tasks = GemmOnAll(2, 33, 17, 9);
+    for (FalconTask& t : tasks) t.dtype = dtype;
+    for (const FalconTaskResult& r : RunOnAll(tasks)) {
+      EXPECT_EQ(r.status, kFalconTaskOk) << "dtype " << int(dtype);
+      EXPECT_EQ(r.dtype, dtype);
+      EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents);
+      EXPECT_GT(r.rate, 0.0);
+    }
+  }
+  std::vector<FalconTask> bad = GemmOnAll(1, 8, 8, 8);
+  for (FalconTask& t : bad) t.dtype = 7;
+  for (const FalconTaskResult& r : RunOnAll(bad)) EXPECT_EQ(r.status, kFalconTaskBadRequest);
   for (const FalconTaskResult& r : JoinAll(262144)) {
     EXPECT_EQ(r.status, kFalconTaskOk);
     EXPECT_EQ(r.timing_source, kFalconTimingCudaEvents) << "device buffers";
@@ -390,7 +411,7 @@ TEST_F(ShimTrapTest, AMissingRankFailsTheRoundByItsDeadlineAndTrainingGoesOn) {
 
   // Rank 3 never joins: the other joins end by their 3 s deadline, failed.
   const int64_t t0 = RealNow();
-  const uint64_t id_seq = segs_[0].PostTask(FalconTask{kFalconTaskCommId, 1, 0, -1, -1, 0, 0, 0, 0, 0, {}});
+  const uint64_t id_seq = segs_[0].PostTask(FalconTask{kFalconTaskCommId, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0, {}});
   FalconTaskResult id{};
   ASSERT_TRUE(testing::WaitUntil([&] { return segs_[0].TaskDone(id_seq, &id); }, 30));
   uint8_t blob[FALCON_TASK_BLOB_LEN];

@@ -113,7 +113,7 @@ CommandOutcome CommandExecutor::CutInfo(std::span<RankFollower* const> targets) 
   CommandOutcome out{"ok", "", {}, {}};
   for (RankFollower* f : targets) {
     out.ranks.push_back(f->rank());
-    protocol::AckRankResult r{f->rank(), "ok", {}, {}, {}, {}, {}, {}, {}};
+    protocol::AckRankResult r{f->rank(), "ok", {}, {}, {}, {}, {}, {}, {}, {}};
     const Result<CallPatternReport> p = f->CutPattern();
     if (!p.ok()) {
       r.state = "unavailable";

@@ -89,6 +89,8 @@ std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, Ran
     }
     t.kind = kFalconTaskGemm;
     t.m = t.n = t.k = static_cast<std::uint32_t>(n);
+    const std::string dtype = c.dtype.value_or("fp32");  // one of the protocol's enum (validated)
+    t.dtype = dtype == "bf16" ? kFalconGemmBf16 : dtype == "fp16" ? kFalconGemmF16 : kFalconGemmF32;
     return out;
   }
   if (c.task == "vcomm_id") {
@@ -203,7 +205,7 @@ void ShimTrap::Pause(const protocol::Command& c, std::span<RankFollower* const> 
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const std::uint64_t gen = targets[i]->segment().RequestPause(cuts[i], shim_deadline);
     paused_[targets[i]] = gen;
-    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}, {}},
+    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}, {}, {}},
                        false, std::move(expects[i])});
   }
   pending_.push_back(std::move(p));
@@ -217,7 +219,7 @@ void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>
     const std::uint64_t gen = ActivePause(f, false);
     if (gen == 0) continue;
     f->segment().RequestResume(gen);
-    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}, {}}, false, {}});
+    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}, {}, {}}, false, {}});
   }
   if (p.ranks.empty()) return p.done(Rejected("no rank here is paused by this agent"));
   pending_.push_back(std::move(p));
@@ -243,7 +245,7 @@ void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* cons
       vcomm_[targets[i]] = {static_cast<std::int64_t>(tasks[i].task.n), static_cast<std::int64_t>(tasks[i].task.m)};
     }
     const std::uint64_t seq = tasks[i].blob ? seg.PostTask(tasks[i].task, tasks[i].blob->data()) : seg.PostTask(tasks[i].task);
-    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}, {}}, false, {}});
+    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}, {}, {}}, false, {}});
   }
   pending_.push_back(std::move(p));
   Check(now);
@@ -265,6 +267,10 @@ void ShimTrap::Poll(Pending& p, RankWait& w) {
     w.result.min_s = r.min_s;
     w.result.max_s = r.max_s;
     w.result.rate = r.rate;
+    if (r.kind == kFalconTaskGemm) {
+      static constexpr const char* kTypes[] = {"fp32", "bf16", "fp16"};
+      if (r.dtype < 3) w.result.dtype = kTypes[r.dtype];
+    }
     if (r.kind == kFalconTaskCommId && r.status == kFalconTaskOk) {
       std::uint8_t blob[FALCON_TASK_BLOB_LEN];
       seg.TaskResultBlob(blob);

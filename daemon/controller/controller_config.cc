@@ -77,6 +77,9 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->check(CLI::Range(0, 100));
   Entry(app, "ack-timeout-s", v.ack_timeout_s, "longest wait for an agent's ack, s")->check(CLI::Range(0.1, 3600.0));
   Entry(app, "gemm-size", v.gemm_size, "GEMM validation matrix dimension")->check(CLI::Range(1, 8192));
+  Entry(app, "gemm-dtype", v.gemm_dtype, "GEMM validation element type: fp32 (cuBLAS SGEMM), bf16 or fp16 "
+        "(tensor cores, fp32 accumulation); a rank without a GPU runs fp32 only")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   Entry(app, "gemm-repeats", v.gemm_repeats, "timed GEMM repetitions")->check(CLI::Range(1, 1000));
   Entry(app, "p2p-bytes", v.p2p_bytes, "bytes per P2P validation transfer")->check(CLI::Range(1, 1 << 30));
   // Parsed as its name and converted in a callback: a transformer would store the enum's number

@@ -357,6 +357,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
     cmd.task = "gemm";
     cmd.ranks = ranks;
     cmd.size = settings_.gemm_size;
+    if (settings_.gemm_dtype != "fp32") cmd.dtype = settings_.gemm_dtype;  // absent: fp32, for older agents
     cmd.repeats = settings_.gemm_repeats;
     pending_[cmd.id] = {host, "validate", std::nullopt};
     out.push_back({host, std::move(cmd)});

@@ -56,6 +56,7 @@ struct ValidationSettings {
   double ack_timeout_s = 20;
   // As analyzer/validation_plan.h: large enough that throughput, not launch latency, is timed.
   std::int64_t gemm_size = 4096;
+  std::string gemm_dtype = "fp32";  // fp32 | bf16 | fp16 (protocol's validate.dtype)
   std::int64_t gemm_repeats = 5;
   std::int64_t p2p_bytes = std::int64_t{64} << 20;
   std::int64_t p2p_repeats = 5;

@@ -438,6 +438,8 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   v->add_option("--vranks", val->command.vranks, "vcomm_join: members of the validation communicator");
   v->add_option("--vrank", val->command.vrank, "vcomm_join: the rank's rank in it");
   v->add_option("--size", val->command.size, "gemm: matrix dimension");
+  v->add_option("--dtype", val->command.dtype, "gemm: element type (fp32, bf16, fp16; default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   v->add_option("--repeats", val->command.repeats, "timed repetitions");
 }
 

@@ -179,6 +179,7 @@ json ToJson(const Command& m) {
     SetIf(j, "shift", m.shift);
     SetIf(j, "bytes", m.bytes);
     SetIf(j, "size", m.size);
+    SetIf(j, "dtype", m.dtype);
     SetIf(j, "repeats", m.repeats);
     SetIf(j, "blob", m.blob);
     SetIf(j, "vranks", m.vranks);
@@ -210,6 +211,7 @@ json ToJson(const Ack& m) {
       SetIf(rj, "min_s", r.min_s);
       SetIf(rj, "max_s", r.max_s);
       SetIf(rj, "rate", r.rate);
+      SetIf(rj, "dtype", r.dtype);
       SetIf(rj, "blob", r.blob);
       if (r.pattern) rj["pattern"] = *r.pattern;
       results.push_back(std::move(rj));
@@ -281,6 +283,7 @@ Result<Command> ParseCommand(std::string_view text) {
       if (j.contains("shift")) c.shift = j["shift"].get<std::int64_t>();
       if (j.contains("bytes")) c.bytes = j["bytes"].get<std::int64_t>();
       if (j.contains("size")) c.size = j["size"].get<std::int64_t>();
+      if (j.contains("dtype")) c.dtype = j["dtype"].get<std::string>();
       if (j.contains("repeats")) c.repeats = j["repeats"].get<std::int64_t>();
       if (j.contains("blob")) {
         c.blob = j["blob"].get<std::string>();

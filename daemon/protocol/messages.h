@@ -145,6 +145,7 @@ struct Command {
   std::string task;
   std::optional<std::string> comm;
   std::optional<std::int64_t> peer, shift, bytes, size, repeats;
+  std::optional<std::string> dtype;            // gemm: fp32 | bf16 | fp16 (absent: fp32)
   std::optional<std::string> blob;             // vcomm_join: 256 hex digits
   std::optional<std::int64_t> vranks, vrank;   // vcomm_join
   // plan (elements range-checked by ParseCommand)
@@ -166,6 +167,7 @@ struct AckRankResult {
   std::optional<double> median_s, min_s, max_s, rate;
   std::optional<std::string> blob;  // vcomm_id: the validation communicator's unique id, hex
   std::optional<nlohmann::json> pattern;  // cut_info: CutPatternToJson
+  std::optional<std::string> dtype;  // validate gemm: the element type that ran
 };
 
 // cut_info's per-rank answer: one period of calls (analyzer::RankCallPattern, min_position

@@ -187,6 +187,7 @@ inline constexpr FieldSpec kAckResultFields[] = {
     {"min_s", JsonType::kNumber, false, "validate: fastest time, s", "", 0, kMaxSeconds},
     {"max_s", JsonType::kNumber, false, "validate: slowest time, s", "", 0, kMaxSeconds},
     {"rate", JsonType::kNumber, false, "validate: achieved rate (FLOP/s or B/s)", "", 0, 1e18},
+    {"dtype", JsonType::kString, false, "validate gemm: the element type that ran", "fp32|bf16|fp16"},
 };
 inline constexpr ObjectSpec kAckResultObject{kAckResultFields};
 
@@ -361,6 +362,9 @@ inline constexpr FieldSpec kValidateFields[] = {
     {"vranks", JsonType::kInteger, false, "vcomm_join: members of the validation communicator", "", 2, kMaxRank},
     {"vrank", JsonType::kInteger, false, "vcomm_join: the target rank's rank in it", "", 0, kMaxRank},
     {"size", JsonType::kInteger, false, "gemm: matrix dimension", "", 1, 65536},
+    {"dtype", JsonType::kString, false,
+     "gemm: element type (default fp32, cuBLAS SGEMM; bf16 / fp16: GemmEx, fp32 accumulation, tensor cores)",
+     "fp32|bf16|fp16"},
     {"repeats", JsonType::kInteger, false, "timed repetitions (default 5)", "", 1, 1000},
 };
 inline constexpr MessageSpec kValidate{"validate", kValidateFields,

@@ -268,7 +268,7 @@ typedef enum {
 /* Benchmark tasks the executor runs while the process is trapped (paused). */
 typedef enum {
   kFalconTaskNone = 0,
-  kFalconTaskGemm = 1, /* m x n x k single-precision GEMM on this rank's device (host GEMM without a GPU) */
+  kFalconTaskGemm = 1, /* m x n x k GEMM of `dtype` on this rank's device (host GEMM, fp32 only, without a GPU) */
   kFalconTaskP2p = 2,  /* one send and/or one receive of `bytes`; comm_slot FALCON_VALIDATION_COMM:
                           on the validation communicator (ranks are its ranks), else on a
                           training communicator of this process's table */
@@ -296,6 +296,15 @@ typedef enum {
 /* 64 bytes. P2P: ranks are ranks in the communicator at comm_slot of this process's table. */
 #define FALCON_P2P_WARMUP_BYTES 65536
 
+/* Element type of a GEMM task: fp32 is cuBLAS SGEMM (no tensor cores unless the library chooses
+ * TF32); bf16 and fp16 are cublasGemmEx with fp32 accumulation, the tensor-core path training
+ * uses. Zero is fp32, so agents that predate the field ask for what they always got. */
+typedef enum {
+  kFalconGemmF32 = 0,
+  kFalconGemmBf16 = 1,
+  kFalconGemmF16 = 2
+} FalconGemmType;
+
 typedef struct FalconTask {
   uint32_t kind;       /* FalconTaskKind */
   uint32_t repeats;    /* timed repetitions, 1..1000 (after one untimed warm-up; a P2P warm-up
@@ -308,7 +317,8 @@ typedef struct FalconTask {
   int64_t deadline_real_ns; /* CLOCK_REALTIME: the task fails (and the validation communicator
                                is aborted) if not done by then; 0 or past the pause's deadline:
                                the pause's deadline */
-  uint8_t reserved[16];
+  uint8_t dtype;       /* GEMM: FalconGemmType */
+  uint8_t reserved[15];
 } FalconTask;
 
 /* 64 bytes. Times in seconds over the timed repetitions. */
@@ -321,7 +331,8 @@ typedef struct FalconTaskResult {
   double max_s;
   double rate;         /* GEMM: GFLOP/s; P2P: GB/s (bytes moved per direction / median) */
   uint32_t timing_source; /* FalconTimingSource */
-  uint8_t reserved[12];
+  uint8_t dtype;       /* GEMM: the FalconGemmType that ran (a shim that predates it leaves 0, fp32) */
+  uint8_t reserved[11];
 } FalconTaskResult;
 
 typedef enum {
