@@ -124,6 +124,17 @@ class Tracer {
   CommRegistry& comms() { return comms_; }
   Segment& segment() { return segment_; }
   GpuTimer& gpu() { return gpu_; }
+  // Counts a query (FalconOpIsQuery) of `ts`'s thread: a plain increment on its own exclusive
+  // lane, an atomic add on the shared lane for threads that share it or that never made another
+  // call (a watchdog that only polls takes no lane of its own). Lock-free, no allocation.
+  void CountQuery(const ThreadState& ts) {
+    if (ts.generation == generation() && !ts.lane_shared && ts.lane != nullptr) {
+      std::atomic_ref<uint64_t> q(ts.lane->queries);
+      q.store(q.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      return;
+    }
+    std::atomic_ref<uint64_t>(segment_.lanes()[SharedLane()].queries).fetch_add(1, std::memory_order_relaxed);
+  }
   // HOT PATH helper (lock-free, no allocation): remembers a stream the job's NCCL calls use,
   // for the GEMM validation's fence (gpu_bench.h). The first kJobStreams distinct streams are
   // kept; later ones are not (a job uses a handful).
@@ -220,6 +231,14 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   if (tracer == nullptr) {  // pass-through: no segment, disabled, or another thread initialising
     auto r = forward();
     TrackGroupDepth(d.op, ResultCode(r), ts);
+    ts.depth = 0;
+    return r;
+  }
+  if (FalconOpIsQuery(d.op)) {  // counted, never recorded; takes no lane, never stops (shm_abi.h)
+    auto r = forward();
+    CallOutcome out;
+    after(r, out);
+    tracer->CountQuery(ts);
     ts.depth = 0;
     return r;
   }

@@ -45,9 +45,10 @@ void PrintPreamble(const SegmentReader& seg, const daemon::CommTable& comms) {
               h.abi_version);
   std::printf("# segment %s  pid %d  exe %s  host %s  job %s  rank_hint %d  state %s\n", seg.path().c_str(), h.pid,
               h.exe, h.host, h.job[0] ? h.job : "-", h.rank_hint, seg.exited() ? "exited" : "running");
-  std::printf("# %u lanes x %llu records, %llu written, lost %llu, dropped %llu\n", h.lane_count,
-              static_cast<unsigned long long>(h.lane_capacity), static_cast<unsigned long long>(seg.head()),
-              static_cast<unsigned long long>(seg.records_lost()), static_cast<unsigned long long>(seg.records_dropped()));
+  std::printf("# %u lanes x %llu records, %llu written, lost %llu, dropped %llu; %llu queries counted, not "
+              "recorded\n", h.lane_count, static_cast<unsigned long long>(h.lane_capacity),
+              static_cast<unsigned long long>(seg.head()), static_cast<unsigned long long>(seg.records_lost()),
+              static_cast<unsigned long long>(seg.records_dropped()), static_cast<unsigned long long>(seg.queries()));
   for (const auto& [slot, c] : comms) {
     std::printf("# comm slot %u id %s rank %d/%d device %d parent %s name '%s' %s\n", slot,
                 daemon::HexId(c.comm_id).c_str(), c.rank, c.nranks, c.device,

@@ -180,6 +180,16 @@ uint64_t SegmentReader::records_dropped() const {
   return total;
 }
 
+uint64_t SegmentReader::queries() const {
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < header_copy_.lane_count; ++l) total += LoadRelaxed(lanes_[l].queries);
+  return total;
+}
+
+uint64_t SegmentReader::lane_queries(uint32_t lane) const {
+  return lane < header_copy_.lane_count ? LoadRelaxed(lanes_[lane].queries) : 0;
+}
+
 bool SegmentReader::exited() const {
   return std::atomic_ref<uint32_t>(header_->state).load(std::memory_order_acquire) == kFalconProcExited;
 }

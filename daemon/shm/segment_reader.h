@@ -80,6 +80,8 @@ class SegmentReader {
   ReadCursor HeadCursor() const;
   uint64_t records_lost() const;    // writer-side count, all lanes (shm_abi.h contract 4)
   uint64_t records_dropped() const;
+  uint64_t queries() const;         // queries counted, not recorded (FalconOpIsQuery), all lanes
+  uint64_t lane_queries(uint32_t lane) const;  // one lane's (0 for a lane beyond lane_count)
   bool exited() const;              // the process ran its exit handlers
 
   std::vector<CommInfo> Comms() const;

@@ -146,6 +146,15 @@ static inline int FalconOpIsOrdered(unsigned op) {
   return (op >= 1 && op <= 11) || (op >= 15 && op <= 21);
 }
 
+/* Whether `op` is a query: it asks NCCL about a communicator or the library and changes
+ * nothing (version, error strings, asynchronous errors, rank, size, device). Queries are counted
+ * per lane (FalconLane::queries), never recorded: PyTorch's watchdog and its wait loops for
+ * nonblocking communicators poll ncclCommGetAsyncError thousands of times a second, and one
+ * record each would overwrite the job's collectives in the ring. */
+static inline int FalconOpIsQuery(unsigned op) {
+  return op >= 32 && op <= 38;
+}
+
 /* FalconRecord::count of kFalconOpAnnotation records written by the trap. */
 enum { kFalconAnnotatePauseBegin = 1, kFalconAnnotatePauseEnd = 2 };
 
@@ -248,7 +257,9 @@ typedef struct FalconLane {
   uint64_t records_dropped; /* could not be written (slot still busy; shared lane only), atomic */
   uint32_t shared;          /* 1 for the shared (multi-writer) lane */
   uint32_t owner_thread;    /* thread slot that owns an exclusive lane, 0xFFFFFFFF if none yet */
-  uint8_t reserved[24];
+  uint64_t queries;         /* calls of this lane's threads that are counted, not recorded
+                               (FalconOpIsQuery), atomic */
+  uint8_t reserved[16];
 } FalconLane;
 
 typedef enum {
