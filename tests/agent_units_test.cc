@@ -2,7 +2,8 @@
 // the sample config in sync with the table), the online iteration series (samples equal the
 // true iteration times, never overlap, whatever the poll boundaries), the outbox (bounded,
 // oldest dropped, confirmation by sequence), command outcomes that need no rank (expired,
-// rejected), and the Prometheus rendering.
+// rejected), the call pattern behind cut_info (calls from two threads, as PyTorch's training and
+// autograd threads issue them), and the Prometheus rendering.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <sstream>
 
 #include "daemon/agent/agent_config.h"
+#include "daemon/agent/call_pattern.h"
 #include "daemon/agent/comm_profiler.h"
 #include "daemon/agent/command_executor.h"
 #include "daemon/agent/metrics.h"
@@ -369,6 +371,83 @@ TEST(CommProfilerTest, DeviceTimesReplaceEnqueueTimesAndGroupsShareTheirGroupsTi
   EXPECT_DOUBLE_EQ(next[0].sigs[0].mean_us, 300.0);
   EXPECT_EQ(next[0].rank, 0);
   EXPECT_EQ(next[0].nranks, 2);
+}
+
+// A PyTorch rank issues its forward collectives from the training thread and its backward ones
+// from the autograd thread: the pattern holds both lanes' calls, and groups of the two lanes
+// that happen to have the same ordinal stay apart.
+TEST(CallPatternTest, CallsOfTwoThreadsMakeOnePeriod) {
+  CallPatternLog log;
+  constexpr std::uint64_t kTp = 0x11, kPp = 0x22;
+  std::uint64_t tp_seq = 0, pp_seq = 0;
+  std::int64_t t = 1000;
+  std::uint32_t next_group[2] = {0, 0};
+  auto call = [&](int lane, std::uint64_t comm, bool grouped) {
+    FalconRecord r{};
+    r.op = comm == kTp ? kFalconOpAllReduce : kFalconOpSend;
+    r.lane = static_cast<std::uint8_t>(lane);
+    r.comm_seq = comm == kTp ? tp_seq++ : pp_seq++;
+    r.t_start_ns = t += 10;
+    r.flags = grouped ? kFalconFlagInGroup : 0;
+    log.Push(r, comm);
+  };
+  auto group = [&](int lane, int calls) {
+    FalconRecord g{};
+    g.op = kFalconOpGroupStart;
+    g.lane = static_cast<std::uint8_t>(lane);
+    g.t_start_ns = t += 10;
+    log.Push(g, 0);
+    ++next_group[lane];
+    for (int i = 0; i < calls; ++i) call(lane, kPp, true);
+  };
+  constexpr int kPeriods = 4;
+  for (int it = 0; it < kPeriods; ++it) {
+    call(0, kTp, false);  // forward: training thread
+    group(0, 2);          // send activations, receive the next micro-batch's
+    call(1, kTp, false);  // backward: autograd thread
+    group(1, 2);          // gradients to the previous stage (same ordinal as lane 0's group)
+  }
+  ASSERT_EQ(log.size(), static_cast<std::size_t>(6 * kPeriods)) << "no call of either thread is dropped";
+  const std::vector<PatternCommInfo> comms{{kTp, 2, tp_seq}, {kPp, 2, pp_seq}};
+  const Result<CallPatternReport> r = log.Build(6, comms);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // One period, wherever the window starts: two single TP calls and two groups of two PP calls.
+  ASSERT_EQ(r.value().pattern.units.size(), 4u) << "tp, group of lane 0, tp, group of lane 1";
+  int singles = 0, groups = 0;
+  for (const analyzer::CallUnit& u : r.value().pattern.units) {
+    ASSERT_EQ(u.calls.size(), 1u);
+    if (u.group) {
+      ++groups;
+      EXPECT_EQ(u.calls[0].count, 2u);
+    } else {
+      ++singles;
+      EXPECT_EQ(u.calls[0].count, 1u);
+    }
+  }
+  EXPECT_EQ(singles, 2);
+  EXPECT_EQ(groups, 2);
+  // The two lanes' groups with equal ordinals are distinct units even when adjacent.
+  CallPatternLog adj;
+  FalconRecord g0{}, g1{};
+  g0.op = g1.op = kFalconOpGroupStart;
+  g1.lane = 1;
+  for (int it = 0; it < 3; ++it) {
+    for (int lane = 0; lane < 2; ++lane) {
+      FalconRecord g = lane == 0 ? g0 : g1;
+      g.t_start_ns = t += 10;
+      adj.Push(g, 0);
+      FalconRecord c{};
+      c.op = kFalconOpSend;
+      c.lane = static_cast<std::uint8_t>(lane);
+      c.comm_seq = pp_seq++;
+      c.flags = kFalconFlagInGroup;
+      c.t_start_ns = t += 10;
+      adj.Push(c, kPp);
+    }
+  }
+  const Result<CallPatternReport> a = adj.Build(2, comms);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a.value().pattern.units.size(), 2u);
 }
 
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {

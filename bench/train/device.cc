@@ -18,6 +18,7 @@ struct Device::Driver {
   int (*event_record)(void*, void*) = nullptr;
   int (*event_synchronize)(void*) = nullptr;
   int (*stream_wait_event)(void*, void*, unsigned) = nullptr;  // optional
+  void* ctx = nullptr;  // the device's primary context
 };
 
 namespace {
@@ -76,8 +77,14 @@ Result<std::unique_ptr<Device>> Device::Open(int ordinal, ComputeModel* compute)
     d->launch_ = nullptr;  // a driver without this device (no GPU, fewer GPUs): host-side work, as without one
     return d;
   }
+  drv->ctx = ctx;
   d->driver_ = std::move(drv);
   return d;
+}
+
+Status Device::MakeCurrent() {
+  if (!driver_) return Status::Ok();
+  return Check(driver_->ctx_set_current(driver_->ctx), "cuCtxSetCurrent");
 }
 
 Result<StreamHandle> Device::NewStream() {

@@ -41,6 +41,9 @@ class Device {
   // REQUIRES: `compute` outlives the Device.
   [[nodiscard]] static Result<std::unique_ptr<Device>> Open(int ordinal, ComputeModel* compute);
 
+  // Makes the device's primary context current on the calling thread (as cudaSetDevice does on
+  // a thread of the process's own, e.g. PyTorch's autograd thread). Any thread.
+  [[nodiscard]] Status MakeCurrent();
   // A new non-blocking stream / event owned by the Device (destroyed with it); nullptr without
   // a driver.
   [[nodiscard]] Result<StreamHandle> NewStream();

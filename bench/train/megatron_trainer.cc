@@ -24,6 +24,7 @@ MegatronTrainer::MegatronTrainer(const Options& options, int rank, Comms* comms,
       device_(device) {}
 
 Status MegatronTrainer::Init() {
+  if (options_.autograd_thread) autograd_ = std::make_unique<AutogradThread>();
   tp_.group = Group::kTp;
   pp_.group = Group::kPp;
   dp_.group = Group::kDpCp;
@@ -112,10 +113,18 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
   }
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
-    const Status s = step.kind == StepKind::kExchange
-                         ? RunExchange(iter, step.xchg)
-                         : RunCompute(iter, step.mb, step.kind, i == last_backward ? Buckets::kReduce : Buckets::kAccumulate,
-                                      micro_batches);
+    const Buckets buckets = i == last_backward ? Buckets::kReduce : Buckets::kAccumulate;
+    Status s = Status::Ok();
+    if (step.kind == StepKind::kExchange) {
+      s = RunExchange(iter, step.xchg);
+    } else if (step.kind == StepKind::kBackward && autograd_ != nullptr) {  // loss.backward()
+      s = autograd_->Run([&] {
+        if (Status c = device_->MakeCurrent(); !c.ok()) return c;  // the thread's device, as PyTorch sets it
+        return RunCompute(iter, step.mb, step.kind, buckets, micro_batches);
+      });
+    } else {
+      s = RunCompute(iter, step.mb, step.kind, buckets, micro_batches);
+    }
     if (!s.ok()) return s;
   }
   if (Status s = FinishGradSync(iter, micro_batches); !s.ok()) return s;

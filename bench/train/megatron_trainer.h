@@ -27,7 +27,10 @@
 //    which the next iteration's forward of that layer waits for (overlapped with the forward).
 // With --check every received or reduced buffer is verified after a host wait on its stream.
 //
-// Thread-safety: one thread. Must never: let the host touch a buffer that device work still
+//  * a backward step runs on the autograd thread (autograd_thread.h) while the training thread
+//    waits, as PyTorch runs it: its TP all-reduces and gradient buckets come from that thread.
+// Thread-safety: one thread at a time (the training thread, or the autograd thread while the
+// training thread waits for it). Must never: let the host touch a buffer that device work still
 // reads or writes (it waits on the event recorded after that work first), issue collectives in a
 // rank-dependent order within a group, or continue after a failed check.
 #ifndef FALCON_BENCH_TRAIN_MEGATRON_TRAINER_H_
@@ -35,9 +38,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "autograd_thread.h"
 #include "comms.h"
 #include "control_word.h"
 #include "device.h"
@@ -130,6 +135,7 @@ class MegatronTrainer {
   EventHandle compute_done_ = nullptr;
   Lane tp_, pp_, dp_, mp_, embd_, world_;
   std::vector<EventHandle> gathered_;  // per bucket: after its parameter all-gather
+  std::unique_ptr<AutogradThread> autograd_;  // runs backward steps (null: --no-autograd-thread)
   std::size_t bucket_ = 0;             // floats per gradient bucket (a multiple of dp)
 
   // Buffers, reused every iteration (see the thread-safety contract).

@@ -128,6 +128,9 @@ const std::vector<OptionSpec>& Table() {
       {"--no-watchdog", nullptr, "no watchdog thread (default: one polls ncclCommGetAsyncError on every "
        "communicator every 100 ms and ends the process on an asynchronous error)",
        [](Options* o, const std::string&) { o->watchdog = false; return std::string(); }},
+      {"--no-autograd-thread", nullptr, "issue the backward's collectives from the training thread (default: from "
+       "an autograd thread of their own while the training thread waits, as PyTorch runs a CUDA backward)",
+       [](Options* o, const std::string&) { o->autograd_thread = false; return std::string(); }},
       {"--checkpoint-save-ms", "MS", "modelled time to save each checkpoint (default 0 = nothing modelled); when "
        "> 0 every checkpoint drains the device, sleeps MS and ends in a world barrier",
        [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e7, &o->checkpoint_save_ms); }},

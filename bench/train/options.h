@@ -45,6 +45,7 @@ struct Options {
   bool lazy_init = false;         // --lazy-init: communicators at first use
   bool nonblocking = false;       // --nonblocking: ncclConfig_t.blocking = 0
   bool watchdog = true;           // --no-watchdog turns it off (always off with --world-sync)
+  bool autograd_thread = true;    // --no-autograd-thread: backward collectives on the training thread
   double checkpoint_save_ms = 0;  // --checkpoint-save-ms: modelled save + world barrier per checkpoint
   bool help = false;              // --help / -h
 

@@ -18,12 +18,10 @@ void CallPatternLog::Push(const FalconRecord& r, std::uint64_t comm_id) {
     return;
   }
   if (!IsCollectiveOrP2p(r.op) || r.comm_seq == ~std::uint64_t{0} || comm_id == 0) return;
-  if (r.lane != lane_) {  // collectives moved to another thread: the old lane's calls are not its
-    calls_.clear();
-    lane_ = r.lane;
-  }
   const bool grouped = (r.flags & kFalconFlagInGroup) != 0;
-  calls_.push_back({comm_id, r.comm_seq, r.t_start_ns, grouped ? std::max<std::uint32_t>(group_ordinal_[r.lane], 1) : 0});
+  const std::uint64_t group =
+      grouped ? (std::uint64_t{r.lane} + 1) << 32 | std::max<std::uint32_t>(group_ordinal_[r.lane], 1) : 0;
+  calls_.push_back({comm_id, r.comm_seq, r.t_start_ns, group});
   if (calls_.size() > capacity_) calls_.pop_front();
 }
 

@@ -3,9 +3,13 @@
 // rank's calls as analyzer::RankCallPattern units, its progress since, and its pace — what the
 // controller's PlanCut needs to stop every rank at a consistent cut without a world collective.
 //
-// Calls come from the rank's own records (in order within each lane); only the lane that issues
-// the rank's collectives is used, so a watchdog thread's polls never mix in (they are not
-// ordered anyway). Groups are told apart by the lane's outermost ncclGroupStart records.
+// Calls come from the rank's own records, every lane merged in time order: a PyTorch job issues
+// its forward collectives from the training thread and its backward ones (tensor-parallel
+// all-reduces, data-parallel gradient hooks) from the autograd engine's device thread, so a
+// rank's ordered calls come from two threads that take turns (seen on a GPU: dropping calls of
+// the "other" lane left 4 calls where two periods of 28 were needed). Polls and other queries
+// are never ordered and never recorded (shm_abi.h). Groups are told apart by (lane, the lane's
+// outermost ncclGroupStart ordinal).
 // Memory: at most `capacity` calls (24 bytes each). Cost: Push O(1); Build O(period).
 // Thread-safety: plain value object, one owner (the agent loop). Must never: do I/O or throw.
 #pragma once
@@ -41,7 +45,8 @@ class CallPatternLog {
  public:
   explicit CallPatternLog(std::size_t capacity = 1 << 16) : capacity_(capacity) {}
 
-  // One record of the rank, in each lane's order. `comm_id`: the communicator's id (0 if none).
+  // One record of the rank, in time order across lanes (SegmentReader::Read's merge). `comm_id`:
+  // the communicator's id (0 if none).
   void Push(const FalconRecord& r, std::uint64_t comm_id);
   // The latest iteration sample's anchor (its first call's t_start_ns) and index.
   void SetIteration(std::int64_t anchor_ns, std::uint64_t index) {
@@ -62,12 +67,11 @@ class CallPatternLog {
     std::uint64_t comm = 0;
     std::uint64_t seq = 0;
     std::int64_t t_ns = 0;
-    std::uint32_t group = 0;  // 0: outside a group; else the lane's group ordinal
+    std::uint64_t group = 0;  // 0: outside a group; else (lane + 1) << 32 | the lane's group ordinal
   };
 
   std::size_t capacity_;
-  std::deque<Call> calls_;  // the collective lane's, oldest first
-  int lane_ = -1;           // the lane of the last ordered call
+  std::deque<Call> calls_;  // every lane's, oldest first
   std::unordered_map<int, std::uint32_t> group_ordinal_;  // per lane: outermost groups begun
   std::int64_t anchor_ns_ = 0;
   std::uint64_t anchor_index_ = 0;
