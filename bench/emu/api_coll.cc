@@ -17,6 +17,7 @@
 
 #include "api_util.h"
 #include "coll_op.h"
+#include "debug_log.h"
 #include "group.h"
 #include "p2p_op.h"
 
@@ -100,6 +101,8 @@ ncclResult_t SubmitColl(ncclComm* comm, int datatype, CollCall call, cudaStream_
     rc = ResolveRed(name, comm, call.op, call.args.dtype, &call.args.red);
     if (rc != ncclSuccess) return CallError(rc);
   }
+  LogCall(name + 4, call.args.send, call.args.recv, call.args.count, datatype, call.reduction ? static_cast<int>(call.op) : 0,
+          call.args.root, comm, stream);  // name + 4: "ncclAllReduce" -> "AllReduce"
   std::unique_ptr<Op> op = MakeCollOp(comm, call.args);
   op->set_stream(stream);
   return Submit(std::move(op));
@@ -131,6 +134,7 @@ ncclResult_t SubmitP2p(ncclComm* comm, int datatype, P2pArgs a, cudaStream_t str
   if (a.count > 0 && (a.is_send ? a.send == nullptr : a.recv == nullptr)) {
     return CallError(Fail(ncclInvalidArgument, comm, std::string(name) + ": null buffer"));
   }
+  LogCall(a.is_send ? "Send" : "Recv", a.send, a.recv, a.count, datatype, 0, a.peer, comm, stream);
   std::unique_ptr<Op> op = MakeP2pOp(comm, a);
   op->set_stream(stream);
   return Submit(std::move(op));
