@@ -11,6 +11,8 @@ PACKAGES=(
   libhiredis-dev libboost-dev libboost-system-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
   redis-server binutils
   clang libclang-rt-dev
+  patchelf            # scripts/bundle.sh: $ORIGIN RPATHs
+  python3-torch       # the Python package's torch.distributed hook, tested with gloo (CPU)
 )
 
 check_only=0
