@@ -15,6 +15,7 @@ What differs from the GPU mode, and why:
 """
 import json
 import os
+import shutil
 import time
 
 
@@ -67,6 +68,7 @@ def step_calls(kit, rec):
     runs = {}
     for label, shim in (("plain", False), ("shim", True)):
         d = os.path.join(kit.out, f"calls-{label}")
+        shutil.rmtree(d, ignore_errors=True)  # a rerun into the same --out must not count old logs
         shm = os.path.join(d, "shm")
         os.makedirs(shm, exist_ok=True)
         extra = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL", "NCCL_DEBUG_FILE": os.path.join(d, "nccl.%p.log")}
@@ -105,6 +107,7 @@ def step_live(kit, rec):
     world = kit.a.ranks
     job = "kit-live"
     shm = os.path.join(kit.out, "live-shm")
+    shutil.rmtree(shm, ignore_errors=True)
     os.makedirs(shm, exist_ok=True)
     port = kit.start_services(shm, job)
     duration, slow_rank, slow_after = kit.a.live_s, world - 1, kit.a.slow_after_s

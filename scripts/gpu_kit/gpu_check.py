@@ -349,6 +349,7 @@ class Kit:
         runs = {}
         for label, shim in (("plain", False), ("shim", True)):
             d = os.path.join(self.out, f"calls-{label}")
+            shutil.rmtree(d, ignore_errors=True)  # a rerun into the same --out must not count old logs
             os.makedirs(d, exist_ok=True)
             shm = os.path.join(d, "shm")
             os.makedirs(shm, exist_ok=True)
@@ -548,6 +549,7 @@ class Kit:
         tp, pp, dp = self.a.layout
         job = "kit-live"
         shm = os.path.join(self.out, "live-shm")
+        shutil.rmtree(shm, ignore_errors=True)
         os.makedirs(shm, exist_ok=True)
         port = self.start_services(shm, job)
         duration = self.a.live_s
