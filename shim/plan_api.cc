@@ -1,5 +1,6 @@
 // The exported C API for frameworks (include/falcon/falcon.h): the mitigation plan the agent
-// wrote into this process's segment, and the framework's acknowledgement and cost reports.
+// wrote into this process's segment, the framework's acknowledgement and cost reports, and its
+// phase annotations (kept process-wide, written into the segment once there is one).
 //
 // The plan block exists once the shim has its segment, i.e. after the process's first NCCL
 // call; before that, in a fork child before its own first call, and while the shim passes
@@ -70,6 +71,20 @@ FALCON_EXPORT int falconAckPlan(uint32_t version, int status) {
   FalconPlanBlock* b = Block();
   if (b == nullptr) return FALCON_ERR_NO_PLAN;
   return falcon::shim::AckPlan(*b, version, status);
+}
+
+FALCON_EXPORT int falconSetPhase(uint32_t phase) {
+  if (phase > kFalconPhaseOther) return FALCON_ERR_INVALID;
+  falcon::shim::g_phase.store(phase, std::memory_order_seq_cst);
+  // Written now if the segment exists; else when it is created (Tracer::InitSlow).
+  if (falcon::shim::g_init_state.load(std::memory_order_seq_cst) == falcon::shim::Tracer::kReady) {
+    falcon::shim::g_tracer.NotePhase(phase);
+  }
+  return FALCON_OK;
+}
+
+FALCON_EXPORT int falconGetPhase(void) {
+  return static_cast<int>(falcon::shim::g_phase.load(std::memory_order_relaxed));
 }
 
 FALCON_EXPORT int falconReportCost(uint32_t strategy, double seconds) {

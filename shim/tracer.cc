@@ -17,6 +17,7 @@
 namespace falcon::shim {
 
 std::atomic<int> g_init_state{Tracer::kUninit};
+std::atomic<uint32_t> g_phase{0};
 Tracer g_tracer;
 
 namespace {
@@ -86,6 +87,9 @@ Tracer* Tracer::InitSlow() {
   Log(LogLevel::kInfo, "recording NCCL calls to %s (clock: %s)", t.segment_.path(),
       t.clock_.source() == FastClock::Source::kTsc ? "tsc" : "system");
   g_init_state.store(kReady, std::memory_order_release);
+  // A phase the framework set before the first NCCL call (falconSetPhase): written now. One set
+  // concurrently may write it as well; the later record wins, as it should.
+  if (const uint32_t phase = g_phase.load(std::memory_order_seq_cst); phase != 0) t.NotePhase(phase);
   return &t;
 }
 
@@ -344,6 +348,26 @@ void Tracer::ServiceTick(TickKind kind) {
     Log(LogLevel::kInfo, "CUDA driver found: GPU timing with CUDA events from now on");
   }
   if (gpu_.available()) gpu_.Poll(*this);
+}
+
+void Tracer::NotePhase(uint32_t phase) {
+  FalconControl* c = segment_.control();
+  const int64_t now = clock_.Now();
+  const int64_t real_minus_mono =
+      std::atomic_ref<int64_t>(segment_.header()->real_minus_mono_ns).load(std::memory_order_relaxed);
+  std::atomic_ref<int64_t>(c->phase_since_real_ns).store(now + real_minus_mono, std::memory_order_relaxed);
+  std::atomic_ref<uint32_t>(c->phase).store(phase, std::memory_order_release);
+  FalconRecord r;
+  std::memset(&r, 0, sizeof(r));
+  r.comm_seq = ~uint64_t{0};
+  r.count = kFalconAnnotatePhase;
+  r.peer = static_cast<int32_t>(phase);
+  r.t_start_ns = now;
+  r.comm_slot = FALCON_NO_COMM;
+  r.redop = -1;
+  r.op = static_cast<uint8_t>(kFalconOpAnnotation);
+  r.dtype = 0xFF;
+  Publish(r, SharedLane());
 }
 
 void Tracer::Annotate(uint64_t what, ThreadState& ts) {

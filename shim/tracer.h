@@ -113,6 +113,10 @@ class Tracer {
 
   // Writes a kFalconOpAnnotation record (count = what) into the thread's lane, stamped now.
   void Annotate(uint64_t what, ThreadState& ts);
+  // The framework entered phase `phase` (FalconPhase) now: the control block's phase and an
+  // annotation record (kFalconAnnotatePhase, peer = phase) on the shared lane, so any thread may
+  // call it without a lane of its own. Lock-free, no allocation, no system call.
+  void NotePhase(uint32_t phase);
 
   // Slow paths of the hot path.
   void BindThread(ThreadState& ts);  // first call of a thread (or after fork)
@@ -185,6 +189,9 @@ class Tracer {
 
 extern std::atomic<int> g_init_state;
 extern Tracer g_tracer;
+// The framework's phase (falconSetPhase, FalconPhase), process-wide, kept also before the
+// segment exists; the tracer writes it into the segment when it is created.
+extern std::atomic<uint32_t> g_phase;
 
 inline Tracer* Tracer::Active() {
   int s = g_init_state.load(std::memory_order_acquire);

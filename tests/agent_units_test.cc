@@ -256,6 +256,51 @@ TEST(RankAnalysisTest, LocksThePeriodEmitsIterationsAndRaisesOneSlowAlarm) {
   EXPECT_TRUE(analysis.slow());
 }
 
+// A phase the framework annotated (an evaluation of 40 slow iterations) and a validation pause:
+// their iterations are left out of detection and of the samples, so nothing is alarmed; the same
+// slow stretch without the annotation is a fail-slow.
+TEST(RankAnalysisTest, IterationsInsideAPhaseOrAPauseAreLeftOut) {
+  for (const bool annotated : {true, false}) {
+    SCOPED_TRACE(annotated ? "annotated" : "not annotated");
+    RankAnalysis analysis;
+    RankUpdate all;
+    std::mt19937 rng(5);
+    std::normal_distribution<double> noise(1.0, 0.01);
+    std::int64_t t = 1000000000;
+    for (int it = 0; it < 300; ++it) {
+      const bool eval = it >= 150 && it < 190;  // 40 iterations at twice the time
+      if (annotated && it == 150) analysis.Quiet(t, QuietSource::kPhase, true);
+      if (annotated && it == 190) analysis.Quiet(t, QuietSource::kPhase, false);
+      if (annotated && it == 100) analysis.Quiet(t + 1000, QuietSource::kPause, true);  // inside iteration 100
+      const double iter_s = (eval ? 0.040 : 0.020) * noise(rng);
+      t += static_cast<std::int64_t>(iter_s * 0.8e9);
+      if (annotated && it == 100) analysis.Quiet(t, QuietSource::kPause, false);
+      for (int j = 0; j < 4; ++j) {
+        analyzer::CallRecord call;
+        call.op = j < 3 ? analyzer::OpKind::kAllReduce : analyzer::OpKind::kAllGather;
+        call.comm = 11 + j;
+        call.bytes = 1024;
+        call.t_ns = t;
+        t += static_cast<std::int64_t>(iter_s * 0.2e9) / 4;
+        analysis.Push(call);
+      }
+      if (it % 5 == 0) analysis.Flush(&all);
+    }
+    analysis.Flush(&all);
+    if (annotated) {
+      EXPECT_TRUE(all.alarms.empty()) << all.alarms.size() << " alarms";
+      EXPECT_GE(all.excluded, 40u + 1u) << "the phase's iterations and the paused one";
+      EXPECT_LE(all.excluded, 40u + 4u) << "and the ones they touch, no more";
+      EXPECT_EQ(analysis.excluded(), all.excluded);
+      for (const RankSample& s : all.samples) EXPECT_LT(s.seconds, 0.03) << "no slow iteration reported";
+    } else {
+      EXPECT_EQ(all.excluded, 0u);
+      ASSERT_FALSE(all.alarms.empty());
+      EXPECT_EQ(all.alarms[0].alarm.type, analyzer::AlarmType::kSlow);
+    }
+  }
+}
+
 TEST(CommProfilerTest, CountsPerSignatureAndTimesOnlyCallsWithAnEndTime) {
   CommProfiler p;
   FalconCommEntry comm{};

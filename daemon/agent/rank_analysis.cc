@@ -4,6 +4,25 @@
 namespace falcon::agent {
 namespace {
 constexpr std::size_t kOnsetMemory = 4096;  // sample start times kept for alarm onsets
+constexpr std::size_t kQuietSpans = 64;     // ended quiet spans kept (samples complete soon after)
+}
+
+void RankAnalysis::Quiet(std::int64_t t_ns, QuietSource source, bool on) {
+  const bool was = Quiet();
+  quiet_[static_cast<int>(source)] = on;
+  if (!was && Quiet()) quiet_since_ns_ = t_ns;
+  if (was && !Quiet()) {
+    quiet_spans_.emplace_back(quiet_since_ns_, t_ns);
+    if (quiet_spans_.size() > kQuietSpans) quiet_spans_.pop_front();
+  }
+}
+
+bool RankAnalysis::OverlapsQuiet(std::int64_t begin, std::int64_t end) const {
+  if (Quiet() && end > quiet_since_ns_) return true;
+  for (const auto& [b, e] : quiet_spans_) {
+    if (begin < e && end > b) return true;
+  }
+  return false;
 }
 
 RankAnalysis::RankAnalysis(const RankAnalysisOptions& options)
@@ -54,6 +73,11 @@ void RankAnalysis::Push(const analyzer::CallRecord& call) {
 void RankAnalysis::Flush(RankUpdate* out) {
   series_.Drain(&scratch_);
   for (const SeriesSample& s : scratch_) {
+    if (OverlapsQuiet(s.start_ns, s.start_ns + static_cast<std::int64_t>(s.seconds * 1e9))) {
+      ++excluded_;
+      ++out->excluded;
+      continue;
+    }
     const std::uint64_t index = next_sample_++;
     sample_starts_.push_back(s.start_ns);
     if (sample_starts_.size() > kOnsetMemory) sample_starts_.pop_front();

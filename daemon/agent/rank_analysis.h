@@ -3,6 +3,10 @@
 // OnlineIterationSeries (ExtractIterations) -> FailSlowDetector (BOCD + verification).
 // Calls go in one at a time (Push); Flush() returns the iteration samples completed since the
 // last Flush and any alarms they raised. Sample indices count from 0 per rank, across re-locks.
+// Planned pauses (Quiet: a framework phase other than training, a validation pause) are known
+// by their records' times: an iteration that overlaps one is neither fed to the detector nor
+// returned, only counted (a checkpoint is not a fail-slow, and its iteration is not one to
+// report as the job's speed).
 // Memory: bounded by the tracker window, `history_calls`, the series window and the detector.
 // Thread-safety: plain value object, one owner (the agent loop). Must never: do I/O, read
 // clocks (times are the records' own) or throw.
@@ -43,11 +47,15 @@ struct RankAlarm {
 
 struct RankUpdate {
   std::vector<RankSample> samples;
+  std::uint64_t excluded = 0;      // samples left out: they overlapped a quiet span
   std::vector<RankAlarm> alarms;
   std::vector<std::size_t> locks;  // periods locked since the last Flush
   std::size_t losses = 0;          // locks lost since the last Flush
   std::uint64_t invalid = 0;       // samples the detector rejected
 };
+
+// Who declared a span quiet: the framework's phase, or Falcon's own validation pause.
+enum class QuietSource : std::uint8_t { kPhase = 0, kPause = 1 };
 
 class RankAnalysis {
  public:
@@ -55,6 +63,9 @@ class RankAnalysis {
 
   // One call in time order. Management calls (op kOther) are ignored.
   void Push(const analyzer::CallRecord& call);
+  // A quiet span of `source` begins (on) or ends (off) at `t_ns` (the records' clock), in time
+  // order with Push.
+  void Quiet(std::int64_t t_ns, QuietSource source, bool on);
   // Drains completed samples into the detector; appends to `out`.
   void Flush(RankUpdate* out);
 
@@ -64,6 +75,7 @@ class RankAnalysis {
   bool slow() const { return detector_.slow(); }
   double baseline_seconds() const { return detector_.baseline_seconds(); }
   std::uint64_t calls() const { return calls_; }
+  std::uint64_t excluded() const { return excluded_; }
 
  private:
   struct Call {
@@ -72,6 +84,9 @@ class RankAnalysis {
     std::int64_t t_ns;
   };
   bool Ignored(std::uint32_t symbol) const;
+  bool Quiet() const { return quiet_[0] || quiet_[1]; }
+  // Whether [begin, end) overlaps a quiet span (ended, or the one open now).
+  bool OverlapsQuiet(std::int64_t begin, std::int64_t end) const;
 
   RankAnalysisOptions options_;
   analyzer::SignatureTable table_;
@@ -87,6 +102,10 @@ class RankAnalysis {
   std::vector<std::size_t> pending_locks_;
   std::size_t pending_losses_ = 0;
   std::vector<SeriesSample> scratch_;
+  bool quiet_[2] = {false, false};       // by QuietSource
+  std::int64_t quiet_since_ns_ = 0;      // start of the open quiet span, while Quiet()
+  std::deque<std::pair<std::int64_t, std::int64_t>> quiet_spans_;  // ended [begin, end), newest last
+  std::uint64_t excluded_ = 0;
 };
 
 }  // namespace falcon::agent

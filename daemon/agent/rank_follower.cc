@@ -82,6 +82,12 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     // The benchmark executor's passes during a validation pause are not training: they would
     // break the period lock (a burst of one call) and skew the communicator profile.
     if ((r.flags & kFalconFlagBenchmark) != 0) continue;
+    if (r.op == kFalconOpAnnotation) {  // planned pauses: the framework's phases, our own pauses
+      if (r.count == kFalconAnnotatePhase) analysis_.Quiet(r.t_start_ns, QuietSource::kPhase, r.peer != 0);
+      if (r.count == kFalconAnnotatePauseBegin) analysis_.Quiet(r.t_start_ns, QuietSource::kPause, true);
+      if (r.count == kFalconAnnotatePauseEnd) analysis_.Quiet(r.t_start_ns, QuietSource::kPause, false);
+      continue;
+    }
     const auto comm = r.comm_slot == FALCON_NO_COMM ? comms_.end() : comms_.find(r.comm_slot);
     if (r.comm_slot != FALCON_NO_COMM && comm == comms_.end()) {
       comms_seen_ = 0;  // a communicator newer than our table: refresh on the next poll
@@ -166,6 +172,10 @@ protocol::RankRegistration RankFollower::Registration() const {
   r.iterations = analysis_.samples();
   r.slow = analysis_.slow();
   if (const std::uint32_t v = plan_version(); v > 0) r.plan_delivered = v;
+  static constexpr const char* kPhases[] = {"train", "checkpoint", "eval", "dataload", "other"};
+  const std::uint32_t phase = LoadShared(seg_.control().phase);
+  if (phase != 0 && phase < 5) r.phase = kPhases[phase];
+  r.excluded = analysis_.excluded();
   const daemon::PlanAcks acks = plan_acks();
   if (acks.applied > 0) r.plan_applied = acks.applied;
   if (acks.rejected > 0) r.plan_rejected = acks.rejected;

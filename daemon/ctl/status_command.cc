@@ -88,6 +88,8 @@ json RankRecord(const json& r, const JobStatus& st, std::int64_t now) {
               {"period", r.contains("period") ? r["period"] : json(nullptr)},
               {"iterations", r["iterations"]},
               {"slow", r["slow"]},
+              {"phase", r.value("phase", std::string("train"))},
+              {"excluded", r.value("excluded", std::int64_t{0})},
               {"heartbeat_age_s", static_cast<double>(now - r["at_ns"].get<std::int64_t>()) / 1e9},
               {"current_s", nullptr},
               {"healthy_s", nullptr}};
@@ -166,18 +168,19 @@ void PrintTable(const std::string& job, const JobStatus& st, const std::vector<j
                 AgeString(a["at_ns"].get<std::int64_t>(), now).c_str(),
                 a["outbox"].get<unsigned long long>(), a["dropped"].get<unsigned long long>());
   }
-  std::printf("%6s %-16s %8s %-8s %-7s %8s %10s %12s %12s %9s %-5s\n", "rank", "host", "pid",
-              "state", "mode", "period", "iters", "current_ms", "healthy_ms", "beat_age", "slow");
+  std::printf("%6s %-16s %8s %-8s %-7s %8s %10s %12s %12s %9s %-5s %s\n", "rank", "host", "pid",
+              "state", "mode", "period", "iters", "current_ms", "healthy_ms", "beat_age", "slow", "phase");
   for (const json& r : ranks) {
     char age[32];
     std::snprintf(age, sizeof(age), "%.1fs", r["heartbeat_age_s"].get<double>());
-    std::printf("%6lld %-16s %8lld %-8s %-7s %8s %10llu %12s %12s %9s %-5s\n",
+    std::printf("%6lld %-16s %8lld %-8s %-7s %8s %10llu %12s %12s %9s %-5s %s\n",
                 r["rank"].get<long long>(), r["host"].get<std::string>().c_str(),
                 r["pid"].get<long long>(), r["state"].get<std::string>().c_str(),
                 r["mode"].get<std::string>().c_str(),
                 r["period"].is_null() ? "-" : std::to_string(r["period"].get<long long>()).c_str(),
                 r["iterations"].get<unsigned long long>(), Ms(r["current_s"]).c_str(),
-                Ms(r["healthy_s"]).c_str(), age, r["slow"].get<bool>() ? "SLOW" : "no");
+                Ms(r["healthy_s"]).c_str(), age, r["slow"].get<bool>() ? "SLOW" : "no",
+                r["phase"].get<std::string>().c_str());
   }
   std::size_t slow = 0;
   for (const json& r : ranks) slow += r["slow"].get<bool>() ? 1 : 0;

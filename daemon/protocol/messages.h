@@ -59,6 +59,10 @@ struct RankRegistration {
   // What applying S2, S3, S4 costs this rank in seconds, as its framework reported it
   // (falconReportCost); absent while not reported.
   std::optional<double> cost_s2, cost_s3, cost_s4;
+  // The framework's phase (falconSetPhase) when not training, and the iterations left out of
+  // detection because they overlapped a phase or a validation pause.
+  std::optional<std::string> phase;
+  std::uint64_t excluded = 0;
 };
 
 struct AgentHeartbeat {

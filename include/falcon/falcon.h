@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define FALCON_API_VERSION 2 /* 2: falconReportCost */
+#define FALCON_API_VERSION 3 /* 2: falconReportCost; 3: falconSetPhase, falconGetPhase */
 
 /* Return codes (negative = no data was written). */
 #define FALCON_OK 0
@@ -53,6 +53,17 @@ typedef enum {
   kFalconStrategyTopology = 3,   /* S3 re-place ranks on nodes */
   kFalconStrategyRestart = 4     /* S4 checkpoint and restart without the excluded nodes */
 } FalconStrategy;
+
+/* What the job is doing, as the framework annotates it. Anything but training is a planned
+ * pause: the agent leaves iterations that overlap it out of fail-slow detection, and a rank in
+ * one is not hung for being silent. */
+typedef enum {
+  kFalconPhaseTrain = 0,      /* the default */
+  kFalconPhaseCheckpoint = 1, /* saving or loading a checkpoint */
+  kFalconPhaseEval = 2,       /* evaluation / validation loop */
+  kFalconPhaseDataload = 3,   /* waiting for data (a slow loader is the job's, not a GPU's) */
+  kFalconPhaseOther = 4       /* any other planned pause */
+} FalconPhase;
 
 typedef struct FalconPlanInfo {
   uint32_t version;           /* 0 = no plan */
@@ -108,6 +119,16 @@ int falconAckPlan(uint32_t version, int status);
  * negative, NaN or too large `seconds`, or FALCON_ERR_NO_PLAN when no shared memory is attached.
  * (API version 2.) */
 int falconReportCost(uint32_t strategy, double seconds);
+
+/* The process enters `phase` (FalconPhase) now; kFalconPhaseTrain when it is over. Recorded in
+ * the call log at this point in time (an annotation record) and in the control block, so the
+ * agent sees when each phase began and ended. Callable before the first NCCL call (the phase is
+ * kept and written once the shim has its segment) and from any thread; the last call wins.
+ * FALCON_OK, or FALCON_ERR_INVALID for an unknown phase. (API version 3.) */
+int falconSetPhase(uint32_t phase);
+
+/* The phase the process is in (FalconPhase), kFalconPhaseTrain if none was set. (API 3.) */
+int falconGetPhase(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -235,6 +235,12 @@ inline constexpr FieldSpec kRankRegisterFields[] = {
      4233600},
     {"cost_s4", JsonType::kNumber, false, "the same for S4 (checkpoint, relaunch, load, warm-up)", "", 0,
      4233600},
+    {"phase", JsonType::kString, false,
+     "the phase the framework annotated (falconSetPhase); absent: training",
+     "train|checkpoint|eval|dataload|other"},
+    {"excluded", JsonType::kInteger, false,
+     "iterations left out of detection because they overlapped a phase or a validation pause", "", 0,
+     kMaxI64},
 };
 inline constexpr MessageSpec kRankRegister{"rank_register", kRankRegisterFields,
                                            "rank registration and heartbeat (kRankKey)"};

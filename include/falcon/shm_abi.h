@@ -156,7 +156,11 @@ static inline int FalconOpIsQuery(unsigned op) {
 }
 
 /* FalconRecord::count of kFalconOpAnnotation records written by the trap. */
-enum { kFalconAnnotatePauseBegin = 1, kFalconAnnotatePauseEnd = 2 };
+enum {
+  kFalconAnnotatePauseBegin = 1,
+  kFalconAnnotatePauseEnd = 2,
+  kFalconAnnotatePhase = 3  /* the framework entered phase `peer` (FalconPhase, falcon.h) */
+};
 
 /* Record flags. */
 enum {
@@ -416,7 +420,10 @@ typedef struct FalconControl {
   uint64_t task_ack;
   FalconTaskResult task_result;
   uint8_t task_result_blob[FALCON_TASK_BLOB_LEN]; /* kFalconTaskCommId: the unique id made */
-  uint8_t reserved3[56];
+  uint32_t phase;             /* FalconPhase (falcon.h) the framework annotated, 0 = training */
+  uint32_t reserved4;
+  int64_t phase_since_real_ns; /* when it entered that phase, CLOCK_REALTIME (0: never set) */
+  uint8_t reserved3[40];
 } FalconControl;
 
 /* Capacities of the plan block's arrays (entries). A plan command whose arrays exceed them is

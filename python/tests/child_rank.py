@@ -4,7 +4,9 @@ process's global symbols (so the shim records it) over the no-op NCCL, then does
 
   wait-plan N   wait (up to 60 s) until a plan of version >= N arrives; ack it; report a cost;
                 print the plan and what the API returned as one JSON line
-  phases        enter and leave phases, printing the phase the shim holds at each point
+  phases        enter and leave phases, printing the phase the shim holds at each point, then
+                hold "checkpoint" for FALCON_TEST_HOLD_S
+  early-phase   enter "eval" before the first NCCL call, hold it FALCON_TEST_HOLD_S after it
   errors        exercise the error paths of the API; print the outcomes
   hook N        torch.distributed (gloo) rank of WORLD_SIZE: run falcon.torch.PlanHook for N
                 iterations (a plan arrives meanwhile), print what was applied when
@@ -114,8 +116,21 @@ def hook(iters):
     return 0
 
 
+def early_phase():
+    """A phase entered before the process's first NCCL call, held across it."""
+    cm = falcon.phase("eval")
+    cm.__enter__()
+    make_comm()
+    print(json.dumps({"phase": falcon.current_phase()}), flush=True)
+    time.sleep(float(os.environ.get("FALCON_TEST_HOLD_S", "0")))
+    cm.__exit__(None, None, None)
+    return 0
+
+
 def main():
     what = sys.argv[1]
+    if what == "early-phase":
+        return early_phase()
     if what != "errors-no-comm":
         make_comm()
     if what == "wait-plan":

@@ -147,7 +147,7 @@ class WithShimTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, out)
         r = json.loads(out.strip().splitlines()[-1])
         self.assertTrue(r["available"])
-        self.assertEqual(r["api_version"], 2)
+        self.assertEqual(r["api_version"], 3)
         self.assertIsNone(r["plan_before_any"])
         for k in ("ack0", "cost_nan", "cost_neg", "cost_bad_strategy"):
             self.assertTrue(str(r[k]).startswith("InvalidArgument"), f"{k}: {r[k]}")
@@ -160,6 +160,30 @@ class WithShimTest(unittest.TestCase):
         r = json.loads(out.strip().splitlines()[-1])
         self.assertTrue(r["available"])
         self.assertIsNone(r["plan_before_any"])
+
+    def test_phases_nest_and_the_agent_reports_them(self):
+        self.start_agent()
+        child = self.spawn([sys.executable, CHILD, "phases"],
+                           env=self.child_env(rank=0, nranks=2, extra={"FALCON_TEST_HOLD_S": "3"}))
+        reg = wait_until(lambda: (lambda m: m if m and m.get("phase") == "checkpoint" else None)(self.registration(0)),
+                         20)
+        self.assertIsNotNone(reg, f"the agent never reported the checkpoint phase: {self.registration(0)}\n" +
+                             self.agent_log())
+        out, _ = child.communicate(timeout=60)
+        self.assertEqual(child.returncode, 0, out)
+        r = json.loads(out.strip().splitlines()[-1])
+        self.assertTrue(r["supported"])
+        self.assertEqual(r["seen"], ["train", "checkpoint", "eval", "checkpoint", "train", "InvalidArgument"])
+
+    def test_a_phase_entered_before_the_first_nccl_call_reaches_the_agent(self):
+        self.start_agent()
+        child = self.spawn([sys.executable, CHILD, "early-phase"],
+                           env=self.child_env(rank=0, nranks=2, extra={"FALCON_TEST_HOLD_S": "3"}))
+        reg = wait_until(lambda: (lambda m: m if m and m.get("phase") == "eval" else None)(self.registration(0)), 20)
+        self.assertIsNotNone(reg, f"no eval phase in {self.registration(0)}\n" + self.agent_log())
+        out, _ = child.communicate(timeout=60)
+        self.assertEqual(child.returncode, 0, out)
+        self.assertEqual(json.loads(out.strip().splitlines()[-1])["phase"], "eval")
 
     def test_plan_from_a_real_agent_is_read_acked_and_costed(self):
         self.start_agent()
