@@ -19,15 +19,6 @@ std::int64_t RealNowNs() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-double ProcessCpuSeconds() {
-  rusage ru{};
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-  auto secs = [](const timeval& tv) {
-    return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
-  };
-  return secs(ru.ru_utime) + secs(ru.ru_stime);
-}
-
 namespace {
 
 redis::RedisOptions RedisFrom(const AgentConfig& c) {
@@ -116,7 +107,7 @@ Status Agent::Start() {
       log_);
   reader_->OnPlanInForce([this](const std::string& text) { OnPlanInForce(text); });
   if (config_.metrics_port > 0) {
-    http_ = std::make_unique<HttpServer>(
+    http_ = std::make_unique<daemon::HttpServer>(
         io_, [this] { return RenderPrometheus(Snapshot()); },
         [this] {
           return std::string("ok\nredis ") + (publisher_->connected() ? "up" : "down") + "\nranks " +

@@ -33,7 +33,8 @@
 #include "daemon/agent/agent_config.h"
 #include "daemon/agent/command_executor.h"
 #include "daemon/agent/command_reader.h"
-#include "daemon/agent/http_server.h"
+#include "daemon/common/http_server.h"
+#include "daemon/common/prometheus_text.h"
 #include "daemon/agent/metrics.h"
 #include "daemon/agent/rank_follower.h"
 #include "daemon/agent/report_publisher.h"
@@ -111,7 +112,7 @@ class Agent {
   std::unique_ptr<ReportPublisher> publisher_;
   std::unique_ptr<CommandReader> reader_;
   std::unique_ptr<CommandExecutor> executor_;
-  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<daemon::HttpServer> http_;
   FollowerOptions follower_options_;
 
   std::map<std::string, Followed> followers_;  // by segment path
@@ -132,8 +133,8 @@ class Agent {
   double last_poll_seconds_ = 0;
 };
 
-// Wall clock now, ns since the epoch; process CPU seconds (user + system, all threads).
+// Wall clock now, ns since the epoch.
 std::int64_t RealNowNs();
-double ProcessCpuSeconds();
+using daemon::ProcessCpuSeconds;  // daemon/common/prometheus_text.h
 
 }  // namespace falcon::agent

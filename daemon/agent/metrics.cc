@@ -1,48 +1,13 @@
 // Prometheus text rendering. See metrics.h for the contract.
 #include "daemon/agent/metrics.h"
 
-#include <cstdio>
-#include <sstream>
+#include "daemon/common/prometheus_text.h"
 
 namespace falcon::agent {
 namespace {
 
-std::string Escape(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out.push_back('\\');
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out.push_back(c);
-  }
-  return out;
-}
-
-class Writer {
- public:
-  explicit Writer(std::string base) : base_(std::move(base)) {}
-  void Head(const char* name, const char* type, const char* help) {
-    o_ << "# HELP falcon_agent_" << name << " " << help << "\n# TYPE falcon_agent_" << name << " "
-       << type << "\n";
-  }
-  void Line(const char* name, const std::string& labels, double v) {
-    char num[64];
-    std::snprintf(num, sizeof num, "%.17g", v);
-    o_ << "falcon_agent_" << name << "{" << base_ << (labels.empty() ? "" : "," + labels) << "} "
-       << num << "\n";
-  }
-  void One(const char* name, const char* type, const char* help, double v) {
-    Head(name, type, help);
-    Line(name, "", v);
-  }
-  std::string str() const { return o_.str(); }
-
- private:
-  std::string base_;
-  std::ostringstream o_;
-};
+using daemon::PromEscape;
+using Writer = daemon::PromWriter;
 
 std::string RankLabels(const RankMetrics& r) {
   return "rank=\"" + std::to_string(r.rank) + "\",pid=\"" + std::to_string(r.pid) + "\"";
@@ -51,7 +16,7 @@ std::string RankLabels(const RankMetrics& r) {
 }  // namespace
 
 std::string RenderPrometheus(const AgentMetrics& m) {
-  Writer w("job=\"" + Escape(m.job) + "\",host=\"" + Escape(m.host) + "\"");
+  Writer w("falcon_agent_", "job=\"" + PromEscape(m.job) + "\",host=\"" + PromEscape(m.host) + "\"");
   w.Head("iteration_seconds", "gauge", "Last iteration time per rank, seconds.");
   for (const RankMetrics& r : m.ranks) w.Line("iteration_seconds", RankLabels(r), r.last_iteration_seconds);
   w.Head("iterations_total", "counter", "Iteration samples per rank.");

@@ -10,6 +10,7 @@
 
 #include "analyzer/localize.h"
 #include "analyzer/robust.h"
+#include "daemon/common/prometheus_text.h"
 #include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/validation_steps.h"
 
@@ -56,6 +57,15 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
 int Controller::Run(const std::atomic<bool>& stop) {
   log_->info("event=start job={} host={} version={} redis={}", config_.job, config_.host, kControllerVersion,
              config_.redis.Describe());
+  if (config_.metrics_port > 0) {
+    metrics_ = std::make_unique<MetricsEndpoint>();
+    if (Status s = metrics_->Start(config_.metrics_address, config_.metrics_port); !s.ok()) {
+      log_->error("event=metrics_failed address={} port={} error=\"{}\"", config_.metrics_address,
+                  config_.metrics_port, s.message());
+      return 1;
+    }
+    log_->info("event=metrics address={} port={}", config_.metrics_address, metrics_->port());
+  }
   while (!stop.load(std::memory_order_relaxed)) {
     const std::int64_t now = WallNs();
     if (!EnsureConnected(now)) {
@@ -78,6 +88,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
         log_->debug("event=state_save_failed error=\"{}\"", saved.message());
       }
     }
+    PublishMetrics();
     if (!s.ok()) {
       StepFailed(s);
       if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kCorrupt) conn_->Close();
@@ -104,11 +115,33 @@ int Controller::Run(const std::atomic<bool>& stop) {
 
 void Controller::StepFailed(const Status& s) {
   ++step_failures_;
+  ++step_failures_total_;
   step_backoff_ms_ = std::clamp(step_backoff_ms_ * 2, kStepBackoffMinMs, kStepBackoffMaxMs);
   if (s.message() == step_error_) return;  // logged already: only a change is news
   step_error_ = s.message();
   log_->warn("event=step_failed failures={} retry_ms={} error=\"{}\"", step_failures_, step_backoff_ms_,
              s.message());
+}
+
+void Controller::PublishMetrics() {
+  if (!metrics_) return;
+  ControllerMetrics m = counted_;
+  m.job = config_.job;
+  m.host = config_.host;
+  m.phase = PhaseName(state_.phase);
+  m.incident_open = state_.incident.has_value();
+  m.ranks = view_.ranks().size();
+  m.agents = view_.agents().size();
+  m.slow_ranks = LiveSlow().size();
+  m.current_iteration_seconds = CurrentIterationS().value_or(0);
+  m.healthy_iteration_seconds = state_.healthy_s.value_or(0);
+  m.plan_version = state_.plan_version;
+  m.redis_connected = conn_ && conn_->connected();
+  m.step_failures = step_failures_total_;
+  m.dropped_messages = dropped_messages_;
+  m.cpu_seconds = daemon::ProcessCpuSeconds();
+  std::string health = std::string("ok\nredis ") + (m.redis_connected ? "up" : "down") + "\nphase " + m.phase + "\n";
+  metrics_->Publish(RenderControllerMetrics(m), std::move(health));
 }
 
 std::vector<std::int64_t> Controller::LiveSlow() const {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "daemon/controller/controller_config.h"
+#include "daemon/controller/controller_metrics.h"
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
@@ -159,6 +160,11 @@ class Controller {
   double plan_s_ = 0;  // how long preparing the last mitigation's plans took (S2's solve among them), s
   std::vector<nlohmann::json> requests_;  // validated controller_request messages not yet served
   std::uint64_t dropped_messages_ = 0;
+  std::uint64_t step_failures_total_ = 0;
+  // /metrics (controller_metrics.h): counters of what was written, and the endpoint (null: off).
+  ControllerMetrics counted_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  void PublishMetrics();
 };
 
 }  // namespace falcon::controller

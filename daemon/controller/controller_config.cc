@@ -51,6 +51,9 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "log-level", c.log_level, "log level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   Entry(app, "tick-ms", c.tick_ms, "longest wait for new stream entries per loop turn, ms")->check(CLI::Range(10, 10000));
+  Entry(app, "metrics-address", c.metrics_address, "address of the Prometheus endpoint");
+  Entry(app, "metrics-port", c.metrics_port, "port of /metrics and /healthz (0: off; one controller per job, "
+        "so give each its own)")->check(CLI::Range(0, 65535));
   Entry(app, "view-ms", c.view_ms, "how often rank and agent keys are re-read, ms")->check(CLI::Range(100, 600000));
   Entry(app, "heartbeat-ms", c.heartbeat_ms, "state written at least this often, ms")->check(CLI::Range(100, 600000));
   Entry(app, "profile-wait-s", c.profile_wait_s, "longest wait for a full profile window from every rank, s")

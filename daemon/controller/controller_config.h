@@ -26,6 +26,10 @@ struct ControllerConfig {
   std::string log_level = "info";
   int tick_ms = 200;          // longest wait for new stream entries per loop turn
   int view_ms = 1000;         // how often rank and agent keys are re-read
+  // /metrics and /healthz. Off by default: one controller runs per job, so several share a
+  // host and no fixed port can be everyone's (9465 by convention for one).
+  std::string metrics_address = "127.0.0.1";
+  int metrics_port = 0;
   int heartbeat_ms = 2000;    // state written at least this often
   double profile_wait_s = 30;  // longest wait for a profile window from every rank
   double retry_after_s = 30;   // a validation that named nobody is retried after this...

@@ -337,6 +337,20 @@ Status Controller::Record(const std::string& stage, const std::string& summary, 
   a.incident = m["id"].get<std::string>();
   Result<std::int64_t> p = redis::Publish(*conn_, Key(protocol::kAlertsChannel), protocol::ToJson(a).dump());
   if (!p.ok()) return p.status();
+  ++counted_.entries[stage];  // written (the alert too): what /metrics counts
+  if (stage == "localisation" && m.contains("detail") && m["detail"].is_object()) {
+    const json& d = m["detail"];
+    for (const auto& [field, cause] : {std::pair{"gpus", "compute"}, {"links", "link"}, {"nics", "nic"}}) {
+      if (d.contains(field) && d[field].is_array()) counted_.culprits[cause] += d[field].size();
+    }
+    if (d.contains("validation")) {
+      const json& v = d["validation"];
+      ++counted_.rounds;
+      if (v.is_object() && v.contains("pause_s") && v["pause_s"].is_number()) {
+        counted_.last_pause_seconds = v["pause_s"].get<double>();
+      }
+    }
+  }
   log_->warn("event=incident id={} stage={} summary=\"{}\"", m["id"].get<std::string>(), stage, summary);
   return Status::Ok();
 }

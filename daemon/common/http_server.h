@@ -1,5 +1,6 @@
-// HttpServer: a minimal HTTP/1.1 endpoint (Boost.Beast) on the agent's event loop, serving
-// GET /metrics (Prometheus text) and GET /healthz. Every socket operation is asynchronous on the
+// HttpServer: a minimal HTTP/1.1 endpoint (Boost.Beast) on an io_context (the agent's event
+// loop, the controller's metrics thread), serving GET /metrics (Prometheus text) and
+// GET /healthz. Every socket operation is asynchronous on the
 // loop's io_context, so handlers may read the loop's state directly; each connection serves one
 // request and closes, with a 5 s deadline and a request size limit.
 // Thread-safety: everything runs on the io_context's (single) thread; Start/Stop from it too.
@@ -15,7 +16,7 @@
 
 #include "falcon/status.h"
 
-namespace falcon::agent {
+namespace falcon::daemon {
 
 class HttpServer {
  public:
@@ -37,4 +38,4 @@ class HttpServer {
   int port_ = 0;
 };
 
-}  // namespace falcon::agent
+}  // namespace falcon::daemon

@@ -1,12 +1,12 @@
 // HttpServer. See http_server.h for the contract.
-#include "daemon/agent/http_server.h"
+#include "daemon/common/http_server.h"
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
 #include <chrono>
 
-namespace falcon::agent {
+namespace falcon::daemon {
 namespace {
 
 namespace beast = boost::beast;
@@ -111,4 +111,4 @@ void HttpServer::Accept() {
   });
 }
 
-}  // namespace falcon::agent
+}  // namespace falcon::daemon
