@@ -13,6 +13,7 @@ PACKAGES=(
   clang libclang-rt-dev
   patchelf            # scripts/bundle.sh: $ORIGIN RPATHs
   python3-torch       # the Python package's torch.distributed hook, tested with gloo (CPU)
+  prometheus python3-yaml systemd  # tests/deploy_test.sh: promtool, a live scrape, systemd-analyze
 )
 
 check_only=0
