@@ -80,6 +80,41 @@ class WithoutShimTest(unittest.TestCase):
             falcon.ack(0)
 
 
+class AdaptersTest(unittest.TestCase):
+    """Each adapter imports where its framework does (and the Megatron hook works without
+    megatron.core, from its arguments), in a Python that has PyTorch."""
+
+    def run_py(self, code):
+        py = torch_python()
+        if py is None:
+            self.skipTest("PyTorch is not importable here")
+        env = dict(os.environ, PYTHONPATH=PKG)
+        return subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+    def test_megatron_hook_without_megatron(self):
+        r = self.run_py("import falcon.megatron as m\n"
+                        "h = m.MegatronHook(num_microbatches=8, dp_rank=1, pp_rank=2)\n"
+                        "assert h.num_microbatches() == 8 and h.gradient_weight == 1.0\n"
+                        "assert h.warmup_for_stage(2, 4) == 1\n"
+                        "import falcon\n"
+                        "p = falcon.Plan(version=3, strategy='S2', micro_batches=(4, 12, 8))\n"
+                        "assert h._apply(p) and h.num_microbatches() == 12 and abs(h.gradient_weight - 1.5) < 1e-9\n"
+                        "p = falcon.Plan(version=4, strategy='pipeline', warmup=(5, 3, 2, 0))\n"
+                        "assert h._apply(p) and h.warmup_for_stage(2, 4) == 2\n"
+                        "assert h._apply(falcon.Plan(version=5, strategy='S1')) and h.num_microbatches() == 8\n"
+                        "print('ok')\n")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_lightning_and_hugging_face_adapters_import_where_their_frameworks_do(self):
+        for mod, needs in (("falcon.lightning", ("lightning", "pytorch_lightning")), ("falcon.hf", ("transformers",))):
+            probe = self.run_py("import importlib.util, sys\n"
+                                f"sys.exit(0 if any(importlib.util.find_spec(n) for n in {needs!r}) else 3)\n")
+            if probe.returncode == 3:
+                continue  # the framework is not installed here: nothing to import
+            r = self.run_py(f"import {mod}\nprint('ok')\n")
+            self.assertEqual(r.returncode, 0, f"{mod}: {r.stderr[-800:]}")
+
+
 @unittest.skipUnless(all(os.path.exists(p) for p in (SHIM, AGENT, NOOP)) and shutil.which("redis-server"),
                      "needs the build (FALCON_BUILD_DIR) and redis-server")
 class WithShimTest(unittest.TestCase):
