@@ -297,7 +297,9 @@ FalconTaskResult GpuGemm(const FalconTask& t, FalconTaskResult r, const GpuJobSt
   const GemmElement el = ElementOf(t.dtype);
   r.dtype = t.dtype;
   if (!blas.ok || (t.dtype != kFalconGemmF32 && blas.gemm_ex == nullptr)) {
-    if (blas.ok) Log(LogLevel::kWarn, "GPU benchmark: the loaded cuBLAS lacks cublasGemmEx: %s GEMM is unsupported", el.name);
+    if (blas.ok) {
+      Log(LogLevel::kWarn, "GPU benchmark: the loaded cuBLAS lacks cublasGemmEx: %s GEMM is unsupported", el.name);
+    }
     r.status = kFalconTaskUnsupported;
     return r;
   }

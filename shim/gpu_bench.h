@@ -1,7 +1,8 @@
 // Validation benchmarks on the rank's GPU: a cuBLAS GEMM (SGEMM, or GemmEx in bf16 / fp16) and
-// NCCL send/recv between device buffers, timed with CUDA events. Used by the benchmark executor (bench_executor.h) when the
-// process drives a GPU: libcuda.so.1 is already loaded and the trapped thread has a current
-// context. Nothing here loads the CUDA driver into a process that has not loaded it itself.
+// NCCL send/recv between device buffers, timed with CUDA events. Used by the benchmark executor
+// (bench_executor.h) when the process drives a GPU: libcuda.so.1 is already loaded and the
+// trapped thread has a current context. Nothing here loads the CUDA driver into a process that
+// has not loaded it itself.
 //
 //  - Driver entry points come from the loaded libcuda.so.1 (cuda_driver.h). cuBLAS is the
 //    process's own if it has one loaded, else the first of FALCON_CUBLAS (a path),
@@ -36,8 +37,8 @@ struct GpuJobStreams {
 };
 
 // GEMM m x n x k of task.dtype (FalconGemmType) on Falcon's stream, `task.repeats` times after
-// one warm-up, each timed between CUDA events on that stream (device time); fills the timing fields and the
-// status of `r`. Fenced: before anything is queued, an event is recorded on each of `job`'s
+// one warm-up, each timed between CUDA events on that stream (device time); fills the timing
+// fields and the status of `r`. Fenced: before anything is queued, an event is recorded on each of `job`'s
 // streams in this context and the GEMMs wait for them; the task fails (and runs nothing) if the
 // job's work queued before it has not finished by the deadline.
 FalconTaskResult GpuGemm(const FalconTask& task, FalconTaskResult r, const GpuJobStreams& job,
