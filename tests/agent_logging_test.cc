@@ -1,0 +1,165 @@
+// What falcon-agent logs about what it cannot control: the real agent binary against a real
+// redis-server, with no traced processes (an empty segment directory): its heartbeat (HSET), its
+// command reader (XGROUP, XREADGROUP) and its config file are enough.
+//  - Redis refusing the agent (a wrong password, no password where one is required, an ACL user
+//    that may only read) is a warning naming the command, once per distinct error however often
+//    the agent retries, and a refused connection is never logged as redis_up.
+// Every wait is a condition with a deadline.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/redis/redis_commands.h"
+#include "tests/support/redis_server.h"
+#include "tests/support/subprocess.h"
+
+namespace falcon {
+namespace {
+
+using testing::ReadFile;
+using testing::WaitUntil;
+
+constexpr const char* kJob = "logjob";
+constexpr const char* kHost = "node0";
+
+std::size_t Count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Lines of `log` whose message (after the "falcon-agent[pid] " prefix, or the whole line when it
+// has none: a forged line) starts with `event=forged`.
+std::vector<std::string> ForgedLines(const std::string& log) {
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("event=forged", 0) == 0 || line.find("] event=forged") != std::string::npos) out.push_back(line);
+  }
+  return out;
+}
+
+class AgentLoggingTest : public ::testing::Test {
+ protected:
+  void TearDown() override { StopAgent(); }
+
+  // Starts falcon-agent with fast periods, its stderr in log_; `env` adds FALCON_AGENT_* values.
+  void StartAgent(int redis_port, const std::vector<std::string>& args, const std::vector<std::string>& env) {
+    std::string cmd = "exec '" + testing::BinDir("daemon") + "/falcon-agent' --job " + kJob + " --host " + kHost +
+                      " --shm-dir '" + dir_.path() + "' --redis-port " + std::to_string(redis_port) +
+                      " --metrics-port 0 --heartbeat-ms 200 --key-ttl-s 2 --flush-ms 50 --command-block-ms 100" +
+                      " --redis-backoff-min-ms 20 --redis-backoff-max-ms 200";
+    for (const std::string& a : args) cmd += " '" + a + "'";
+    pid_ = testing::Spawn({"/bin/sh", "-c", cmd + " 2>'" + log_ + "'"}, env);
+    ASSERT_GT(pid_, 0);
+  }
+  void StopAgent() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    EXPECT_EQ(testing::WaitFor(pid_, 20), 0) << ReadFile(log_);
+    pid_ = -1;
+  }
+  bool Logged(const std::string& what, double timeout_s = 20) {
+    return WaitUntil([&] { return ReadFile(log_).find(what) != std::string::npos; }, timeout_s);
+  }
+  std::string Key(const protocol::KeySpec& spec) { return protocol::FormatKey(spec, {kJob, kHost, {}}).value(); }
+
+  testing::TempDir dir_;
+  std::string log_ = dir_.path() + "/agent.log";
+  pid_t pid_ = -1;
+};
+
+// Redis refuses the agent three ways; each is a warning naming the command that failed, logged
+// once however often the agent retries (a heartbeat every 200 ms, a read every 250 ms).
+TEST_F(AgentLoggingTest, AuthAndPermissionRefusalsAreWarningsNamingTheCommandOnce) {
+  testing::RedisServerOptions o;
+  o.password = "s3cret";
+  o.acl_user = "reader";
+  o.acl_password = "readpw";
+  o.acl_rules = "~* &* +@read +@connection";  // may read, may not write (HSET, XADD, XGROUP)
+  testing::RedisServer redis(o);
+  ASSERT_TRUE(redis.Start().ok()) << redis.Log();
+  redis::RedisConnection admin(redis.ClientOptions());
+  ASSERT_TRUE(admin.Connect().ok());
+  // A counter of Redis's INFO (section, the line's name, and the field in it, "" for the line's
+  // value): how often the agent has been refused so far; 0 while the line is absent.
+  struct Counter {
+    const char* section;
+    const char* line;
+    const char* field;
+  };
+  auto stat = [&](const Counter& c) -> long long {
+    Result<redis::RedisReply> info = admin.Command({"INFO", c.section});
+    if (!info.ok()) return -1;
+    const std::string& text = info.value().str;
+    std::size_t at = text.find(std::string("\n") + c.line + ":");
+    if (at == std::string::npos) return 0;
+    at += std::string(c.line).size() + 2;
+    if (*c.field != '\0') {
+      at = text.find(std::string(c.field) + "=", at);
+      if (at == std::string::npos) return 0;
+      at += std::string(c.field).size() + 1;
+    }
+    return std::atoll(text.c_str() + at);
+  };
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;
+    std::vector<std::string> env;
+    std::vector<std::string> want;  // each once in the log, on a warning line
+    Counter retries;                // raised by each retry
+  } cases[] = {
+      {"wrong password", {}, {"FALCON_AGENT_REDIS_PASSWORD=not-it"}, {"command=AUTH", "WRONGPASS"},
+       {"commandstats", "cmdstat_auth", "calls"}},
+      {"no password", {}, {}, {"command=PING", "NOAUTH"}, {"stats", "total_connections_received", ""}},
+      {"read-only ACL user", {"--redis-user", "reader"}, {"FALCON_AGENT_REDIS_PASSWORD=readpw"},
+       {"command=HSET key=falcon:logjob:agent:node0 ", "command=XGROUP key=falcon:logjob:commands:node0 ", "NOPERM"},
+       {"commandstats", "cmdstat_hset", "rejected_calls"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::remove(log_.c_str());
+    StartAgent(redis.port(), c.args, c.env);
+    for (const std::string& w : c.want) {
+      ASSERT_TRUE(Logged(w)) << "want '" << w << "' in\n" << ReadFile(log_);
+    }
+    // Retried many times more (heartbeats, reads, reconnects): still one warning per refusal.
+    const long long before = stat(c.retries);
+    ASSERT_GE(before, 0);
+    ASSERT_TRUE(WaitUntil([&] { return stat(c.retries) >= before + 10; }, 20)) << c.retries.line;
+    const std::string text = ReadFile(log_);
+    std::istringstream lines(text);
+    std::set<std::string> distinct;  // what follows event=redis_refused: role, command, key, error
+    std::size_t refused = 0;
+    for (std::string line; std::getline(lines, line);) {
+      const std::size_t at = line.find("event=redis_refused");
+      if (at == std::string::npos) continue;
+      ++refused;
+      distinct.insert(line.substr(at));
+      EXPECT_NE(line.find(" warning "), std::string::npos) << "a warning, not " << line;
+      EXPECT_EQ(line.find("not-it"), std::string::npos) << "the password is never logged";
+      EXPECT_EQ(line.find("readpw"), std::string::npos) << "the password is never logged";
+    }
+    EXPECT_GE(refused, 1u) << text;
+    EXPECT_EQ(refused, distinct.size()) << "one warning per distinct refusal, not one per retry:\n" << text;
+    if (std::string(c.name) != "read-only ACL user") {
+      EXPECT_EQ(text.find("event=redis_up"), std::string::npos) << "a refused connection is not up:\n" << text;
+    }
+    StopAgent();
+  }
+}
+
+}  // namespace
+}  // namespace falcon
