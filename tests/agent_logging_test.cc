@@ -4,6 +4,7 @@
 //  - Redis refusing the agent (a wrong password, no password where one is required, an ACL user
 //    that may only read) is a warning naming the command, once per distinct error however often
 //    the agent retries, and a refused connection is never logged as redis_up.
+//  - Values from outside (a command's id, its type) cannot forge log lines.
 // Every wait is a condition with a deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -159,6 +160,37 @@ TEST_F(AgentLoggingTest, AuthAndPermissionRefusalsAreWarningsNamingTheCommandOnc
     }
     StopAgent();
   }
+}
+
+// A command's id travels into the agent's log (event=command, event=ack, event=command_rejected):
+// an id holding a newline and quotes is escaped, and forges no line.
+TEST_F(AgentLoggingTest, CommandIdsCannotForgeLogLines) {
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start().ok()) << redis.Log();
+  redis::RedisConnection c(redis.ClientOptions());
+  ASSERT_TRUE(c.Connect().ok());
+  StartAgent(redis.port(), {}, {});
+  const std::string stream = Key(protocol::kCommandsStream);
+  ASSERT_TRUE(WaitUntil([&] {  // the agent's consumer group exists: it reads what comes next
+    Result<redis::RedisReply> g = c.Command({"XINFO", "GROUPS", stream});
+    return g.ok() && !g.value().elements.empty();
+  }, 20)) << ReadFile(log_);
+  protocol::Command good;
+  good.type = "set_mode";
+  good.id = "a\"b\nevent=forged kind=\"good";
+  good.issued_ns = 1;
+  good.mode = "track";
+  ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", protocol::ToJson(good).dump()}}).ok());
+  // Invalid (no mode), but its id and type are salvaged to reject it: the id is logged too.
+  const nlohmann::json bad = {{"v", 1}, {"type", "set_mode"}, {"id", "c\r\nevent=forged kind=bad"}};
+  ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", bad.dump()}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return Count(ReadFile(log_), "event=ack ") >= 2; }, 20)) << ReadFile(log_);
+  const std::string text = ReadFile(log_);
+  EXPECT_TRUE(ForgedLines(text).empty()) << text;
+  EXPECT_NE(text.find("event=command entry="), std::string::npos) << text;
+  EXPECT_NE(text.find("id=\"a\\\"b\\nevent=forged kind=\\\"good\""), std::string::npos) << text;
+  EXPECT_NE(text.find("event=command_rejected"), std::string::npos) << text;
+  EXPECT_NE(text.find("id=\"c\\r\\nevent=forged kind=bad\""), std::string::npos) << text;
 }
 
 }  // namespace

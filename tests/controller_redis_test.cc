@@ -6,11 +6,14 @@
 // and keep saving its state. Every wait is a condition with a deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -192,6 +195,29 @@ TEST_F(ControllerRedisTest, OutOfBoundNumbersAreDroppedAndTheStateStillSaves) {
   EXPECT_EQ(Count(text, "event=bad_message stream=iterations"), 2u) << text;
   EXPECT_NE(text.find("iterations.seconds: element 0 out of bounds"), std::string::npos) << text;
   EXPECT_EQ(text.find("controller_state would be invalid"), std::string::npos) << text;
+}
+
+// A request's id and author travel into the controller's log (event=request): values holding
+// newlines and quotes are escaped and forge no line.
+TEST_F(ControllerRedisTest, RequestIdsAndAuthorsCannotForgeLogLines) {
+  RegisterRank0();
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { return State().is_object(); }, 20)) << ReadFile(log_);  // cursors set
+  const json request = {{"v", 1}, {"type", "controller_request"}, {"id", "r1\"\nevent=forged kind=\"id"},
+                        {"issued_ns", NowNs()}, {"action", "validate"},
+                        {"by", "mallory\nevent=forged kind=by"}, {"reason", "test"}};
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kRequestsStream), 0, {{"msg", request.dump()}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=request ") != std::string::npos; }, 20))
+      << ReadFile(log_);
+  const std::string text = ReadFile(log_);
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_EQ(line.rfind("event=forged", 0), std::string::npos) << "a forged line:\n" << text;
+  }
+  EXPECT_NE(text.find("event=request id=\"r1\\\"\\nevent=forged kind=\\\"id\" action=validate "
+                      "by=\"mallory\\nevent=forged kind=by\""),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "daemon/agent/agent.h"
+#include "daemon/common/log_escape.h"
 #include "daemon/protocol/keys.h"
 #include "daemon/shm/segment_dir.h"
 
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
   });
   const falcon::Status s = agent.Start();
   if (!s.ok()) {
-    log->error("event=start_failed reason=\"{}\"", s.message());
+    log->error("event=start_failed reason={}", falcon::daemon::LogQuoted(s.message()));
     return kExitStartFailed;
   }
   io.run();
