@@ -5,6 +5,8 @@
 //    that may only read) is a warning naming the command, once per distinct error however often
 //    the agent retries, and a refused connection is never logged as redis_up.
 //  - Values from outside (a command's id, its type) cannot forge log lines.
+//  - A config file that holds the password and that group or others may read is warned about;
+//    files that are not small regular text files are refused (exit 2) without hanging.
 // Every wait is a condition with a deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -191,6 +193,41 @@ TEST_F(AgentLoggingTest, CommandIdsCannotForgeLogLines) {
   EXPECT_NE(text.find("id=\"a\\\"b\\nevent=forged kind=\\\"good\""), std::string::npos) << text;
   EXPECT_NE(text.find("event=command_rejected"), std::string::npos) << text;
   EXPECT_NE(text.find("id=\"c\\r\\nevent=forged kind=bad\""), std::string::npos) << text;
+}
+
+// A config file that sets the password is warned about when group or others may read it; files
+// that are not small regular text files are refused with exit 2, at once.
+TEST_F(AgentLoggingTest, ConfigFilesHoldingAPasswordOpenToOthersAreWarnedAbout) {
+  testing::RedisServer redis({"s3cret", "", ""});
+  ASSERT_TRUE(redis.Start().ok()) << redis.Log();
+  const std::string conf = dir_.path() + "/agent.conf";
+  std::ofstream(conf) << "# test\nredis_password = s3cret\n";
+  for (const mode_t mode : {0644, 0640, 0600}) {
+    SCOPED_TRACE(mode);
+    ASSERT_EQ(::chmod(conf.c_str(), mode), 0);
+    std::remove(log_.c_str());
+    StartAgent(redis.port(), {"--config", conf}, {});
+    ASSERT_TRUE(Logged("event=redis_up role=publisher")) << ReadFile(log_);  // the password worked
+    const std::string text = ReadFile(log_);
+    EXPECT_EQ(text.find("s3cret"), std::string::npos) << "the password is never logged";
+    if (mode == 0600) {
+      EXPECT_EQ(text.find("event=config_exposed"), std::string::npos) << text;
+    } else {
+      EXPECT_NE(text.find("event=config_exposed"), std::string::npos) << text;
+      EXPECT_NE(text.find("chmod 600"), std::string::npos) << text;
+      EXPECT_NE(text.find(conf), std::string::npos) << text;
+    }
+    StopAgent();
+  }
+  const std::string bin = testing::BinDir("daemon") + "/falcon-agent";
+  const std::string garbage = dir_.path() + "/garbage.conf";
+  std::ofstream(garbage, std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\0\0", 9);
+  for (const std::string& bad : {std::string("/dev/zero"), dir_.path(), garbage}) {
+    const testing::ProcessResult r = testing::Run({bin, "--config", bad, "--print-config"}, {}, 20);
+    EXPECT_FALSE(r.timed_out) << bad;
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find(bad), std::string::npos) << "names the file: " << r.err;
+  }
 }
 
 }  // namespace

@@ -220,5 +220,77 @@ TEST_F(ControllerRedisTest, RequestIdsAndAuthorsCannotForgeLogLines) {
       << text;
 }
 
+// The config file is read as the agent reads its own: anything but a small regular text file,
+// unknown or agent-only names, and non-finite numbers are refused (exit 2, at once, naming the
+// file and what is wrong); a file holding the password that others may read is warned about.
+TEST_F(ControllerRedisTest, ConfigFilesAreCheckedAsTheAgentChecksItsOwn) {
+  const std::string bin = testing::BinDir("daemon") + "/falcon-controller";
+  auto file = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir_.path() + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    ::chmod(path.c_str(), 0600);
+    return path;
+  };
+  struct Case {
+    std::string path;
+    std::string why;
+  } cases[] = {
+      {"/dev/zero", "is a character device"},
+      {dir_.path(), "is a directory"},
+      {file("big.conf", std::string((1 << 20) + 1, '#')), "larger than"},
+      {file("binary.conf", std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10)), "control character"},
+      {file("garbage.conf", "this is not a config\n"), "expected 'name = value'"},
+      {file("unknown.conf", "job = \"a\"\nno-such-option = 1\n"), ":2: unknown option 'no-such-option'"},
+      {file("agent.conf", "tick_ms = 5\n"), "unknown option 'tick_ms'"},
+      {file("nan.conf", "max-pause-s = nan\n"), ":1: max-pause-s: "},
+      {file("inf.conf", "gemm-ratio = inf\n"), ":1: gemm-ratio: "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path);
+    for (const std::vector<std::string>& how : std::vector<std::vector<std::string>>{
+             {bin, "--config", c.path, "--print-config"}, {bin, "--print-config"}}) {
+      const std::vector<std::string> env =
+          how.size() == 2 ? std::vector<std::string>{"FALCON_CONTROLLER_CONFIG=" + c.path} : std::vector<std::string>{};
+      const testing::ProcessResult r = testing::Run(how, env, 20);
+      EXPECT_FALSE(r.timed_out);
+      EXPECT_EQ(r.exit_code, 2) << r.err;
+      EXPECT_NE(r.err.find(c.why), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(c.path), std::string::npos) << "names the file: " << r.err;
+    }
+  }
+  for (const char* value : {"nan", "inf"}) {  // from a flag and from the environment too
+    testing::ProcessResult r = testing::Run({bin, "--max-pause-s", value, "--print-config"}, {}, 20);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("--max-pause-s"), std::string::npos) << r.err;
+    r = testing::Run({bin, "--print-config"}, {std::string("FALCON_CONTROLLER_GEMM_RATIO=") + value}, 20);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+  }
+  // Read, and a flag beats it; a password file open to others is warned about, and used.
+  const std::string conf = file("ok.conf", "job = \"fromfile\"\nmax-pause-s = 30\nredis-password = \"\"\n");
+  testing::ProcessResult r = testing::Run({bin, "--config", conf, "--max-pause-s", "40", "--print-config"}, {}, 20);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("job=\"fromfile\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max-pause-s=40"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << "no password in it: " << r.err;
+  const std::string secret = file("secret.conf", "job = \"hostile\"\nredis-password = \"hunter2\"\n");
+  for (const mode_t mode : {0644, 0600}) {
+    ASSERT_EQ(::chmod(secret.c_str(), mode), 0);
+    r = testing::Run({bin, "--config", secret, "--print-config"}, {}, 20);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.find("hunter2"), std::string::npos);
+    EXPECT_EQ(r.err.find("chmod 600") != std::string::npos, mode == 0644) << r.err;
+  }
+  // The running controller logs it as a warning, first thing (this Redis has no password: the
+  // controller then retries its AUTH, which does not matter here).
+  ASSERT_EQ(::chmod(secret.c_str(), 0644), 0);
+  const std::string cmd = "exec '" + bin + "' --config '" + secret + "' --redis-port " + std::to_string(redis_.port()) +
+                          " --tick-ms 50 2>'" + log_ + "'";
+  pid_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+  ASSERT_GT(pid_, 0);
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=config_exposed") != std::string::npos; }, 20))
+      << ReadFile(log_);
+  EXPECT_EQ(ReadFile(log_).find("hunter2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace falcon

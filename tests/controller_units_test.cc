@@ -961,6 +961,78 @@ TEST(ControllerConfigTest, StatisticIsParsedAndPrintedByName) {
   EXPECT_THROW(app.parse(std::vector<std::string>{"mean", "--statistic"}), CLI::ValidationError);
 }
 
+// The config file refuses what the agent's refuses, naming the file, the line and the option;
+// flags and FALCON_CONTROLLER_* variables win over it; a name given twice: the last wins.
+TEST(ControllerConfigTest, FilesRefuseWhatTheAgentsConfigRefuses) {
+  struct Case {
+    std::string text;
+    std::string why;  // "" = accepted
+  } cases[] = {
+      {"max-pause-s = 120\n# comment\n\njob = \"j1\"  # trailing\n", ""},
+      {"tick_ms = 5\n", "f.conf:1: unknown option 'tick_ms' (falcon-controller's options are written with dashes: tick-ms)"},
+      {"poll_ms = 100\n", "f.conf:1: unknown option 'poll_ms'"},
+      {"no-such-thing = 1\n", "f.conf:1: unknown option 'no-such-thing'"},
+      {"job = a\nmax-pause-s = nan\n", "f.conf:2: max-pause-s: "},
+      {"max-pause-s = inf\n", "f.conf:1: max-pause-s: "},
+      {"profile-wait-s = -inf\n", "f.conf:1: profile-wait-s: "},
+      {"tick-ms = 5\n", "f.conf:1: tick-ms: "},
+      {"tick-ms = 5.5\n", "f.conf:1: tick-ms: "},
+      {"gemm-dtype = fp64\n", "f.conf:1: gemm-dtype: "},
+      {"print-config = true\n", "f.conf:1: option 'print-config' cannot be set in a config file"},
+      {"[section]\n", "f.conf:1: expected 'name = value'"},
+      {"garbage\n", "f.conf:1: expected 'name = value'"},
+      {"= 5\n", "f.conf:1: expected 'name = value'"},
+      {"job = \"open\n", "f.conf:1: job: no closing quote"},
+      {"--job = x\n", "f.conf:1: unknown option '--job'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    CLI::App app;
+    ControllerConfig config;
+    AddConfigOptions(app, config);
+    app.add_flag("--print-config")->configurable(false);
+    app.parse(std::vector<std::string>{});
+    const Status s = ApplyConfigText(app, c.text, "f.conf");
+    if (c.why.empty()) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    } else {
+      ASSERT_FALSE(s.ok());
+      EXPECT_EQ(s.message().rfind(c.why, 0), 0u) << s.message();
+    }
+  }
+  // Sources: the last line of a name wins; a flag wins over the file; the password is noted.
+  CLI::App app;
+  ControllerConfig config;
+  AddConfigOptions(app, config);
+  app.parse(std::vector<std::string>{"90", "--max-pause-s"});  // reversed, as CLI11 takes them
+  std::vector<std::string> secrets;
+  ASSERT_TRUE(ApplyConfigText(app, "tick-ms = 50\ntick-ms = 70\nmax-pause-s = 30\nredis-password = \"p#w\"\n",
+                              "f.conf", &secrets).ok());
+  EXPECT_EQ(config.tick_ms, 70);
+  EXPECT_EQ(config.validation.max_pause_s, 90.0) << "the flag wins";
+  EXPECT_EQ(config.redis.password, "p#w") << "a quoted value may hold '#', as in the agent's files";
+  EXPECT_EQ(secrets, std::vector<std::string>{"redis-password"});
+}
+
+// nan and inf pass CLI::Range (every comparison with nan is false): every number option refuses
+// them from flags too, naming the option.
+TEST(ControllerConfigTest, NonFiniteNumbersAreRefusedFromFlags) {
+  for (const char* flag : {"--max-pause-s", "--profile-wait-s", "--suspicious-ratio", "--min-slow-fraction",
+                           "--s2-overhead-s", "--plan-sample-s", "--retry-after-s"}) {
+    for (const char* value : {"nan", "inf", "-inf", "NaN"}) {
+      CLI::App app;
+      ControllerConfig config;
+      AddConfigOptions(app, config);
+      try {
+        app.parse(std::vector<std::string>{value, flag});
+        ADD_FAILURE() << flag << " " << value << " was accepted";
+      } catch (const CLI::ParseError& e) {
+        EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 // The validation communicator's steps: the id rank 0 makes travels to every join; a rank that
 // cannot join stops the round's transfers before any is posted, and the round says why.
 TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator) {
