@@ -220,6 +220,47 @@ TEST_F(ControllerRedisTest, RequestIdsAndAuthorsCannotForgeLogLines) {
       << text;
 }
 
+// Two agents claim rank 0 (node0's pid 100, then node1's pid 200), overwriting each other's
+// registration in the rank's key: the controller keeps the first, warns once naming both, and
+// hands the rank over only once the first has been silent for the hold time.
+TEST_F(ControllerRedisTest, ASecondClaimOfARankIsWarnedOnceAndDoesNotFlipFlop) {
+  auto claim = [&](const std::string& host, std::int64_t pid, std::int64_t at_ns) {
+    protocol::RankRegistration r;
+    r.header = {kJob, host, at_ns};
+    r.rank = 0;
+    r.pid = pid;
+    r.started_ns = 1;
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 0), {{"msg", protocol::ToJson(r).dump()}}).ok());
+  };
+  const std::string conflict =
+      "event=rank_claim_conflict rank=0 holder_host=node0 holder_pid=100 claimant_host=node1 claimant_pid=200";
+  claim("node0", 100, NowNs());
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == 1;
+  }, 20)) << ReadFile(log_);
+  claim("node1", 200, NowNs());
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find(conflict) != std::string::npos; }, 20)) << ReadFile(log_);
+  // They alternate, as two agents' heartbeats do; each write is seen by a refresh (view-ms 100).
+  for (int i = 0; i < 6; ++i) {
+    const bool first = i % 2 == 1;
+    claim(first ? "node0" : "node1", first ? 100 : 200, NowNs());
+    ASSERT_TRUE(SavedAfter(NowNs() + 300'000'000));  // refreshed since
+  }
+  std::string text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=rank_claim_conflict"), 1u) << text;
+  EXPECT_EQ(Count(text, "event=rank_claim_handover"), 0u) << text;
+  // node0 falls silent; node1's next registration comes after the hold: it takes the rank over.
+  claim("node1", 200, NowNs() + 11'000'000'000);
+  ASSERT_TRUE(WaitUntil([&] {
+    return ReadFile(log_).find("event=rank_claim_handover rank=0 from_host=node0 from_pid=100 to_host=node1 "
+                               "to_pid=200") != std::string::npos;
+  }, 20)) << ReadFile(log_);
+  text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=rank_claim_conflict"), 1u) << text;
+}
+
 // The config file is read as the agent reads its own: anything but a small regular text file,
 // unknown or agent-only names, and non-finite numbers are refused (exit 2, at once, naming the
 // file and what is wrong); a file holding the password that others may read is warned about.

@@ -209,6 +209,18 @@ Status Controller::RefreshView() {
     it = bad_keys_.erase(it);
   }
   view_.Update(ranks, agents);
+  for (const RankClaimEvent& e : view_.TakeClaimEvents()) {
+    if (e.kind == RankClaimEvent::Kind::kConflict) {
+      log_->warn("event=rank_claim_conflict rank={} holder_host={} holder_pid={} claimant_host={} claimant_pid={} "
+                 "action=kept_holder",
+                 e.rank, daemon::LogValue(e.holder_host), e.holder_pid, daemon::LogValue(e.claimant_host),
+                 e.claimant_pid);
+    } else {
+      log_->warn("event=rank_claim_handover rank={} from_host={} from_pid={} to_host={} to_pid={} reason={}", e.rank,
+                 daemon::LogValue(e.holder_host), e.holder_pid, daemon::LogValue(e.claimant_host), e.claimant_pid,
+                 "holder_silent");
+    }
+  }
   if (!state_.node_hosts.empty()) view_.SetNodes(state_.node_hosts, state_.placement);
   return Status::Ok();
 }
