@@ -379,5 +379,49 @@ TEST(CtlRedisUnreachableTest, ExitsFourWithClearMessage) {
   }
 }
 
+// Every usage error exits 2, the documented code (CLI11's own are 100 and up), whatever the
+// parser's complaint; --help and --version exit 0. Numbers that would wrap or never end are
+// usage errors too: --timeout nan/inf (a wait without end), incidents -n -1 (2^64-1 entries).
+TEST(CtlUsageTest, EveryUsageErrorExitsTwo) {
+  const int port = testing::FreeLoopbackPort();  // nothing listens: a command that ran would exit 4
+  const std::string p = std::to_string(port);
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {},                                         // no subcommand
+           {"no-such-command"},                        // unknown subcommand
+           {"status", "--no-such-flag", "--port", p},  // unknown flag
+           {"status", "--port"},                       // flag without its value
+           {"status", "--port", "http"},               // not a number
+           {"status", "--port", "70000"},              // out of range
+           {"status", "--port", p, "--timeout", "nan"},
+           {"status", "--port", p, "--timeout", "inf"},
+           {"status", "--port", p, "--timeout", "-1"},
+           {"incidents", "--port", p, "-n", "-1"},
+           {"events", "--port", p, "-n", "-5"},
+           {"incidents", "--port", p, "-n", "nan"},
+           {"mode", "--port", p},  // its positional argument missing
+           {"mode", "fast", "--port", p},
+           {"pause", "--port", p, "--iteration", "-1"},
+           {"pause", "--port", p, "--iteration", "5", "--max-pause", "nan"},
+           {"analyze-trace"},
+           {"analyze-trace", "f.csv", "--hazard", "nan"},
+           {"trace", "--limit", "-1", "1"},
+       }) {
+    std::vector<std::string> argv{CtlPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const testing::ProcessResult r = testing::Run(argv, {}, 20);
+    std::string line;
+    for (const std::string& a : args) line += a + " ";
+    EXPECT_FALSE(r.timed_out) << line;
+    EXPECT_EQ(r.exit_code, 2) << line << "\n" << r.err;
+    EXPECT_FALSE(r.err.empty()) << line;
+  }
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{{"--help"}, {"--version"},
+                                                                                   {"status", "--help"}}) {
+    std::vector<std::string> argv{CtlPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_EQ(testing::Run(argv, {}, 20).exit_code, 0) << args[0];
+  }
+}
+
 }  // namespace
 }  // namespace falcon

@@ -22,6 +22,7 @@
 #include "analyzer/iteration_series.h"
 #include "analyzer/period_tracker.h"
 #include "analyzer/signature.h"
+#include "daemon/common/cli_checks.h"
 #include "daemon/ctl/analyze_trace_input.h"
 #include "daemon/ctl/command.h"
 
@@ -258,37 +259,37 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--fail-on-alarm", opts->fail_on_alarm, "exit 1 when a slow alarm was raised");
   analyzer::DetectorOptions& d = opts->detector;
   cmd->add_option("--hazard", d.bocd.hazard, "BOCD constant hazard (prior change rate)")
-      ->capture_default_str()->check(CLI::Range(1e-9, 0.5));
+      ->capture_default_str()->check(daemon::FiniteRange(1e-9, 0.5));
   cmd->add_option("--threshold", d.cp_threshold, "posterior probability to report a change")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 1.0));
   cmd->add_option("--min-change", d.min_change, "verification: relative change of the median")
-      ->capture_default_str()->check(CLI::Range(0.0, 10.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 10.0));
   cmd->add_option("--window", d.window, "a change point is sought in the last N samples")
-      ->capture_default_str()->check(CLI::Range(2, 192));
+      ->capture_default_str()->check(daemon::FiniteRange(2, 192));
   cmd->add_option("--max-spike-run", d.max_outlier_run,
                   "outlier runs up to this length are dropped as spikes/pauses")
-      ->capture_default_str()->check(CLI::Range(0, 16));
+      ->capture_default_str()->check(daemon::FiniteRange(0, 16));
   cmd->add_option("--outlier-z", d.outlier_z, "robust sigmas from the level that make an outlier")
-      ->capture_default_str()->check(CLI::Range(1.0, 100.0));
+      ->capture_default_str()->check(daemon::FiniteRange(1.0, 100.0));
   cmd->add_option("--confidence-z", d.confidence_z,
                   "verification margin in standard errors of the post-change median")
-      ->capture_default_str()->check(CLI::Range(0.0, 10.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 10.0));
   cmd->add_option("--min-post", d.min_post, "samples after a change point before it is verified")
-      ->capture_default_str()->check(CLI::Range(1, 64));
+      ->capture_default_str()->check(daemon::FiniteRange(1, 64));
   cmd->add_option("--spread-z", d.level_spread_z,
                   "a rise is verified when the post-change spread is <= this many sigmas (0: off)")
-      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 100.0));
   cmd->add_option("--rho-floor", d.rho_floor,
                   "correlated noise widens the margin above this lag-1 autocorrelation (1: never)")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 1.0));
   cmd->add_option("--baseline-clip-z", d.baseline_clip_z,
                   "a healthy sample above the baseline raises it by at most this many sigmas (0: plain mean)")
-      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 100.0));
   cmd->add_option("--max-hypotheses", d.bocd.max_hypotheses, "BOCD run lengths kept")
-      ->capture_default_str()->check(CLI::Range(4, 4096));
+      ->capture_default_str()->check(daemon::FiniteRange(4, 4096));
   cmd->add_option("--acf-threshold", opts->tracker.period.acf_threshold,
                   "records mode: match rate that locks a period")
-      ->capture_default_str()->check(CLI::Range(0.5, 1.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.5, 1.0));
   cmd->callback([opts, &ctx] { ctx.exit_code = Run(*opts); });
 }
 
