@@ -3,7 +3,9 @@
 //    -> alarms. `--json` prints {"schema": 1, "alarms": [{"at", "onset", "type", "ratio", ...}]}.
 //  - Record mode (`--records`, or a .jsonl/.ndjson file): call records from
 //    `falcon-ctl trace PID --json`, grouped by pid -> signatures -> period (tracked, re-locked on
-//    change) -> iteration times -> alarms, per process.
+//    change) -> iteration times -> alarms, per process. Iteration times outside the readers'
+//    plausible bounds (analyze_trace_input.h) are left out with a warning on stderr, so every
+//    ratio printed is finite (never inf, never null in JSON).
 // Exit: 0 on success whatever was found (scripts that want a status use --fail-on-alarm, which
 // exits kExitFound when a slow alarm was raised); kExitInput for a missing or malformed input.
 // Single-threaded; reads one file (or stdin for "-"); never writes files.
@@ -122,6 +124,7 @@ struct ProcessResult {
   std::int64_t pid = -1;
   std::vector<std::pair<std::size_t, double>> periods;  // (period, acf) per lock
   std::vector<double> seconds;
+  std::size_t implausible = 0;  // iteration times outside the plausible bounds, left out
   std::vector<analyzer::Alarm> alarms;
 };
 
@@ -162,7 +165,11 @@ ProcessResult AnalyzeProcess(std::int64_t pid, const std::vector<analyzer::CallR
       times.push_back(seq.t_ns[i]);
     }
     for (const auto& sample : analyzer::ExtractIterations(symbols, times, lock.period)) {
-      r.seconds.push_back(sample.seconds);
+      if (PlausibleIterationSeconds(sample.seconds)) {
+        r.seconds.push_back(sample.seconds);
+      } else {
+        ++r.implausible;  // 0 s or days: the records' times are wrong, and would skew every ratio
+      }
     }
   }
   r.alarms = Detect(r.seconds, o.detector);
@@ -184,6 +191,12 @@ int RunRecords(const AnalyzeOptions& o, std::istream& in) {
   nlohmann::json all = nlohmann::json::array();
   nlohmann::json procs = nlohmann::json::array();
   for (const ProcessResult& r : results) {
+    if (r.implausible > 0) {
+      std::fprintf(stderr,
+                   "falcon-ctl analyze-trace: warning: pid %lld: %zu iteration time(s) outside %g..%g s left out "
+                   "(are the records' t_start_ns values right?)\n",
+                   static_cast<long long>(r.pid), r.implausible, kMinIterationSeconds, kMaxIterationSeconds);
+    }
     slow += CountSlow(r.alarms);
     nlohmann::json periods = nlohmann::json::array();
     for (const auto& [p, acf] : r.periods) {
@@ -195,7 +208,7 @@ int RunRecords(const AnalyzeOptions& o, std::istream& in) {
       all.push_back(a);
     }
     procs.push_back({{"pid", r.pid}, {"periods", periods}, {"iteration_seconds", r.seconds},
-                     {"alarms", AlarmsJson(r.alarms)}});
+                     {"implausible_iterations", r.implausible}, {"alarms", AlarmsJson(r.alarms)}});
   }
   if (o.json) {
     const nlohmann::json out = {{"schema", kSchemaVersion}, {"processes", procs}, {"alarms", all}};
