@@ -7,7 +7,8 @@
 #     --update-corpus   merge the inputs that found new coverage into fuzz/corpus/<target>/
 #     --json FILE       also write the per-target figures as JSON
 #     TARGET            segment_open segment_live plan_block protocol controller_input
-#                       agent_config (default: all)
+#                       agent_config controller_config analyze_trace_csv analyze_trace_records
+#                       (default: all)
 # Needs clang and libFuzzer (scripts/setup.sh installs them). Runs one target at a time on one
 # core. Exit: 0 when no target crashed, 1 when one did, 2 on a usage error.
 set -euo pipefail
@@ -31,7 +32,8 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   echo "fuzz.sh: --seconds must be a whole number of seconds >= 1, not '$seconds'" >&2
   exit 2
 fi
-all=(segment_open segment_live plan_block protocol controller_input agent_config)
+all=(segment_open segment_live plan_block protocol controller_input agent_config controller_config
+     analyze_trace_csv analyze_trace_records)
 ((${#targets[@]})) || targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (known: ${all[*]})" >&2; exit 2; }
