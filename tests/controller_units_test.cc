@@ -1040,6 +1040,8 @@ TEST(ControllerConfigTest, FilesRefuseWhatTheAgentsConfigRefuses) {
       {"tick-ms = 5\n", "f.conf:1: tick-ms: "},
       {"tick-ms = 5.5\n", "f.conf:1: tick-ms: "},
       {"gemm-dtype = fp64\n", "f.conf:1: gemm-dtype: "},
+      {"tree = 12z0\n", "f.conf:1: tree: "},  // CLI11 alone read the leading digits: true
+      {"tree = off\n", ""},
       {"print-config = true\n", "f.conf:1: option 'print-config' cannot be set in a config file"},
       {"[section]\n", "f.conf:1: expected 'name = value'"},
       {"garbage\n", "f.conf:1: expected 'name = value'"},

@@ -5,6 +5,8 @@
 //   FiniteRange(min, max): a finite number in [min, max] (integer options still need an integer:
 //     CLI11's conversion refuses "5.5" after this check passes).
 //   NonNegative: a number >= 0 (for unsigned options).
+//   Boolean: exactly true|false|1|0|yes|no|on|off, as the agent's config reads booleans (CLI11
+//     alone takes "12z0..." as true: it reads a number's leading digits and ignores the rest).
 //   PlainText: no control character (as the agent's config refuses: one would break the file
 //     --print-config writes and the log lines that quote the value).
 // Header-only (CLI11 is header-only too). Thread-safety: the validators hold only their bounds.
@@ -63,6 +65,17 @@ inline CLI::Validator NonNegative() {
         return "";
       },
       "NUMBER >= 0", "NON_NEGATIVE");
+}
+
+inline CLI::Validator Boolean() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        for (const char* word : {"true", "false", "1", "0", "yes", "no", "on", "off"}) {
+          if (text == word) return "";
+        }
+        return "'" + text.substr(0, 40) + "' is not a boolean (true/false)";
+      },
+      "", "BOOLEAN");
 }
 
 inline CLI::Validator PlainText() {

@@ -42,5 +42,30 @@ TEST(CliChecksTest, NonFiniteNegativeAndOutOfRangeNumbersAreRefused) {
   for (const char* good : {"0", "1", "18446744073709551615"}) EXPECT_EQ(Parse("--n", good), "") << good;
 }
 
+TEST(CliChecksTest, BooleansAreTheAgentsWordsAndTextHasNoControlCharacters) {
+  auto parse = [](const CLI::Validator& check, const std::string& value) {
+    CLI::App app;
+    std::string v;
+    app.add_option("--v", v)->check(check);
+    try {
+      app.parse(std::vector<std::string>{value, "--v"});
+    } catch (const CLI::ParseError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const char* good : {"true", "false", "1", "0", "yes", "no", "on", "off"}) {
+    EXPECT_EQ(parse(Boolean(), good), "") << good;
+  }
+  for (const std::string& bad : {std::string("12z0"), std::string("2"), std::string("TRUE "), std::string(),
+                                 std::string("1\0", 2)}) {
+    EXPECT_NE(parse(Boolean(), bad).find("--v"), std::string::npos) << bad;
+  }
+  EXPECT_EQ(parse(PlainText(), "a b \"c\" #d"), "");
+  for (const std::string& bad : {std::string("a\nb"), std::string("a\0", 2), std::string("\x1b[0m"), std::string("\x7f")}) {
+    EXPECT_NE(parse(PlainText(), bad).find("--v"), std::string::npos) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace falcon::daemon

@@ -26,6 +26,7 @@ template <typename T>
 CLI::Option* Entry(CLI::App& app, const std::string& name, T& value, const std::string& meaning) {
   CLI::Option* o = app.add_option("--" + name, value, meaning)->envname(EnvName(name))->capture_default_str();
   if constexpr (std::is_same_v<T, std::string>) o->check(daemon::PlainText());
+  if constexpr (std::is_same_v<T, bool>) o->check(daemon::Boolean());
   return o;
 }
 
@@ -186,7 +187,7 @@ std::string RenderConfig(const CLI::App& app, ConfigStyle style) {
     double number = 0;
     const bool bare = v == "true" || v == "false" ||
                       (v.rfind("0x", 0) != 0 && v.rfind("0X", 0) != 0 && CLI::detail::lexical_cast(v, number));
-    if (bare && !v.empty()) return v;
+    if (bare && !v.empty()) return CLI::detail::trim_copy(v);  // read back trimmed anyway
     std::string out = "\"";
     for (const char c : v) {
       if (c == '"' || c == '\\') out += '\\';
