@@ -49,7 +49,7 @@ cmake --build --preset fuzz -j "$(nproc)"
 work=build-fuzz/work
 results=()
 crashed=0
-printf '%-18s %10s %10s %8s %8s %8s %8s\n' target seconds execs exec/s cov corpus crashes
+printf '%-22s %8s %8s %10s %8s %8s %8s %8s\n' target seconds cpu_s execs exec/s cov corpus crashes
 for t in "${targets[@]}"; do
   exe=build-fuzz/fuzz/falcon-fuzz-$t
   corpus=fuzz/corpus/$t
@@ -61,8 +61,13 @@ for t in "${targets[@]}"; do
   before=$(find "$regress" -type f ! -name '.*' | wc -l)
   # -max_len: the segment and plan-block inputs describe whole images; others stay small.
   rc=0
+  # CPU time (user + system) of the fuzzer, when /usr/bin/time is there: on a shared machine the
+  # wall-clock seconds say little about how much fuzzing was done.
+  timer=()
+  [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -f '%U %S' -o "$work/$t/cpu")
+  rm -f "$work/$t/cpu"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$exe" "$work/$t/corpus" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+    "${timer[@]}" "$exe" "$work/$t/corpus" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$regress/" >"$log" 2>&1 || rc=$?
   after=$(find "$regress" -type f ! -name '.*' | wc -l)
   found=$((after - before))
@@ -71,8 +76,9 @@ for t in "${targets[@]}"; do
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
   units=$(find "$work/$t/corpus" -type f | wc -l)
-  printf '%-18s %10s %10s %8s %8s %8s %8s\n' "$t" "$seconds" "${execs:-0}" "${rate:-0}" "${cov:-0}" "$units" "$found"
-  results+=("{\"target\": \"$t\", \"seconds\": $seconds, \"execs\": ${execs:-0}, \"exec_per_s\": ${rate:-0}, \"cov\": ${cov:-0}, \"corpus\": $units, \"crashes\": $found}")
+  cpu=$(tail -1 "$work/$t/cpu" 2>/dev/null | awk 'NF == 2 {printf "%.1f", $1 + $2}')
+  printf '%-22s %8s %8s %10s %8s %8s %8s %8s\n' "$t" "$seconds" "${cpu:--}" "${execs:-0}" "${rate:-0}" "${cov:-0}" "$units" "$found"
+  results+=("{\"target\": \"$t\", \"seconds\": $seconds, \"cpu_s\": ${cpu:-null}, \"execs\": ${execs:-0}, \"exec_per_s\": ${rate:-0}, \"cov\": ${cov:-0}, \"corpus\": $units, \"crashes\": $found}")
   if ((found)); then
     crashed=1
     echo "fuzz.sh: $t crashed; input saved in $regress/, log: $log" >&2
