@@ -280,12 +280,13 @@ void Mismatches(const Snapshot& s, std::size_t cap, std::vector<Finding>* out) {
   std::size_t made = 0;
   for (auto& [key, sigs] : issued) {
     if (made == cap) break;
-    if (std::all_of(sigs.begin(), sigs.end(), [&](const auto& x) { return x.second == sigs.front().second; })) continue;
+    const CallSignature& first = sigs.front().second;  // named: clang 14 cannot capture a structured binding
+    if (std::all_of(sigs.begin(), sigs.end(), [&](const auto& x) { return x.second == first; })) continue;
     ++made;
     // The most common signature is taken as intended; ties go to the lowest rank's.
     std::vector<std::pair<CallSignature, std::size_t>> tally;
     for (const auto& [rank, sig] : sigs) {
-      auto it = std::find_if(tally.begin(), tally.end(), [&](const auto& t) { return t.first == sig; });
+      auto it = std::find_if(tally.begin(), tally.end(), [&want = sig](const auto& t) { return t.first == want; });
       if (it == tally.end()) tally.emplace_back(sig, 1);
       else ++it->second;
     }
@@ -413,7 +414,7 @@ void Disorders(const Snapshot& s, const std::vector<Finding>& deadlocks, std::si
   std::size_t made = 0;
   for (const auto& [pair, by] : orders) {
     if (by[0].empty() || by[1].empty() || made == cap) continue;
-    const auto in_deadlock = [&](const Finding& d) {
+    const auto in_deadlock = [&, &pair = pair](const Finding& d) {
       auto has = [&](const Key& k) {
         return std::any_of(d.chain.begin(), d.chain.end(), [&](const CallRef& c) { return c.comm == k.first && c.seq == k.second; });
       };

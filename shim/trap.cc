@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "shim/bench_executor.h"
@@ -81,17 +82,25 @@ void Trap::ServiceTick(int64_t real_now_ns) {
                     Load(control_->pause_targets[i].seq, std::memory_order_relaxed)};
     }
   }
+  // The deadline is the agent's (or anyone's who can write the segment): any int64_t. How far
+  // ahead it lies is computed without overflow (INT64_MIN - now is not an int64_t), saturated.
+  int64_t ahead = 0;
+  if (__builtin_sub_overflow(deadline, real_now_ns, &ahead)) ahead = deadline < 0 ? INT64_MIN : INT64_MAX;
   const char* why = nullptr;
-  if (count > FALCON_PAUSE_MAX_TARGETS) why = "too many targets";
-  if (deadline <= real_now_ns) why = "deadline in the past";
-  if (deadline - real_now_ns > FALCON_PAUSE_MAX_NS) why = "deadline more than an hour ahead";
+  if (count > FALCON_PAUSE_MAX_TARGETS) {
+    why = "too many targets";
+  } else if (ahead <= 0) {
+    why = "deadline in the past";
+  } else if (ahead > FALCON_PAUSE_MAX_NS) {
+    why = "deadline more than an hour ahead";
+  }
   for (uint32_t i = 0; i < n && why == nullptr; ++i) {
     if (targets[i].comm_slot >= comm_capacity_) why = "unknown communicator slot";
   }
   if (why != nullptr) {
     Report(kFalconPauseRejected, gen);
     Log(LogLevel::kWarn, "rejected pause request %llu: %s (%u targets, deadline %lld ns from now)",
-        static_cast<unsigned long long>(gen), why, count, static_cast<long long>(deadline - real_now_ns));
+        static_cast<unsigned long long>(gen), why, count, static_cast<long long>(ahead));
     return;
   }
   gen_.store(gen, std::memory_order_relaxed);

@@ -149,13 +149,18 @@ TEST(RedisAuthTest, PasswordAndAclUser) {
     const Status s = c.Connect();
     EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
     EXPECT_EQ(s.message().find("wrong"), std::string::npos) << "never echo the password";
+    EXPECT_EQ(RefusedCommand(s), "AUTH");
     EXPECT_FALSE(c.connected());
   }
   {
     o.password.clear();
     RedisConnection c(o);
-    ASSERT_TRUE(c.Connect().ok()) << "no AUTH: the connection opens...";
-    EXPECT_FALSE(Ping(c).ok()) << "...but commands are refused (NOAUTH)";
+    const Status s = c.Connect();
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << "no AUTH: refused at connect, not command by command";
+    EXPECT_NE(s.message().find("NOAUTH"), std::string::npos) << s.ToString();
+    EXPECT_EQ(RefusedCommand(s), "PING");
+    EXPECT_FALSE(c.connected());
+    EXPECT_EQ(RefusedCommand(Status::Unavailable("redis AUTH refused")), "") << "only refusals name a command";
   }
   {
     o.user = "falcon";

@@ -6,11 +6,14 @@
 // and keep saving its state. Every wait is a condition with a deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -192,6 +195,142 @@ TEST_F(ControllerRedisTest, OutOfBoundNumbersAreDroppedAndTheStateStillSaves) {
   EXPECT_EQ(Count(text, "event=bad_message stream=iterations"), 2u) << text;
   EXPECT_NE(text.find("iterations.seconds: element 0 out of bounds"), std::string::npos) << text;
   EXPECT_EQ(text.find("controller_state would be invalid"), std::string::npos) << text;
+}
+
+// A request's id and author travel into the controller's log (event=request): values holding
+// newlines and quotes are escaped and forge no line.
+TEST_F(ControllerRedisTest, RequestIdsAndAuthorsCannotForgeLogLines) {
+  RegisterRank0();
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { return State().is_object(); }, 20)) << ReadFile(log_);  // cursors set
+  const json request = {{"v", 1}, {"type", "controller_request"}, {"id", "r1\"\nevent=forged kind=\"id"},
+                        {"issued_ns", NowNs()}, {"action", "validate"},
+                        {"by", "mallory\nevent=forged kind=by"}, {"reason", "test"}};
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kRequestsStream), 0, {{"msg", request.dump()}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=request ") != std::string::npos; }, 20))
+      << ReadFile(log_);
+  const std::string text = ReadFile(log_);
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_EQ(line.rfind("event=forged", 0), std::string::npos) << "a forged line:\n" << text;
+  }
+  EXPECT_NE(text.find("event=request id=\"r1\\\"\\nevent=forged kind=\\\"id\" action=validate "
+                      "by=\"mallory\\nevent=forged kind=by\""),
+            std::string::npos)
+      << text;
+}
+
+// Two agents claim rank 0 (node0's pid 100, then node1's pid 200), overwriting each other's
+// registration in the rank's key: the controller keeps the first, warns once naming both, and
+// hands the rank over only once the first has been silent for the hold time.
+TEST_F(ControllerRedisTest, ASecondClaimOfARankIsWarnedOnceAndDoesNotFlipFlop) {
+  auto claim = [&](const std::string& host, std::int64_t pid, std::int64_t at_ns) {
+    protocol::RankRegistration r;
+    r.header = {kJob, host, at_ns};
+    r.rank = 0;
+    r.pid = pid;
+    r.started_ns = 1;
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 0), {{"msg", protocol::ToJson(r).dump()}}).ok());
+  };
+  const std::string conflict =
+      "event=rank_claim_conflict rank=0 holder_host=node0 holder_pid=100 claimant_host=node1 claimant_pid=200";
+  claim("node0", 100, NowNs());
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == 1;
+  }, 20)) << ReadFile(log_);
+  claim("node1", 200, NowNs());
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find(conflict) != std::string::npos; }, 20)) << ReadFile(log_);
+  // They alternate, as two agents' heartbeats do; each write is seen by a refresh (view-ms 100).
+  for (int i = 0; i < 6; ++i) {
+    const bool first = i % 2 == 1;
+    claim(first ? "node0" : "node1", first ? 100 : 200, NowNs());
+    ASSERT_TRUE(SavedAfter(NowNs() + 300'000'000));  // refreshed since
+  }
+  std::string text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=rank_claim_conflict"), 1u) << text;
+  EXPECT_EQ(Count(text, "event=rank_claim_handover"), 0u) << text;
+  // node0 falls silent; node1's next registration comes after the hold: it takes the rank over.
+  claim("node1", 200, NowNs() + 11'000'000'000);
+  ASSERT_TRUE(WaitUntil([&] {
+    return ReadFile(log_).find("event=rank_claim_handover rank=0 from_host=node0 from_pid=100 to_host=node1 "
+                               "to_pid=200") != std::string::npos;
+  }, 20)) << ReadFile(log_);
+  text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=rank_claim_conflict"), 1u) << text;
+}
+
+// The config file is read as the agent reads its own: anything but a small regular text file,
+// unknown or agent-only names, and non-finite numbers are refused (exit 2, at once, naming the
+// file and what is wrong); a file holding the password that others may read is warned about.
+TEST_F(ControllerRedisTest, ConfigFilesAreCheckedAsTheAgentChecksItsOwn) {
+  const std::string bin = testing::BinDir("daemon") + "/falcon-controller";
+  auto file = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir_.path() + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    ::chmod(path.c_str(), 0600);
+    return path;
+  };
+  struct Case {
+    std::string path;
+    std::string why;
+  } cases[] = {
+      {"/dev/zero", "is a character device"},
+      {dir_.path(), "is a directory"},
+      {file("big.conf", std::string((1 << 20) + 1, '#')), "larger than"},
+      {file("binary.conf", std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10)), "control character"},
+      {file("garbage.conf", "this is not a config\n"), "expected 'name = value'"},
+      {file("unknown.conf", "job = \"a\"\nno-such-option = 1\n"), ":2: unknown option 'no-such-option'"},
+      {file("agent.conf", "tick_ms = 5\n"), "unknown option 'tick_ms'"},
+      {file("nan.conf", "max-pause-s = nan\n"), ":1: max-pause-s: "},
+      {file("inf.conf", "gemm-ratio = inf\n"), ":1: gemm-ratio: "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path);
+    for (const std::vector<std::string>& how : std::vector<std::vector<std::string>>{
+             {bin, "--config", c.path, "--print-config"}, {bin, "--print-config"}}) {
+      const std::vector<std::string> env =
+          how.size() == 2 ? std::vector<std::string>{"FALCON_CONTROLLER_CONFIG=" + c.path} : std::vector<std::string>{};
+      const testing::ProcessResult r = testing::Run(how, env, 20);
+      EXPECT_FALSE(r.timed_out);
+      EXPECT_EQ(r.exit_code, 2) << r.err;
+      EXPECT_NE(r.err.find(c.why), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(c.path), std::string::npos) << "names the file: " << r.err;
+    }
+  }
+  for (const char* value : {"nan", "inf"}) {  // from a flag and from the environment too
+    testing::ProcessResult r = testing::Run({bin, "--max-pause-s", value, "--print-config"}, {}, 20);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("--max-pause-s"), std::string::npos) << r.err;
+    r = testing::Run({bin, "--print-config"}, {std::string("FALCON_CONTROLLER_GEMM_RATIO=") + value}, 20);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+  }
+  // Read, and a flag beats it; a password file open to others is warned about, and used.
+  const std::string conf = file("ok.conf", "job = \"fromfile\"\nmax-pause-s = 30\nredis-password = \"\"\n");
+  testing::ProcessResult r = testing::Run({bin, "--config", conf, "--max-pause-s", "40", "--print-config"}, {}, 20);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("job=\"fromfile\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max-pause-s=40"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << "no password in it: " << r.err;
+  const std::string secret = file("secret.conf", "job = \"hostile\"\nredis-password = \"hunter2\"\n");
+  for (const mode_t mode : {0644, 0600}) {
+    ASSERT_EQ(::chmod(secret.c_str(), mode), 0);
+    r = testing::Run({bin, "--config", secret, "--print-config"}, {}, 20);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.find("hunter2"), std::string::npos);
+    EXPECT_EQ(r.err.find("chmod 600") != std::string::npos, mode == 0644) << r.err;
+  }
+  // The running controller logs it as a warning, first thing (this Redis has no password: the
+  // controller then retries its AUTH, which does not matter here).
+  ASSERT_EQ(::chmod(secret.c_str(), 0644), 0);
+  const std::string cmd = "exec '" + bin + "' --config '" + secret + "' --redis-port " + std::to_string(redis_.port()) +
+                          " --tick-ms 50 2>'" + log_ + "'";
+  pid_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
+  ASSERT_GT(pid_, 0);
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=config_exposed") != std::string::npos; }, 20))
+      << ReadFile(log_);
+  EXPECT_EQ(ReadFile(log_).find("hunter2"), std::string::npos);
 }
 
 }  // namespace

@@ -60,13 +60,14 @@ struct RankSpec {
   std::int64_t at_ns = kT0;
   std::string state = "live";
   std::optional<std::uint64_t> period = std::nullopt;
+  std::int64_t pid = 0;  // 0: 1000 + rank
 };
 
 json RankMsg(const RankSpec& s) {
   protocol::RankRegistration m;
   m.header = {"job", s.host, s.at_ns};
   m.rank = s.rank;
-  m.pid = 1000 + (s.rank < 0 ? 99 : s.rank);
+  m.pid = s.pid != 0 ? s.pid : 1000 + (s.rank < 0 ? 99 : s.rank);
   m.state = s.state;
   m.started_ns = kT0 - 60 * kSec;
   m.comms = s.comms;
@@ -959,6 +960,141 @@ TEST(ControllerConfigTest, StatisticIsParsedAndPrintedByName) {
   ControllerConfig config;
   AddConfigOptions(app, config);
   EXPECT_THROW(app.parse(std::vector<std::string>{"mean", "--statistic"}), CLI::ValidationError);
+}
+
+// Two processes claim rank 1 (node1's agent, then one on node9 with another pid): their
+// registrations alternate in the rank's key. The view keeps the first claimant while it keeps
+// reporting, reports the conflict once, and hands the rank over only when the holder has been
+// silent for kClaimHoldNs, or registered itself exited.
+TEST(JobViewTest, ASecondClaimantOfARankIsSetAsideUntilTheHolderFallsSilent) {
+  using Kind = RankClaimEvent::Kind;
+  auto view_of = [](const std::vector<json>& ranks, JobView& v) {
+    v.Update(ranks, JobAgents());
+    return v.TakeClaimEvents();
+  };
+  auto holder = [](const std::string& host, std::int64_t at_ns, std::int64_t pid = 0, const char* state = "live") {
+    return RankMsg({1, host, {}, at_ns, state, std::nullopt, pid});
+  };
+  JobView v;
+  const json rank0 = RankMsg({0, "node0", {}, kT0});
+  EXPECT_TRUE(view_of({rank0, holder("node1", kT0)}, v).empty());
+  ASSERT_NE(v.AgentOf(1), nullptr);
+  EXPECT_EQ(*v.AgentOf(1), "node1");
+  // The other claimant overwrites the key, then both alternate: one conflict, the holder kept.
+  std::vector<RankClaimEvent> events = view_of({rank0, holder("node9", kT0 + kSec, 4242)}, v);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kConflict);
+  EXPECT_EQ(events[0].rank, 1);
+  EXPECT_EQ(events[0].holder_host, "node1");
+  EXPECT_EQ(events[0].holder_pid, 1001);
+  EXPECT_EQ(events[0].claimant_host, "node9");
+  EXPECT_EQ(events[0].claimant_pid, 4242);
+  EXPECT_EQ(*v.AgentOf(1), "node1") << "commands for rank 1 still go to its first agent";
+  for (int i = 2; i < 12; ++i) {
+    const std::int64_t at = kT0 + i * kSec;
+    EXPECT_TRUE(view_of({rank0, i % 2 ? holder("node1", at) : holder("node9", at, 4242)}, v).empty()) << i;
+    EXPECT_EQ(*v.AgentOf(1), "node1") << i << ": no flip-flop";
+    EXPECT_EQ(v.ranks().at(1).pid, 1001) << i;
+  }
+  // Same host, another pid (a second process on node1): a conflict of its own, once.
+  events = view_of({rank0, holder("node1", kT0 + 12 * kSec, 777)}, v);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].claimant_pid, 777);
+  EXPECT_EQ(v.ranks().at(1).pid, 1001);
+  // The holder falls silent (last seen at kT0 + 11 s): after kClaimHoldNs the claimant takes over.
+  const std::int64_t silent_until = kT0 + 11 * kSec + JobView::kClaimHoldNs;
+  EXPECT_TRUE(view_of({rank0, holder("node9", silent_until, 4242)}, v).empty());
+  EXPECT_EQ(*v.AgentOf(1), "node1") << "not silent for longer than the hold yet";
+  events = view_of({rank0, holder("node9", silent_until + 1, 4242)}, v);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kHandover);
+  EXPECT_EQ(events[0].holder_host, "node1");
+  EXPECT_EQ(events[0].claimant_host, "node9");
+  EXPECT_EQ(*v.AgentOf(1), "node9");
+  EXPECT_EQ(v.ranks().at(1).pid, 4242);
+  // The new holder's process exits: the rank is free, and the next claimant takes it at once.
+  EXPECT_TRUE(view_of({rank0, holder("node9", silent_until + 2, 4242, "exited")}, v).empty());
+  EXPECT_EQ(v.AgentOf(1), nullptr);
+  EXPECT_TRUE(view_of({rank0, holder("node1", silent_until + 3, 555)}, v).empty());
+  EXPECT_EQ(v.ranks().at(1).pid, 555);
+  // The key expires: no claim is left either.
+  EXPECT_TRUE(view_of({rank0}, v).empty());
+  EXPECT_TRUE(view_of({rank0, holder("node9", silent_until + 4, 4242)}, v).empty());
+  EXPECT_EQ(v.ranks().at(1).pid, 4242);
+}
+
+// The config file refuses what the agent's refuses, naming the file, the line and the option;
+// flags and FALCON_CONTROLLER_* variables win over it; a name given twice: the last wins.
+TEST(ControllerConfigTest, FilesRefuseWhatTheAgentsConfigRefuses) {
+  struct Case {
+    std::string text;
+    std::string why;  // "" = accepted
+  } cases[] = {
+      {"max-pause-s = 120\n# comment\n\njob = \"j1\"  # trailing\n", ""},
+      {"tick_ms = 5\n", "f.conf:1: unknown option 'tick_ms' (falcon-controller's options are written with dashes: tick-ms)"},
+      {"poll_ms = 100\n", "f.conf:1: unknown option 'poll_ms'"},
+      {"no-such-thing = 1\n", "f.conf:1: unknown option 'no-such-thing'"},
+      {"job = a\nmax-pause-s = nan\n", "f.conf:2: max-pause-s: "},
+      {"max-pause-s = inf\n", "f.conf:1: max-pause-s: "},
+      {"profile-wait-s = -inf\n", "f.conf:1: profile-wait-s: "},
+      {"tick-ms = 5\n", "f.conf:1: tick-ms: "},
+      {"tick-ms = 5.5\n", "f.conf:1: tick-ms: "},
+      {"gemm-dtype = fp64\n", "f.conf:1: gemm-dtype: "},
+      {"tree = 12z0\n", "f.conf:1: tree: "},  // CLI11 alone read the leading digits: true
+      {"tree = off\n", ""},
+      {"print-config = true\n", "f.conf:1: option 'print-config' cannot be set in a config file"},
+      {"[section]\n", "f.conf:1: expected 'name = value'"},
+      {"garbage\n", "f.conf:1: expected 'name = value'"},
+      {"= 5\n", "f.conf:1: expected 'name = value'"},
+      {"job = \"open\n", "f.conf:1: job: no closing quote"},
+      {"--job = x\n", "f.conf:1: unknown option '--job'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    CLI::App app;
+    ControllerConfig config;
+    AddConfigOptions(app, config);
+    app.add_flag("--print-config")->configurable(false);
+    app.parse(std::vector<std::string>{});
+    const Status s = ApplyConfigText(app, c.text, "f.conf");
+    if (c.why.empty()) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    } else {
+      ASSERT_FALSE(s.ok());
+      EXPECT_EQ(s.message().rfind(c.why, 0), 0u) << s.message();
+    }
+  }
+  // Sources: the last line of a name wins; a flag wins over the file; the password is noted.
+  CLI::App app;
+  ControllerConfig config;
+  AddConfigOptions(app, config);
+  app.parse(std::vector<std::string>{"90", "--max-pause-s"});  // reversed, as CLI11 takes them
+  std::vector<std::string> secrets;
+  ASSERT_TRUE(ApplyConfigText(app, "tick-ms = 50\ntick-ms = 70\nmax-pause-s = 30\nredis-password = \"p#w\"\n",
+                              "f.conf", &secrets).ok());
+  EXPECT_EQ(config.tick_ms, 70);
+  EXPECT_EQ(config.validation.max_pause_s, 90.0) << "the flag wins";
+  EXPECT_EQ(config.redis.password, "p#w") << "a quoted value may hold '#', as in the agent's files";
+  EXPECT_EQ(secrets, std::vector<std::string>{"redis-password"});
+}
+
+// nan and inf pass CLI::Range (every comparison with nan is false): every number option refuses
+// them from flags too, naming the option.
+TEST(ControllerConfigTest, NonFiniteNumbersAreRefusedFromFlags) {
+  for (const char* flag : {"--max-pause-s", "--profile-wait-s", "--suspicious-ratio", "--min-slow-fraction",
+                           "--s2-overhead-s", "--plan-sample-s", "--retry-after-s"}) {
+    for (const char* value : {"nan", "inf", "-inf", "NaN"}) {
+      CLI::App app;
+      ControllerConfig config;
+      AddConfigOptions(app, config);
+      try {
+        app.parse(std::vector<std::string>{value, flag});
+        ADD_FAILURE() << flag << " " << value << " was accepted";
+      } catch (const CLI::ParseError& e) {
+        EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 // The validation communicator's steps: the id rank 0 makes travels to every join; a rank that

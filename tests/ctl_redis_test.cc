@@ -379,5 +379,100 @@ TEST(CtlRedisUnreachableTest, ExitsFourWithClearMessage) {
   }
 }
 
+// Every usage error exits 2, the documented code (CLI11's own are 100 and up), whatever the
+// parser's complaint; --help and --version exit 0. Numbers that would wrap or never end are
+// usage errors too: --timeout nan/inf (a wait without end), incidents -n -1 (2^64-1 entries).
+TEST(CtlUsageTest, EveryUsageErrorExitsTwo) {
+  const int port = testing::FreeLoopbackPort();  // nothing listens: a command that ran would exit 4
+  const std::string p = std::to_string(port);
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {},                                         // no subcommand
+           {"no-such-command"},                        // unknown subcommand
+           {"status", "--no-such-flag", "--port", p},  // unknown flag
+           {"status", "--port"},                       // flag without its value
+           {"status", "--port", "http"},               // not a number
+           {"status", "--port", "70000"},              // out of range
+           {"status", "--port", p, "--timeout", "nan"},
+           {"status", "--port", p, "--timeout", "inf"},
+           {"status", "--port", p, "--timeout", "-1"},
+           {"incidents", "--port", p, "-n", "-1"},
+           {"events", "--port", p, "-n", "-5"},
+           {"incidents", "--port", p, "-n", "nan"},
+           {"mode", "--port", p},  // its positional argument missing
+           {"mode", "fast", "--port", p},
+           {"pause", "--port", p, "--iteration", "-1"},
+           {"pause", "--port", p, "--iteration", "5", "--max-pause", "nan"},
+           {"analyze-trace"},
+           {"analyze-trace", "f.csv", "--hazard", "nan"},
+           {"trace", "--limit", "-1", "1"},
+       }) {
+    std::vector<std::string> argv{CtlPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const testing::ProcessResult r = testing::Run(argv, {}, 20);
+    std::string line;
+    for (const std::string& a : args) line += a + " ";
+    EXPECT_FALSE(r.timed_out) << line;
+    EXPECT_EQ(r.exit_code, 2) << line << "\n" << r.err;
+    EXPECT_FALSE(r.err.empty()) << line;
+  }
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{{"--help"}, {"--version"},
+                                                                                   {"status", "--help"}}) {
+    std::vector<std::string> argv{CtlPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_EQ(testing::Run(argv, {}, 20).exit_code, 0) << args[0];
+  }
+}
+
+// analyze-trace on numbers that used to pass: a 1e308 iteration time (an infinite ratio, printed
+// as inf, null in JSON) and start times of 1e26 ns (0 s iterations) are refused naming the line;
+// times that are valid but make implausible iterations are left out with a warning; the extremes
+// of the plausible range still give finite ratios.
+TEST(CtlAnalyzeTraceTest, ImplausibleNumbersAreRefusedOrWarnedAboutAndRatiosStayFinite) {
+  testing::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  };
+  std::string csv = "iter,seconds\n";
+  for (int i = 0; i < 150; ++i) csv += std::to_string(i) + "," + (i < 100 ? "0.5" : "1e308") + "\n";
+  testing::ProcessResult r = testing::Run({CtlPath(), "analyze-trace", write("huge.csv", csv), "--json"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("line 102: iteration time 1e+308 s is implausible"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("null"), std::string::npos) << r.out;
+  // The plausible extremes: a ratio of 1e15 at most, finite in the table and in JSON.
+  csv = "iter,seconds\n";
+  for (int i = 0; i < 300; ++i) csv += std::to_string(i) + "," + (i < 150 ? "1e-9" : "1e6") + "\n";
+  const std::string extremes = write("extremes.csv", csv);
+  r = testing::Run({CtlPath(), "analyze-trace", extremes, "--json"}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("null"), std::string::npos) << r.out;
+  const json j = json::parse(r.out);
+  ASSERT_FALSE(j["alarms"].empty()) << r.out;
+  for (const json& a : j["alarms"]) EXPECT_TRUE(a["ratio"].is_number()) << a.dump();
+  r = testing::Run({CtlPath(), "analyze-trace", extremes}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find(" inf"), std::string::npos) << r.out;
+  // Call records: a 1e26 start time is refused; records 1e16 ns apart (1e7 s iterations) are read,
+  // and their iterations left out with a warning.
+  std::string records;
+  for (int i = 0; i < 400; ++i) {
+    const std::string t = std::to_string(static_cast<long long>(i) * 10'000'000'000'000'000LL / 2);
+    records += R"({"op":"ncclAllReduce","comm":"00000000000abcde","bytes":4096,"t_start_ns":)" + t + R"(,"pid":9})" "\n";
+    records += R"({"op":"ncclBroadcast","comm":"00000000000abcde","bytes":64,"t_start_ns":)" + t + R"(,"pid":9})" "\n";
+  }
+  r = testing::Run({CtlPath(), "analyze-trace", "--records", "--json", write("far.jsonl", records)}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: pid 9: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("iteration time(s) outside 1e-09..1e+06 s left out"), std::string::npos) << r.err;
+  const json far = json::parse(r.out);
+  EXPECT_TRUE(far["processes"][0]["iteration_seconds"].empty()) << r.out;
+  EXPECT_GT(far["processes"][0]["implausible_iterations"].get<int>(), 0) << r.out;
+  records = R"({"op":"ncclAllReduce","comm":"00000000000abcde","bytes":4096,"t_start_ns":1e26,"pid":9})" "\n";
+  r = testing::Run({CtlPath(), "analyze-trace", "--records", write("e26.jsonl", records)}, {}, 60);
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("line 1: bad call record: \"t_start_ns\" must be a whole number"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace falcon

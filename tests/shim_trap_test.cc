@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -77,6 +78,8 @@ class ShimTrapTest : public ::testing::Test {
       env.push_back("FALCON_CUBLAS=" + testing::BinDir("cuda-emu-lib") + "/libcublas.so.13");
     }
     argv.insert(argv.end(), job_args.begin(), job_args.end());
+    // The job's stderr (the shims' log lines) goes to job_log(): exec'd by a shell that redirects.
+    argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>'" + job_log() + "'"});
     job_ = testing::Spawn(argv, env);
     ASSERT_GT(job_, 0);
     ASSERT_TRUE(testing::WaitUntil([&] { return OpenAll(); }, 60)) << "segments did not appear";
@@ -176,6 +179,8 @@ class ShimTrapTest : public ::testing::Test {
     return results;
   }
 
+  std::string job_log() const { return dir_.path() + "/job.log"; }
+
   TempDir dir_;
   pid_t job_ = -1;
   std::vector<SegmentReader> segs_;
@@ -262,6 +267,27 @@ TEST_F(ShimTrapTest, DeadlinesEndPausesAndStaleOrBadRequestsAreReported) {
   bad.clear();  // a deadline beyond the protocol's hour would keep ranks trapped for ever
   for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1u << 30, RealNow() + 2 * FALCON_PAUSE_MAX_NS));
   ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  // The int64_t extremes: INT64_MAX lies beyond the hour; INT64_MIN lies in the past, and the
+  // shim must say so without computing INT64_MIN - now (signed overflow: undefined, and in
+  // practice a wrap to about +7.5e18 ns), so the distance it logs saturates at INT64_MIN.
+  bad.clear();
+  for (auto& s : segs_) bad.push_back(s.RequestPause(kWorldSlot, 1u << 30, INT64_MAX));
+  ASSERT_TRUE(AllIn(kFalconPauseRejected, bad, 10));
+  std::vector<uint64_t> past;
+  for (auto& s : segs_) past.push_back(s.RequestPause(kWorldSlot, 1u << 30, INT64_MIN));
+  ASSERT_TRUE(AllIn(kFalconPauseRejected, past, 10));
+  for (size_t r = 0; r < segs_.size(); ++r) {
+    const std::string max_line = "rejected pause request " + std::to_string(bad[r]) + ": deadline more than an hour ahead";
+    const std::string min_line = "rejected pause request " + std::to_string(past[r]) + ": deadline in the past (";
+    const std::string min_distance = "deadline -9223372036854775808 ns from now)";
+    EXPECT_TRUE(testing::WaitUntil([&] {
+      const std::string log = testing::ReadFile(job_log());
+      const std::size_t at = log.find(min_line);
+      return log.find(max_line) != std::string::npos && at != std::string::npos &&
+             log.substr(at, log.find('\n', at) - at).find(min_distance) != std::string::npos;
+    }, 10)) << "rank " << r << ": want '" << max_line << "' and '" << min_line << "..." << min_distance << "' in\n"
+            << testing::ReadFile(job_log());
+  }
   bad.clear();  // more targets than the control block holds: refused, never a shorter cut
   const std::vector<FalconPauseTarget> many(FALCON_PAUSE_MAX_TARGETS + 1, FalconPauseTarget{kWorldSlot, 0, 1u << 30});
   for (auto& s : segs_) bad.push_back(s.RequestPause(many, RealNow() + 20'000'000'000LL));

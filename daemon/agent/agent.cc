@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "daemon/agent/shim_trap.h"
+#include "daemon/common/log_escape.h"
 #include "daemon/protocol/keys.h"
 
 namespace falcon::agent {
@@ -126,8 +127,9 @@ Status Agent::Start() {
   next_flush_ = now + std::chrono::milliseconds(config_.flush_ms);
   next_profile_ = now + std::chrono::milliseconds(config_.profile_ms);
   started_ = true;
-  log_->info("event=start version={} job={} host={} shm_dir={} redis=\"{}\" metrics_port={}",
-             kAgentVersion, config_.job, env_.host, env_.shm_dir, redis.Describe(), metrics_port());
+  log_->info("event=start version={} job={} host={} shm_dir={} redis={} metrics_port={}", kAgentVersion,
+             daemon::LogValue(config_.job), daemon::LogValue(env_.host), daemon::LogValue(env_.shm_dir),
+             daemon::LogQuoted(redis.Describe()), metrics_port());
   Tick();
   return Status::Ok();
 }
@@ -196,7 +198,8 @@ void Agent::Discover() {
   Result<std::vector<daemon::SegmentInfo>> listed =
       daemon::ListSegments(env_.shm_dir, env_.uid, /*all_users=*/false);
   if (!listed.ok()) {
-    log_->warn("event=discover_failed dir={} reason=\"{}\"", env_.shm_dir, listed.status().message());
+    log_->warn("event=discover_failed dir={} reason={}", daemon::LogValue(env_.shm_dir),
+               daemon::LogQuoted(listed.status().message()));
     return;
   }
   segment_counts_.clear();
@@ -217,16 +220,18 @@ void Agent::Discover() {
         if (config_.reap_orphans) {
           Status s = daemon::ReapSegment(info);
           if (s.ok()) {
-            log_->info("event=reap path={} pid={}", info.path, info.pid);
+            log_->info("event=reap path={} pid={}", daemon::LogValue(info.path), info.pid);
           } else {  // retried next tick; usually a segment of another user's we may not unlink
-            log_->debug("event=reap_failed path={} reason=\"{}\"", info.path, s.message());
+            log_->debug("event=reap_failed path={} reason={}", daemon::LogValue(info.path),
+                        daemon::LogQuoted(s.message()));
           }
         }
         break;
       case daemon::SegmentInfo::State::kUnreadable:
         // Often a segment still being initialised: retried every tick, logged once.
         if (unreadable_.insert(info.path).second) {
-          log_->debug("event=segment_unreadable path={} reason=\"{}\"", info.path, info.error);
+          log_->debug("event=segment_unreadable path={} reason={}", daemon::LogValue(info.path),
+                      daemon::LogQuoted(info.error));
         }
         break;
     }
@@ -247,18 +252,20 @@ void Agent::Discover() {
 void Agent::Follow(const daemon::SegmentInfo& info) {
   if (!info.job.empty() && info.job != config_.job) {
     ignored_.insert(info.path);
-    log_->info("event=skip_segment path={} pid={} job={} reason=\"other job\"", info.path, info.pid, info.job);
+    log_->info("event=skip_segment path={} pid={} job={} reason=\"other job\"", daemon::LogValue(info.path),
+               info.pid, daemon::LogValue(info.job));
     return;
   }
   Result<std::unique_ptr<RankFollower>> f = RankFollower::Open(info, follower_options_);
   if (!f.ok()) {
     ignored_.insert(info.path);
-    log_->warn("event=segment_open_failed path={} reason=\"{}\"", info.path, f.status().message());
+    log_->warn("event=segment_open_failed path={} reason={}", daemon::LogValue(info.path),
+               daemon::LogQuoted(f.status().message()));
     return;
   }
   RankFollower& r = *f.value();
   log_->info("event=follow pid={} rank={} exe={} path={} writable={}", r.pid(), r.rank(),
-             info.exe, info.path, r.writable());
+             daemon::LogValue(info.exe), daemon::LogValue(info.path), r.writable());
   Followed& slot = followers_[info.path];
   slot.follower = std::move(f).value();
   Poll(slot, daemon::SegmentReader::ReadMode::kLive);

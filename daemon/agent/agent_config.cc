@@ -5,8 +5,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
+
+#include "daemon/common/config_file.h"
 
 namespace falcon::agent {
 namespace {
@@ -87,28 +88,7 @@ std::string Trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
-// A value as a config file writes it: up to a '#' comment, or "double-quoted" (a backslash
-// escapes a quote or a backslash inside), which may hold '#', followed by nothing but a comment.
-Result<std::string> FileValue(std::string_view text) {
-  const auto start = text.find_first_not_of(" \t\r");
-  if (start == std::string_view::npos || text[start] != '"') return Trim(text.substr(0, text.find('#')));
-  std::string out;
-  for (std::size_t i = start + 1; i < text.size(); ++i) {
-    if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == '"' || text[i + 1] == '\\')) {
-      out += text[++i];
-    } else if (text[i] == '"') {
-      if (!Trim(text.substr(i + 1, text.find('#', i + 1) - (i + 1))).empty()) {
-        return Status::InvalidArgument("text after the closing quote");
-      }
-      return out;
-    } else {
-      out += text[i];
-    }
-  }
-  return Status::InvalidArgument("no closing quote");
-}
-
-// The value as FileValue reads it back: quoted when it holds a '#' or starts with a quote.
+// The value as ParseConfigLines (daemon/common/config_file.h) reads it back: quoted when it holds a '#' or starts with a quote.
 std::string QuoteForFile(const std::string& v) {
   if (v.find('#') == std::string::npos && (v.empty() || v.front() != '"')) return v;
   std::string out = "\"";
@@ -230,36 +210,32 @@ std::string ValueText(const AgentConfig& config, const ConfigEntry& e) {
   return {};
 }
 
-Status ApplyConfigText(AgentConfig& config, std::string_view text, std::string_view file_name) {
-  std::istringstream in{std::string(text)};
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    const std::string origin = std::string(file_name) + ":" + std::to_string(n);
-    const auto hash = line.find('#');
-    const auto eq = line.find('=');
-    if (eq == std::string::npos || (hash != std::string::npos && hash < eq)) {
-      if (Trim(line.substr(0, hash)).empty()) continue;  // blank or a comment
-      return Status::InvalidArgument(origin + ": expected 'name = value'");
-    }
-    const std::string name = Trim(line.substr(0, eq));
-    const ConfigEntry* e = FindEntry(name);
-    if (e == nullptr) return Status::InvalidArgument(origin + ": unknown option '" + name + "'");
-    Result<std::string> value = FileValue(std::string_view(line).substr(eq + 1));
-    if (!value.ok()) return Status::InvalidArgument(origin + ": " + name + ": " + value.status().message());
-    Status s = SetFromText(config, *e, value.value(), origin);
+Status ApplyConfigText(AgentConfig& config, std::string_view text, std::string_view file_name,
+                       std::vector<std::string>* secrets_set) {
+  Result<std::vector<daemon::ConfigLine>> lines = daemon::ParseConfigLines(text, file_name);
+  if (!lines.ok()) return lines.status();
+  for (const daemon::ConfigLine& line : lines.value()) {
+    const std::string origin = std::string(file_name) + ":" + std::to_string(line.line);
+    const ConfigEntry* e = FindEntry(line.name);
+    if (e == nullptr) return Status::InvalidArgument(origin + ": unknown option '" + line.name + "'");
+    Status s = SetFromText(config, *e, line.value, origin);
     if (!s.ok()) return s;
+    if (e->secret && secrets_set != nullptr && !Trim(line.value).empty()) secrets_set->emplace_back(e->name);
   }
   return Status::Ok();
 }
 
-Status LoadConfigFile(AgentConfig& config, const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return Status::NotFound("cannot read config file " + path);
-  std::stringstream buf;
-  buf << f.rdbuf();
-  return ApplyConfigText(config, buf.str(), path);
+Status LoadConfigFile(AgentConfig& config, const std::string& path, std::vector<std::string>* warnings) {
+  Result<daemon::ConfigFileText> file = daemon::ReadConfigFile(path);
+  if (!file.ok()) return file.status();
+  std::vector<std::string> secrets;
+  if (Status s = ApplyConfigText(config, file.value().text, path, &secrets); !s.ok()) return s;
+  for (const std::string& name : secrets) {
+    if (auto w = daemon::ExposedSecretWarning(path, file.value().mode, name); w && warnings != nullptr) {
+      warnings->push_back(std::move(*w));
+    }
+  }
+  return Status::Ok();
 }
 
 Status ApplyEnvironment(AgentConfig& config,

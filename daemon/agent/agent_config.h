@@ -1,7 +1,9 @@
 // falcon-agent's configuration: one typed table (STYLE rule 11). Each entry has a name, a type,
 // bounds, a meaning and a member of AgentConfig; defaults are AgentConfig's initialisers (one
 // place). Sources, later ones winning: defaults < config file (`name = value` lines, `#`
-// comments, "double-quoted" values that hold a '#') < environment (FALCON_AGENT_<NAME>) < command-line flags (--name-with-dashes).
+// comments, "double-quoted" values that hold a '#'; unknown names, bad values, binary files and
+// anything but a regular file of at most 1 MiB are refused) < environment (FALCON_AGENT_<NAME>)
+// < command-line flags (--name-with-dashes).
 // config/falcon-agent.conf is RenderConfig() of the defaults (a test keeps them in sync).
 // Thread-safety: the table is immutable; functions are thread-compatible on their AgentConfig.
 // Must never: read the environment itself (the caller passes a lookup), or print the password.
@@ -14,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "falcon/status.h"
 
@@ -82,9 +85,15 @@ const ConfigEntry* FindEntry(std::string_view name);
 // The current value as text (secret values as "<set>" / "").
 std::string ValueText(const AgentConfig& config, const ConfigEntry& entry);
 
+// `secrets_set`, when given, receives the names of the secret entries the text set non-empty.
 [[nodiscard]] Status ApplyConfigText(AgentConfig& config, std::string_view text,
-                                     std::string_view file_name);
-[[nodiscard]] Status LoadConfigFile(AgentConfig& config, const std::string& path);
+                                     std::string_view file_name,
+                                     std::vector<std::string>* secrets_set = nullptr);
+// Reads `path` as both daemons read config files (daemon/common/config_file.h: a regular text
+// file of at most 1 MiB) and applies it. `warnings`, when given, receives what the caller should
+// log: a file that sets redis_password and that group or others may read.
+[[nodiscard]] Status LoadConfigFile(AgentConfig& config, const std::string& path,
+                                    std::vector<std::string>* warnings = nullptr);
 // FALCON_AGENT_<NAME> for every entry, via `getenv_fn` (returns nullptr when unset).
 [[nodiscard]] Status ApplyEnvironment(AgentConfig& config,
                                       const std::function<const char*(const char*)>& getenv_fn);

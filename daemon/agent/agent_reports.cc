@@ -8,6 +8,7 @@
 
 #include "daemon/agent/agent.h"
 #include "daemon/agent/plan_delivery.h"
+#include "daemon/common/log_escape.h"
 #include "daemon/protocol/keys.h"
 
 namespace falcon::agent {
@@ -137,20 +138,23 @@ void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Comman
   if (!command.ok()) {
     ++invalid_messages_;
     if (identity) {  // its sender waits for an answer: a rejection naming the error
-      log_->warn("event=command_rejected entry={} id={} type={} reason=\"{}\"", entry_id, identity->id,
-                 identity->type, command.status().message());
+      log_->warn("event=command_rejected entry={} id={} type={} reason={}", daemon::LogValue(entry_id),
+                 daemon::LogValue(identity->id), daemon::LogValue(identity->type),
+                 daemon::LogQuoted(command.status().message()));
       protocol::Command c;
       c.type = identity->type;
       c.id = identity->id;
       OnAck(entry_id, c, {"rejected", "invalid command: " + command.status().message(), {}, {}});
       return;
     }
-    log_->warn("event=command_dropped entry={} reason=\"{}\"", entry_id, command.status().message());
+    log_->warn("event=command_dropped entry={} reason={}", daemon::LogValue(entry_id),
+               daemon::LogQuoted(command.status().message()));
     reader_->Done(entry_id);  // acknowledged in Redis so it is not delivered again
     return;
   }
   const protocol::Command& c = command.value();
-  log_->info("event=command entry={} id={} type={}", entry_id, c.id, c.type);
+  log_->info("event=command entry={} id={} type={}", daemon::LogValue(entry_id), daemon::LogValue(c.id),
+             daemon::LogValue(c.type));
   const std::vector<RankFollower*> followers = Followers();
   executor_->Execute(entry_id, c, followers, RealNowNs(), Clock::now());
   WatchCommands();
@@ -160,17 +164,17 @@ void Agent::OnPlanInForce(const std::string& text) {
   Result<protocol::Command> c = PlanInForceCommand(text);
   if (!c.ok()) {
     if (c.status().code() == Status::Code::kNotFound) {
-      log_->info("event=plan_in_force_skipped reason=\"{}\"", c.status().message());
+      log_->info("event=plan_in_force_skipped reason={}", daemon::LogQuoted(c.status().message()));
     } else {
       ++invalid_messages_;
-      log_->warn("event=plan_in_force_dropped reason=\"{}\"", c.status().message());
+      log_->warn("event=plan_in_force_dropped reason={}", daemon::LogQuoted(c.status().message()));
     }
     return;
   }
   const std::vector<RankFollower*> followers = Followers();
   const CommandOutcome o = executor_->AdoptPlanInForce(c.value(), followers, RealNowNs());
-  log_->info("event=plan_in_force version={} strategy={} status={} detail=\"{}\"", c.value().plan_version,
-             c.value().strategy, o.status, o.detail);
+  log_->info("event=plan_in_force version={} strategy={} status={} detail={}", c.value().plan_version,
+             daemon::LogValue(c.value().strategy), daemon::LogValue(o.status), daemon::LogQuoted(o.detail));
 }
 
 void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const CommandOutcome& o) {
@@ -186,8 +190,8 @@ void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const
   publisher_->Queue(Key(protocol::kAcksStream), protocol::ToJson(a));
   publisher_->FlushSoon();  // the controller waits on it, often with the job paused
   reader_->Done(entry_id);
-  log_->info("event=ack id={} type={} status={} ranks={} detail=\"{}\"", c.id, c.type, o.status,
-             o.ranks.size(), o.detail);
+  log_->info("event=ack id={} type={} status={} ranks={} detail={}", daemon::LogValue(c.id),
+             daemon::LogValue(c.type), daemon::LogValue(o.status), o.ranks.size(), daemon::LogQuoted(o.detail));
 }
 
 void Agent::TrackPlans() {

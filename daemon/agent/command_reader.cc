@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "daemon/common/log_escape.h"
 #include "daemon/redis/redis_commands.h"
 #include "falcon/protocol.h"
 
@@ -20,13 +21,17 @@ CommandReader::CommandReader(boost::asio::io_context& io, const redis::RedisOpti
       options_(std::move(options)),
       on_command_(std::move(on_command)),
       log_(std::move(log)),
+      refusals_("commands", log_),
       worker_("redis-cmd", redis,
               [this, alive = alive_](bool up, const Status& why) {
                 boost::asio::post(io_, [this, alive, up, why] {
                   if (!*alive) return;
                   if (up && !connected_) log_->info("event=redis_up role=commands");
                   if (!up && connected_) {
-                    log_->warn("event=redis_down role=commands reason=\"{}\"", why.message());
+                    log_->warn("event=redis_down role=commands reason={}", daemon::LogQuoted(why.message()));
+                  }
+                  if (const std::string refused = redis::RefusedCommand(why); !up && !refused.empty()) {
+                    refusals_.Refused(refused, "", why.message());
                   }
                   connected_ = up;
                 });
@@ -64,13 +69,18 @@ void CommandReader::Read() {
     ReadResult r;
     r.pending_phase = pending;
     r.status = redis::XGroupCreate(c, o.stream, group, "$");
-    if (r.status.ok()) r.status = redis::XAck(c, o.stream, group, acks);
+    r.command = "XGROUP";
+    if (r.status.ok()) {
+      r.status = redis::XAck(c, o.stream, group, acks);
+      r.command = "XACK";
+    }
     // Pending phase: one non-blocking read of everything delivered to us but never acked.
     Result<std::vector<redis::StreamRead>> read = Status::Unavailable("not read");
     if (r.status.ok()) {
       read = redis::XReadGroup(c, group, o.consumer, o.stream, pending ? "0" : ">",
                                pending ? kPendingCount : o.count, pending ? -1 : o.block_ms);
-      if (!read.ok()) r.status = read.status();
+      r.status = read.status();
+      r.command = "XREADGROUP";
     }
     if (r.status.ok() && pending && !o.plan_key.empty()) {
       Result<std::map<std::string, std::string>> plan = redis::HGetAll(c, o.plan_key);
@@ -108,7 +118,11 @@ void CommandReader::OnRead(ReadResult r) {
   in_flight_ = false;
   if (!r.status.ok()) {
     for (const Entry& e : r.entries) to_ack_.push_back(e.id);  // the unacked ids
-    log_->debug("event=command_read_failed reason=\"{}\"", r.status.message());
+    if (r.status.code() == Status::Code::kInvalidArgument) {  // Redis refused it: retrying will not help
+      refusals_.Refused(r.command, options_.stream, r.status.message());
+    } else {
+      log_->debug("event=command_read_failed command={} reason={}", r.command, daemon::LogQuoted(r.status.message()));
+    }
     pending_phase_ = true;  // the failed read may have been delivered: take our pending ones again
     retry_.expires_after(std::chrono::milliseconds(options_.retry_ms));
     retry_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
@@ -116,6 +130,7 @@ void CommandReader::OnRead(ReadResult r) {
     });
     return;
   }
+  refusals_.Accepted();
   if (r.pending_phase) pending_phase_ = false;
   if (r.plan_text && on_plan_) on_plan_(*r.plan_text);
   for (const Entry& e : r.entries) {

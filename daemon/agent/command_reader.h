@@ -12,6 +12,9 @@
 // A read that failed (a timed-out reply, a dropped connection) may have been delivered to us by
 // the server all the same: the next read takes our pending entries again, skipping those the
 // loop already has (handed out, not yet Done), so no command is lost and none runs twice.
+// A command Redis refuses (XGROUP, XACK, XREADGROUP: NOPERM, NOAUTH, WRONGTYPE...; AUTH or PING
+// at connect) is a warning through a RefusalLog, once per distinct command and error; the read
+// is retried every retry_ms as after any failure.
 // Thread-safety: public methods on the loop thread only; the worker runs job closures only.
 // Invariants: at most one read job in flight; after a failed read the next waits retry_ms.
 // Must never: block the loop; execute anything itself.
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/agent/refusal_log.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/redis/redis_worker.h"
 
@@ -71,6 +75,7 @@ class CommandReader {
   };
   struct ReadResult {
     Status status;
+    std::string command;  // the command that failed when !status.ok(): "XGROUP", "XACK", "XREADGROUP"
     std::vector<Entry> entries;
     bool pending_phase = false;
     std::optional<std::string> plan_text;  // the plan hash's "msg", read with the pending phase
@@ -83,6 +88,7 @@ class CommandReader {
   OnCommand on_command_;
   std::function<void(const std::string&)> on_plan_;
   std::shared_ptr<spdlog::logger> log_;
+  RefusalLog refusals_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // before worker_ (captured)
   redis::RedisWorker worker_;
   boost::asio::steady_timer retry_;

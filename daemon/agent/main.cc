@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "daemon/agent/agent.h"
+#include "daemon/common/log_escape.h"
 #include "daemon/protocol/keys.h"
 #include "daemon/shm/segment_dir.h"
 
@@ -38,6 +39,7 @@ using falcon::agent::AgentConfig;
 struct Loaded {
   AgentConfig config;
   std::optional<int> exit_code;
+  std::vector<std::string> warnings;  // logged once the logger exists
 };
 
 Loaded LoadConfig(int argc, char** argv) {
@@ -72,7 +74,7 @@ Loaded LoadConfig(int argc, char** argv) {
     if (opt->count() > 0) given[name] = raw[name];
   }
   falcon::Status s = config_file.empty() ? falcon::Status::Ok()
-                                         : falcon::agent::LoadConfigFile(out.config, config_file);
+                                         : falcon::agent::LoadConfigFile(out.config, config_file, &out.warnings);
   if (s.ok()) {
     s = falcon::agent::ApplyEnvironment(out.config, [](const char* n) { return std::getenv(n); });
   }
@@ -82,6 +84,7 @@ Loaded LoadConfig(int argc, char** argv) {
     std::fprintf(stderr, "falcon-agent: %s\n", s.message().c_str());
     out.exit_code = kExitUsage;
   } else if (print_config) {
+    for (const std::string& w : out.warnings) std::fprintf(stderr, "falcon-agent: warning: %s\n", w.c_str());
     std::fputs(falcon::agent::RenderConfig(out.config, falcon::agent::ConfigStyle::kDocumented).c_str(),
                stdout);
     out.exit_code = 0;
@@ -100,6 +103,9 @@ int main(int argc, char** argv) {
   log->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l falcon-agent[%P] %v");
   log->set_level(spdlog::level::from_str(config.log_level));
   log->flush_on(spdlog::level::info);
+  for (const std::string& w : loaded.warnings) {
+    log->warn("event=config_exposed warning={}", falcon::daemon::LogQuoted(w));
+  }
 
   falcon::agent::AgentEnvironment env;
   env.host = config.host.empty() ? falcon::protocol::SanitizeKeyPart(HostName()) : config.host;
@@ -124,7 +130,7 @@ int main(int argc, char** argv) {
   });
   const falcon::Status s = agent.Start();
   if (!s.ok()) {
-    log->error("event=start_failed reason=\"{}\"", s.message());
+    log->error("event=start_failed reason={}", falcon::daemon::LogQuoted(s.message()));
     return kExitStartFailed;
   }
   io.run();

@@ -6,6 +6,7 @@
 #include <future>
 #include <utility>
 
+#include "daemon/common/log_escape.h"
 #include "falcon/protocol.h"
 
 namespace falcon::agent {
@@ -16,6 +17,7 @@ ReportPublisher::ReportPublisher(boost::asio::io_context& io, const redis::Redis
     : io_(io),
       options_(options),
       log_(std::move(log)),
+      refusals_("publisher", log_),
       worker_("redis-pub", redis,
               [this, alive = alive_](bool up, const Status& why) {
                 // Worker thread: hand the transition to the loop.
@@ -36,8 +38,15 @@ void ReportPublisher::Stop() {
 
 void ReportPublisher::OnState(bool up, const Status& why) {
   if (up && !connected_) log_->info("event=redis_up role=publisher");
-  if (!up && connected_) log_->warn("event=redis_down role=publisher reason=\"{}\"", why.message());
-  if (!up && !connected_) log_->debug("event=redis_retry role=publisher reason=\"{}\"", why.message());
+  if (!up && connected_) log_->warn("event=redis_down role=publisher reason={}", daemon::LogQuoted(why.message()));
+  if (!up && !connected_) {
+    const std::string refused = redis::RefusedCommand(why);
+    if (!refused.empty()) {
+      refusals_.Refused(refused, "", why.message());  // AUTH or PING refused: a warning, once
+    } else {
+      log_->debug("event=redis_retry role=publisher reason={}", daemon::LogQuoted(why.message()));
+    }
+  }
   connected_ = up;
 }
 
@@ -72,14 +81,20 @@ ReportPublisher::FlushResult ReportPublisher::Write(redis::RedisConnection& c, c
   }
   r.ok = true;
   const auto& rep = replies.value();
+  auto refused = [&](std::size_t i, const char* command, const std::string& key) {
+    if (rep[i].type != redis::RedisReply::Type::kError) return false;
+    r.refused.push_back({command, key, rep[i].str});
+    return true;
+  };
   std::size_t i = 0;
   for (const auto& [key, h] : b.hashes) {
-    if (rep[i].type != redis::RedisReply::Type::kError) r.hashes_written[key] = h.version;
+    if (!refused(i, "HSET", key)) r.hashes_written[key] = h.version;
+    (void)refused(i + 1, "EXPIRE", key);  // logged; the next heartbeat sets the TTL again
     i += 2;
   }
-  i += b.pubs.size();
+  for (const auto& [channel, payload] : b.pubs) (void)refused(i++, "PUBLISH", channel);  // live only
   for (const OutEntry& e : b.entries) {
-    if (rep[i++].type == redis::RedisReply::Type::kError) {
+    if (refused(i++, "XADD", e.stream)) {
       r.status = redis::ErrorReplyStatus(rep[i - 1].str);
       break;  // keep order: later entries wait for the next flush
     }
@@ -150,9 +165,8 @@ void ReportPublisher::OnFlushed(FlushResult r) {
     const auto it = hashes_.find(key);
     if (it != hashes_.end() && it->second.version == version) hashes_.erase(it);
   }
-  if (!r.status.ok() && r.ok) {
-    log_->warn("event=redis_write_refused reason=\"{}\"", r.status.message());
-  }
+  for (const Refusal& f : r.refused) refusals_.Refused(f.command, f.key, f.error);
+  if (r.ok && r.refused.empty()) refusals_.Accepted();
   // Catch up: more queued and Redis answered (or an ack is waiting): flush again now rather than
   // next period. A failed flush leaves the retry to the period (Redis is away).
   const bool soon = std::exchange(flush_soon_, false);

@@ -9,6 +9,9 @@
 // While a backlog remains after a successful flush, the next flush is posted at once (catch up).
 // FlushSoon() is for entries someone waits on (command acks): flushed now, or right after the
 // flush in flight returns, instead of at the next period.
+// Commands Redis refuses (an error reply to HSET, EXPIRE, PUBLISH or XADD; AUTH or, without a
+// password, PING refused at connect) are warnings through a RefusalLog: once per distinct
+// command and error, naming them, however often the flush retries.
 // Thread-safety: every method runs on the loop thread; the worker only runs the job closure,
 // which owns copies of its data and posts its result back.
 // Invariants:
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "daemon/agent/outbox.h"
+#include "daemon/agent/refusal_log.h"
 #include "daemon/redis/redis_commands.h"
 #include "daemon/redis/redis_worker.h"
 
@@ -70,8 +74,14 @@ class ReportPublisher {
     std::int64_t ttl_s = 0;
     std::uint64_t version = 0;
   };
+  struct Refusal {
+    std::string command;  // "HSET", "EXPIRE", "PUBLISH", "XADD"
+    std::string key;
+    std::string error;  // Redis's error reply
+  };
   struct FlushResult {
     std::uint64_t confirmed_seq = 0;  // last outbox seq written, 0 if none
+    std::vector<Refusal> refused;     // error replies, in pipeline order
     std::map<std::string, std::uint64_t> hashes_written;  // key -> version
     bool ok = false;
     std::size_t remaining_hint = 0;
@@ -93,6 +103,7 @@ class ReportPublisher {
   boost::asio::io_context& io_;
   PublisherOptions options_;
   std::shared_ptr<spdlog::logger> log_;
+  RefusalLog refusals_;
   // Cleared by Stop(): posted callbacks that arrive later do nothing. Declared before worker_,
   // whose callback captures it.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

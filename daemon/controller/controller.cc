@@ -11,6 +11,7 @@
 #include "analyzer/localize.h"
 #include "analyzer/robust.h"
 #include "daemon/common/prometheus_text.h"
+#include "daemon/common/log_escape.h"
 #include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/validation_steps.h"
 
@@ -55,16 +56,16 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
     : config_(std::move(config)), log_(std::move(log)), started_ns_(WallNs()) {}
 
 int Controller::Run(const std::atomic<bool>& stop) {
-  log_->info("event=start job={} host={} version={} redis={}", config_.job, config_.host, kControllerVersion,
-             config_.redis.Describe());
+  log_->info("event=start job={} host={} version={} redis={}", daemon::LogValue(config_.job),
+             daemon::LogValue(config_.host), kControllerVersion, daemon::LogQuoted(config_.redis.Describe()));
   if (config_.metrics_port > 0) {
     metrics_ = std::make_unique<MetricsEndpoint>();
     if (Status s = metrics_->Start(config_.metrics_address, config_.metrics_port); !s.ok()) {
-      log_->error("event=metrics_failed address={} port={} error=\"{}\"", config_.metrics_address,
-                  config_.metrics_port, s.message());
+      log_->error("event=metrics_failed address={} port={} error={}", daemon::LogValue(config_.metrics_address),
+                  config_.metrics_port, daemon::LogQuoted(s.message()));
       return 1;
     }
-    log_->info("event=metrics address={} port={}", config_.metrics_address, metrics_->port());
+    log_->info("event=metrics address={} port={}", daemon::LogValue(config_.metrics_address), metrics_->port());
   }
   while (!stop.load(std::memory_order_relaxed)) {
     const std::int64_t now = WallNs();
@@ -85,7 +86,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
     } else if (!s.ok() && conn_->connected() && WallNs() >= next_save_ns_) {
       // A step that keeps failing must not make the controller look dead: the heartbeat goes on.
       if (Status saved = SaveState(WallNs()); !saved.ok()) {
-        log_->debug("event=state_save_failed error=\"{}\"", saved.message());
+        log_->debug("event=state_save_failed error={}", daemon::LogQuoted(saved.message()));
       }
     }
     PublishMetrics();
@@ -119,8 +120,8 @@ void Controller::StepFailed(const Status& s) {
   step_backoff_ms_ = std::clamp(step_backoff_ms_ * 2, kStepBackoffMinMs, kStepBackoffMaxMs);
   if (s.message() == step_error_) return;  // logged already: only a change is news
   step_error_ = s.message();
-  log_->warn("event=step_failed failures={} retry_ms={} error=\"{}\"", step_failures_, step_backoff_ms_,
-             s.message());
+  log_->warn("event=step_failed failures={} retry_ms={} error={}", step_failures_, step_backoff_ms_,
+             daemon::LogQuoted(s.message()));
 }
 
 void Controller::PublishMetrics() {
@@ -166,7 +167,7 @@ std::optional<double> Controller::CurrentIterationS() const {
 
 void Controller::Enter(Phase p, std::int64_t now_ns) {
   log_->info("event=phase from={} to={} incident={}", PhaseName(state_.phase), PhaseName(p),
-             state_.incident ? state_.incident->id : "-");
+             state_.incident ? daemon::LogValue(state_.incident->id) : "-");
   state_.phase = p;
   state_.since_ns = now_ns;
   dirty_ = true;
@@ -305,7 +306,8 @@ Mitigator* Controller::CurrentMitigator() {
   if (!mitigator_) {  // a restarted controller: carry on from the persisted planner
     Result<Mitigator> m = Mitigator::FromJson(config_.mitigation, state_.incident->mitigation);
     if (!m.ok()) {
-      log_->warn("event=mitigation_state_dropped incident={} error=\"{}\"", state_.incident->id, m.status().message());
+      log_->warn("event=mitigation_state_dropped incident={} error={}", daemon::LogValue(state_.incident->id),
+                 daemon::LogQuoted(m.status().message()));
       state_.incident->mitigation = json();
       dirty_ = true;
       return nullptr;
@@ -327,7 +329,8 @@ Status Controller::StartMitigation(std::int64_t now_ns) {
   Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings, layout, Measured());
   plan_s_ = static_cast<double>(MonotonicNs() - planning_from) / kNsPerS;  // counts towards S2's from now on
   if (!m.ok()) {
-    log_->warn("event=mitigation_not_started incident={} error=\"{}\"", inc.id, m.status().message());
+    log_->warn("event=mitigation_not_started incident={} error={}", daemon::LogValue(inc.id),
+               daemon::LogQuoted(m.status().message()));
     return Status::Ok();
   }
   mitigator_ = std::move(m.value());
@@ -370,7 +373,8 @@ Status Controller::FeedMitigation(std::int64_t now_ns) {
   inc.mitigation = m->ToJson();
   dirty_ = true;
   if (!d.ok()) {
-    log_->warn("event=mitigation_sample_refused incident={} error=\"{}\"", inc.id, d.status().message());
+    log_->warn("event=mitigation_sample_refused incident={} error={}", daemon::LogValue(inc.id),
+               daemon::LogQuoted(d.status().message()));
     return Status::Ok();
   }
   if (!d.value()) return Status::Ok();
@@ -394,19 +398,22 @@ MeasuredOverheads Controller::Measured() const {
 void Controller::TakeMeasuredOverheads(Mitigator& m) {
   Result<std::vector<std::string>> changes = m.UseMeasured(Measured());
   if (!changes.ok()) {
-    log_->warn("event=overhead_refused incident={} error=\"{}\"", state_.incident->id, changes.status().message());
+    log_->warn("event=overhead_refused incident={} error={}", daemon::LogValue(state_.incident->id),
+               daemon::LogQuoted(changes.status().message()));
     return;
   }
   if (changes.value().empty()) return;
   for (const std::string& c : changes.value()) {
-    log_->info("event=overhead_measured incident={} change=\"{}\"", state_.incident->id, c);
+    log_->info("event=overhead_measured incident={} change={}", daemon::LogValue(state_.incident->id),
+               daemon::LogQuoted(c));
   }
   state_.incident->mitigation = m.ToJson();
   dirty_ = true;
 }
 
 void Controller::Unpublished(const json& mitigation_before, const Status& why) {
-  log_->warn("event=decision_deferred incident={} error=\"{}\"", state_.incident->id, why.message());
+  log_->warn("event=decision_deferred incident={} error={}", daemon::LogValue(state_.incident->id),
+             daemon::LogQuoted(why.message()));
   state_.incident->mitigation = mitigation_before;
   mitigator_.reset();  // rebuilt from the state before the decision
   dirty_ = true;
@@ -547,7 +554,7 @@ Status Controller::FinishProfiling(std::int64_t now_ns) {
     }
     suspicion["comms"] = v.value().evidence;
   } else {
-    log_->warn("event=profile_analysis_failed error=\"{}\"", v.status().message());
+    log_->warn("event=profile_analysis_failed error={}", daemon::LogQuoted(v.status().message()));
     suspicion["error"] = v.status().message();
   }
   // Nothing suspicious (or no timings): every class is tested, each against its own members.
@@ -719,7 +726,8 @@ Status Controller::RoundUnpublished(Incident before, std::int64_t now_ns, const 
   const double wait_s = std::min(std::max(config_.retry_after_s, 1.0) * std::ldexp(1.0, before.deferred_rounds - 1), 3600.0);
   before.next_attempt_ns = now_ns + Seconds(wait_s);
   if (before.localised && before.mitigation.is_object()) before.revalidate = true;  // re-check its culprits
-  log_->warn("event=round_deferred incident={} redo_in_s={} error=\"{}\"", before.id, Fixed(wait_s, 0), why.message());
+  log_->warn("event=round_deferred incident={} redo_in_s={} error={}", daemon::LogValue(before.id), Fixed(wait_s, 0),
+             daemon::LogQuoted(why.message()));
   state_.incident = std::move(before);
   mitigator_.reset();  // rebuilt from the state before the round
   dirty_ = true;
@@ -741,7 +749,7 @@ Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
         return s;
       }
     } else {
-      log_->warn("event=mitigation_end_failed error=\"{}\"", d.status().message());
+      log_->warn("event=mitigation_end_failed error={}", daemon::LogQuoted(d.status().message()));
     }
   }
   const Incident inc = *state_.incident;

@@ -3,9 +3,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <map>
+#include <set>
+#include <type_traits>
 
+#include "daemon/common/cli_checks.h"
+#include "daemon/common/config_file.h"
 #include "daemon/protocol/keys.h"
 
 namespace falcon::controller {
@@ -19,7 +24,10 @@ std::string EnvName(const std::string& name) {
 
 template <typename T>
 CLI::Option* Entry(CLI::App& app, const std::string& name, T& value, const std::string& meaning) {
-  return app.add_option("--" + name, value, meaning)->envname(EnvName(name))->capture_default_str();
+  CLI::Option* o = app.add_option("--" + name, value, meaning)->envname(EnvName(name))->capture_default_str();
+  if constexpr (std::is_same_v<T, std::string>) o->check(daemon::PlainText());
+  if constexpr (std::is_same_v<T, bool>) o->check(daemon::Boolean());
+  return o;
 }
 
 }  // namespace
@@ -37,54 +45,55 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
           },
           "NAME"));
   Entry(app, "redis-host", c.redis.host, "Redis server address");
-  Entry(app, "redis-port", c.redis.port, "Redis server port")->check(CLI::Range(1, 65535));
+  Entry(app, "redis-port", c.redis.port, "Redis server port")->check(daemon::FiniteRange(1, 65535));
   Entry(app, "redis-user", c.redis.user, "Redis ACL user (empty: the default user)");
   app.add_option("--redis-password", c.redis.password,
                  "Redis password (empty: no AUTH); prefer FALCON_CONTROLLER_REDIS_PASSWORD or a 0600 config file")
-      ->envname(EnvName("redis-password"));
-  Entry(app, "redis-db", c.redis.db, "Redis database number")->check(CLI::Range(0, 65535));
-  Entry(app, "redis-timeout-ms", c.redis.command_timeout_ms, "per-command timeout, ms")->check(CLI::Range(10, 60000));
+      ->envname(EnvName("redis-password"))
+      ->check(daemon::PlainText());
+  Entry(app, "redis-db", c.redis.db, "Redis database number")->check(daemon::FiniteRange(0, 65535));
+  Entry(app, "redis-timeout-ms", c.redis.command_timeout_ms, "per-command timeout, ms")->check(daemon::FiniteRange(10, 60000));
   Entry(app, "redis-connect-timeout-ms", c.redis.connect_timeout_ms, "connect + AUTH timeout, ms")
-      ->check(CLI::Range(10, 60000));
+      ->check(daemon::FiniteRange(10, 60000));
   Entry(app, "redis-backoff-max-ms", c.redis.backoff_max_ms, "longest reconnect delay, ms")
-      ->check(CLI::Range(10, 600000));
+      ->check(daemon::FiniteRange(10, 600000));
   Entry(app, "log-level", c.log_level, "log level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-  Entry(app, "tick-ms", c.tick_ms, "longest wait for new stream entries per loop turn, ms")->check(CLI::Range(10, 10000));
-  Entry(app, "metrics-address", c.metrics_address, "address of the Prometheus endpoint");
+  Entry(app, "tick-ms", c.tick_ms, "longest wait for new stream entries per loop turn, ms")->check(daemon::FiniteRange(10, 10000));
+  Entry(app, "metrics-address", c.metrics_address, "address of the Prometheus endpoint")->check(daemon::PlainText());
   Entry(app, "metrics-port", c.metrics_port, "port of /metrics and /healthz (0: off; one controller per job, "
-        "so give each its own)")->check(CLI::Range(0, 65535));
-  Entry(app, "view-ms", c.view_ms, "how often rank and agent keys are re-read, ms")->check(CLI::Range(100, 600000));
-  Entry(app, "heartbeat-ms", c.heartbeat_ms, "state written at least this often, ms")->check(CLI::Range(100, 600000));
+        "so give each its own)")->check(daemon::FiniteRange(0, 65535));
+  Entry(app, "view-ms", c.view_ms, "how often rank and agent keys are re-read, ms")->check(daemon::FiniteRange(100, 600000));
+  Entry(app, "heartbeat-ms", c.heartbeat_ms, "state written at least this often, ms")->check(daemon::FiniteRange(100, 600000));
   Entry(app, "profile-wait-s", c.profile_wait_s, "longest wait for a full profile window from every rank, s")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(daemon::FiniteRange(0.1, 3600.0));
   Entry(app, "retry-after-s", c.retry_after_s, "retry a validation that named nobody after this, s (also the first wait to redo a round whose outcome Redis refused, doubling)")
-      ->check(CLI::Range(0.0, 86400.0));
-  Entry(app, "max-attempts", c.max_attempts, "validation rounds per incident at most")->check(CLI::Range(1, 100));
+      ->check(daemon::FiniteRange(0.0, 86400.0));
+  Entry(app, "max-attempts", c.max_attempts, "validation rounds per incident at most")->check(daemon::FiniteRange(1, 100));
   Entry(app, "min-slow-fraction", c.min_slow_fraction, "open an incident when this fraction of live ranks is slow")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(daemon::FiniteRange(0.0, 1.0));
   Entry(app, "suspicious-ratio", c.suspicious_ratio, "a communicator slower than this x its class median is suspicious; while mitigating, a new slowdown is re-checked only above this x the best iteration time since the last round")
-      ->check(CLI::Range(1.0, 100.0));
-  Entry(app, "gemm-ratio", c.gemm_ratio, "a GEMM slower than this x the median names its GPU")->check(CLI::Range(1.0, 100.0));
+      ->check(daemon::FiniteRange(1.0, 100.0));
+  Entry(app, "gemm-ratio", c.gemm_ratio, "a GEMM slower than this x the median names its GPU")->check(daemon::FiniteRange(1.0, 100.0));
   Entry(app, "link-ratio", c.link_ratio, "a transfer slower than this x its baselines names its link")
-      ->check(CLI::Range(1.0, 100.0));
-  Entry(app, "gemm-batch", c.gemm_batch, "ranks per GEMM step (0: all at once)")->check(CLI::Range(0, 1 << 24));
+      ->check(daemon::FiniteRange(1.0, 100.0));
+  Entry(app, "gemm-batch", c.gemm_batch, "ranks per GEMM step (0: all at once)")->check(daemon::FiniteRange(0, 1 << 24));
   Entry(app, "tree", c.tree, "also test the tree plan's links");
   ValidationSettings& v = c.validation;
-  Entry(app, "pause-lead-s", v.pause_lead_s, "place the pause cut this far ahead, s")->check(CLI::Range(0.01, 600.0));
-  Entry(app, "max-pause-s", v.max_pause_s, "the shims resume by themselves after this, s")->check(CLI::Range(1.0, 3600.0));
-  Entry(app, "pause-attempts", v.pause_attempts, "cuts tried per validation when ranks passed them")->check(CLI::Range(1, 20));
+  Entry(app, "pause-lead-s", v.pause_lead_s, "place the pause cut this far ahead, s")->check(daemon::FiniteRange(0.01, 600.0));
+  Entry(app, "max-pause-s", v.max_pause_s, "the shims resume by themselves after this, s")->check(daemon::FiniteRange(1.0, 3600.0));
+  Entry(app, "pause-attempts", v.pause_attempts, "cuts tried per validation when ranks passed them")->check(daemon::FiniteRange(1, 20));
   Entry(app, "pause-iteration-tries", v.cut_iteration_tries,
         "stop the lowest rank at one of the next this many iteration starts it can reach, where little device "
         "work is queued behind the cut (0: the earliest consistent cut)")
-      ->check(CLI::Range(0, 100));
-  Entry(app, "ack-timeout-s", v.ack_timeout_s, "longest wait for an agent's ack, s")->check(CLI::Range(0.1, 3600.0));
-  Entry(app, "gemm-size", v.gemm_size, "GEMM validation matrix dimension")->check(CLI::Range(1, 8192));
+      ->check(daemon::FiniteRange(0, 100));
+  Entry(app, "ack-timeout-s", v.ack_timeout_s, "longest wait for an agent's ack, s")->check(daemon::FiniteRange(0.1, 3600.0));
+  Entry(app, "gemm-size", v.gemm_size, "GEMM validation matrix dimension")->check(daemon::FiniteRange(1, 8192));
   Entry(app, "gemm-dtype", v.gemm_dtype, "GEMM validation element type: fp32 (cuBLAS SGEMM), bf16 or fp16 "
         "(tensor cores, fp32 accumulation); a rank without a GPU runs fp32 only")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  Entry(app, "gemm-repeats", v.gemm_repeats, "timed GEMM repetitions")->check(CLI::Range(1, 1000));
-  Entry(app, "p2p-bytes", v.p2p_bytes, "bytes per P2P validation transfer")->check(CLI::Range(1, 1 << 30));
+  Entry(app, "gemm-repeats", v.gemm_repeats, "timed GEMM repetitions")->check(daemon::FiniteRange(1, 1000));
+  Entry(app, "p2p-bytes", v.p2p_bytes, "bytes per P2P validation transfer")->check(daemon::FiniteRange(1, 1 << 30));
   // Parsed as its name and converted in a callback: a transformer would store the enum's number
   // as the option's result, and --print-config would write "statistic=1".
   app.add_option_function<std::string>(
@@ -94,7 +103,7 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->envname(EnvName("statistic"))
       ->check(CLI::IsMember({"min", "median"}))
       ->default_str(v.statistic == Statistic::kMin ? "min" : "median");
-  Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(CLI::Range(1, 1000));
+  Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(daemon::FiniteRange(1, 1000));
   Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
         "(several culprits, a NIC slow to only some peers, a link slow in one transfer only) and keep each "
         "measurement's lower value");
@@ -103,24 +112,109 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
         "frameworks through the agents and shims)")
       ->check(CLI::IsMember({"off", "advise", "act"}));
   Entry(app, "s2-overhead-s", m.overheads.rebalance_s, "S2 re-balance micro-batches: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(daemon::FiniteRange(0.0, 1e9));
   Entry(app, "s3-overhead-s", m.overheads.topology_s, "S3 re-place nodes: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(daemon::FiniteRange(0.0, 1e9));
   Entry(app, "s4-overhead-s", m.overheads.restart_s, "S4 checkpoint-restart: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(daemon::FiniteRange(0.0, 1e9));
   Entry(app, "micro-batches", m.micro_batches, "micro-batches per DP replica per iteration in the job's own "
         "schedule (0: unknown, no S2 plans)")
-      ->check(CLI::Range(0, 4096));
+      ->check(daemon::FiniteRange(0, 4096));
   Entry(app, "job-shape", m.job_shape, "TPxDPxPP, e.g. 2x4x2 (empty: inferred from the communicators)");
   Entry(app, "spare-nodes", m.spare_nodes, "idle nodes an S4 restart may use, numbered after the job's")
-      ->check(CLI::Range(0, 65535));
+      ->check(daemon::FiniteRange(0, 65535));
   Entry(app, "plan-sample-s", m.sample_s, "feed the mitigation planner the iteration time this often, s")
-      ->check(CLI::Range(0.05, 3600.0));
+      ->check(daemon::FiniteRange(0.05, 3600.0));
   Entry(app, "recheck-s", m.recheck_s, "while S2 holds (act mode), re-validate the culprits this often to see "
         "whether the fault is gone (doubling while they stay slow), s")
-      ->check(CLI::Range(1.0, 86400.0));
+      ->check(daemon::FiniteRange(1.0, 86400.0));
   Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+      ->check(daemon::FiniteRange(0, 1099511627776.0));
+}
+
+Status ApplyConfigText(CLI::App& app, std::string_view text, std::string_view file_name,
+                       std::vector<std::string>* secrets_set) {
+  Result<std::vector<daemon::ConfigLine>> lines = daemon::ParseConfigLines(text, file_name);
+  if (!lines.ok()) return lines.status();
+  // Options the command line or the environment set keep their value: noted before any is touched.
+  std::set<const CLI::Option*> given;
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->count() > 0) given.insert(o);
+  }
+  for (const daemon::ConfigLine& line : lines.value()) {
+    const std::string origin = std::string(file_name) + ":" + std::to_string(line.line);
+    CLI::Option* o = line.name.front() == '-' ? nullptr : app.get_option_no_throw("--" + line.name);
+    if (o == nullptr) {
+      std::string hint;
+      std::string dashed = line.name;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      if (dashed != line.name && app.get_option_no_throw("--" + dashed) != nullptr) {
+        hint = " (falcon-controller's options are written with dashes: " + dashed + ")";
+      }
+      return Status::InvalidArgument(origin + ": unknown option '" + line.name + "'" + hint);
+    }
+    if (!o->get_configurable()) {
+      return Status::InvalidArgument(origin + ": option '" + line.name + "' cannot be set in a config file");
+    }
+    if (given.count(o) != 0) continue;  // a flag or FALCON_CONTROLLER_* wins
+    try {
+      o->clear();  // a name given twice: the last line wins, as in the agent's files
+      o->add_result(line.value);
+      o->run_callback();  // validates (bounds, finiteness, choices) and stores
+    } catch (const CLI::Error& e) {
+      return Status::InvalidArgument(origin + ": " + line.name + ": " + e.what());
+    }
+    if (line.name == "redis-password" && secrets_set != nullptr && !line.value.empty()) {
+      secrets_set->push_back(line.name);
+    }
+  }
+  return Status::Ok();
+}
+
+Status LoadConfigFile(CLI::App& app, const std::string& path, std::vector<std::string>* warnings) {
+  Result<daemon::ConfigFileText> file = daemon::ReadConfigFile(path);
+  if (!file.ok()) return file.status();
+  std::vector<std::string> secrets;
+  if (Status s = ApplyConfigText(app, file.value().text, path, &secrets); !s.ok()) return s;
+  for (const std::string& name : secrets) {
+    if (auto w = daemon::ExposedSecretWarning(path, file.value().mode, name); w && warnings != nullptr) {
+      warnings->push_back(std::move(*w));
+    }
+  }
+  return Status::Ok();
+}
+
+std::string RenderConfig(const CLI::App& app, ConfigStyle style) {
+  const bool with_descriptions = style == ConfigStyle::kDocumented;
+  auto value_text = [](const std::string& v) {
+    double number = 0;
+    const bool bare = v == "true" || v == "false" ||
+                      (v.rfind("0x", 0) != 0 && v.rfind("0X", 0) != 0 && CLI::detail::lexical_cast(v, number));
+    if (bare && !v.empty()) return CLI::detail::trim_copy(v);  // read back trimmed anyway
+    std::string out = "\"";
+    for (const char c : v) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  };
+  auto comment = [](const std::string& text) {
+    std::string out = "# ";
+    for (const char c : text) out += c == '\n' ? std::string("\n# ") : std::string(1, c);
+    return out + "\n";
+  };
+  std::string out;
+  if (with_descriptions && !app.get_description().empty()) out += comment(app.get_description());
+  for (const CLI::Option* o : app.get_options()) {
+    if (!o->get_configurable()) continue;
+    const std::string name = o->get_single_name();
+    std::vector<std::string> results = o->reduced_results();
+    std::string value = results.empty() ? o->get_default_str() : results.front();
+    if (name == "redis-password") value = value.empty() ? "" : "<set>";  // never the password
+    if (with_descriptions && !o->get_description().empty()) out += "\n" + comment(o->get_description());
+    out += name + "=" + value_text(value) + "\n";
+  }
+  return out;
 }
 
 Status CheckConfig(const ControllerConfig& c) {

@@ -1,12 +1,15 @@
 // The controller's configuration: one typed table (CLI11 options with bounds, defaults and
-// meanings), read from a config file (--config, TOML/INI syntax; daemon/config/
-// falcon-controller.conf documents every entry), FALCON_CONTROLLER_<NAME> variables and flags
-// (flags win). `--print-config` prints the effective values in file syntax.
+// meanings), read from a config file (--config or FALCON_CONTROLLER_CONFIG, `name = value`
+// lines; config/falcon-controller.conf documents every entry), FALCON_CONTROLLER_<NAME>
+// variables and flags (flags win). The file is read and checked as the agent's is (see
+// LoadConfigFile). `--print-config` prints the effective values in file syntax.
 // Thread-safety: a value type. Must never: print the password.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "daemon/controller/mitigation.h"
 #include "daemon/controller/validation_run.h"
@@ -48,8 +51,30 @@ struct ControllerConfig {
   std::int64_t incidents_maxlen = 10000;
 };
 
-// Adds every entry as an option (with its environment variable) to `app`.
+// Adds every entry as an option (with its environment variable) to `app`. Numbers must be finite
+// and within their bounds, text free of control characters, from every source.
 void AddConfigOptions(CLI::App& app, ControllerConfig& config);
+// Applies config file text (daemon/common/config_file.h's syntax, which the agent's files share;
+// --print-config writes it) to the options AddConfigOptions added, after app.parse() took the
+// flags and FALCON_CONTROLLER_* variables: an option those set keeps their value. Refused with
+// InvalidArgument "<file>:<line>: ...": a name that is not a controller option (unknown, or an
+// agent's, which the controller's dashes do not match), an option a file may not set (config,
+// print-config, help), a value its option refuses (the flag's bounds and checks: nan and inf
+// too). A name given twice: the last wins. `secrets_set` receives "redis-password" when the text
+// sets it non-empty.
+[[nodiscard]] Status ApplyConfigText(CLI::App& app, std::string_view text, std::string_view file_name,
+                                     std::vector<std::string>* secrets_set = nullptr);
+// Reads `path` as both daemons read config files (a regular text file of at most 1 MiB) and
+// applies it; `warnings` receives what to log (a file that sets the password and that group or
+// others may read).
+[[nodiscard]] Status LoadConfigFile(CLI::App& app, const std::string& path,
+                                    std::vector<std::string>* warnings = nullptr);
+// The effective configuration in config file syntax (what --print-config prints): the app's
+// description, then each option a file may set, with its meaning as a comment (kDocumented). Numbers and booleans are written bare, text "double-quoted" with `"` and
+// `\` escaped, so ApplyConfigText reads every value back unchanged; the password is written
+// "<set>" (or "" when empty), never itself.
+enum class ConfigStyle { kValues, kDocumented };
+std::string RenderConfig(const CLI::App& app, ConfigStyle style);
 // Cross-field checks.
 [[nodiscard]] Status CheckConfig(const ControllerConfig& config);
 

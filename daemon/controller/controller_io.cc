@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "daemon/common/log_escape.h"
 #include "daemon/controller/controller.h"
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/validate.h"
@@ -67,13 +68,13 @@ bool Controller::EnsureConnected(std::int64_t now_ns) {
   if (!s.ok()) {
     backoff_ms_ = std::clamp(backoff_ms_ * 2, config_.redis.backoff_min_ms, config_.redis.backoff_max_ms);
     next_connect_ns_ = now_ns + std::int64_t{backoff_ms_} * 1'000'000;
-    log_->warn("event=redis_unavailable server={} retry_ms={} error=\"{}\"", config_.redis.Describe(),
-               backoff_ms_, s.message());
+    log_->warn("event=redis_unavailable server={} retry_ms={} error={}", daemon::LogQuoted(config_.redis.Describe()),
+               backoff_ms_, daemon::LogQuoted(s.message()));
     conn_->Close();
     return false;
   }
   backoff_ms_ = 0;
-  log_->info("event=redis_connected server={}", config_.redis.Describe());
+  log_->info("event=redis_connected server={}", daemon::LogQuoted(config_.redis.Describe()));
   run_.reset();  // a validation interrupted by the outage is released and redone by Advance()
   next_view_ns_ = 0;
   dirty_ = true;
@@ -89,11 +90,11 @@ Status Controller::LoadState(std::int64_t now_ns) {
     Result<json> m = protocol::ParseMessage(msg->second, protocol::kControllerState);
     std::string why = m.ok() ? "" : m.status().message();
     if (m.ok()) state_ = StateFromJson(m.value()["state_doc"], &why);
-    if (!why.empty()) log_->error("event=state_unreadable action=start_fresh error=\"{}\"", why);
+    if (!why.empty()) log_->error("event=state_unreadable action=start_fresh error={}", daemon::LogQuoted(why));
     fresh = !m.ok();
     if (m.ok()) {
       log_->info("event=state_loaded phase={} incident={} incidents={}", PhaseName(state_.phase),
-                 state_.incident ? state_.incident->id : "-", state_.incidents);
+                 state_.incident ? daemon::LogValue(state_.incident->id) : "-", state_.incidents);
     }
   }
   if (fresh) {
@@ -126,8 +127,8 @@ Status Controller::CheckCursors() {
     if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ReadStreams probes it
     if (!last.ok()) return last.status();
     if (cursor != "0-0" && (last.value().empty() || StreamIdLess(last.value(), cursor))) {
-      log_->warn("event=cursor_reset stream={} cursor={} newest={}", s.name, cursor,
-                 last.value().empty() ? "-" : last.value());
+      log_->warn("event=cursor_reset stream={} cursor={} newest={}", s.name, daemon::LogValue(cursor),
+                 last.value().empty() ? "-" : daemon::LogValue(last.value()));
       cursor = "0-0";
     }
   }
@@ -183,7 +184,8 @@ Status Controller::RefreshView() {
       if (!h.ok()) {  // Redis refused this key (not a hash): skip it, the others still count
         seen_bad.insert(key);
         if (bad_keys_.insert(key).second) {
-          log_->warn("event=bad_key key={} action=skipped error=\"{}\"", key, h.status().message());
+          log_->warn("event=bad_key key={} action=skipped error={}", daemon::LogValue(key),
+                     daemon::LogQuoted(h.status().message()));
         }
         continue;
       }
@@ -192,7 +194,7 @@ Status Controller::RefreshView() {
       Result<json> m = protocol::ParseMessage(text->second, *msg);
       if (!m.ok()) {
         ++dropped_messages_;
-        log_->warn("event=bad_message key={} error=\"{}\"", key, m.status().message());
+        log_->warn("event=bad_message key={} error={}", daemon::LogValue(key), daemon::LogQuoted(m.status().message()));
         continue;
       }
       out->push_back(std::move(m.value()));
@@ -203,10 +205,22 @@ Status Controller::RefreshView() {
       ++it;
       continue;
     }
-    log_->info("event=bad_key_cleared key={}", *it);  // readable again, or gone
+    log_->info("event=bad_key_cleared key={}", daemon::LogValue(*it));  // readable again, or gone
     it = bad_keys_.erase(it);
   }
   view_.Update(ranks, agents);
+  for (const RankClaimEvent& e : view_.TakeClaimEvents()) {
+    if (e.kind == RankClaimEvent::Kind::kConflict) {
+      log_->warn("event=rank_claim_conflict rank={} holder_host={} holder_pid={} claimant_host={} claimant_pid={} "
+                 "action=kept_holder",
+                 e.rank, daemon::LogValue(e.holder_host), e.holder_pid, daemon::LogValue(e.claimant_host),
+                 e.claimant_pid);
+    } else {
+      log_->warn("event=rank_claim_handover rank={} from_host={} from_pid={} to_host={} to_pid={} reason={}", e.rank,
+                 daemon::LogValue(e.holder_host), e.holder_pid, daemon::LogValue(e.claimant_host), e.claimant_pid,
+                 "holder_silent");
+    }
+  }
   if (!state_.node_hosts.empty()) view_.SetNodes(state_.node_hosts, state_.placement);
   return Status::Ok();
 }
@@ -228,7 +242,7 @@ Status Controller::ProbeStreams(std::int64_t now_ns, bool all) {
     if (bad == unreadable_.end()) {
       bad = unreadable_.emplace(s.name, Unreadable{}).first;
       log_->warn("event=stream_unreadable stream={} key={} type={} action=skipped retry_max_ms={}", s.name,
-                 Key(*s.key), t, kStreamRetryMaxMs);
+                 daemon::LogValue(Key(*s.key)), daemon::LogValue(t), kStreamRetryMaxMs);
     }
     Unreadable& u = bad->second;
     u.backoff_ms = std::clamp(u.backoff_ms * 2, kStreamRetryMinMs, kStreamRetryMaxMs);
@@ -270,7 +284,8 @@ Status Controller::ReadStreams(std::int64_t now_ns, int block_ms) {
                                        : Result<json>(Status::InvalidArgument("no msg field"));
       if (!m.ok()) {
         ++dropped_messages_;
-        log_->warn("event=bad_message stream={} id={} error=\"{}\"", spec->name, e.id, m.status().message());
+        log_->warn("event=bad_message stream={} id={} error={}", spec->name, daemon::LogValue(e.id),
+                   daemon::LogQuoted(m.status().message()));
         continue;
       }
       const std::string name = spec->name;
@@ -295,7 +310,8 @@ Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
     Result<std::string> id = redis::XAdd(*conn_, Key(protocol::kCommandsStream, c.host), kCommandsMaxLen,
                                          {{std::string(protocol::kPayloadField), j.dump()}});
     if (!id.ok()) return id.status();
-    log_->debug("event=command id={} type={} host={}", c.command.id, c.command.type, c.host);
+    log_->debug("event=command id={} type={} host={}", daemon::LogValue(c.command.id),
+                daemon::LogValue(c.command.type), daemon::LogValue(c.host));
   }
   return Status::Ok();
 }
@@ -351,7 +367,8 @@ Status Controller::Record(const std::string& stage, const std::string& summary, 
       }
     }
   }
-  log_->warn("event=incident id={} stage={} summary=\"{}\"", m["id"].get<std::string>(), stage, summary);
+  log_->warn("event=incident id={} stage={} summary={}", daemon::LogValue(m["id"].get<std::string>()),
+             daemon::LogValue(stage), daemon::LogQuoted(summary));
   return Status::Ok();
 }
 
@@ -365,7 +382,8 @@ void Controller::OnAlarm(const json& m) {
     // a false alarm, and a real fail-slow started since): it earns the incident fresh rounds.
     if (state_.incident && !state_.incident->localised && onset > state_.incident->last_round_ns &&
         state_.incident->last_round_ns > 0 && state_.incident->attempts > 0) {
-      log_->info("event=new_slowdown rank={} incident={} action=allow_new_rounds", rank, state_.incident->id);
+      log_->info("event=new_slowdown rank={} incident={} action=allow_new_rounds", rank,
+                 daemon::LogValue(state_.incident->id));
       state_.incident->attempts = 0;
       state_.incident->next_attempt_ns = 0;
     } else if (state_.incident && state_.incident->localised && state_.incident->mitigation.is_object() &&
@@ -381,7 +399,7 @@ void Controller::OnAlarm(const json& m) {
       const double best = inc.best_since_round_s;
       const bool slower = best <= 0 || level > config_.suspicious_ratio * best;
       log_->info("event=new_slowdown rank={} incident={} level_s={:.4f} best_since_round_s={:.4f} action={}", rank,
-                 inc.id, level, best, slower ? "revalidate" : "none");
+                 daemon::LogValue(inc.id), level, best, slower ? "revalidate" : "none");
       inc.revalidate = slower;
     }
   } else {
@@ -409,8 +427,8 @@ void Controller::OnProfile(const json& m) {
 void Controller::OnAck(const json& m) {
   if (mode_commands_.erase(m["command"].get<std::string>()) > 0) {
     if (m["status"] != "ok") {
-      log_->warn("event=set_mode_not_ok host={} status={} detail=\"{}\"", m["host"].get<std::string>(),
-                 m["status"].get<std::string>(), m.value("detail", ""));
+      log_->warn("event=set_mode_not_ok host={} status={} detail={}", daemon::LogValue(m["host"].get<std::string>()),
+                 daemon::LogValue(m["status"].get<std::string>()), daemon::LogQuoted(m.value("detail", "")));
     }
     // Profiles must cover only time after the last agent switched its shims.
     state_.profile_from_ns = std::max(state_.profile_from_ns, m["at_ns"].get<std::int64_t>());
@@ -420,8 +438,8 @@ void Controller::OnAck(const json& m) {
 }
 
 void Controller::OnRequest(const json& m) {
-  log_->info("event=request id={} action={} by={}", m["id"].get<std::string>(), m["action"].get<std::string>(),
-             m.value("by", "-"));
+  log_->info("event=request id={} action={} by={}", daemon::LogValue(m["id"].get<std::string>()),
+             daemon::LogValue(m["action"].get<std::string>()), daemon::LogValue(m.value("by", "-")));
   requests_.push_back(m);
 }
 

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
+#include <utility>
 
 #include "daemon/protocol/messages.h"
 
@@ -62,10 +64,23 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
   std::map<std::uint64_t, CommInfo> old = std::move(comms_);
   ranks_.clear();
   comms_.clear();
+  std::set<std::int64_t> registered;
   for (const nlohmann::json& m : ranks) {
-    if (m["state"] != "live" || m["rank"].get<std::int64_t>() < 0) continue;
-    RankInfo r = ParseRank(m);
-    ranks_[r.rank] = std::move(r);
+    const std::int64_t rank = m["rank"].get<std::int64_t>();
+    if (rank < 0) continue;
+    registered.insert(rank);
+    if (m["state"] != "live") {  // the holder's process exited: its claim ends with it
+      const auto claim = claims_.find(rank);
+      if (claim != claims_.end() && claim->second.host == m["host"].get<std::string>() &&
+          claim->second.pid == m["pid"].get<std::int64_t>()) {
+        claims_.erase(claim);
+      }
+      continue;
+    }
+    ranks_[rank] = Claimed(ParseRank(m));
+  }
+  for (auto it = claims_.begin(); it != claims_.end();) {  // keys gone: no claim left
+    it = registered.count(it->first) ? std::next(it) : claims_.erase(it);
   }
   // A member table is sized by the communicator's nranks, a claim: it is built only when at
   // least 1 in kMembersPerReport of its members reported it, so memory stays proportional to
@@ -115,6 +130,29 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
   for (const nlohmann::json& a : agents) live.insert(a["host"].get<std::string>());
   agents_.assign(live.begin(), live.end());
 }
+
+const RankInfo& JobView::Claimed(RankInfo r) {
+  const auto [it, fresh] = claims_.try_emplace(r.rank);
+  Claim& c = it->second;
+  const bool same = c.host == r.agent_host && c.pid == r.pid;
+  if (fresh || same || r.at_ns - c.at_ns > kClaimHoldNs) {
+    if (!fresh && !same) {
+      claim_events_.push_back({RankClaimEvent::Kind::kHandover, r.rank, c.host, c.pid, r.agent_host, r.pid});
+      c.reported.clear();
+    }
+    c.host = r.agent_host;
+    c.pid = r.pid;
+    c.at_ns = std::max(c.at_ns, r.at_ns);
+    c.info = std::move(r);
+    return c.info;
+  }
+  if (c.reported.emplace(r.agent_host, r.pid).second) {
+    claim_events_.push_back({RankClaimEvent::Kind::kConflict, r.rank, c.host, c.pid, r.agent_host, r.pid});
+  }
+  return c.info;
+}
+
+std::vector<RankClaimEvent> JobView::TakeClaimEvents() { return std::exchange(claim_events_, {}); }
 
 void JobView::SetNodes(std::vector<std::string> hosts, std::vector<std::int32_t> placement) {
   node_hosts_ = std::move(hosts);

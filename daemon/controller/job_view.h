@@ -7,6 +7,15 @@
 // indices keep their meaning) and, after an S3/S4 plan was applied in place (the framework moved
 // ranks between nodes while their processes, and so the agents reporting them, stayed put, as in
 // the emulated trainer), which node each rank now runs on.
+// One rank, one claimant: a rank's key is written by whichever agent follows a process with that
+// rank, so a second process claiming an existing rank (another host, or another pid) overwrites
+// the first one's registration, and the two alternate at every heartbeat. The view keeps the
+// claimant it saw first (host and pid) while that claimant's registrations keep arriving, each
+// within kClaimHoldNs of the one before (by the registrations' own at_ns: no clock here); the
+// other's are set aside, and the rank keeps the holder's last registration. The rank passes to
+// another claimant only when the holder has been silent that long, or registered itself exited,
+// or the rank's key is gone. Each conflict is reported once (TakeClaimEvents), naming both, and
+// so is a hand-over; the controller logs them.
 // Thread-safety: a value type; one thread. Must never: do I/O, or trust a message it was not
 // given validated.
 #pragma once
@@ -17,7 +26,9 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace falcon::controller {
@@ -55,8 +66,23 @@ struct CommInfo {
   [[nodiscard]] bool complete() const;  // every member known
 };
 
+// What the view did about two claimants of one rank (see the file comment).
+struct RankClaimEvent {
+  enum class Kind { kConflict, kHandover };
+  Kind kind = Kind::kConflict;
+  std::int64_t rank = -1;
+  std::string holder_host;  // kHandover: the previous holder
+  std::int64_t holder_pid = 0;
+  std::string claimant_host;  // kHandover: the new holder
+  std::int64_t claimant_pid = 0;
+};
+
 class JobView {
  public:
+  // A holder silent for longer than this gives its rank up to another claimant (the agents'
+  // default rank-key TTL: a live agent re-registers every heartbeat, 2 s by default).
+  static constexpr std::int64_t kClaimHoldNs = 10'000'000'000;
+
   // Replaces the view with these registrations (live ones only; exited/orphaned ranks are left
   // out) and heartbeats, keeping call-rate history (rates are measured between the agents'
   // report times, so a stale report does not skew them). A communicator reported by fewer than
@@ -85,6 +111,9 @@ class JobView {
   [[nodiscard]] std::optional<std::uint64_t> CutComm() const;
   // Most common period over ranks that have one.
   [[nodiscard]] std::optional<std::uint64_t> Period() const;
+  // Conflicts and hand-overs since the last call, each conflict once per (rank, holder,
+  // claimant) while it lasts.
+  std::vector<RankClaimEvent> TakeClaimEvents();
 
  private:
   std::map<std::int64_t, RankInfo> ranks_;
@@ -94,6 +123,17 @@ class JobView {
   std::vector<std::string> agent_hosts_;
   std::vector<std::string> node_hosts_;    // SetNodes
   std::vector<std::int32_t> placement_;    // SetNodes
+  struct Claim {
+    std::string host;  // the agent that reports it
+    std::int64_t pid = 0;
+    std::int64_t at_ns = 0;  // its newest registration
+    RankInfo info;           // that registration, as parsed
+    std::set<std::pair<std::string, std::int64_t>> reported;  // claimants reported as conflicts
+  };
+  std::map<std::int64_t, Claim> claims_;  // rank -> holder
+  std::vector<RankClaimEvent> claim_events_;
+  // The registration rank `r.rank` keeps this update: `r` itself, or its holder's last one.
+  const RankInfo& Claimed(RankInfo r);
   void ApplyNodes();
 };
 

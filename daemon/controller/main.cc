@@ -1,7 +1,8 @@
 // falcon-controller: the per-job controller (DESIGN.md "The controller"). main() only wires
-// (STYLE rule 12): flags, config file and environment (CLI11; flags > FALCON_CONTROLLER_* > file
-// > defaults), logging, signal handling, the Controller loop. Exit status: 0 after SIGINT/SIGTERM,
-// 2 for bad flags or configuration.
+// (STYLE rule 12): flags, config file and environment (flags > FALCON_CONTROLLER_* > file >
+// defaults; the file is read by LoadConfigFile, as the agent reads its own), logging, signal
+// handling, the Controller loop. Exit status: 0 after SIGINT/SIGTERM, 2 for bad flags or
+// configuration.
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,7 +13,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
+#include "daemon/common/log_escape.h"
 #include "daemon/controller/controller.h"
 #include "daemon/protocol/keys.h"
 
@@ -37,8 +41,12 @@ int main(int argc, char** argv) {
                "suspected fail-slows (pause, GEMM, P2P passes, resume), names the slow GPU, link or NIC, and "
                "writes incidents (stream) and alerts (pub/sub). Flags override FALCON_CONTROLLER_<NAME> "
                "variables, which override the config file."};
-  app.set_config("-c,--config", "", "config file (TOML/INI: name = value; see falcon-controller.conf)")
-      ->envname("FALCON_CONTROLLER_CONFIG");
+  // Read by LoadConfigFile after the flags and environment, not by CLI11 (which would take any
+  // file, ignore names it does not know and let a device such as /dev/zero be read without end).
+  std::string config_file;
+  app.add_option("-c,--config", config_file, "config file (name = value lines; see falcon-controller.conf)")
+      ->envname("FALCON_CONTROLLER_CONFIG")
+      ->configurable(false);
   bool print_config = false;
   app.add_flag("--print-config", print_config, "print the effective configuration in config-file syntax and exit")
       ->configurable(false);
@@ -49,19 +57,21 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
   }
+  std::vector<std::string> warnings;  // logged once the logger exists
+  if (!config_file.empty()) {
+    if (const falcon::Status s = falcon::controller::LoadConfigFile(app, config_file, &warnings); !s.ok()) {
+      std::fprintf(stderr, "falcon-controller: %s\n", s.message().c_str());
+      return kExitUsage;
+    }
+  }
   if (config.host.empty()) config.host = falcon::protocol::SanitizeKeyPart(HostName());
   if (const falcon::Status s = falcon::controller::CheckConfig(config); !s.ok()) {
     std::fprintf(stderr, "falcon-controller: %s\n", s.message().c_str());
     return kExitUsage;
   }
   if (print_config) {
-    std::string text = app.config_to_str(true, true);
-    // Never print the password: blank its line.
-    const std::string key = "redis-password=";
-    if (auto at = text.find(key); at != std::string::npos) {
-      const auto end = text.find('\n', at);
-      text.replace(at, end - at, key + (config.redis.password.empty() ? "\"\"" : "\"<set>\""));
-    }
+    for (const std::string& w : warnings) std::fprintf(stderr, "falcon-controller: warning: %s\n", w.c_str());
+    const std::string text = falcon::controller::RenderConfig(app, falcon::controller::ConfigStyle::kDocumented);
     std::fputs(text.c_str(), stdout);
     return 0;
   }
@@ -69,6 +79,7 @@ int main(int argc, char** argv) {
   log->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l falcon-controller[%P] %v");
   log->set_level(spdlog::level::from_str(config.log_level));
   log->flush_on(spdlog::level::info);
+  for (const std::string& w : warnings) log->warn("event=config_exposed warning={}", falcon::daemon::LogQuoted(w));
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

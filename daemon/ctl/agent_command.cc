@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/common/cli_checks.h"
 #include "daemon/ctl/command.h"
 #include "daemon/ctl/redis_cli.h"
 #include "daemon/protocol/keys.h"
@@ -372,23 +373,25 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
       ->required()
       ->check(CLI::IsMember({"track", "profile", "sample", "off"}));
   m->add_option("--sample-every", mode->command.sample_every, "N for sample mode")
-      ->check(CLI::Range(1, 1000000))
+      ->check(daemon::FiniteRange(1, 1000000))
       ->capture_default_str();
 
   auto pause = std::make_shared<SendOptions>();
   pause->command.type = std::string(protocol::kPause.type);
   pause->command.max_pause_s = 60;
   CLI::App* p = AddSendCommand(app, ctx, "pause", "Trap the ranks at an iteration boundary and await acks", pause);
-  CLI::Option* iter = p->add_option("--iteration", pause->command.at_iteration, "pause at this iteration boundary");
+  CLI::Option* iter = p->add_option("--iteration", pause->command.at_iteration, "pause at this iteration boundary")
+                          ->check(daemon::NonNegative());
   CLI::Option* comm = p->add_option("--comm", pause->command.comm,
                                     "the cut: communicator id (16 hex digits) whose call --seq ranks stop before");
   CLI::Option* seq = p->add_option("--seq", pause->command.comm_seq,
-                                   "the cut: call number (0-based, per communicator) of --comm");
+                                   "the cut: call number (0-based, per communicator) of --comm")
+                        ->check(daemon::NonNegative());
   comm->needs(seq);
   seq->needs(comm);
   p->add_option("--lead", pause->cut_lead_s,
                 "with --iteration: seconds every rank must still have before its stop")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(daemon::FiniteRange(0.0, 3600.0))
       ->capture_default_str();
   pause->plan_cut = [comm] { return comm->count() == 0; };
   pause->check = [po = pause.get(), iter, comm]() -> std::string {  // raw: pause owns the check
@@ -399,7 +402,7 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
     return "";
   };
   p->add_option("--max-pause", pause->command.max_pause_s, "seconds after which the ranks resume by themselves")
-      ->check(CLI::Range(0.001, 3600.0))
+      ->check(daemon::FiniteRange(0.001, 3600.0))
       ->capture_default_str();
 
   auto resume = std::make_shared<SendOptions>();

@@ -3,7 +3,9 @@
 //    -> alarms. `--json` prints {"schema": 1, "alarms": [{"at", "onset", "type", "ratio", ...}]}.
 //  - Record mode (`--records`, or a .jsonl/.ndjson file): call records from
 //    `falcon-ctl trace PID --json`, grouped by pid -> signatures -> period (tracked, re-locked on
-//    change) -> iteration times -> alarms, per process.
+//    change) -> iteration times -> alarms, per process. Iteration times outside the readers'
+//    plausible bounds (analyze_trace_input.h) are left out with a warning on stderr, so every
+//    ratio printed is finite (never inf, never null in JSON).
 // Exit: 0 on success whatever was found (scripts that want a status use --fail-on-alarm, which
 // exits kExitFound when a slow alarm was raised); kExitInput for a missing or malformed input.
 // Single-threaded; reads one file (or stdin for "-"); never writes files.
@@ -22,6 +24,7 @@
 #include "analyzer/iteration_series.h"
 #include "analyzer/period_tracker.h"
 #include "analyzer/signature.h"
+#include "daemon/common/cli_checks.h"
 #include "daemon/ctl/analyze_trace_input.h"
 #include "daemon/ctl/command.h"
 
@@ -121,6 +124,7 @@ struct ProcessResult {
   std::int64_t pid = -1;
   std::vector<std::pair<std::size_t, double>> periods;  // (period, acf) per lock
   std::vector<double> seconds;
+  std::size_t implausible = 0;  // iteration times outside the plausible bounds, left out
   std::vector<analyzer::Alarm> alarms;
 };
 
@@ -161,7 +165,11 @@ ProcessResult AnalyzeProcess(std::int64_t pid, const std::vector<analyzer::CallR
       times.push_back(seq.t_ns[i]);
     }
     for (const auto& sample : analyzer::ExtractIterations(symbols, times, lock.period)) {
-      r.seconds.push_back(sample.seconds);
+      if (PlausibleIterationSeconds(sample.seconds)) {
+        r.seconds.push_back(sample.seconds);
+      } else {
+        ++r.implausible;  // 0 s or days: the records' times are wrong, and would skew every ratio
+      }
     }
   }
   r.alarms = Detect(r.seconds, o.detector);
@@ -183,6 +191,12 @@ int RunRecords(const AnalyzeOptions& o, std::istream& in) {
   nlohmann::json all = nlohmann::json::array();
   nlohmann::json procs = nlohmann::json::array();
   for (const ProcessResult& r : results) {
+    if (r.implausible > 0) {
+      std::fprintf(stderr,
+                   "falcon-ctl analyze-trace: warning: pid %lld: %zu iteration time(s) outside %g..%g s left out "
+                   "(are the records' t_start_ns values right?)\n",
+                   static_cast<long long>(r.pid), r.implausible, kMinIterationSeconds, kMaxIterationSeconds);
+    }
     slow += CountSlow(r.alarms);
     nlohmann::json periods = nlohmann::json::array();
     for (const auto& [p, acf] : r.periods) {
@@ -194,7 +208,7 @@ int RunRecords(const AnalyzeOptions& o, std::istream& in) {
       all.push_back(a);
     }
     procs.push_back({{"pid", r.pid}, {"periods", periods}, {"iteration_seconds", r.seconds},
-                     {"alarms", AlarmsJson(r.alarms)}});
+                     {"implausible_iterations", r.implausible}, {"alarms", AlarmsJson(r.alarms)}});
   }
   if (o.json) {
     const nlohmann::json out = {{"schema", kSchemaVersion}, {"processes", procs}, {"alarms", all}};
@@ -258,37 +272,37 @@ void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--fail-on-alarm", opts->fail_on_alarm, "exit 1 when a slow alarm was raised");
   analyzer::DetectorOptions& d = opts->detector;
   cmd->add_option("--hazard", d.bocd.hazard, "BOCD constant hazard (prior change rate)")
-      ->capture_default_str()->check(CLI::Range(1e-9, 0.5));
+      ->capture_default_str()->check(daemon::FiniteRange(1e-9, 0.5));
   cmd->add_option("--threshold", d.cp_threshold, "posterior probability to report a change")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 1.0));
   cmd->add_option("--min-change", d.min_change, "verification: relative change of the median")
-      ->capture_default_str()->check(CLI::Range(0.0, 10.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 10.0));
   cmd->add_option("--window", d.window, "a change point is sought in the last N samples")
-      ->capture_default_str()->check(CLI::Range(2, 192));
+      ->capture_default_str()->check(daemon::FiniteRange(2, 192));
   cmd->add_option("--max-spike-run", d.max_outlier_run,
                   "outlier runs up to this length are dropped as spikes/pauses")
-      ->capture_default_str()->check(CLI::Range(0, 16));
+      ->capture_default_str()->check(daemon::FiniteRange(0, 16));
   cmd->add_option("--outlier-z", d.outlier_z, "robust sigmas from the level that make an outlier")
-      ->capture_default_str()->check(CLI::Range(1.0, 100.0));
+      ->capture_default_str()->check(daemon::FiniteRange(1.0, 100.0));
   cmd->add_option("--confidence-z", d.confidence_z,
                   "verification margin in standard errors of the post-change median")
-      ->capture_default_str()->check(CLI::Range(0.0, 10.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 10.0));
   cmd->add_option("--min-post", d.min_post, "samples after a change point before it is verified")
-      ->capture_default_str()->check(CLI::Range(1, 64));
+      ->capture_default_str()->check(daemon::FiniteRange(1, 64));
   cmd->add_option("--spread-z", d.level_spread_z,
                   "a rise is verified when the post-change spread is <= this many sigmas (0: off)")
-      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 100.0));
   cmd->add_option("--rho-floor", d.rho_floor,
                   "correlated noise widens the margin above this lag-1 autocorrelation (1: never)")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 1.0));
   cmd->add_option("--baseline-clip-z", d.baseline_clip_z,
                   "a healthy sample above the baseline raises it by at most this many sigmas (0: plain mean)")
-      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.0, 100.0));
   cmd->add_option("--max-hypotheses", d.bocd.max_hypotheses, "BOCD run lengths kept")
-      ->capture_default_str()->check(CLI::Range(4, 4096));
+      ->capture_default_str()->check(daemon::FiniteRange(4, 4096));
   cmd->add_option("--acf-threshold", opts->tracker.period.acf_threshold,
                   "records mode: match rate that locks a period")
-      ->capture_default_str()->check(CLI::Range(0.5, 1.0));
+      ->capture_default_str()->check(daemon::FiniteRange(0.5, 1.0));
   cmd->callback([opts, &ctx] { ctx.exit_code = Run(*opts); });
 }
 

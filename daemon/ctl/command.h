@@ -19,7 +19,7 @@ namespace falcon::ctl {
 enum ExitCode : int {
   kExitOk = 0,           // success; for analysis commands: nothing alarming found
   kExitFound = 1,        // the command worked and found something (alarms, problems)
-  kExitUsage = 2,        // bad flags or arguments (CLI11 also uses 2 for parse errors)
+  kExitUsage = 2,        // bad flags or arguments (main() maps every CLI11 parse error to it)
   kExitInput = 3,        // the input (file, segment, process) is missing or malformed
   kExitUnreachable = 4,  // a service (Redis, agent) could not be reached
   kExitInternal = 5      // a bug: please report

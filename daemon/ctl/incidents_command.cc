@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 
+#include "daemon/common/cli_checks.h"
 #include "daemon/ctl/command.h"
 #include "daemon/ctl/redis_cli.h"
 #include "daemon/protocol/keys.h"
@@ -152,7 +153,9 @@ int FollowAlerts(IncidentOptions o) {
 void AddListOptions(CLI::App& cmd, IncidentOptions& o) {
   AddRedisOptions(cmd, o.redis);
   cmd.add_option("--since", o.since, "only entries after this stream id (e.g. 1795265000000-0)");
-  cmd.add_option("-n", o.limit, "at most N entries, the newest (0: all)")->capture_default_str();
+  cmd.add_option("-n", o.limit, "at most N entries, the newest (0: all)")
+      ->check(daemon::NonNegative())
+      ->capture_default_str();
 }
 
 template <typename Fn>

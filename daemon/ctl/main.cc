@@ -22,7 +22,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and succeed; every usage error prints CLI11's message and exits
+    // kExitUsage (CLI11's own codes, 100 and up, are not part of our contract).
+    const int rc = app.exit(e);
+    return rc == 0 ? falcon::ctl::kExitOk : falcon::ctl::kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "falcon-ctl: internal error: %s\n", e.what());
     return falcon::ctl::kExitInternal;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "daemon/common/cli_checks.h"
 #include "daemon/ctl/command.h"
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/validate.h"
@@ -62,13 +63,13 @@ void AddRedisOptions(CLI::App& cmd, RedisCliOptions& opts) {
   cmd.add_option("--redis", opts.url, "Redis URL redis://[user[:password]@]host[:port]")
       ->group("Redis");
   cmd.add_option("--host", opts.host, "Redis host")->capture_default_str()->group("Redis");
-  cmd.add_option("--port", opts.port, "Redis port")->check(CLI::Range(1, 65535))->capture_default_str()->group("Redis");
+  cmd.add_option("--port", opts.port, "Redis port")->check(daemon::FiniteRange(1, 65535))->capture_default_str()->group("Redis");
   cmd.add_option("--user", opts.user, "Redis ACL user")->group("Redis");
   cmd.add_option("--password", opts.password, "Redis password (default: $FALCON_REDIS_PASSWORD)")->group("Redis");
   cmd.add_option("--job", opts.job, "job name (default: $FALCON_JOB, else 'default')");
   cmd.add_flag("--json", opts.json, "machine-readable JSON instead of a table");
   cmd.add_option("--timeout", opts.timeout_s, "seconds for connecting, each command and acks")
-      ->check(CLI::Range(0.1, 3600.0))
+      ->check(daemon::FiniteRange(0.1, 3600.0))
       ->capture_default_str();
 }
 

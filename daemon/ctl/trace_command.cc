@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/common/cli_checks.h"
 #include "daemon/ctl/command.h"
 #include "daemon/shm/record_json.h"
 #include "daemon/shm/segment_dir.h"
@@ -200,7 +201,7 @@ void AddTraceCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("-f,--follow", o->follow, "Keep printing new records until the process exits or Ctrl-C");
   cmd->add_option("--from", o->from, "Start at the oldest record still in the ring, or at now")
       ->check(CLI::IsMember({"oldest", "now"}));
-  cmd->add_option("-n,--limit", o->limit, "Stop after this many records (0 = no limit)");
+  cmd->add_option("-n,--limit", o->limit, "Stop after this many records (0 = no limit)")->check(daemon::NonNegative());
   cmd->callback([o, &ctx, pid, file] {
     if (pid->count() == 0 && file->count() == 0) {
       std::fprintf(stderr, "falcon-ctl trace: give a PID or --file PATH\n");

@@ -43,6 +43,14 @@ using ReplyPtr = std::unique_ptr<void, ReplyDeleter>;
 
 }  // namespace
 
+std::string RefusedCommand(const Status& connect_status) {
+  if (connect_status.code() != Status::Code::kInvalidArgument) return {};
+  for (const char* command : {"AUTH", "PING", "SELECT"}) {
+    if (connect_status.message().rfind(std::string("redis ") + command + " ", 0) == 0) return command;
+  }
+  return {};
+}
+
 Status ErrorReplyStatus(const std::string& message) {
   for (const char* transient : {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"}) {
     if (message.rfind(transient, 0) == 0) return Status::Unavailable("redis: " + message);
@@ -105,6 +113,22 @@ Status RedisConnection::Connect() {
       return Status::InvalidArgument("redis AUTH" +
                                      (options_.user.empty() ? "" : " as " + options_.user) +
                                      " refused: " + r.status().message());
+    }
+  }
+  if (options_.password.empty()) {
+    // Without AUTH the connection opens even where the server requires a password, and every
+    // command is then refused: find out now, so the owner reports a refusal rather than a
+    // connection. Only NOAUTH counts: a default user that may not PING may still do its work.
+    Result<RedisReply> r = Command({"PING"}, options_.connect_timeout_ms);
+    if (!r.ok() && r.status().code() != Status::Code::kInvalidArgument) {
+      const Status s = r.status();
+      Close();
+      return s;
+    }
+    if (!r.ok() && r.status().message().find("NOAUTH") != std::string::npos) {
+      Close();
+      return Status::InvalidArgument("redis PING refused: " + r.status().message() +
+                                     " (the server requires a password)");
     }
   }
   if (options_.db != 0) {

@@ -2,6 +2,8 @@
 // value its commands return (no hiredis type leaves daemon/redis/).
 //
 // Connect() connects with a timeout, authenticates (AUTH [user] password) and selects the db.
+// Without a password it sends a PING: a server that requires one (NOAUTH) refuses the connect
+// there, instead of accepting it and then every command.
 // Command() / Pipeline() send commands and wait for their replies up to a per-call timeout. A
 // transport error or a timeout closes the connection (hiredis cannot resync a half-read reply):
 // the call returns Unavailable and connected() turns false; reconnecting is the owner's choice
@@ -44,7 +46,8 @@ class RedisConnection {
   bool connected() const { return ctx_ != nullptr; }
 
   // (Re)connects: closes any current connection first. Unavailable when the server cannot be
-  // reached in time, InvalidArgument when AUTH or SELECT is refused.
+  // reached in time, InvalidArgument when AUTH, SELECT or (without a password) PING is refused:
+  // the message then starts "redis <COMMAND> " (see RefusedCommand).
   [[nodiscard]] Status Connect();
   void Close();
 
@@ -67,6 +70,10 @@ class RedisConnection {
   std::mutex fd_mu_;             // guards fd_ against Interrupt() racing Close()
   int fd_ = -1;                  // guarded by fd_mu_
 };
+
+// The command Connect() failed on when the server refused it ("AUTH", "PING", "SELECT"); "" for
+// any other status (unreachable, timed out, ok).
+std::string RefusedCommand(const Status& connect_status);
 
 // The Status for an error reply ("LOADING ..." etc. are Unavailable).
 Status ErrorReplyStatus(const std::string& message);

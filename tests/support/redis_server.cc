@@ -66,8 +66,9 @@ Status RedisServer::Start(double deadline_s) {
   if (!options_.password.empty()) args.insert(args.end(), {"--requirepass", options_.password});
   if (!options_.acl_user.empty()) {
     // Command-line config: the words after --user up to the next --option form one line.
-    args.insert(args.end(), {"--user", options_.acl_user, "on", ">" + options_.acl_password, "~*",
-                             "&*", "+@all"});
+    args.insert(args.end(), {"--user", options_.acl_user, "on", ">" + options_.acl_password});
+    std::istringstream rules(options_.acl_rules);
+    for (std::string rule; rules >> rule;) args.push_back(rule);
   }
   const std::string log = dir_.path() + "/redis.log";
   pid_ = ::fork();

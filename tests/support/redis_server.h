@@ -18,8 +18,10 @@ namespace falcon::testing {
 
 struct RedisServerOptions {
   std::string password;      // requirepass for the default user ("" = none)
-  std::string acl_user;      // an extra ACL user with every permission ("" = none)
+  std::string acl_user;      // an extra ACL user ("" = none)
   std::string acl_password;  // its password
+  // Its permissions, as ACL SETUSER rules (space-separated): every command by default.
+  std::string acl_rules = "~* &* +@all";
 };
 
 class RedisServer {
