@@ -7,7 +7,7 @@
 #   scripts/test.sh --fuzz-seconds N  fuzz each target N s at the end (default 30; 0: none)
 #   scripts/test.sh --e2e           also the controller's 16-rank end-to-end suite (~20 min; needs
 #                                   two cores of its own: it is timing-sensitive on a starved VM)
-# Build trees: build/ (RelWithDebInfo), build-release/ (the benchmarks and daemons, -O3),
+# Build trees: build/ (RelWithDebInfo), build-release/ (the benchmarks, -O3),
 # build-asan/, build-tsan/, build-fuzz/ (clang). Uses all cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,8 +48,7 @@ fi
 step "build (release: the benchmarks)"
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$jobs" --target falcon-analyzer-bench falcon-mitigation-bench \
-  falcon-pipeline-bench falcon-shim-bench falcon-trap-cycles-bench falcon_emu_bench falcon-agent falcon-controller \
-  falcon-ctl falcon_shim
+  falcon-pipeline-bench falcon-shim-bench falcon-trap-cycles-bench falcon_emu_bench
 
 if ((sanitizers)); then
   # The sanitizer runs cover the concurrent and memory-sensitive parts (test labels in
