@@ -1474,6 +1474,8 @@ TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairPartialNicsAndLon
       {"one rank pair, nodes unknown, one transfer", {{}, {link(0, 2, -1, -1, 1)}, {}}, true},
       {"links between two node pairs", {{}, {link(0, 2, 0, 1), link(4, 6, 2, 3)}, {}}, true},
       {"two rank pairs, nodes unknown", {{}, {link(0, 2, -1, -1), link(1, 3, -1, -1)}, {}}, true},
+      {"two rank pairs inside one node", {{}, {link(0, 2, 0, 0, 2), link(3, 6, 0, 0, 2)}, {}}, true},
+      {"one rank pair inside a node, two passes", {{}, {link(0, 2, 0, 0, 2)}, {}}, false},
       {"a GPU and a link", {{{3, 1, {}}}, {link(0, 2, 0, 1)}, {}}, true},
       {"a NIC slow to every peer", {{}, {}, {nic(2, 3, 3)}}, false},
       {"a NIC slow to some peers", {{}, {}, {nic(2, 2, 3)}}, true},

@@ -60,9 +60,11 @@ void Merge(std::vector<analyzer::GemmMeasurement>& list, const analyzer::GemmMea
 std::string RemeasureReason(const analyzer::Localization& l) {
   std::map<std::pair<std::int64_t, std::int64_t>, std::size_t> links;  // node pair -> slow measurements
   for (const analyzer::SlowLink& k : l.links) {
-    const bool known = k.sender_node >= 0 && k.receiver_node >= 0;
+    // Links inside one node (NVLink, PCIe) are told apart by their rank pairs: two slow pairs on
+    // one node are two culprits, not one node pair measured twice.
+    const bool known = k.sender_node >= 0 && k.receiver_node >= 0 && k.sender_node != k.receiver_node;
     const std::int64_t a = known ? k.sender_node : k.sender, b = known ? k.receiver_node : k.receiver;
-    // Rank pairs stand for themselves when a node is unknown (offset off the node numbers).
+    // Rank pairs stand for themselves when a node is unknown or shared (offset off the node numbers).
     const std::int64_t offset = known ? 0 : std::int64_t{1} << 32;
     links[{std::min(a, b) + offset, std::max(a, b) + offset}] += std::max<std::size_t>(k.measurements, 1);
   }
