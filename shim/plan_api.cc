@@ -66,6 +66,10 @@ FALCON_EXPORT int falconGetExcludedNodes(int32_t* nodes, int capacity, uint32_t*
   return GetPart(PlanPart::kExcludedNodes, nodes, capacity, version);
 }
 
+FALCON_EXPORT int falconGetPipelinePlan(int32_t* warmup, int capacity, uint32_t* version) {
+  return GetPart(PlanPart::kWarmup, warmup, capacity, version);
+}
+
 FALCON_EXPORT int falconAckPlan(uint32_t version, int status) {
   if (version == 0) return FALCON_ERR_INVALID;
   FalconPlanBlock* b = Block();

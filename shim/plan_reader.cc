@@ -55,6 +55,9 @@ int ReadConsistent(const FalconPlanBlock& b, PlanPart part, int32_t* out, int ca
     } else if (part == PlanPart::kExcludedNodes) {
       src = b.exclude_nodes;
       n = i.exclude_count;
+    } else if (part == PlanPart::kWarmup) {
+      src = b.warmup;
+      n = Clamp(Relaxed(b.warmup_count), FALCON_PLAN_MAX_STAGES);
     }
     s->part_count = static_cast<int>(n);
     if (out != nullptr) {

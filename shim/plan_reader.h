@@ -20,7 +20,7 @@ namespace falcon::shim {
 // Copies attempted before giving up with FALCON_ERR_BUSY (a spin hint between attempts).
 inline constexpr int kPlanReadAttempts = 256;
 
-enum class PlanPart { kMicroBatches, kPlacement, kExcludedNodes };
+enum class PlanPart { kMicroBatches, kPlacement, kExcludedNodes, kWarmup };
 
 // The version of the plan in force (one atomic load, no seqlock: contract 7), 0 if none.
 uint32_t PlanVersion(const FalconPlanBlock& block);

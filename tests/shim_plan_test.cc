@@ -40,7 +40,8 @@ using shim::PlanPart;
 using testing::PatternCount;
 using testing::PatternValue;
 
-constexpr PlanPart kParts[] = {PlanPart::kMicroBatches, PlanPart::kPlacement, PlanPart::kExcludedNodes};
+constexpr PlanPart kParts[] = {PlanPart::kMicroBatches, PlanPart::kPlacement, PlanPart::kExcludedNodes,
+                               PlanPart::kWarmup};
 
 ShmPlan PatternPlan(uint32_t version) {
   ShmPlan p;
@@ -64,6 +65,7 @@ ShmPlan SmallPlan() {
   p.micro_batches = {4, 4, 2, 6};
   p.placement = {0, 0, 1, 1, 2};
   p.exclude_nodes = {2};
+  p.warmup = {3, 3, 1, 0};
   return p;
 }
 
@@ -87,7 +89,8 @@ TEST(PlanBlockTest, EveryFieldRoundTripsAndOversizedPlansAreRefusedWhole) {
   };
   for (const Oversize& o : {Oversize{&ShmPlan::micro_batches, FALCON_PLAN_MAX_MICRO_BATCHES + 1, "FALCON_PLAN_MAX_MICRO_BATCHES"},
                             Oversize{&ShmPlan::placement, FALCON_PLAN_MAX_PLACEMENT + 1, "FALCON_PLAN_MAX_PLACEMENT"},
-                            Oversize{&ShmPlan::exclude_nodes, FALCON_PLAN_MAX_EXCLUDE + 1, "FALCON_PLAN_MAX_EXCLUDE"}}) {
+                            Oversize{&ShmPlan::exclude_nodes, FALCON_PLAN_MAX_EXCLUDE + 1, "FALCON_PLAN_MAX_EXCLUDE"},
+                            Oversize{&ShmPlan::warmup, FALCON_PLAN_MAX_STAGES + 1, "FALCON_PLAN_MAX_STAGES"}}) {
     ShmPlan p = SmallPlan();
     (p.*o.array).assign(o.n, 1);
     const Status s = daemon::WritePlanBlock(block.get(), p);
@@ -104,9 +107,11 @@ TEST(PlanBlockTest, EveryFieldRoundTripsAndOversizedPlansAreRefusedWhole) {
   full.micro_batches.assign(FALCON_PLAN_MAX_MICRO_BATCHES, 7);
   full.placement.assign(FALCON_PLAN_MAX_PLACEMENT, 65535);
   full.exclude_nodes.assign(FALCON_PLAN_MAX_EXCLUDE, 3);
+  full.warmup.assign(FALCON_PLAN_MAX_STAGES, 5);
   ASSERT_TRUE(daemon::WritePlanBlock(block.get(), full).ok());
   ASSERT_TRUE(daemon::ReadPlanBlock(*block, &copy).ok());
   EXPECT_EQ(copy.placement, full.placement);
+  EXPECT_EQ(copy.warmup, full.warmup);
 
   ASSERT_TRUE(daemon::WritePlanBlock(block.get(), SmallPlan()).ok());
   EXPECT_EQ(shim::PlanVersion(*block), 3u);
@@ -120,8 +125,8 @@ TEST(PlanBlockTest, EveryFieldRoundTripsAndOversizedPlansAreRefusedWhole) {
   EXPECT_EQ(info.placement_count, 5u) << "the previous, longer placement is not visible";
   EXPECT_EQ(info.exclude_count, 1u);
   const ShmPlan want = SmallPlan();
-  const std::vector<int32_t>* wanted[] = {&want.micro_batches, &want.placement, &want.exclude_nodes};
-  for (int part = 0; part < 3; ++part) {
+  const std::vector<int32_t>* wanted[] = {&want.micro_batches, &want.placement, &want.exclude_nodes, &want.warmup};
+  for (int part = 0; part < 4; ++part) {
     std::vector<int32_t> buf(8, -1);
     version = 0;
     const int n = shim::ReadPlanPart(*block, kParts[part], buf.data(), 8, &version);
@@ -137,6 +142,7 @@ TEST(PlanBlockTest, EveryFieldRoundTripsAndOversizedPlansAreRefusedWhole) {
   ASSERT_TRUE(daemon::ReadPlanBlock(*block, &copy).ok());
   EXPECT_EQ(copy.micro_batches, want.micro_batches);
   EXPECT_EQ(copy.exclude_nodes, want.exclude_nodes);
+  EXPECT_EQ(copy.warmup, want.warmup);
   EXPECT_TRUE(copy.restart);
 }
 
@@ -336,9 +342,11 @@ TEST_F(ShimPlanApiTest, NoPlanUntilTheAgentWritesOneThenEveryGetterReturnsIt) {
   EXPECT_EQ(Line(r.out, "mb "), "mb version 3 count 4 [4,4,2,6]");
   EXPECT_EQ(Line(r.out, "placement "), "placement version 3 count 5 [0,0,1,1,2]");
   EXPECT_EQ(Line(r.out, "exclude "), "exclude version 3 count 1 [2]");
+  EXPECT_EQ(Line(r.out, "warmup "), "warmup version 3 count 4 [3,3,1,0]");
   EXPECT_EQ(Line(r.out, "truncate mb"), "truncate mb count 4 copied [4,4] sentinel intact");
   EXPECT_EQ(Line(r.out, "truncate placement"), "truncate placement count 5 copied [0,0] sentinel intact");
   EXPECT_EQ(Line(r.out, "truncate exclude"), "truncate exclude count 1 copied [2] sentinel intact");
+  EXPECT_EQ(Line(r.out, "truncate warmup"), "truncate warmup count 4 copied [3,3] sentinel intact");
   EXPECT_EQ(Line(r.out, "acked "), "acked 3 0 rc 0");
   EXPECT_EQ(Line(r.out, "cost "), "cost S4 rc 0");
   const daemon::PlanAcks acks = seg.plan_acks();

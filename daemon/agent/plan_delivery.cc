@@ -25,6 +25,7 @@ daemon::ShmPlan FromCommand(const protocol::Command& c) {
   p.micro_batches = c.micro_batches;
   p.placement = c.placement;
   p.exclude_nodes = c.exclude_nodes;
+  p.warmup = c.warmup;
   return p;
 }
 
@@ -35,6 +36,7 @@ std::uint32_t StrategyCode(const std::string& strategy) {
   if (strategy == "S2") return kFalconStrategyRebalance;
   if (strategy == "S3") return kFalconStrategyTopology;
   if (strategy == "S4") return kFalconStrategyRestart;
+  if (strategy == "pipeline") return kFalconStrategyPipeline;
   return kFalconStrategyNone;
 }
 

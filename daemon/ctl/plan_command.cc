@@ -65,6 +65,7 @@ void PrintPlan(const json& p, const json& acks, std::int64_t now) {
   }
   if (p.contains("micro_batches")) std::printf("  micro-batches:  %s per DP replica\n", Compact(p["micro_batches"]).c_str());
   if (p.contains("placement")) std::printf("  placement:      %s node per rank\n", Compact(p["placement"]).c_str());
+  if (p.contains("warmup")) std::printf("  warm-up:        %s forwards per pipeline stage\n", Compact(p["warmup"]).c_str());
   if (p.contains("exclude_nodes")) std::printf("  exclude nodes:  %s\n", p["exclude_nodes"].dump().c_str());
   if (p.value("restart", false)) std::printf("  restart:        from the last checkpoint\n");
   if (p["mode"] == "act") {

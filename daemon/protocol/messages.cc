@@ -148,7 +148,7 @@ bool NonNegative(const json& v) {
 
 void CopyPlanFields(const json& plan, Command* c) {
   for (const auto& [key, into] : {std::pair{"micro_batches", &c->micro_batches}, std::pair{"placement", &c->placement},
-                                  std::pair{"exclude_nodes", &c->exclude_nodes}}) {
+                                  std::pair{"exclude_nodes", &c->exclude_nodes}, std::pair{"warmup", &c->warmup}}) {
     if (plan.contains(key)) *into = plan[key].get<std::vector<std::int32_t>>();
   }
   c->restart = plan.value("restart", false);
@@ -192,6 +192,7 @@ json ToJson(const Command& m) {
     if (!m.micro_batches.empty()) j["micro_batches"] = m.micro_batches;
     if (!m.placement.empty()) j["placement"] = m.placement;
     if (!m.exclude_nodes.empty()) j["exclude_nodes"] = m.exclude_nodes;
+    if (!m.warmup.empty()) j["warmup"] = m.warmup;
     if (m.restart) j["restart"] = true;
   }
   return j;
@@ -320,6 +321,20 @@ Result<Command> ParseCommand(std::string_view text) {
       if (Status s = ints("micro_batches", 1, 4096, &c.micro_batches); !s.ok()) return s;
       if (Status s = ints("placement", 0, 65535, &c.placement); !s.ok()) return s;
       if (Status s = ints("exclude_nodes", 0, 65535, &c.exclude_nodes); !s.ok()) return s;
+      if (Status s = ints("warmup", 0, 65535, &c.warmup); !s.ok()) return s;
+      for (std::size_t i = 1; i < c.warmup.size(); ++i) {
+        // A stage that wants more forwards before its first backward than its upstream can send
+        // without one waits forever: refuse the plan, never deliver it.
+        if (c.warmup[i] > c.warmup[i - 1]) {
+          return Status::InvalidArgument("plan.warmup: stage " + std::to_string(i) + "'s count " +
+                                         std::to_string(c.warmup[i]) + " exceeds stage " + std::to_string(i - 1) +
+                                         "'s " + std::to_string(c.warmup[i - 1]) +
+                                         " (counts must not increase along the pipeline)");
+        }
+      }
+      if (c.strategy == "pipeline" && c.warmup.empty()) {
+        return Status::InvalidArgument("plan: strategy pipeline needs warmup counts");
+      }
     }
     return c;
   } catch (const json::exception& e) {

@@ -154,10 +154,11 @@ struct Command {
   std::optional<std::int64_t> vranks, vrank;   // vcomm_join
   // plan (elements range-checked by ParseCommand)
   std::int32_t plan_version = 0;
-  std::string strategy;                      // S1 | S2 | S3 | S4
+  std::string strategy;                      // S1 | S2 | S3 | S4 | pipeline
   std::vector<std::int32_t> micro_batches;   // per DP replica, each 1..4096; empty: none
   std::vector<std::int32_t> placement;       // node of every global rank, 0..65535; empty: none
   std::vector<std::int32_t> exclude_nodes;
+  std::vector<std::int32_t> warmup;          // pipeline: warm-up forwards per stage; empty: none
   bool restart = false;
 };
 
@@ -217,7 +218,7 @@ nlohmann::json ToJson(const Command& m);  // for the controller and tests
 nlohmann::json ToJson(const Ack& m);
 nlohmann::json ToJson(const Alert& m);
 
-// Copies a plan's fields (micro_batches, placement, exclude_nodes, restart — those present) from
+// Copies a plan's fields (micro_batches, placement, exclude_nodes, warmup, restart — those present) from
 // a plan object (the controller's decision, or a mitigation_plan message) into a plan command.
 // REQUIRES: the fields present have their schema types (arrays of integers, a boolean).
 void CopyPlanFields(const nlohmann::json& plan, Command* c);

@@ -49,6 +49,9 @@ Status CheckPlanFits(const ShmPlan& p) {
   if (p.exclude_nodes.size() > FALCON_PLAN_MAX_EXCLUDE) {
     return TooLong("exclude_nodes", p.exclude_nodes.size(), FALCON_PLAN_MAX_EXCLUDE, "FALCON_PLAN_MAX_EXCLUDE");
   }
+  if (p.warmup.size() > FALCON_PLAN_MAX_STAGES) {
+    return TooLong("warmup", p.warmup.size(), FALCON_PLAN_MAX_STAGES, "FALCON_PLAN_MAX_STAGES");
+  }
   return Status::Ok();
 }
 
@@ -64,10 +67,12 @@ Status WritePlanBlock(FalconPlanBlock* b, const ShmPlan& p) {
   Store(b->micro_batch_count, static_cast<uint32_t>(p.micro_batches.size()));
   Store(b->placement_count, static_cast<uint32_t>(p.placement.size()));
   Store(b->exclude_count, static_cast<uint32_t>(p.exclude_nodes.size()));
+  Store(b->warmup_count, static_cast<uint32_t>(p.warmup.size()));
   Store(b->issued_real_ns, p.issued_real_ns);
   StoreArray(b->micro_batches, p.micro_batches);
   StoreArray(b->placement, p.placement);
   StoreArray(b->exclude_nodes, p.exclude_nodes);
+  StoreArray(b->warmup, p.warmup);
   std::atomic_ref<uint32_t>(b->version).store(p.version, std::memory_order_release);
   seq.store(even + 2, std::memory_order_release);
   return Status::Ok();
@@ -93,6 +98,7 @@ Status ReadPlanBlock(const FalconPlanBlock& b, ShmPlan* out) {
     LoadArray(b.placement, std::min<uint32_t>(Load(b.placement_count), FALCON_PLAN_MAX_PLACEMENT), &p.placement);
     LoadArray(b.exclude_nodes, std::min<uint32_t>(Load(b.exclude_count), FALCON_PLAN_MAX_EXCLUDE),
               &p.exclude_nodes);
+    LoadArray(b.warmup, std::min<uint32_t>(Load(b.warmup_count), FALCON_PLAN_MAX_STAGES), &p.warmup);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (seq.load(std::memory_order_relaxed) == before) {
       if (p.version == 0) return Status::NotFound("no plan was written");

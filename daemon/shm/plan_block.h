@@ -24,6 +24,7 @@ struct ShmPlan {
   std::vector<int32_t> micro_batches;
   std::vector<int32_t> placement;
   std::vector<int32_t> exclude_nodes;
+  std::vector<int32_t> warmup;  // pipeline: warm-up forwards per stage
 };
 
 // What the framework answered (falconAckPlan, falconReportCost), as last published by the shim.

@@ -10,7 +10,8 @@
  * The shim's segment exists from the process's first NCCL call on; before it (and when the
  * shim passes calls through) there is no plan. Capacities: FALCON_PLAN_MAX_MICRO_BATCHES (4096)
  * micro-batch counts, FALCON_PLAN_MAX_PLACEMENT (16384) placement entries,
- * FALCON_PLAN_MAX_EXCLUDE (1024) excluded nodes; the agent refuses larger plans whole.
+ * FALCON_PLAN_MAX_EXCLUDE (1024) excluded nodes, FALCON_PLAN_MAX_STAGES (1024) pipeline stages;
+ * the agent refuses larger plans whole.
  *
  * The plan (one at a time; a newer version replaces an older one):
  *   - version: increases with every decision of the job; 0 = no plan has arrived.
@@ -22,6 +23,13 @@
  *   - placement (S3, S4): the node index of every global rank after re-placement. An S3 may
  *     carry micro-batch counts too (a slow GPU and a slow link at once): apply both.
  *   - S4 also names nodes to leave out and asks for a restart from the last checkpoint.
+ *   - pipeline (adapt the pipeline, for a slow link between pipeline stages): warm-up forward
+ *     counts per pipeline stage, indexed by the stage (a rank's rank in its pipeline
+ *     communicator). Entry s is what Megatron-LM calls stage s's num_warmup_microbatches: the
+ *     forwards it runs before its first backward, less one (1F1B: stages - s - 1; the last stage
+ *     0). Counts never increase along the pipeline; a larger difference between neighbours lets
+ *     the link between them run late without idling the stages behind it, at the cost of
+ *     activation memory (count + 1 micro-batches held). S1 after it means "back to 1F1B".
  * Apply a plan at an iteration boundary on which every rank agrees (e.g. rank 0 polls and
  * broadcasts), then call falconAckPlan on every rank.
  *
@@ -38,7 +46,8 @@
 extern "C" {
 #endif
 
-#define FALCON_API_VERSION 3 /* 2: falconReportCost; 3: falconSetPhase, falconGetPhase */
+#define FALCON_API_VERSION 4 /* 2: falconReportCost; 3: falconSetPhase, falconGetPhase;
+                                4: kFalconStrategyPipeline, falconGetPipelinePlan */
 
 /* Return codes (negative = no data was written). */
 #define FALCON_OK 0
@@ -51,7 +60,8 @@ typedef enum {
   kFalconStrategyIgnore = 1,     /* S1 (after S2: undo the re-balancing) */
   kFalconStrategyRebalance = 2,  /* S2 re-distribute micro-batches across DP replicas */
   kFalconStrategyTopology = 3,   /* S3 re-place ranks on nodes */
-  kFalconStrategyRestart = 4     /* S4 checkpoint and restart without the excluded nodes */
+  kFalconStrategyRestart = 4,    /* S4 checkpoint and restart without the excluded nodes */
+  kFalconStrategyPipeline = 5    /* adapt the pipeline: new warm-up counts per stage (API 4) */
 } FalconStrategy;
 
 /* What the job is doing, as the framework annotates it. Anything but training is a planned
@@ -98,6 +108,10 @@ int falconGetPlacementPlan(int32_t* node_of_rank, int capacity, uint32_t* versio
 
 /* The same for the nodes an S4 restart leaves out. */
 int falconGetExcludedNodes(int32_t* nodes, int capacity, uint32_t* version);
+
+/* The same for the pipeline plan: warm-up forward counts per pipeline stage (see above). The
+ * count is not in FalconPlanInfo (its layout is fixed): ask with capacity 0. (API version 4.) */
+int falconGetPipelinePlan(int32_t* warmup, int capacity, uint32_t* version);
 
 /* This rank applied (status 0) or rejected (status != 0) plan `version`; the agent reports it to
  * the controller (rank_register plan_applied / plan_rejected: the highest version acked with

@@ -383,7 +383,7 @@ inline constexpr MessageSpec kValidate{"validate", kValidateFields,
   {"plan_version", JsonType::kInteger, true, "increases with every decision of the job", "", 1,  \
    2147483647},                                                                                  \
       {"strategy", JsonType::kString, true, "S1 ignore (also: undo), S2 re-balance, S3 "         \
-       "re-place, S4 restart", "S1|S2|S3|S4"},                                                   \
+       "re-place, S4 restart, pipeline: new warm-up counts", "S1|S2|S3|S4|pipeline"},            \
       {"micro_batches", JsonType::kArray, false,                                                 \
        "S2: micro-batches per DP replica, each 1..4096", "", 1, 4096, JsonType::kInteger, 1, 4096}, \
       {"placement", JsonType::kArray, false,                                                     \
@@ -391,7 +391,10 @@ inline constexpr MessageSpec kValidate{"validate", kValidateFields,
        65535},                                                                                   \
       {"exclude_nodes", JsonType::kArray, false, "S4: node indices to leave out", "", 0, 65536,  \
        JsonType::kInteger, 0, 65535},                                                            \
-      {"restart", JsonType::kBoolean, false, "S4: restart from the last checkpoint"}
+      {"restart", JsonType::kBoolean, false, "S4: restart from the last checkpoint"},            \
+      {"warmup", JsonType::kArray, false,                                                        \
+       "pipeline: warm-up forwards per pipeline stage (Megatron's num_warmup_microbatches), "    \
+       "non-increasing, each 0..65535", "", 1, 1024, JsonType::kInteger, 0, 65535}
 
 inline constexpr FieldSpec kPlanCommandFields[] = {
     FALCON_PROTOCOL_COMMAND_FIELDS,

@@ -76,7 +76,7 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 6u /* 6: pause targets on several communicators; 5: pid_ns, boot_id,
+#define FALCON_SHM_ABI_VERSION 7u /* 7: pipeline warm-up counts in the plan block; 6: pause targets on several communicators; 5: pid_ns, boot_id,
                                     shim_flags; names with boot and pidns; comm_seq of ordered
                                     calls only; validation tasks and blobs */
 #define FALCON_SHM_PREFIX "falcon."
@@ -431,9 +431,10 @@ typedef struct FalconControl {
 #define FALCON_PLAN_MAX_MICRO_BATCHES 4096 /* DP replicas (the protocol's own limit) */
 #define FALCON_PLAN_MAX_PLACEMENT 16384    /* global ranks a placement may list */
 #define FALCON_PLAN_MAX_EXCLUDE 1024       /* nodes an S4 restart may leave out */
+#define FALCON_PLAN_MAX_STAGES 1024        /* pipeline stages a warm-up plan may list */
 
 /* The mitigation plan in force (agent → shim) and the framework's answers (shim → agent);
- * read and acknowledged through include/falcon/falcon.h. 86,144 bytes. */
+ * read and acknowledged through include/falcon/falcon.h. 90,240 bytes. */
 typedef struct FalconPlanBlock {
   /* agent → shim, under the seqlock (contract 7) */
   uint64_t seq;               /* odd while the agent writes; even when stable; 0: never written */
@@ -444,7 +445,8 @@ typedef struct FalconPlanBlock {
   uint32_t placement_count;   /* valid entries of placement, <= FALCON_PLAN_MAX_PLACEMENT */
   uint32_t exclude_count;     /* valid entries of exclude_nodes, <= FALCON_PLAN_MAX_EXCLUDE */
   int64_t issued_real_ns;     /* when the agent wrote it, CLOCK_REALTIME ns */
-  uint8_t reserved0[24];
+  uint32_t warmup_count;      /* valid entries of warmup, <= FALCON_PLAN_MAX_STAGES (ABI 7) */
+  uint8_t reserved0[20];
   /* shim → agent: written by falconAckPlan, every word an atomic on its own */
   uint64_t ack_last;          /* latest ack: version << 32 | (uint32_t)status; 0: none yet */
   uint64_t ack_count;         /* falconAckPlan calls so far */
@@ -458,6 +460,7 @@ typedef struct FalconPlanBlock {
   int32_t micro_batches[FALCON_PLAN_MAX_MICRO_BATCHES]; /* per DP replica, 1..4096 */
   int32_t placement[FALCON_PLAN_MAX_PLACEMENT];         /* node index of each global rank */
   int32_t exclude_nodes[FALCON_PLAN_MAX_EXCLUDE];       /* node indices */
+  int32_t warmup[FALCON_PLAN_MAX_STAGES];               /* warm-up forwards per pipeline stage (ABI 7) */
 } FalconPlanBlock;
 
 typedef enum {
@@ -526,7 +529,7 @@ static_assert(sizeof(FalconTask) == 64, "FalconTask is ABI: 64 bytes");
 static_assert(sizeof(FalconTaskResult) == 64, "FalconTaskResult is ABI: 64 bytes");
 static_assert(sizeof(FalconControl) % 64 == 0, "FalconControl keeps 64-byte alignment");
 static_assert(sizeof(FalconPlanBlock) == 128 + 4 * (FALCON_PLAN_MAX_MICRO_BATCHES + FALCON_PLAN_MAX_PLACEMENT +
-                                                     FALCON_PLAN_MAX_EXCLUDE),
+                                                     FALCON_PLAN_MAX_EXCLUDE + FALCON_PLAN_MAX_STAGES),
               "FalconPlanBlock is ABI: two 64-byte lines of words, then the arrays");
 static_assert(sizeof(FalconPlanBlock) % 64 == 0, "FalconPlanBlock keeps 64-byte alignment");
 static_assert(offsetof(FalconPlanBlock, ack_last) == 64, "the shim's ack words have their own cache line");

@@ -94,7 +94,7 @@ def available() -> bool:
 
 
 def api_version() -> Optional[int]:
-    """The shim's C API version (falcon.h FALCON_API_VERSION: 3 has phases), None without the shim."""
+    """The shim's C API version (falcon.h FALCON_API_VERSION: 3 has phases, 4 pipeline plans), None without the shim."""
     api = _lib()
     return int(api.falconApiVersion()) if api.lib is not None else None
 

@@ -49,7 +49,7 @@ def wait_plan(version):
         if p is not None and p.version >= version:
             out = {"plan": {"version": p.version, "strategy": p.strategy, "micro_batches": list(p.micro_batches),
                             "placement": list(p.placement), "excluded_nodes": list(p.excluded_nodes),
-                            "restart": p.restart, "issued_ns": p.issued_ns}}
+                            "restart": p.restart, "issued_ns": p.issued_ns, "warmup": list(p.warmup)}}
             out["ack"] = falcon.ack(p.version)
             out["cost"] = falcon.report_cost("S2", 1.25)
             out["plan_version"] = falcon.plan_version()

@@ -167,9 +167,12 @@ class WithShimTest(unittest.TestCase):
         except ValueError:
             return None
 
-    def send_plan(self, cmd_id, version, micro_batches):
-        msg = json.dumps({"v": 1, "type": "plan", "id": cmd_id, "issued_ns": time.time_ns(),
-                          "plan_version": version, "strategy": "S2", "micro_batches": micro_batches})
+    def send_plan(self, cmd_id, version, micro_batches=None, strategy="S2", **fields):
+        plan = {"v": 1, "type": "plan", "id": cmd_id, "issued_ns": time.time_ns(),
+                "plan_version": version, "strategy": strategy, **fields}
+        if micro_batches is not None:
+            plan["micro_batches"] = micro_batches
+        msg = json.dumps(plan)
         self.redis("XADD", f"falcon:{self.job}:commands:py0", "*", "msg", msg)
 
     def agent_log(self):
@@ -182,7 +185,7 @@ class WithShimTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, out)
         r = json.loads(out.strip().splitlines()[-1])
         self.assertTrue(r["available"])
-        self.assertEqual(r["api_version"], 3)
+        self.assertEqual(r["api_version"], 4)
         self.assertIsNone(r["plan_before_any"])
         for k in ("ack0", "cost_nan", "cost_neg", "cost_bad_strategy"):
             self.assertTrue(str(r[k]).startswith("InvalidArgument"), f"{k}: {r[k]}")
@@ -242,6 +245,23 @@ class WithShimTest(unittest.TestCase):
             self.registration(0)), 20)
         self.assertIsNotNone(reg, f"no plan_applied / cost_s2 in the rank's registration: {self.registration(0)}")
         self.assertAlmostEqual(reg["cost_s2"], 1.25)
+
+    def test_pipeline_plan_from_a_real_agent_carries_the_warmup_counts(self):
+        self.start_agent()
+        child = self.spawn([sys.executable, CHILD, "wait-plan", "2"], env=self.child_env(rank=0, nranks=2))
+        self.assertTrue(wait_until(lambda: self.registration(0), 20), "the agent never registered the rank\n" +
+                        self.agent_log())
+        # Counts that increase along the pipeline would deadlock a job: the agent refuses them.
+        self.send_plan("py-pipe-bad", 1, strategy="pipeline", warmup=[1, 3])
+        self.send_plan("py-pipe-1", 2, strategy="pipeline", warmup=[3, 1, 0])
+        out, _ = child.communicate(timeout=90)
+        self.assertEqual(child.returncode, 0, out + self.agent_log())
+        r = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(r["plan"]["version"], 2)
+        self.assertEqual(r["plan"]["strategy"], "pipeline")
+        self.assertEqual(r["plan"]["warmup"], [3, 1, 0])
+        self.assertEqual(r["plan"]["micro_batches"], [])
+        self.assertIn("must not increase", self.agent_log())
 
     def test_torch_hook_switches_every_rank_at_the_same_iteration(self):
         py = torch_python()

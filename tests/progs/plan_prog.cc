@@ -9,7 +9,7 @@
 //     arguments → FALCON_ERR_INVALID) and right after it (segment, still no plan; not with
 //     --late 1, where the agent may hand over a held plan at once), creates R,
 //     waits until a plan of version >= V arrives (V = 0: stops here), prints it through every getter
-//     ("plan ...", "mb ...", "placement ...", "exclude ..."), checks capacity truncation
+//     ("plan ...", "mb ...", "placement ...", "exclude ...", "warmup ..."), checks capacity truncation
 //     ("truncate ..."), acks it with status S and prints "acked V S". Exit 0 if every check
 //     passed, 1 on a failed check ("FAIL <what>" lines), 3 on timeout. With F: then runs on
 //     (an all-reduce every 10 ms) until F exists.
@@ -50,7 +50,7 @@ struct Api {
   int (*api_version)() = nullptr;
   uint32_t (*plan_version)() = nullptr;
   int (*get_plan)(FalconPlanInfo*) = nullptr;
-  int (*get_part[3])(int32_t*, int, uint32_t*) = {nullptr, nullptr, nullptr};  // mb, placement, exclude
+  int (*get_part[4])(int32_t*, int, uint32_t*) = {nullptr, nullptr, nullptr, nullptr};  // mb, placement, exclude, warmup
   int (*ack)(uint32_t, int) = nullptr;
   int (*report_cost)(uint32_t, double) = nullptr;
 };
@@ -66,6 +66,7 @@ bool ResolveApi(Api* a) {
   return Resolve("falconApiVersion", &a->api_version) && Resolve("falconPlanVersion", &a->plan_version) &&
          Resolve("falconGetPlan", &a->get_plan) && Resolve("falconGetMicroBatchPlan", &a->get_part[0]) &&
          Resolve("falconGetPlacementPlan", &a->get_part[1]) && Resolve("falconGetExcludedNodes", &a->get_part[2]) &&
+         Resolve("falconGetPipelinePlan", &a->get_part[3]) &&
          Resolve("falconAckPlan", &a->ack) && Resolve("falconReportCost", &a->report_cost);
 }
 
@@ -220,8 +221,8 @@ int RunApi(const Api& a, const Options& o) {
               info.restart, static_cast<long long>(info.issued_real_ns), info.micro_batch_count, info.placement_count,
               info.exclude_count);
   static int32_t buf[FALCON_PLAN_MAX_PLACEMENT];
-  const char* names[3] = {"mb", "placement", "exclude"};
-  for (int part = 0; part < 3; ++part) {
+  const char* names[4] = {"mb", "placement", "exclude", "warmup"};
+  for (int part = 0; part < 4; ++part) {
     uint32_t version = 0;
     const int n = a.get_part[part](buf, FALCON_PLAN_MAX_PLACEMENT, &version);
     Check(n >= 0 && version == info.version, "full-capacity getter returns the plan's version");
@@ -230,7 +231,7 @@ int RunApi(const Api& a, const Options& o) {
     Check(a.get_part[part](nullptr, 0, &size_version) == n && size_version == version, "getter(NULL, 0) gives the size");
   }
   // Truncation: capacity 2 copies two entries, returns the full count, leaves the rest alone.
-  for (int part = 0; part < 3; ++part) {
+  for (int part = 0; part < 4; ++part) {
     int32_t small[3] = {-5, -5, -5};
     uint32_t version = 0;
     const int n = a.get_part[part](small, 2, &version);
