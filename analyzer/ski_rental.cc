@@ -29,6 +29,7 @@ const char* StrategyName(Strategy strategy) {
     case Strategy::kRebalanceMicrobatches: return "S2 re-balance micro-batches";
     case Strategy::kAdjustTopology: return "S3 adjust topology";
     case Strategy::kCheckpointRestart: return "S4 checkpoint-restart";
+    case Strategy::kAdaptPipeline: return "pipeline adaptation";
   }
   return "?";
 }
@@ -36,7 +37,7 @@ const char* StrategyName(Strategy strategy) {
 Result<SkiRentalPlanner> SkiRentalPlanner::Create(RootCause cause,
                                                   const SkiRentalOptions& options) {
   const StrategyOverheads& o = options.overheads;
-  for (const double s : {o.rebalance_s, o.topology_s, o.restart_s}) {
+  for (const double s : {o.pipeline_s, o.rebalance_s, o.topology_s, o.restart_s}) {
     if (!ValidOverhead(s)) {
       return Status::InvalidArgument("ski rental: overheads must be >= 0 seconds, got " +
                                      std::to_string(s));
@@ -55,6 +56,8 @@ SkiRentalPlanner::SkiRentalPlanner(RootCause cause, const SkiRentalOptions& opti
   const StrategyOverheads& o = options.overheads;
   if (cause == RootCause::kCompute) {
     candidates_.push_back({Strategy::kRebalanceMicrobatches, o.rebalance_s});
+  } else {
+    candidates_.push_back({Strategy::kAdaptPipeline, o.pipeline_s});
   }
   candidates_.push_back({Strategy::kAdjustTopology, o.topology_s});
   candidates_.push_back({Strategy::kCheckpointRestart, o.restart_s});
@@ -89,6 +92,7 @@ Result<SkiRentalPlanner> SkiRentalPlanner::Restore(RootCause cause,
     ++p.next_;
   }
   p.rebalance_in_effect_ = snapshot.rebalance_in_effect;
+  p.pipeline_in_effect_ = snapshot.pipeline_in_effect;
   p.stopped_ = snapshot.stopped;
   p.slowdown_s_ = snapshot.slowdown_s;
   p.paid_s_ = snapshot.paid_s;
@@ -101,6 +105,7 @@ SkiRentalSnapshot SkiRentalPlanner::Snapshot() const {
   SkiRentalSnapshot s;
   for (std::size_t i = 0; i < next_; ++i) s.applied.push_back(candidates_[i].strategy);
   s.rebalance_in_effect = rebalance_in_effect_;
+  s.pipeline_in_effect = pipeline_in_effect_;
   s.stopped = stopped_;
   s.slowdown_s = slowdown_s_;
   s.paid_s = paid_s_;
@@ -169,7 +174,8 @@ std::optional<MitigationDecision> SkiRentalPlanner::MaybeSwitch(double time_s) {
   current_ = c.strategy;
   next_ = *pick + 1;
   if (c.strategy == Strategy::kRebalanceMicrobatches) rebalance_in_effect_ = true;
-  if (c.strategy == Strategy::kCheckpointRestart) rebalance_in_effect_ = false;
+  if (c.strategy == Strategy::kAdaptPipeline) pipeline_in_effect_ = true;
+  if (c.strategy == Strategy::kCheckpointRestart) rebalance_in_effect_ = pipeline_in_effect_ = false;
   return d;
 }
 
@@ -182,7 +188,9 @@ MitigationDecision SkiRentalPlanner::Stop(double time_s, const std::string& why)
   d.accumulated_slowdown_s = slowdown_s_;
   d.overheads_paid_s = paid_s_;
   d.undo_rebalance = rebalance_in_effect_;
-  d.reason = why + (rebalance_in_effect_ ? "; undo the micro-batch re-balancing" : "");
+  d.undo_pipeline = pipeline_in_effect_;
+  d.reason = why + (rebalance_in_effect_ ? "; undo the micro-batch re-balancing" : "") +
+             (pipeline_in_effect_ ? "; back to the job's own warm-up counts" : "");
   stopped_ = true;
   last_time_s_ = time_s;
   return d;

@@ -2,7 +2,7 @@
 // fail-slow and pay for a mitigation. Candidates by root cause, each with an overhead (seconds
 // of lost training it costs to apply):
 //   compute fail-slow:       S2 re-balance micro-batches, S3 adjust topology, S4 restart;
-//   communication fail-slow: S3, S4.
+//   communication fail-slow: adapt the pipeline (new warm-up counts, Adaptra), S3, S4.
 // S1 (ignore) is where every fail-slow starts. Candidates are tried in order of overhead. The
 // planner is fed iteration samples from the onset on; each adds its slowdown
 // iterations x max(0, t - t_healthy) to the accumulated slowdown. When the switch budget reaches
@@ -24,7 +24,8 @@
 // the iteration times alone cannot tell), or, while nothing has been applied, when
 // recovery_samples samples in a row are within recovery_tolerance of healthy. Either way the
 // planner says stop, and whether S2's re-balancing is still in effect and must be undone
-// (MicrobatchPlan's UndoMicrobatchPlan); a restart (S4) resets micro-batches by itself.
+// (MicrobatchPlan's UndoMicrobatchPlan), and likewise whether adapted warm-up counts are; a
+// restart (S4) resets both by itself.
 // Thread-safety: a SkiRentalPlanner is a plain value; callers serialise access to one instance.
 // Must never: do I/O, read clocks or globals (time arrives in the samples), or recommend a
 // strategy outside the root cause's candidates.
@@ -45,8 +46,10 @@ enum class Strategy : std::uint8_t {
   kRebalanceMicrobatches,  // S2
   kAdjustTopology,         // S3
   kCheckpointRestart,      // S4
+  kAdaptPipeline,          // per-stage warm-up counts for a slow pipeline link (between S2 and S3)
 };
-// "S1 ignore", "S2 re-balance micro-batches", "S3 adjust topology", "S4 checkpoint-restart".
+// "S1 ignore", "S2 re-balance micro-batches", "S3 adjust topology", "S4 checkpoint-restart",
+// "pipeline adaptation".
 [[nodiscard]] const char* StrategyName(Strategy strategy);
 
 enum class RootCause : std::uint8_t { kCompute, kCommunication };
@@ -60,6 +63,7 @@ struct StrategyOverheads {
   double rebalance_s = 10;
   double topology_s = 120;
   double restart_s = 900;
+  double pipeline_s = 2;  // a switch of schedule at an iteration boundary: no pause, no state moved
 };
 
 struct SkiRentalOptions {
@@ -89,6 +93,7 @@ struct MitigationDecision {
   double overheads_paid_s = 0;        // before this decision
   double overhead_s = 0;              // of `to` (0 for kStop)
   bool undo_rebalance = false;        // kStop only: S2's plan is in effect; undo it
+  bool undo_pipeline = false;         // kStop only: adapted warm-up counts are in effect; undo them
   std::string reason;
 };
 
@@ -97,6 +102,7 @@ struct MitigationDecision {
 struct SkiRentalSnapshot {
   std::vector<Strategy> applied;  // in the order they were applied
   bool rebalance_in_effect = false;
+  bool pipeline_in_effect = false;
   bool stopped = false;
   double slowdown_s = 0;
   double paid_s = 0;
@@ -154,6 +160,7 @@ class SkiRentalPlanner {
   std::size_t next_ = 0;
   Strategy current_ = Strategy::kIgnore;
   bool rebalance_in_effect_ = false;
+  bool pipeline_in_effect_ = false;
   bool stopped_ = false;
   double slowdown_s_ = 0;
   double paid_s_ = 0;

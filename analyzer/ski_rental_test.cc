@@ -16,7 +16,8 @@ namespace falcon::analyzer {
 namespace {
 
 constexpr double kHealthy = 1.0;
-constexpr double kSlowByStrategy[] = {1.5, 1.1, 1.05, 1.0};  // S1..S4 iteration time, seconds
+// S1..S4 and pipeline adaptation (Strategy's order): iteration time, seconds.
+constexpr double kSlowByStrategy[] = {1.5, 1.1, 1.05, 1.0, 1.2};
 constexpr double kLastStep = 0.5;                            // one sample's largest slowdown
 
 double Slow(Strategy s) { return kSlowByStrategy[static_cast<int>(s)]; }
@@ -24,7 +25,16 @@ double Slow(Strategy s) { return kSlowByStrategy[static_cast<int>(s)]; }
 SkiRentalOptions Options(SwitchRule rule = SwitchRule::kCostSinceOnset) {
   SkiRentalOptions o;
   o.overheads = {10, 60, 300};
+  // No slow pipeline link in these scenarios: the communication chain is S3, S4.
+  o.overheads.pipeline_s = std::numeric_limits<double>::infinity();
   o.rule = rule;
+  return o;
+}
+
+// A slow link between pipeline stages: adapting the warm-up counts (2 s) comes first.
+SkiRentalOptions PipelineOptions() {
+  SkiRentalOptions o = Options();
+  o.overheads.pipeline_s = 2;
   return o;
 }
 
@@ -60,6 +70,7 @@ double Overhead(Strategy s, const SkiRentalOptions& o) {
     case Strategy::kRebalanceMicrobatches: return o.overheads.rebalance_s;
     case Strategy::kAdjustTopology: return o.overheads.topology_s;
     case Strategy::kCheckpointRestart: return o.overheads.restart_s;
+    case Strategy::kAdaptPipeline: return o.overheads.pipeline_s;
   }
   return 0;
 }
@@ -67,8 +78,9 @@ double Overhead(Strategy s, const SkiRentalOptions& o) {
 double OfflineOptimum(RootCause cause, std::int64_t iterations, const SkiRentalOptions& o) {
   double best = std::numeric_limits<double>::infinity();
   for (const Strategy s : {Strategy::kIgnore, Strategy::kRebalanceMicrobatches,
-                           Strategy::kAdjustTopology, Strategy::kCheckpointRestart}) {
+                           Strategy::kAdjustTopology, Strategy::kCheckpointRestart, Strategy::kAdaptPipeline}) {
     if (cause == RootCause::kCommunication && s == Strategy::kRebalanceMicrobatches) continue;
+    if (cause == RootCause::kCompute && s == Strategy::kAdaptPipeline) continue;
     best = std::min(best, Overhead(s, o) + static_cast<double>(iterations) * (Slow(s) - kHealthy));
   }
   return best;
@@ -296,6 +308,40 @@ TEST(SkiRentalTest, RestoredPlannerDecidesAsTheOriginal) {
   EXPECT_DOUBLE_EQ(restored->accumulated_slowdown_s(), original.accumulated_slowdown_s());
   EXPECT_DOUBLE_EQ(restored->overheads_paid_s(), original.overheads_paid_s());
   EXPECT_EQ(restored->End(now + 1).value().undo_rebalance, original.End(now + 1).value().undo_rebalance);
+}
+
+// A slow pipeline link: the chain is pipeline adaptation, S3, S4, each when the fail-slow has
+// cost as much; a stop while the adapted counts hold undoes them, one after the restart does not.
+TEST(SkiRentalTest, SlowPipelineLinkAdaptsThePipelineFirst) {
+  SkiRentalPlanner planner = SkiRentalPlanner::Create(RootCause::kCommunication, PipelineOptions()).value();
+  EXPECT_EQ(planner.remaining(), (std::vector<Strategy>{Strategy::kAdaptPipeline, Strategy::kAdjustTopology,
+                                                        Strategy::kCheckpointRestart}));
+  double now = 0;
+  std::optional<MitigationDecision> d;
+  while (!d) d = planner.Observe({now += 1.5, 1.5, kHealthy, 1}).value();
+  EXPECT_EQ(d->to, Strategy::kAdaptPipeline);
+  EXPECT_GE(d->accumulated_slowdown_s, 2.0);
+  EXPECT_NE(d->reason.find("pipeline adaptation"), std::string::npos) << d->reason;
+  SkiRentalPlanner copy = SkiRentalPlanner::Restore(RootCause::kCommunication, PipelineOptions(),
+                                                    planner.Snapshot()).value();
+  EXPECT_TRUE(copy.Snapshot().pipeline_in_effect);
+  const MitigationDecision stop = copy.End(now).value();
+  EXPECT_TRUE(stop.undo_pipeline);
+  EXPECT_FALSE(stop.undo_rebalance);
+  EXPECT_NE(stop.reason.find("warm-up"), std::string::npos) << stop.reason;
+
+  const Outcome endless = Simulate(RootCause::kCommunication, 1000000, PipelineOptions());
+  EXPECT_EQ(Switches(endless), (std::vector<Strategy>{Strategy::kAdaptPipeline, Strategy::kAdjustTopology,
+                                                      Strategy::kCheckpointRestart}));
+  EXPECT_FALSE(endless.decisions.back().undo_pipeline) << "the restart runs the job's own schedule";
+  for (double n = 1; n < 2e5; n *= 1.07) {
+    const auto iterations = static_cast<std::int64_t>(n);
+    const Outcome run = Simulate(RootCause::kCommunication, iterations, PipelineOptions());
+    EXPECT_LE(run.cost, 2.5 * OfflineOptimum(RootCause::kCommunication, iterations, PipelineOptions()) + kLastStep)
+        << iterations << " iterations";
+  }
+  SkiRentalPlanner compute = SkiRentalPlanner::Create(RootCause::kCompute, PipelineOptions()).value();
+  EXPECT_FALSE(compute.SetOverhead(Strategy::kAdaptPipeline, 1).ok()) << "no pipeline link is slow";
 }
 
 TEST(SkiRentalTest, RestoreRejectsImpossibleSnapshots) {

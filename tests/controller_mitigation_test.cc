@@ -9,6 +9,7 @@
 #include <functional>
 #include <numeric>
 
+#include "analyzer/pipeline_schedule.h"
 #include "daemon/controller/mitigation.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
@@ -288,6 +289,98 @@ TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefThatAlsoRebalances) 
   Mitigator link = Mitigator::Start(Settings(), "link", link_only, InferLayout(View(2, 4, 2), "")).value();
   EXPECT_EQ(link.candidates()["S3"]["kind"], "link relief");
   EXPECT_FALSE(link.candidates()["S3"]["plan"].contains("micro_batches"));
+}
+
+// node1 -> node5 joins pipeline stage 0 (ranks 0-7, nodes 0-3) and stage 1 (ranks 8-15, nodes
+// 4-7): adapting the warm-up counts comes first (2 s), the link's delay sized from the healthy
+// and slow iteration times, the counts within the activation limit; the stop goes back to 1F1B.
+TEST(MitigationTest, SlowPipelineLinkAdaptsTheWarmupCountsFirst) {
+  const json pp_link = {{"links", {{{"ranks", {2, 10}}, {"hosts", {"node1", "node5"}}, {"evidence", {{"ratio", 4.0}}}}}}};
+  const JobTiming timing{1.0, 1.6};
+  const Result<JobLayout> layout = InferLayout(View(2, 4, 2), "");
+
+  // The default limit (the pipeline depth, 2) leaves 1F1B's counts as the only ones.
+  Mitigator tight = Mitigator::Start(Settings(), "link", pp_link, layout, {}, timing).value();
+  ASSERT_TRUE(tight.candidates()["pipeline"].contains("unavailable")) << tight.candidates().dump();
+  EXPECT_NE(tight.candidates()["pipeline"]["unavailable"].get<std::string>().find("activation limit"), std::string::npos);
+
+  MitigationSettings s = Settings();
+  s.pipeline_activation_limit = 4;
+  Mitigator m = Mitigator::Start(s, "link", pp_link, layout, {}, timing).value();
+  const json& c = m.candidates()["pipeline"];
+  ASSERT_TRUE(c.contains("plan")) << m.candidates().dump();
+  EXPECT_EQ(c["plan"]["strategy"], "pipeline");
+  const auto warmup = c["plan"]["warmup"].get<std::vector<int>>();
+  ASSERT_EQ(warmup.size(), 2u);
+  EXPECT_GT(warmup[0], 1) << "more slack than 1F1B's [1, 0] across the slow link";
+  EXPECT_LE(warmup[0] + 1, 4) << "within the activation limit";
+  EXPECT_GE(warmup[0], warmup[1]);
+  EXPECT_EQ(c["links"], json({0}));
+  EXPECT_GT(c["link_delay_s"].get<double>(), 0);
+  EXPECT_NEAR(c["baseline_iteration_s"].get<double>(), 1.6, 0.01) << "the delay explains the slow iteration";
+  EXPECT_GT(c["expected_gain"].get<double>(), 0.05);
+  EXPECT_LT(c["iteration_s"].get<double>(), c["baseline_iteration_s"].get<double>());
+  EXPECT_EQ(c["overhead_s"], 2.0);
+
+  // 0.6 s of slowdown per sample: the 2 s overhead is covered at the fourth.
+  std::optional<Decision> d;
+  int at = 0;
+  for (int t = 1; t <= 20 && !d; ++t) {
+    d = m.Observe(t, 1.6, 1.0, 1).value();
+    at = t;
+  }
+  ASSERT_TRUE(d);
+  EXPECT_EQ(at, 4);
+  EXPECT_EQ(d->strategy, "pipeline");
+  EXPECT_TRUE(d->publish_plan);
+  EXPECT_EQ(d->plan["warmup"], c["plan"]["warmup"]);
+  EXPECT_TRUE(m.pipeline_in_effect());
+  EXPECT_FALSE(m.rebalance_in_effect());
+
+  // A restarted controller carries on with the counts in force.
+  Mitigator again = Mitigator::FromJson(s, m.ToJson()).value();
+  EXPECT_TRUE(again.pipeline_in_effect());
+  EXPECT_EQ(again.current(), "pipeline");
+  const Decision stop = again.End(30).value();
+  EXPECT_EQ(stop.strategy, "S1");
+  EXPECT_TRUE(stop.publish_plan) << "frameworks go back to their own warm-up counts";
+  EXPECT_FALSE(stop.plan.contains("micro_batches"));
+  EXPECT_NE(stop.summary.find("warm-up"), std::string::npos) << stop.summary;
+
+  // The same link with nothing to size it from, and a link inside one stage: no pipeline plan.
+  Mitigator untimed = Mitigator::Start(s, "link", pp_link, layout).value();
+  EXPECT_TRUE(untimed.candidates()["pipeline"].contains("unavailable"));
+  const json dp_link = {{"links", {{{"ranks", {2, 4}}, {"hosts", {"node1", "node2"}}, {"evidence", {{"ratio", 4.0}}}}}}};
+  Mitigator inside = Mitigator::Start(s, "link", dp_link, layout, {}, timing).value();
+  EXPECT_EQ(inside.candidates()["pipeline"]["unavailable"], "no slow link joins two pipeline stages");
+  std::optional<Decision> first;
+  for (int t = 1; t <= 100 && !first; ++t) first = inside.Observe(t, 1.6, 1.0, 1).value();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->strategy, "S3");
+}
+
+// The delay the pipeline candidate sizes is the one that made the job slow: a job simulated with
+// a known delay on the node1 <-> node5 pipeline link, its healthy and slow iteration times handed
+// over, the delay comes back within 1 %.
+TEST(MitigationTest, PipelineLinkDelayIsSizedFromTheIterationTimes) {
+  const json pp_link = {{"links", {{{"ranks", {2, 10}}, {"hosts", {"node1", "node5"}}}}}};
+  MitigationSettings s = Settings();
+  s.pipeline_activation_limit = 6;
+  const double healthy = 0.9;  // N + S - 1 = 9 periods of 0.1 s
+  const double period = healthy / 9;
+  for (const double c : {0.25, 0.5, 1.0, 2.0, 4.0}) {
+    SCOPED_TRACE("delay " + std::to_string(c) + " periods");
+    analyzer::PipelineModel truth;
+    truth.stages.assign(2, {period / 3, 2 * period / 3, 0});
+    truth.link_delay_s = {c * period};
+    const double slow = analyzer::WarmupIterationTime(truth, analyzer::StandardWarmup(2, 8).value(), 8).value();
+    ASSERT_GT(slow, healthy);
+    Mitigator m = Mitigator::Start(s, "link", pp_link, InferLayout(View(2, 4, 2), ""), {}, {healthy, slow}).value();
+    const json& cand = m.candidates()["pipeline"];
+    ASSERT_TRUE(cand.contains("link_delay_s")) << cand.dump();
+    EXPECT_NEAR(cand["link_delay_s"].get<double>(), c * period, 0.01 * c * period);
+    EXPECT_NEAR(cand["stage_period_s"].get<double>(), period, 1e-12);
+  }
 }
 
 TEST(MitigationTest, AReplacedSlowLinkThatNoLongerShowsIsNoChangeOfCulprits) {

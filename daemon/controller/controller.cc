@@ -261,12 +261,12 @@ Status Controller::Track(std::int64_t now_ns) {
   }
   Incident& inc = *state_.incident;
   Mitigator* m = CurrentMitigator();
-  // While S2 holds, the iteration time cannot tell whether the culprits are still slow: S2 may be
+  // While S2 (or adapted warm-up counts) holds, the iteration time cannot tell whether the culprits are still slow: S2 may be
   // what makes the job look healthy, and once the fault is gone the re-balanced split itself
   // keeps the job slower than its even split did. So the culprits are validated again now and
   // then (recheck-s, doubling while they stay slow), whether the ranks look slow or not.
-  const bool rebalancing = m != nullptr && !m->stopped() && m->rebalance_in_effect() && inc.localised &&
-                           config_.mitigation.mode == "act";
+  const bool rebalancing = m != nullptr && !m->stopped() && (m->rebalance_in_effect() || m->pipeline_in_effect()) &&
+                           inc.localised && config_.mitigation.mode == "act";
   auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
   if (inc.localised && m != nullptr && !m->stopped()) {
     if (const auto cur = CurrentIterationS(); cur && *cur > 0 && (inc.best_since_round_s <= 0 || *cur < inc.best_since_round_s)) {
@@ -326,7 +326,8 @@ Status Controller::StartMitigation(std::int64_t now_ns) {
   }
   const Result<JobLayout> layout = InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes);
   const std::int64_t planning_from = MonotonicNs();
-  Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings, layout, Measured());
+  const JobTiming timing{inc.healthy_s, CurrentIterationS().value_or(0)};
+  Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings, layout, Measured(), timing);
   plan_s_ = static_cast<double>(MonotonicNs() - planning_from) / kNsPerS;  // counts towards S2's from now on
   if (!m.ok()) {
     log_->warn("event=mitigation_not_started incident={} error={}", daemon::LogValue(inc.id),

@@ -117,15 +117,21 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->check(daemon::FiniteRange(0.0, 1e9));
   Entry(app, "s4-overhead-s", m.overheads.restart_s, "S4 checkpoint-restart: lost training it costs, s, until the job reports a measured cost (falconReportCost)")
       ->check(daemon::FiniteRange(0.0, 1e9));
+  Entry(app, "pipeline-overhead-s", m.overheads.pipeline_s, "pipeline adaptation (new warm-up counts for a slow "
+        "link between pipeline stages): lost training it costs, s (a switch at an iteration boundary, no pause)")
+      ->check(daemon::FiniteRange(0.0, 1e9));
+  Entry(app, "pipeline-activation-limit", m.pipeline_activation_limit, "micro-batches' activations a pipeline "
+        "stage may hold under adapted warm-up counts (0: the pipeline depth, what 1F1B's first stage holds)")
+      ->check(daemon::FiniteRange(0, 65536));
   Entry(app, "micro-batches", m.micro_batches, "micro-batches per DP replica per iteration in the job's own "
-        "schedule (0: unknown, no S2 plans)")
+        "schedule (0: unknown, no S2 or pipeline plans)")
       ->check(daemon::FiniteRange(0, 4096));
   Entry(app, "job-shape", m.job_shape, "TPxDPxPP, e.g. 2x4x2 (empty: inferred from the communicators)");
   Entry(app, "spare-nodes", m.spare_nodes, "idle nodes an S4 restart may use, numbered after the job's")
       ->check(daemon::FiniteRange(0, 65535));
   Entry(app, "plan-sample-s", m.sample_s, "feed the mitigation planner the iteration time this often, s")
       ->check(daemon::FiniteRange(0.05, 3600.0));
-  Entry(app, "recheck-s", m.recheck_s, "while S2 holds (act mode), re-validate the culprits this often to see "
+  Entry(app, "recheck-s", m.recheck_s, "while S2 or adapted warm-up counts hold (act mode), re-validate the culprits this often to see "
         "whether the fault is gone (doubling while they stay slow), s")
       ->check(daemon::FiniteRange(1.0, 86400.0));
   Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "analyzer/microbatch_plan.h"
+#include "analyzer/pipeline_plan.h"
 #include "analyzer/restart_plan.h"
 
 namespace falcon::controller {
@@ -32,13 +33,14 @@ const char* Code(Strategy s) {
     case Strategy::kRebalanceMicrobatches: return "S2";
     case Strategy::kAdjustTopology: return "S3";
     case Strategy::kCheckpointRestart: return "S4";
+    case Strategy::kAdaptPipeline: return "pipeline";
   }
   return "S1";
 }
 
 std::optional<Strategy> FromCode(const std::string& c) {
   for (Strategy s : {Strategy::kIgnore, Strategy::kRebalanceMicrobatches, Strategy::kAdjustTopology,
-                     Strategy::kCheckpointRestart}) {
+                     Strategy::kCheckpointRestart, Strategy::kAdaptPipeline}) {
     if (c == Code(s)) return s;
   }
   return std::nullopt;
@@ -167,6 +169,96 @@ json PlanLinkRelief(const MitigationSettings& s, const json& findings, const Job
   return out;
 }
 
+// Pipeline links (i: between stage i and i + 1) that cross one of the slow links the findings
+// name: a PP neighbour pair whose nodes are the link's two hosts.
+std::set<std::int32_t> SlowPipelineLinks(const json& findings, const JobLayout& l) {
+  const analyzer::JobShape& shape = l.placement.shape;
+  const std::int32_t stage_ranks = shape.tp * shape.dp;
+  std::set<std::int32_t> out;
+  for (const json& k : findings.value("links", json::array())) {
+    const json hosts = k.value("hosts", json::array());
+    if (hosts.size() != 2) continue;
+    const std::int32_t a = NodeOfHost(l, hosts[0]), b = NodeOfHost(l, hosts[1]);
+    if (a < 0 || b < 0) continue;
+    for (std::int32_t r = 0; r + stage_ranks < static_cast<std::int32_t>(l.placement.node_of_rank.size()); ++r) {
+      const std::int32_t x = l.placement.node_of_rank[static_cast<std::size_t>(r)];
+      const std::int32_t y = l.placement.node_of_rank[static_cast<std::size_t>(r + stage_ranks)];
+      if ((x == a && y == b) || (x == b && y == a)) out.insert(analyzer::CoordOf(shape, r).pp_stage);
+    }
+  }
+  return out;
+}
+
+// Adapting the pipeline (Adaptra): new warm-up counts that let the slow pipeline links run late
+// without idling the stages behind them. The model is the job's own figures: S stages of equal
+// work, a micro-batch's forward a third of its work (backward twice the forward), the stage
+// time from the healthy iteration ((N + S - 1) micro-batch periods under 1F1B), and one delay on
+// every slow pipeline link, the one under which 1F1B takes the slow iteration time observed.
+json PlanPipeline(const MitigationSettings& s, const json& findings, const Result<JobLayout>& layout,
+                  const JobTiming& timing) {
+  if (findings.value("links", json::array()).empty()) return {{"unavailable", "no slow link"}};
+  if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
+  const JobLayout& l = layout.value();
+  const std::int32_t stages = l.placement.shape.pp;
+  if (stages < 2) return {{"unavailable", "no pipeline parallelism (PP 1)"}};
+  const std::set<std::int32_t> links = SlowPipelineLinks(findings, l);
+  if (links.empty()) return {{"unavailable", "no slow link joins two pipeline stages"}};
+  if (s.micro_batches <= 0) return {{"unavailable", "the job's micro-batches per replica are unknown (micro-batches)"}};
+  const std::int32_t n = s.micro_batches;
+  if (!(timing.healthy_s > 0) || !(timing.slow_s > timing.healthy_s)) {
+    return {{"unavailable", "no slow iteration time against a healthy one to size the link's delay from"}};
+  }
+  const double period = timing.healthy_s / static_cast<double>(n + stages - 1);
+  analyzer::PipelineModel model;
+  model.stages.assign(static_cast<std::size_t>(stages), {period / 3, 2 * period / 3, 0});
+  model.link_delay_s.assign(static_cast<std::size_t>(stages - 1), 0.0);
+  Result<std::vector<std::int32_t>> standard = analyzer::StandardWarmup(stages, n);
+  if (!standard.ok()) return {{"unavailable", standard.status().message()}};
+  auto one_f_one_b = [&](double delay) -> Result<double> {
+    for (const std::int32_t i : links) model.link_delay_s[static_cast<std::size_t>(i)] = delay;
+    return analyzer::WarmupIterationTime(model, standard.value(), n);
+  };
+  // The delay that explains the slowdown (1F1B's time grows with it): bisection.
+  double lo = 0, hi = timing.slow_s;
+  for (int i = 0; i < 60 && hi - lo > 1e-9 * timing.slow_s; ++i) {
+    const double mid = (lo + hi) / 2;
+    Result<double> t = one_f_one_b(mid);
+    if (!t.ok()) return {{"unavailable", t.status().message()}};
+    (t.value() < timing.slow_s ? lo : hi) = mid;
+  }
+  const double delay = hi;
+  for (const std::int32_t i : links) model.link_delay_s[static_cast<std::size_t>(i)] = delay;
+  analyzer::PipelineAdaptRequest req;
+  req.model = model;
+  req.microbatches = n;
+  const std::int32_t limit = s.pipeline_activation_limit > 0 ? s.pipeline_activation_limit : stages;
+  req.activation_limit.assign(static_cast<std::size_t>(stages), std::min(limit, n));
+  Result<analyzer::PipelinePlan> plan = analyzer::AdaptPipeline(req);
+  if (!plan.ok()) return {{"unavailable", plan.status().message()}};
+  const analyzer::PipelinePlan& p = plan.value();
+  const double gain = p.baseline_iteration_s > 0 ? 1.0 - p.iteration_s / p.baseline_iteration_s : 0.0;
+  if (gain < 0.01 || p.warmup == p.baseline_warmup) {
+    return {{"unavailable", "no warm-up counts within the activation limit (" + std::to_string(limit) +
+                                " micro-batches per stage) beat 1F1B under this delay"},
+            {"links", links},
+            {"link_delay_s", delay},
+            {"stage_period_s", period}};
+  }
+  std::vector<std::int32_t> counts;  // Megatron's num_warmup_microbatches: forwards before the first backward, less one
+  for (const std::int32_t x : p.warmup) counts.push_back(std::max(0, x - 1));
+  return {{"overhead_s", s.overheads.pipeline_s},
+          {"plan", {{"strategy", "pipeline"}, {"warmup", counts}}},
+          {"kind", "warm-up counts"},
+          {"links", links},
+          {"link_delay_s", delay},
+          {"stage_period_s", period},
+          {"activation_limit", limit},
+          {"iteration_s", p.iteration_s},
+          {"baseline_iteration_s", p.baseline_iteration_s},
+          {"optimal", p.exhaustive},
+          {"expected_gain", gain}};
+}
+
 json PlanRestartCandidate(const MitigationSettings& s, const json& findings,
                           const Result<JobLayout>& layout) {
   if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
@@ -233,6 +325,7 @@ analyzer::SkiRentalOptions OptionsFrom(const MitigationSettings& s, const json& 
   pick("S2", &o.overheads.rebalance_s);
   pick("S3", &o.overheads.topology_s);
   pick("S4", &o.overheads.restart_s);
+  pick("pipeline", &o.overheads.pipeline_s);
   return o;
 }
 
@@ -384,7 +477,7 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
 
 Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std::string& cause,
                                    const json& findings, const Result<JobLayout>& layout,
-                                   const MeasuredOverheads& measured) {
+                                   const MeasuredOverheads& measured, const JobTiming& timing) {
   analyzer::RootCause root;
   if (cause == "compute") {
     if (findings.value("gpus", json::array()).empty()) return Status::InvalidArgument("compute cause without a slow GPU");
@@ -397,6 +490,8 @@ Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std
   json candidates = json::object();
   if (root == analyzer::RootCause::kCompute) {
     candidates["S2"] = PlanRebalance(settings, findings.value("gpus", json::array()), layout);
+  } else {
+    candidates["pipeline"] = PlanPipeline(settings, findings, layout, timing);
   }
   candidates["S3"] = PlanTopology(settings, cause, findings, layout);
   // A slow GPU and a slow link at once: link relief leaves the GPU slow, and the planner, once
@@ -425,6 +520,7 @@ json Mitigator::ToJson() const {
           {"candidates", candidates_},
           {"applied", applied},
           {"rebalance_in_effect", s.rebalance_in_effect},
+          {"pipeline_in_effect", s.pipeline_in_effect},
           {"stopped", s.stopped},
           {"slowdown_s", s.slowdown_s},
           {"paid_s", s.paid_s},
@@ -447,6 +543,7 @@ Result<Mitigator> Mitigator::FromJson(const MitigationSettings& settings, const 
       s.applied.push_back(*x);
     }
     s.rebalance_in_effect = doc.at("rebalance_in_effect").get<bool>();
+    s.pipeline_in_effect = doc.value("pipeline_in_effect", false);  // absent in documents before pipelines
     s.stopped = doc.at("stopped").get<bool>();
     s.slowdown_s = doc.at("slowdown_s").get<double>();
     s.paid_s = doc.at("paid_s").get<double>();
@@ -481,6 +578,7 @@ Decision Mitigator::MakeDecision(const analyzer::MitigationDecision& d) const {
       if (c.contains("baseline")) out.plan["micro_batches"] = c["baseline"];
       out.publish_plan = true;
     }
+    if (d.undo_pipeline) out.publish_plan = true;  // S1: back to the framework's own warm-up counts
     out.summary = "stop mitigating: " + d.reason + (undo && !d.undo_rebalance ? "; undo the micro-batch re-balancing" : "");
   }
   return out;
@@ -524,6 +622,7 @@ std::string Mitigator::current() const { return Code(planner_.current()); }
 bool Mitigator::rebalance_in_effect() const {
   return planner_.Snapshot().rebalance_in_effect || CarriesRebalance(current());
 }
+bool Mitigator::pipeline_in_effect() const { return planner_.Snapshot().pipeline_in_effect; }
 
 bool Mitigator::CarriesRebalance(const std::string& strategy) const {
   if (strategy != "S3") return false;  // S2 is the planner's to track; S4 restarts with its own counts

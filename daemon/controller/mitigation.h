@@ -10,7 +10,11 @@
 //       GPU and a slow link were named together and S3 is link relief, its plan carries S2's
 //       micro-batch counts as well (the planner would never come back to S2 after S3), and
 //       its stop undoes them like S2's;
-//   S4  checkpoint-restart without the culprit nodes, onto spare nodes (config spare_nodes).
+//   S4  checkpoint-restart without the culprit nodes, onto spare nodes (config spare_nodes);
+//   pipeline  (communication culprits only) new warm-up counts per pipeline stage when a slow
+//       link joins two pipeline stages' nodes (Adaptra; analyzer/pipeline_plan.h): needs the
+//       job's micro-batches per replica and its healthy and slow iteration times, from which
+//       the link's delay is sized; the counts stay within config pipeline_activation_limit.
 // A candidate that cannot be planned (no layout, S2 without micro-batch counts, a plan that
 // gains nothing) is made unavailable (infinite overhead) with the reason kept. Then a ski-rental
 // planner (analyzer/ski_rental.h) is fed the job's iteration time: it switches to the next
@@ -52,6 +56,13 @@ struct MitigationSettings {
   std::int32_t spare_nodes = 0;    // idle nodes an S4 restart may use (the controller names them spare0, ...)
   double sample_s = 1.0;           // how often the planner is fed the iteration time
   double recheck_s = 60;           // while S2 holds, re-validate the culprits this often (doubling)
+  std::int32_t pipeline_activation_limit = 0;  // micro-batches' activations a stage may hold; 0: PP
+};
+
+// The job's iteration times when the mitigation starts: what sizes a slow pipeline link's delay.
+struct JobTiming {
+  double healthy_s = 0;
+  double slow_s = 0;
 };
 
 // Overheads the job measured itself: what applying each strategy cost, as the frameworks reported
@@ -103,7 +114,8 @@ class Mitigator {
                                                const std::string& cause,
                                                const nlohmann::json& findings,
                                                const Result<JobLayout>& layout,
-                                               const MeasuredOverheads& measured = {});
+                                               const MeasuredOverheads& measured = {},
+                                               const JobTiming& timing = {});
   // From ToJson(); InvalidArgument when the document is not one this class wrote.
   [[nodiscard]] static Result<Mitigator> FromJson(const MitigationSettings& settings,
                                                   const nlohmann::json& doc);
@@ -125,6 +137,8 @@ class Mitigator {
 
   [[nodiscard]] std::string current() const;  // S1..S4
   [[nodiscard]] bool rebalance_in_effect() const;
+  // Adapted warm-up counts are in force (a pipeline decision not yet undone).
+  [[nodiscard]] bool pipeline_in_effect() const;
   [[nodiscard]] bool stopped() const;
   // Candidates with their overheads, plans, gains, or why they are unavailable.
   [[nodiscard]] const nlohmann::json& candidates() const { return candidates_; }
