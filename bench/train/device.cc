@@ -41,6 +41,19 @@ Device::~Device() {
   // The library stays loaded (other users, e.g. the shim, may hold its symbols).
 }
 
+Status Device::SynchronizeStreams() {
+  if (!driver_) return Status::Ok();
+  for (StreamHandle s : streams_) {
+    void* e = nullptr;
+    if (Status st = Check(driver_->event_create(&e, kEventDisableTiming), "cuEventCreate"); !st.ok()) return st;
+    Status st = Check(driver_->event_record(e, s), "cuEventRecord");
+    if (st.ok()) st = Check(driver_->event_synchronize(e), "cuEventSynchronize");
+    (void)driver_->event_destroy(e);
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
 Status Device::Check(int rc, const char* what) const {
   if (rc == 0) return Status::Ok();
   return Status::Unavailable(std::string(what) + " failed: CUDA error " + std::to_string(rc));

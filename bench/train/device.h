@@ -55,6 +55,10 @@ class Device {
   [[nodiscard]] Status StreamWait(StreamHandle s, EventHandle e);
   // Blocks the host until `e`'s last record completed (cuEventSynchronize).
   [[nodiscard]] Status HostWait(EventHandle e);
+  // Blocks the host until every stream of this Device has run all the work enqueued on it so
+  // far (an event recorded on each, then cuEventSynchronize). Unbounded, as the driver's waits
+  // are: call it once the work cannot wait on anything else (e.g. after ncclCommAbort).
+  [[nodiscard]] Status SynchronizeStreams();
   // Enqueues a modelled kernel of nominal `ms` on `s` (see the file comment).
   [[nodiscard]] Status Compute(StreamHandle s, double ms);
 

@@ -46,9 +46,15 @@ Status JobRun::Run() {
   }
   if (env_.rank == 0) std::printf("%s\n", SummaryLine(report_).c_str());
   std::fflush(stdout);
+  if (!s.ok() && comms_ && !o_.world_sync) {
+    // Device work may still be in flight on the trainer's buffers (a collective waiting for a
+    // peer that failed). As PyTorch does on an error, abort the communicators first, so that
+    // work ends, and let the streams drain before the buffers go (the trainers own them).
+    comms_->AbortAll();
+    if (device_) (void)device_->SynchronizeStreams();  // teardown: the job has failed already
+  }
   trainer_.reset();  // before the communicators they use
   mtrainer_.reset();
-  if (!s.ok() && comms_ && !o_.world_sync) comms_->AbortAll();  // device work may still be in flight
   comms_.reset();
   device_.reset();
   return s;
