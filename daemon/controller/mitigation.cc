@@ -227,7 +227,10 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
     (t.value() < timing.slow_s ? lo : hi) = mid;
   }
   const double delay = hi;
-  for (const std::int32_t i : links) model.link_delay_s[static_cast<std::size_t>(i)] = delay;
+  // What the job runs now, 1F1B under that delay (not the planner's baseline, which a limit
+  // below the pipeline depth would have clamped).
+  Result<double> now = one_f_one_b(delay);
+  if (!now.ok()) return {{"unavailable", now.status().message()}};
   analyzer::PipelineAdaptRequest req;
   req.model = model;
   req.microbatches = n;
@@ -236,8 +239,8 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
   Result<analyzer::PipelinePlan> plan = analyzer::AdaptPipeline(req);
   if (!plan.ok()) return {{"unavailable", plan.status().message()}};
   const analyzer::PipelinePlan& p = plan.value();
-  const double gain = p.baseline_iteration_s > 0 ? 1.0 - p.iteration_s / p.baseline_iteration_s : 0.0;
-  if (gain < 0.01 || p.warmup == p.baseline_warmup) {
+  const double gain = 1.0 - p.iteration_s / now.value();
+  if (gain < 0.01) {
     return {{"unavailable", "no warm-up counts within the activation limit (" + std::to_string(limit) +
                                 " micro-batches per stage) beat 1F1B under this delay"},
             {"links", links},
@@ -254,7 +257,7 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
           {"stage_period_s", period},
           {"activation_limit", limit},
           {"iteration_s", p.iteration_s},
-          {"baseline_iteration_s", p.baseline_iteration_s},
+          {"baseline_iteration_s", now.value()},
           {"optimal", p.exhaustive},
           {"expected_gain", gain}};
 }
