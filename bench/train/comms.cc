@@ -95,7 +95,7 @@ Result<std::unique_ptr<Comms>> Comms::Create(const Shape& shape, int rank, const
   if (options.watchdog) c->watchdog_ = std::make_unique<Watchdog>(rank);
   if (options.lazy) return c;
   if (Status s = c->CreateWorld(options.id_file); !s.ok()) return s;
-  for (const GroupSpec& g : MegatronGroups(shape)) {
+  for (const GroupSpec& g : MegatronGroups(shape, options.pp_per_direction)) {
     if (Status s = c->Split(g); !s.ok()) return s;
   }
   return c;
@@ -177,7 +177,7 @@ Result<ncclComm_t> Comms::Get(Group g) {
     if (Status s = InitGroup(world); !s.ok()) return s;
     return Find(g);
   }
-  for (const GroupSpec& spec : MegatronGroups(shape_)) {
+  for (const GroupSpec& spec : MegatronGroups(shape_, options_.pp_per_direction)) {
     if (spec.kind == g && MemberIndex(spec, rank_) >= 0) {
       if (Status s = InitGroup(spec); !s.ok()) return s;
       return Find(g);

@@ -49,6 +49,7 @@ struct CommsOptions {
   bool lazy = false;         // create each group at its first use (Megatron mode)
   bool nonblocking = false;  // ncclConfig_t.blocking = 0 (Megatron mode)
   bool watchdog = false;     // poll every communicator from a Watchdog thread (Megatron mode)
+  bool pp_per_direction = false;  // the per-direction pipeline pair groups too (process_groups.h)
 };
 
 class Comms {

@@ -5,7 +5,7 @@ namespace falcon::train {
 namespace {
 
 enum Field : std::size_t {
-  kStop, kMembers, kVersion, kStrategy, kVerdict, kRestart, kPlacementCount, kExcludeCount, kCounts
+  kStop, kMembers, kVersion, kStrategy, kVerdict, kRestart, kPlacementCount, kExcludeCount, kWarmupCount, kCounts
 };
 
 }  // namespace
@@ -22,6 +22,7 @@ std::vector<std::int32_t> PackControl(const ControlDecision& proposal, int dp) {
       w[kRestart] = a->effect.restart ? 1 : 0;
       w[kPlacementCount] = static_cast<std::int32_t>(a->effect.placement.size());
       w[kExcludeCount] = static_cast<std::int32_t>(a->exclude_nodes.size());
+      w[kWarmupCount] = static_cast<std::int32_t>(a->effect.warmup.size());
       for (int d = 0; d < dp; ++d) {
         w[kCounts + static_cast<std::size_t>(d)] = a->effect.micro_batches[static_cast<std::size_t>(d)];
       }
@@ -60,8 +61,12 @@ Result<ControlDecision> UnpackControl(const std::vector<std::int32_t>& w, int wo
     if (w[kExcludeCount] < 0 || w[kExcludeCount] > kMaxPlanNodes) {
       return Status::Corrupt("control word: exclude count " + std::to_string(w[kExcludeCount]));
     }
+    if (w[kWarmupCount] < 0 || w[kWarmupCount] > kMaxPlanStages) {
+      return Status::Corrupt("control word: warm-up count " + std::to_string(w[kWarmupCount]));
+    }
     a.effect.placement.assign(static_cast<std::size_t>(w[kPlacementCount]), -1);
     a.exclude_nodes.assign(static_cast<std::size_t>(w[kExcludeCount]), -1);
+    a.effect.warmup.assign(static_cast<std::size_t>(w[kWarmupCount]), -1);
     for (int i = 0; i < dp; ++i) {
       const std::int32_t m = w[kCounts + static_cast<std::size_t>(i)];
       if (m < 1 || m > kMaxPlanMicroBatches) return Status::Corrupt("control word: micro-batches " + std::to_string(m));
@@ -73,7 +78,7 @@ Result<ControlDecision> UnpackControl(const std::vector<std::int32_t>& w, int wo
 }
 
 std::size_t PayloadSize(const Announcement& a) {
-  return a.verdict == Verdict::kApply ? a.effect.placement.size() + a.exclude_nodes.size() : 0;
+  return a.verdict == Verdict::kApply ? a.effect.placement.size() + a.exclude_nodes.size() + a.effect.warmup.size() : 0;
 }
 
 std::vector<std::int32_t> PackPayload(const Announcement& a) {
@@ -81,13 +86,22 @@ std::vector<std::int32_t> PackPayload(const Announcement& a) {
   if (a.verdict != Verdict::kApply) return p;
   p.insert(p.end(), a.effect.placement.begin(), a.effect.placement.end());
   p.insert(p.end(), a.exclude_nodes.begin(), a.exclude_nodes.end());
+  p.insert(p.end(), a.effect.warmup.begin(), a.effect.warmup.end());
   return p;
 }
 
 Status UnpackPayload(std::span<const std::int32_t> payload, Announcement* a) {
   if (payload.size() != PayloadSize(*a)) return Status::Corrupt("plan payload: wrong length");
   const std::size_t np = a->effect.placement.size();
+  const std::size_t nodes = np + a->exclude_nodes.size();
   for (std::size_t i = 0; i < payload.size(); ++i) {
+    if (i >= nodes) {
+      if (payload[i] < 0 || payload[i] > kMaxPlanWarmup) {
+        return Status::Corrupt("plan payload: warm-up count " + std::to_string(payload[i]));
+      }
+      a->effect.warmup[i - nodes] = payload[i];
+      continue;
+    }
     if (payload[i] < 0 || payload[i] >= kMaxPlanNodes) {
       return Status::Corrupt("plan payload: node " + std::to_string(payload[i]));
     }

@@ -5,14 +5,15 @@
 // proves that every rank took part.
 //
 //   [stop, member_count, plan_version, strategy, verdict, restart, placement_count,
-//    exclude_count, m_0 .. m_{dp-1}]
+//    exclude_count, warmup_count, m_0 .. m_{dp-1}]
 //
 // verdict: 0 no plan, 1 apply, 2 reject (the plan is invalid for this job; every rank acks it
-// with a non-zero status). strategy: 1..4 (S1..S4); 0 only on a rejected plan whose strategy is
-// unknown. An applied plan carries its effect: the micro-batch counts in force
-// from the next iteration (dp entries) and, when placement_count (0 or world) or exclude_count is
-// non-zero, a payload that rank 0 broadcasts on the world right after the word:
-// [placement (placement_count entries), exclude_nodes (exclude_count entries)].
+// with a non-zero status). strategy: 1..5 (S1..S4, pipeline); 0 only on a rejected plan whose
+// strategy is unknown. An applied plan carries its effect: the micro-batch counts in force
+// from the next iteration (dp entries) and, when placement_count (0 or world), exclude_count or
+// warmup_count (0: standard 1F1B, or pp) is non-zero, a payload that rank 0 broadcasts on the
+// world right after the word: [placement (placement_count entries), exclude_nodes (exclude_count
+// entries), warm-up counts in force from the next iteration (warmup_count entries)].
 //
 // Thread-safety: values and pure functions. Must never: trust a decoded word without the checks
 // (member count, field ranges, payload sizes).

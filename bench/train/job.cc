@@ -88,6 +88,17 @@ Status JobRun::Setup() {
   facts_.total_nodes = static_cast<int>(per_node.size()) + o_.spare_nodes;
   facts_.gpus_per_node = std::max(env_.ranks_per_node, *std::max_element(per_node.begin(), per_node.end()));
   state_.micro_batches = facts_.initial_micro_batches;
+  facts_.pp = o_.shape.pp;
+  facts_.activation_limit = o_.ActivationLimit();
+  if (o_.world_sync) {
+    facts_.no_pipeline_plans = "the --world-sync trainer runs standard 1F1B only (pipeline plans need the Megatron mode "
+                               "with --pp-comm per-direction)";
+  } else if (o_.shape.pp == 1) {
+    facts_.no_pipeline_plans = "the job has no pipeline parallelism (pp=1)";
+  } else if (!o_.pp_per_direction) {
+    facts_.no_pipeline_plans = "pipeline plans need --pp-comm per-direction: batched exchanges tie each send to a "
+                               "receive, so extra warm-up forwards would wait for gradients instead of running ahead";
+  }
   checkpoint_ = {0};
   if (env_.rank == 0) {
     // Probe: clearing the (still empty) override succeeds only where the job state exists.
@@ -106,6 +117,7 @@ Status JobRun::StartComms(int round) {
   co.lazy = o_.lazy_init;
   co.nonblocking = o_.nonblocking;
   co.watchdog = !o_.world_sync && o_.watchdog;
+  co.pp_per_direction = o_.pp_per_direction;
   if (round > 0) {
     if (env_.id_file.empty()) return Status::Unavailable("restart: no FALCON_EMU_ID_FILE to exchange the new unique id");
     co.id_file = env_.id_file + ".restart" + std::to_string(round);
@@ -193,7 +205,7 @@ Result<ControlDecision> JobRun::Step(int iter) {
     if (Status s = trainer_->RunIteration(iter, state_.micro_batches); !s.ok()) return s;
     d = Agree(MakeProposal(iter));
   } else {
-    d = mtrainer_->RunIteration(iter, state_.micro_batches, [this, iter] { return MakeProposal(iter); });
+    d = mtrainer_->RunIteration(iter, state_.micro_batches, state_.warmup, [this, iter] { return MakeProposal(iter); });
   }
   if (!d.ok()) return d;
   ControlDecision decision = std::move(d).value();
@@ -209,9 +221,12 @@ Status JobRun::Loop() {
     Result<ControlDecision> d = Step(iter);
     if (!d.ok()) return d.status();
     const double end = Now();
+    const int stage = report_.coords.pp;
+    const int warmup = state_.warmup.empty() ? o_.shape.pp - stage - 1 : state_.warmup[static_cast<std::size_t>(stage)];
     report_.iterations.push_back({iter, start, end - start,
                                   state_.micro_batches[static_cast<std::size_t>(report_.coords.dp)], version_in_force_,
-                                  compute_->TakeMaxFactor(), node, iter <= highest_iter_run_});
+                                  compute_->TakeMaxFactor(), node, iter <= highest_iter_run_, warmup});
+    if (mtrainer_) report_.peak_activations = std::max(report_.peak_activations, mtrainer_->peak_activations());
     highest_iter_run_ = std::max(highest_iter_run_, iter);
     Progress(iter);
     int next = iter + 1;

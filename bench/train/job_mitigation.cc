@@ -70,7 +70,8 @@ Status JobRun::Apply(const Announcement& a, double decided_at, int* next_iter) {
   if (a.effect.micro_batches != state_.micro_batches || a.effect.restart) {
     report_.plan_changes.push_back({*next_iter, a.version, a.effect.micro_batches});
   }
-  state_ = {a.effect.micro_batches, to};
+  if (a.effect.warmup != state_.warmup) rec.warmup_changed = true;
+  state_ = {a.effect.micro_batches, to, a.effect.warmup};
   version_in_force_ = a.version;
   rec.status = "applied";
   rec.iter = *next_iter;
@@ -78,6 +79,7 @@ Status JobRun::Apply(const Announcement& a, double decided_at, int* next_iter) {
   rec.micro_batches = a.effect.micro_batches;
   rec.placement = to;
   rec.exclude_nodes = a.exclude_nodes;
+  rec.warmup = a.effect.warmup;
   rec.restart = a.effect.restart;
   if (env_.rank == 0) {
     std::fprintf(stderr, "falcon-train-emu: plan version %d (%s) applies from iteration %d (cost %.3f s)\n", a.version,

@@ -65,6 +65,63 @@ Status MegatronTrainer::Init() {
   grad_shard_.assign(grad_.size() / dp, 0);
   param_.assign(grad_.size(), 0);
   pending_.assign(layers, PendingGather{});
+  if (options_.pp_per_direction && shape_.pp > 1) {
+    const int stage = coords_.pp;
+    if (stage > 0) {
+      if (Status s = InitRing(&act_in_, true, stage - 1); !s.ok()) return s;
+      if (Status s = InitRing(&grad_out_, false, stage - 1); !s.ok()) return s;
+    }
+    if (stage < shape_.pp - 1) {
+      if (Status s = InitRing(&act_out_, true, stage + 1); !s.ok()) return s;
+      if (Status s = InitRing(&grad_in_, false, stage + 1); !s.ok()) return s;
+    }
+    // NCCL connects a pair at its first send/recv, blocking the caller until the peer takes part
+    // (PyTorch: the first batch_isend_irecv of a group must involve all its ranks). Receives
+    // posted ahead on fresh communicators would wait on each other around the pipeline, so each
+    // pair exchanges one element first, in pipeline order: the pair with the previous stage,
+    // then the one with the next.
+    for (P2pRing* ring : {&act_in_, &grad_out_, &act_out_, &grad_in_}) {
+      if (ring->peer_stage < 0) continue;
+      const bool receive = ring == &act_in_ || ring == &grad_in_;
+      Result<ncclComm_t> comm = comms_->Get(ring->lane.group);
+      if (!comm.ok()) return comm.status();
+      float* one = ring->slots[0].data();
+      const auto st = static_cast<cudaStream_t>(ring->lane.stream);
+      const ncclResult_t rc = receive ? ncclRecv(one, 1, ncclFloat, ring->peer, comm.value(), st)
+                                      : ncclSend(one, 1, ncclFloat, ring->peer, comm.value(), st);
+      if (Status s = NcclDone(rc, comm.value(), "pipeline pair connection"); !s.ok()) return s;
+      if (Status s = device_->Record(ring->lane.done, ring->lane.stream); !s.ok()) return s;
+      if (Status s = device_->HostWait(ring->lane.done); !s.ok()) return s;
+    }
+  }
+  return Status::Ok();
+}
+
+// A direction's pair communicator, stream and ring of activation-limit + 1 buffers (one more
+// than the most micro-batches a stage may have in flight, so a plan's warm-up never waits for a
+// slot).
+Status MegatronTrainer::InitRing(P2pRing* ring, bool forward, int peer_stage) {
+  ring->forward = forward;
+  ring->peer_stage = peer_stage;
+  ring->lane.group = PpPairGroup(forward, std::min(coords_.pp, peer_stage));
+  Result<StreamHandle> st = device_->NewStream();
+  if (!st.ok()) return st.status();
+  ring->lane.stream = st.value();
+  Result<EventHandle> done = device_->NewEvent();
+  if (!done.ok()) return done.status();
+  ring->lane.done = done.value();
+  const std::size_t depth = static_cast<std::size_t>(options_.ActivationLimit()) + 1;
+  ring->slots.assign(depth, std::vector<float>(Floats(options_.ActivationBytes()), 0));
+  for (std::vector<EventHandle>* events : {&ring->ready, &ring->consumed}) {
+    for (std::size_t i = 0; i < depth; ++i) {
+      Result<EventHandle> e = device_->NewEvent();
+      if (!e.ok()) return e.status();
+      events->push_back(e.value());
+    }
+  }
+  // Ranks of a pair communicator are ordered by global rank, and a later stage's ranks are
+  // higher (layout.h): the lower stage is rank 0.
+  ring->peer = peer_stage < coords_.pp ? 0 : 1;
   return Status::Ok();
 }
 
@@ -104,28 +161,44 @@ Status MegatronTrainer::Enqueue(Lane* lane, const std::function<ncclResult_t(ncc
 }
 
 Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vector<int>& micro_batches,
-                                                      const ProposeFn& propose) {
+                                                      const std::vector<int>& warmup, const ProposeFn& propose) {
   const int m = micro_batches[static_cast<std::size_t>(coords_.dp)];
-  const std::vector<Step> steps = Build1F1B(shape_.pp, coords_.pp, m);
+  const bool per_direction = options_.pp_per_direction && shape_.pp > 1;
+  if (!warmup.empty() && (!options_.pp_per_direction || warmup.size() != static_cast<std::size_t>(shape_.pp))) {
+    return Status::Internal("warm-up counts given to a trainer that cannot run them");
+  }
+  const std::vector<Step> steps =
+      warmup.empty() ? Build1F1B(shape_.pp, coords_.pp, m)
+                     : Build1F1BWithWarmup(shape_.pp, coords_.pp, m, warmup[static_cast<std::size_t>(coords_.pp)]);
   std::size_t last_backward = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].kind == StepKind::kBackward) last_backward = i;
   }
+  if (per_direction) {
+    // The side stream posts the iteration's first receives now, ahead of the compute.
+    for (P2pRing* ring : {&act_in_, &grad_in_}) {
+      if (ring->peer_stage < 0) continue;
+      ring->next_post = 0;
+      if (Status s = PostReceives(iter, ring, std::min<int>(m, static_cast<int>(ring->slots.size()))); !s.ok()) return s;
+    }
+  }
+  held_ = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
     const Buckets buckets = i == last_backward ? Buckets::kReduce : Buckets::kAccumulate;
     Status s = Status::Ok();
-    if (step.kind == StepKind::kExchange) {
+    if (per_direction) {
+      s = RunStepPerDirection(iter, step, buckets, m, micro_batches);
+    } else if (step.kind == StepKind::kExchange) {
       s = RunExchange(iter, step.xchg);
-    } else if (step.kind == StepKind::kBackward && autograd_ != nullptr) {  // loss.backward()
-      s = autograd_->Run([&] {
-        if (Status c = device_->MakeCurrent(); !c.ok()) return c;  // the thread's device, as PyTorch sets it
-        return RunCompute(iter, step.mb, step.kind, buckets, micro_batches);
-      });
+    } else if (step.kind == StepKind::kBackward) {
+      s = RunBackward(iter, step.mb, buckets, micro_batches);
     } else {
       s = RunCompute(iter, step.mb, step.kind, buckets, micro_batches);
     }
     if (!s.ok()) return s;
+    if (step.kind == StepKind::kForward) peak_activations_ = std::max(peak_activations_, ++held_);
+    if (step.kind == StepKind::kBackward) --held_;
   }
   if (Status s = FinishGradSync(iter, micro_batches); !s.ok()) return s;
   if (Status s = EmbeddingGrads(iter); !s.ok()) return s;
@@ -136,6 +209,15 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
     if (Status s = GatherParams(iter, micro_batches); !s.ok()) return s;
   }
   return d;
+}
+
+// loss.backward(): on the autograd thread when there is one.
+Status MegatronTrainer::RunBackward(int iter, int mb, Buckets buckets, const std::vector<int>& micro_batches) {
+  if (autograd_ == nullptr) return RunCompute(iter, mb, StepKind::kBackward, buckets, micro_batches);
+  return autograd_->Run([&] {
+    if (Status c = device_->MakeCurrent(); !c.ok()) return c;  // the thread's device, as PyTorch sets it
+    return RunCompute(iter, mb, StepKind::kBackward, buckets, micro_batches);
+  });
 }
 
 Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, Buckets buckets,
@@ -240,6 +322,111 @@ Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
     }
   }
   return Status::Ok();
+}
+
+std::uint64_t MegatronTrainer::P2pKey(int iter, bool forward, int mb, int from_stage) const {
+  return PayloadKey(forward ? PayloadTag::kActivation : PayloadTag::kActivationGrad,
+                    {iter, mb, from_stage, coords_.dp, coords_.tp});
+}
+
+// One compute step with its own traffic: wait for the micro-batch's input, compute (its output
+// slot free first), free the input slot for a later receive, send the output.
+Status MegatronTrainer::RunStepPerDirection(int iter, const Step& step, Buckets buckets, int micro_batches_here,
+                                            const std::vector<int>& micro_batches) {
+  if (step.kind == StepKind::kExchange) return Status::Ok();  // the rings carry the traffic
+  const bool fwd = step.kind == StepKind::kForward;
+  P2pRing* in = fwd ? &act_in_ : &grad_in_;
+  P2pRing* out = fwd ? &act_out_ : &grad_out_;
+  if (in->peer_stage >= 0) {
+    if (Status s = ConsumeReceive(iter, in, step.mb); !s.ok()) return s;
+  }
+  if (out->peer_stage >= 0) {
+    // The compute writes its output into the send slot once the send it last held is done.
+    const std::size_t slot = static_cast<std::size_t>(step.mb) % out->slots.size();
+    if (Status s = device_->StreamWait(compute_, out->ready[slot]); !s.ok()) return s;
+  }
+  Status s = fwd ? RunCompute(iter, step.mb, step.kind, buckets, micro_batches)
+                 : RunBackward(iter, step.mb, buckets, micro_batches);
+  if (!s.ok()) return s;
+  if (in->peer_stage >= 0) {
+    if (Status r = ReleaseReceive(iter, in, step.mb, micro_batches_here); !r.ok()) return r;
+  }
+  if (out->peer_stage >= 0) return SendFromRing(iter, out, step.mb);
+  return Status::Ok();
+}
+
+// Posts receives up to micro-batch `up_to` (exclusive) on the ring's stream, each into its slot
+// once the compute has consumed the slot's previous micro-batch: a side stream that does not wait
+// for the compute stream otherwise, so a receive is ready before the compute needs it.
+Status MegatronTrainer::PostReceives(int iter, P2pRing* ring, int up_to) {
+  (void)iter;
+  Result<ncclComm_t> comm = comms_->Get(ring->lane.group);
+  if (!comm.ok()) return comm.status();
+  const auto st = static_cast<cudaStream_t>(ring->lane.stream);
+  for (; ring->next_post < up_to; ++ring->next_post) {
+    const std::size_t slot = static_cast<std::size_t>(ring->next_post) % ring->slots.size();
+    if (Status s = device_->StreamWait(ring->lane.stream, ring->consumed[slot]); !s.ok()) return s;
+    std::vector<float>& buf = ring->slots[slot];
+    const char* what = ring->forward ? "ncclRecv(pipeline activation)" : "ncclRecv(pipeline gradient)";
+    if (Status s = NcclDone(ncclRecv(buf.data(), buf.size(), ncclFloat, ring->peer, comm.value(), st), comm.value(), what);
+        !s.ok()) {
+      return s;
+    }
+    if (Status s = device_->Record(ring->ready[slot], ring->lane.stream); !s.ok()) return s;
+  }
+  return device_->Record(ring->lane.done, ring->lane.stream);
+}
+
+// The compute stream waits for micro-batch `mb`'s receive (--check: the host verifies it first).
+Status MegatronTrainer::ConsumeReceive(int iter, P2pRing* ring, int mb) {
+  const std::size_t slot = static_cast<std::size_t>(mb) % ring->slots.size();
+  if (mb >= ring->next_post) return Status::Internal("pipeline receive of micro-batch " + std::to_string(mb) + " not posted");
+  if (options_.check) {
+    if (Status s = device_->HostWait(ring->ready[slot]); !s.ok()) return s;
+    const std::uint64_t k = P2pKey(iter, ring->forward, mb, ring->peer_stage);
+    if (Status s = Verify(ring->slots[slot], [k](std::size_t i) { return PayloadValue(k, i); },
+                          Rotation(iter, mb, ring->forward ? 0 : 1), 0,
+                          Where(iter, mb) + (ring->forward ? " activation received from stage " : " gradient received from stage ") +
+                              std::to_string(ring->peer_stage));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return device_->StreamWait(compute_, ring->ready[slot]);
+}
+
+// After the compute that read `mb`: its slot may take the receive `slots` micro-batches later.
+Status MegatronTrainer::ReleaseReceive(int iter, P2pRing* ring, int mb, int micro_batches_here) {
+  const std::size_t slot = static_cast<std::size_t>(mb) % ring->slots.size();
+  if (Status s = device_->Record(ring->consumed[slot], compute_); !s.ok()) return s;
+  const int next = mb + static_cast<int>(ring->slots.size());
+  if (next >= micro_batches_here) return Status::Ok();
+  return PostReceives(iter, ring, next + 1);
+}
+
+// Sends micro-batch `mb`'s output on the ring's stream after the compute that produced it.
+Status MegatronTrainer::SendFromRing(int iter, P2pRing* ring, int mb) {
+  const std::size_t slot = static_cast<std::size_t>(mb) % ring->slots.size();
+  std::vector<float>& buf = ring->slots[slot];
+  if (options_.check) {
+    // The host writes what the compute would have: after the slot's previous send is done.
+    if (Status s = device_->HostWait(ring->ready[slot]); !s.ok()) return s;
+    FillPayload(buf, P2pKey(iter, ring->forward, mb, coords_.pp));
+    MaybeCorrupt(buf, iter);
+  }
+  Result<ncclComm_t> comm = comms_->Get(ring->lane.group);
+  if (!comm.ok()) return comm.status();
+  if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
+  if (Status s = device_->StreamWait(ring->lane.stream, compute_done_); !s.ok()) return s;
+  const char* what = ring->forward ? "ncclSend(pipeline activation)" : "ncclSend(pipeline gradient)";
+  if (Status s = NcclDone(ncclSend(buf.data(), buf.size(), ncclFloat, ring->peer, comm.value(),
+                                   static_cast<cudaStream_t>(ring->lane.stream)),
+                          comm.value(), what);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = device_->Record(ring->ready[slot], ring->lane.stream); !s.ok()) return s;
+  return device_->Record(ring->lane.done, ring->lane.stream);
 }
 
 std::function<float(std::size_t)> MegatronTrainer::ExpectedGrad(int iter, const std::vector<int>& micro_batches,
@@ -413,7 +600,9 @@ Status MegatronTrainer::WaitParams(int layer) {
 }
 
 Status MegatronTrainer::Drain() {
-  for (Lane* lane : {&tp_, &pp_, &dp_, &mp_, &embd_, &world_}) {
+  for (Lane* lane : {&tp_, &pp_, &dp_, &mp_, &embd_, &world_, &act_in_.lane, &act_out_.lane, &grad_in_.lane,
+                     &grad_out_.lane}) {
+    if (lane->done == nullptr) continue;  // a direction this stage does not have
     if (Status s = device_->HostWait(lane->done); !s.ok()) return s;
   }
   if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;

@@ -13,6 +13,15 @@
 //  * pipeline traffic of the 1F1B schedule (schedule.h) as batch_isend_irecv: one
 //    ncclGroupStart/End on the PP communicator per exchange, in Megatron's op order (send_prev,
 //    recv_prev, send_next, recv_next);
+//  * or, with --pp-comm per-direction (what a pipeline plan's warm-up counts need: Adaptra's
+//    decoupled communication), each direction of each stage pair on its own 2-rank communicator
+//    and stream (process_groups.h): the receives of an iteration are posted ahead from a side
+//    stream into a ring of activation-limit + 1 buffers (a slot is posted again once the compute
+//    has consumed its micro-batch), the compute stream waits for a micro-batch's receive, and each
+//    send goes out on its direction's stream after the compute that produced it, whose slot it
+//    holds until sent. Activations and gradients then move as soon as both ends are ready,
+//    independently of each other, in micro-batch order on each direction; the forward/backward
+//    order is 1F1B's with the plan's warm-up counts (Build1F1BWithWarmup);
 //  * gradients in one bucket per layer on the dp-cp group: during the last micro-batch's
 //    backward, a bucket is reduced as soon as its layer's gradients are complete (reduce-scatter
 //    for the distributed optimizer, --dp-mode rs-ag, the default; all-reduce with --dp-mode
@@ -70,8 +79,14 @@ class MegatronTrainer {
   // Returns the decision every rank of the job gets in this iteration (an applied plan's payload
   // vectors sized but not filled: control_word.h). Corrupt when --check found a wrong value or
   // the word is corrupt; Unavailable when an NCCL or driver call failed.
+  // `warmup`: a pipeline plan's warm-up forwards per stage (pp entries), or empty for standard
+  // 1F1B. REQUIRES: empty unless --pp-comm per-direction; each entry + 1 <= the activation limit.
   [[nodiscard]] Result<ControlDecision> RunIteration(int iter, const std::vector<int>& micro_batches,
-                                                     const ProposeFn& propose);
+                                                     const std::vector<int>& warmup, const ProposeFn& propose);
+
+  // The most micro-batches whose activations this rank held at once (forwards run, backwards
+  // not yet), over every iteration so far.
+  [[nodiscard]] int peak_activations() const { return peak_activations_; }
 
   // Waits until every stream is idle (verifying the parameter all-gathers still in flight).
   // After it, no device work touches the trainer's buffers or communicators.
@@ -89,6 +104,19 @@ class MegatronTrainer {
     Group group = Group::kWorld;
     StreamHandle stream = nullptr;
     EventHandle done = nullptr;
+  };
+  // One direction of the pipeline traffic with one neighbour (--pp-comm per-direction): its lane
+  // (pair communicator and stream), the neighbour's index in that communicator, and a ring of
+  // buffers. A receive ring's `ready` is recorded after the receive into a slot and its `consumed`
+  // after the compute that read it; a send ring's `ready` after the send out of a slot.
+  struct P2pRing {
+    Lane lane;
+    bool forward = true;   // activations (else gradients)
+    int peer_stage = -1;   // -1: this direction does not exist on this stage
+    int peer = -1;         // the neighbour's rank in the pair communicator
+    std::vector<std::vector<float>> slots;
+    std::vector<EventHandle> ready, consumed;
+    int next_post = 0;     // receive rings: the next micro-batch to post in this iteration
   };
   // A bucket's parameter all-gather in flight: what it must deliver.
   struct PendingGather {
@@ -109,6 +137,15 @@ class MegatronTrainer {
                                   const std::vector<int>& micro_batches);
   [[nodiscard]] Status TpAllReduce(int iter, int mb, int sublayer, PayloadTag tag);
   [[nodiscard]] Status RunExchange(int iter, const Exchange& x);
+  [[nodiscard]] Status InitRing(P2pRing* ring, bool forward, int peer_stage);
+  [[nodiscard]] Status RunStepPerDirection(int iter, const Step& step, Buckets buckets, int micro_batches_here,
+                                           const std::vector<int>& micro_batches);
+  [[nodiscard]] Status PostReceives(int iter, P2pRing* ring, int up_to);
+  [[nodiscard]] Status ConsumeReceive(int iter, P2pRing* ring, int mb);
+  [[nodiscard]] Status ReleaseReceive(int iter, P2pRing* ring, int mb, int micro_batches_here);
+  [[nodiscard]] Status SendFromRing(int iter, P2pRing* ring, int mb);
+  [[nodiscard]] Status RunBackward(int iter, int mb, Buckets buckets, const std::vector<int>& micro_batches);
+  [[nodiscard]] std::uint64_t P2pKey(int iter, bool forward, int mb, int from_stage) const;
   [[nodiscard]] Status ReduceBucket(int iter, int layer, const std::vector<int>& micro_batches);
   [[nodiscard]] Status FinishGradSync(int iter, const std::vector<int>& micro_batches);
   [[nodiscard]] Status EmbeddingGrads(int iter);
@@ -145,6 +182,10 @@ class MegatronTrainer {
   std::vector<double> loss_, norm_;
   std::vector<std::int32_t> barrier_;
   std::vector<PendingGather> pending_;  // per bucket
+  // --pp-comm per-direction: activations in from the previous stage, out to the next; gradients
+  // in from the next, out to the previous.
+  P2pRing act_in_, act_out_, grad_in_, grad_out_;
+  int held_ = 0, peak_activations_ = 0;
 };
 
 }  // namespace falcon::train

@@ -5,6 +5,7 @@
 // tests/shim_train_test.cc; here: the groups each rank made, data checks on streams, agreement.
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +140,71 @@ TEST_F(MegatronTrainerTest, CheckpointSavesEndInABarrierAndTrainingGoesOn) {
   const json& its = j["iterations"];
   const double span = its.back()["start_s"].get<double>() - its.front()["start_s"].get<double>();
   EXPECT_GE(span, 0.1);
+}
+
+// --pp-comm per-direction: every stage pair's two directions on their own 2-rank communicators
+// (after Megatron's groups), data checked on every receive; a pipeline plan from the file changes
+// the warm-up counts from the next iteration on every rank, and each stage then holds the
+// activations they imply; the standard schedule and the adapted one both pass the checks.
+TEST_F(MegatronTrainerTest, PerDirectionTrafficRunsPipelinePlansWithCheckedData) {
+  const Shape shape{1, 2, 4};
+  const std::string plan = dir_ + "/plan.json";
+  {
+    std::ofstream(plan) << R"({"version": 2, "strategy": "pipeline", "warmup": [6, 4, 2, 0]})";
+  }
+  const JobResult r = RunJob({"-n", "8", "--ranks-per-node", "2"},
+                             {"--dp", "2", "--pp", "4", "--micro-batches", "8", "--iters", "4", "--compute-ms", "0.2",
+                              "--check", "--pp-comm", "per-direction", "--activation-limit", "7", "--plan-file", plan,
+                              "--report", ReportSpec()},
+                             nullptr, WithDriver());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<int> warmup = {6, 4, 2, 0};
+  for (int rank = 0; rank < 8; ++rank) {
+    const json j = Report(rank);
+    const int stage = j["coords"]["pp"].get<int>();
+    std::vector<std::string> expected = ExpectedGroups(shape, rank);
+    for (const GroupSpec& g : MegatronGroups(shape, true)) {
+      if (g.kind >= Group::kPpFwdEven && MemberIndex(g, rank) >= 0) {
+        expected.push_back(std::string(GroupName(g.kind)) + "." + std::to_string(g.index));
+      }
+    }
+    EXPECT_EQ(j["runtime"]["comm_groups"].get<std::vector<std::string>>(), expected) << rank;
+    ASSERT_EQ(j["plans"].size(), 1u) << rank;
+    EXPECT_EQ(j["plans"][0]["status"], "applied") << rank;
+    EXPECT_EQ(j["plans"][0]["strategy"], "pipeline") << rank;
+    EXPECT_EQ(j["plans"][0]["warmup"].get<std::vector<int>>(), warmup) << rank;
+    EXPECT_EQ(j["iterations"][0]["warmup"], 4 - stage - 1) << rank;  // standard 1F1B first
+    for (std::size_t i = 1; i < j["iterations"].size(); ++i) {
+      EXPECT_EQ(j["iterations"][i]["warmup"], warmup[static_cast<std::size_t>(stage)]) << rank;
+    }
+    EXPECT_EQ(j["runtime"]["peak_activations"], warmup[static_cast<std::size_t>(stage)] + 1) << rank;
+  }
+}
+
+// A plan the job cannot run is rejected with its reason and training goes on: beyond the
+// activation limit, or with batched pipeline traffic.
+TEST_F(MegatronTrainerTest, PipelinePlansBeyondTheJobsMeansAreRejected) {
+  const std::string plan = dir_ + "/plan.json";
+  {
+    std::ofstream(plan) << R"({"version": 1, "strategy": "pipeline", "warmup": [5, 1]})";
+  }
+  for (const bool per_direction : {true, false}) {
+    std::vector<std::string> args = {"--pp", "2", "--micro-batches", "4", "--iters", "3", "--compute-ms", "0.2",
+                                     "--check", "--plan-file", plan, "--report", ReportSpec()};
+    if (per_direction) {
+      for (const char* a : {"--pp-comm", "per-direction", "--activation-limit", "4"}) args.push_back(a);
+    }
+    const JobResult r = RunJob({"-n", "2", "--ranks-per-node", "1"}, args, nullptr, WithDriver());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string why = per_direction ? "hold 6 micro-batches' activations; the limit is 4" : "--pp-comm per-direction";
+    EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+    for (int rank = 0; rank < 2; ++rank) {
+      const json j = Report(rank);
+      ASSERT_EQ(j["plans"].size(), 1u);
+      EXPECT_EQ(j["plans"][0]["status"], "rejected");
+      EXPECT_EQ(j["iterations"].back()["warmup"], 1 - j["coords"]["pp"].get<int>());
+    }
+  }
 }
 
 }  // namespace

@@ -48,9 +48,9 @@ Result<std::int32_t> ReadVersion(const json& j) {
 std::string ReadFields(const json& j, MitigationPlan* p) {
   const auto s = j.find("strategy");
   if (s != j.end()) {
-    if (!s->is_string()) return "\"strategy\" must be a string S1..S4";
+    if (!s->is_string()) return "\"strategy\" must be a string: S1..S4 or pipeline";
     const auto st = StrategyFromName(s->get<std::string>());
-    if (!st) return "unknown strategy \"" + s->get<std::string>() + "\" (expected S1, S2, S3 or S4)";
+    if (!st) return "unknown strategy \"" + s->get<std::string>() + "\" (expected S1, S2, S3, S4 or pipeline)";
     p->strategy = *st;
   } else if (!j.contains("micro_batches")) {
     return "\"strategy\" is missing (only a plan with micro_batches may omit it: S2)";
@@ -59,6 +59,7 @@ std::string ReadFields(const json& j, MitigationPlan* p) {
   if (!(err = ReadInts(j, "micro_batches", 1, kMaxPlanMicroBatches, &p->micro_batches)).empty()) return err;
   if (!(err = ReadInts(j, "placement", 0, kMaxPlanNodes - 1, &p->placement)).empty()) return err;
   if (!(err = ReadInts(j, "exclude_nodes", 0, kMaxPlanNodes - 1, &p->exclude_nodes)).empty()) return err;
+  if (!(err = ReadInts(j, "warmup", 0, kMaxPlanWarmup, &p->warmup)).empty()) return err;
   if (const auto r = j.find("restart"); r != j.end() && !r->is_null()) {
     if (!r->is_boolean()) return "\"restart\" must be true or false";
     p->restart = r->get<bool>();
@@ -91,6 +92,30 @@ Status CheckPlacement(const std::vector<int>& placement, const JobFacts& f, cons
   }
   if (!f.can_replace && placement != now) {
     return Status::InvalidArgument("the emulator cannot re-place ranks here (no job state: run under falcon-emu-run)");
+  }
+  return Status::Ok();
+}
+
+// A pipeline plan's warm-up counts against the job: one per stage, non-increasing, within the
+// activation limit, and a trainer that can run them.
+Status CheckWarmup(const std::vector<int>& warmup, const JobFacts& f) {
+  if (!f.no_pipeline_plans.empty()) return Status::InvalidArgument(f.no_pipeline_plans);
+  if (warmup.empty()) return Status::InvalidArgument("a pipeline plan needs warmup counts");
+  if (warmup.size() != static_cast<std::size_t>(f.pp)) {
+    return Status::InvalidArgument("warmup has " + std::to_string(warmup.size()) + " entries; the job has pp=" +
+                                   std::to_string(f.pp) + " stages");
+  }
+  for (std::size_t s = 0; s < warmup.size(); ++s) {
+    if (s > 0 && warmup[s] > warmup[s - 1]) {
+      return Status::InvalidArgument("warmup increases from stage " + std::to_string(s - 1) + " (" +
+                                     std::to_string(warmup[s - 1]) + ") to stage " + std::to_string(s) + " (" +
+                                     std::to_string(warmup[s]) + "): a later stage cannot run ahead of the one feeding it");
+    }
+    if (static_cast<long long>(warmup[s]) + 1 > f.activation_limit) {
+      return Status::InvalidArgument("stage " + std::to_string(s) + " would hold " + std::to_string(warmup[s] + 1) +
+                                     " micro-batches' activations; the limit is " + std::to_string(f.activation_limit) +
+                                     " (--activation-limit)");
+    }
   }
   return Status::Ok();
 }
@@ -128,19 +153,21 @@ const char* StrategyName(Strategy s) {
     case Strategy::kRebalance: return "S2";
     case Strategy::kTopology: return "S3";
     case Strategy::kRestart: return "S4";
+    case Strategy::kPipeline: return "pipeline";
   }
   return "S?";
 }
 
 std::optional<Strategy> StrategyFromName(std::string_view name) {
-  for (Strategy s : {Strategy::kIgnore, Strategy::kRebalance, Strategy::kTopology, Strategy::kRestart}) {
+  for (Strategy s : {Strategy::kIgnore, Strategy::kRebalance, Strategy::kTopology, Strategy::kRestart,
+                     Strategy::kPipeline}) {
     if (name == StrategyName(s)) return s;
   }
   return std::nullopt;
 }
 
 std::optional<Strategy> StrategyFromCode(std::int64_t code) {
-  if (code < 1 || code > 4) return std::nullopt;
+  if (code < 1 || code > 5) return std::nullopt;
   return static_cast<Strategy>(code);
 }
 
@@ -179,10 +206,19 @@ Result<PlanEffect> ResolvePlan(const MitigationPlan& plan, const JobFacts& f, co
                                      std::to_string(f.total_nodes - 1));
     }
   }
-  PlanEffect e{now.micro_batches, now.placement, false};
+  if (!plan.warmup.empty() && plan.strategy != Strategy::kPipeline) {
+    return Status::InvalidArgument(std::string("\"warmup\" is only for pipeline plans, not ") + StrategyName(plan.strategy));
+  }
+  PlanEffect e{now.micro_batches, now.placement, false, now.warmup};
   switch (plan.strategy) {
     case Strategy::kIgnore:
       e.micro_batches = f.initial_micro_batches;
+      e.warmup.clear();
+      return e;
+    case Strategy::kPipeline:
+      if (Status s = CheckWarmup(plan.warmup, f); !s.ok()) return s;
+      e.warmup = plan.warmup;
+      if (!plan.micro_batches.empty()) e.micro_batches = plan.micro_batches;
       return e;
     case Strategy::kRebalance:
       if (plan.micro_batches.empty()) return Status::InvalidArgument("S2 needs micro_batches");
@@ -205,6 +241,7 @@ Result<PlanEffect> ResolvePlan(const MitigationPlan& plan, const JobFacts& f, co
       }
       if (Status s = CheckPlacement(e.placement, f, excluded, now.placement); !s.ok()) return s;
       e.micro_batches = plan.micro_batches.empty() ? f.initial_micro_batches : plan.micro_batches;
+      e.warmup.clear();  // a relaunched job runs its own schedule
       e.restart = true;
       return e;
     }

@@ -26,7 +26,7 @@ JobFacts Facts() {
   return f;
 }
 
-PlanState Launch() { return {{4, 4}, {0, 0, 1, 1, 2, 2, 3, 3}}; }
+PlanState Launch() { return {{4, 4}, {0, 0, 1, 1, 2, 2, 3, 3}, {}}; }
 
 TEST(MitigationPlanTest, ParsesEveryField) {
   const MitigationPlan p = Parsed(R"({"version": 7, "strategy": "S4", "micro_batches": [3, 5],
@@ -75,7 +75,7 @@ TEST(MitigationPlanTest, S2ThenS1UndoesTheRebalancing) {
   EXPECT_EQ(s2.value().micro_batches, (std::vector<int>{2, 6}));
   EXPECT_EQ(s2.value().placement, Launch().placement);
   EXPECT_FALSE(s2.value().restart);
-  const PlanState after{s2.value().micro_batches, s2.value().placement};
+  const PlanState after{s2.value().micro_batches, s2.value().placement, {}};
   // S1 goes back to the job's own counts, whatever counts the plan carries.
   for (const char* json : {R"({"version": 2, "strategy": "S1"})", R"({"version": 2, "strategy": "S1", "micro_batches": [1, 7]})"}) {
     Result<PlanEffect> s1 = ResolvePlan(Parsed(json), f, after);
@@ -86,7 +86,7 @@ TEST(MitigationPlanTest, S2ThenS1UndoesTheRebalancing) {
 
 TEST(MitigationPlanTest, S3MovesRanksAndKeepsOrSetsCounts) {
   const JobFacts f = Facts();
-  const PlanState now{{3, 5}, Launch().placement};
+  const PlanState now{{3, 5}, Launch().placement, {}};
   Result<PlanEffect> e = ResolvePlan(Parsed(R"({"version": 3, "strategy": "S3", "placement": [0, 0, 3, 3, 2, 2, 1, 1]})"), f, now);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_EQ(e.value().placement, (std::vector<int>{0, 0, 3, 3, 2, 2, 1, 1}));
@@ -100,7 +100,7 @@ TEST(MitigationPlanTest, S3MovesRanksAndKeepsOrSetsCounts) {
 
 TEST(MitigationPlanTest, S4MovesExcludedNodesOntoSparesAndRestarts) {
   JobFacts f = Facts();
-  const PlanState now{{2, 6}, Launch().placement};
+  const PlanState now{{2, 6}, Launch().placement, {}};
   Result<PlanEffect> e = ResolvePlan(Parsed(R"({"version": 5, "strategy": "S4", "exclude_nodes": [1], "restart": true})"), f, now);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_EQ(e.value().placement, (std::vector<int>{0, 0, 4, 4, 2, 2, 3, 3}));
@@ -152,14 +152,87 @@ TEST(MitigationPlanTest, PlansThatDoNotFitTheJobAreRejectedWithAReason) {
 }
 
 TEST(MitigationPlanTest, StrategyNamesAndCodes) {
-  for (int code = 1; code <= 4; ++code) {
+  for (int code = 1; code <= 5; ++code) {
     const std::optional<Strategy> s = StrategyFromCode(code);
     ASSERT_TRUE(s.has_value());
     EXPECT_EQ(StrategyFromName(StrategyName(*s)), s);
   }
   EXPECT_FALSE(StrategyFromCode(0).has_value());
-  EXPECT_FALSE(StrategyFromCode(5).has_value());
+  EXPECT_FALSE(StrategyFromCode(6).has_value());
   EXPECT_FALSE(StrategyFromName("s2").has_value());
+}
+
+// A 4-stage job (dp 2) that runs pipeline plans with up to 6 activations per stage.
+JobFacts PipelineFacts() {
+  JobFacts f;
+  f.world = 8;
+  f.dp = 2;
+  f.initial_micro_batches = {8, 8};
+  f.total_nodes = 8;
+  f.gpus_per_node = 1;
+  f.pp = 4;
+  f.activation_limit = 6;
+  return f;
+}
+
+PlanState PipelineLaunch() { return {{8, 8}, {0, 1, 2, 3, 4, 5, 6, 7}, {}}; }
+
+TEST(MitigationPlanTest, PipelinePlanSetsWarmupCountsThatLaterPlansKeepAndS1Undoes) {
+  const JobFacts f = PipelineFacts();
+  const MitigationPlan p = Parsed(R"({"version": 4, "strategy": "pipeline", "warmup": [5, 4, 1, 0]})");
+  EXPECT_EQ(p.strategy, Strategy::kPipeline);
+  Result<PlanEffect> e = ResolvePlan(p, f, PipelineLaunch());
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e.value().warmup, (std::vector<int>{5, 4, 1, 0}));
+  EXPECT_EQ(e.value().micro_batches, (std::vector<int>{8, 8}));
+  EXPECT_FALSE(e.value().restart);
+  const PlanState adapted{e.value().micro_batches, e.value().placement, e.value().warmup};
+  Result<PlanEffect> s2 = ResolvePlan(Parsed(R"({"version": 5, "strategy": "S2", "micro_batches": [7, 9]})"), f, adapted);
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(s2.value().warmup, adapted.warmup);
+  Result<PlanEffect> s1 = ResolvePlan(Parsed(R"({"version": 6, "strategy": "S1"})"), f, adapted);
+  ASSERT_TRUE(s1.ok());
+  EXPECT_TRUE(s1.value().warmup.empty());
+  // With micro-batches, both apply.
+  e = ResolvePlan(Parsed(R"({"version": 7, "strategy": "pipeline", "warmup": [3, 2, 1, 0], "micro_batches": [6, 10]})"),
+                  f, PipelineLaunch());
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e.value().micro_batches, (std::vector<int>{6, 10}));
+}
+
+TEST(MitigationPlanTest, PipelinePlansOutsideTheJobsMeansAreRejectedWithTheReason) {
+  JobFacts f = PipelineFacts();
+  auto reason = [&](const char* json) {
+    Result<PlanEffect> e = ResolvePlan(Parsed(json), f, PipelineLaunch());
+    EXPECT_FALSE(e.ok()) << json;
+    return e.ok() ? std::string() : e.status().message();
+  };
+  EXPECT_NE(reason(R"({"version": 1, "strategy": "pipeline", "warmup": [6, 4, 1, 0]})").find("hold 7"), std::string::npos);
+  EXPECT_NE(reason(R"({"version": 1, "strategy": "pipeline", "warmup": [3, 4, 1, 0]})").find("increases"), std::string::npos);
+  EXPECT_NE(reason(R"({"version": 1, "strategy": "pipeline", "warmup": [3, 2, 1]})").find("pp=4"), std::string::npos);
+  EXPECT_NE(reason(R"({"version": 1, "strategy": "pipeline"})").find("needs warmup"), std::string::npos);
+  EXPECT_NE(reason(R"({"version": 1, "strategy": "S2", "micro_batches": [8, 8], "warmup": [3, 2, 1, 0]})")
+                .find("only for pipeline"),
+            std::string::npos);
+  f.no_pipeline_plans = "pipeline plans need --pp-comm per-direction";
+  EXPECT_EQ(reason(R"({"version": 1, "strategy": "pipeline", "warmup": [3, 2, 1, 0]})"), f.no_pipeline_plans);
+  // Malformed counts never reach ResolvePlan.
+  const Result<PlanOffer> bad = ParsePlanJson(R"({"version": 1, "strategy": "pipeline", "warmup": [3, -1, 0, 0]})");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(bad.value().rejection.find("warmup"), std::string::npos);
+}
+
+TEST(MitigationPlanTest, S4RestartsOnTheStandardSchedule) {
+  const JobFacts f = PipelineFacts();
+  const PlanState adapted{{8, 8}, PipelineLaunch().placement, {5, 4, 1, 0}};
+  JobFacts g = f;
+  g.total_nodes = 9;
+  g.can_replace = true;
+  Result<PlanEffect> e = ResolvePlan(Parsed(R"({"version": 8, "strategy": "S4", "exclude_nodes": [2], "restart": true})"),
+                                     g, adapted);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_TRUE(e.value().restart);
+  EXPECT_TRUE(e.value().warmup.empty());
 }
 
 }  // namespace

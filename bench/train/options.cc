@@ -93,9 +93,9 @@ const std::vector<OptionSpec>& Table() {
        [](Options* o, const std::string& v) { o->report = v; return v.empty() ? std::string("empty path") : ""; }},
       {"--progress-every", "N", "rank 0 prints a progress line on stderr every N iterations (default 10; 0 = off)",
        [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->progress_every); }},
-      {"--plan-file", "PATH", "mitigation plan JSON {\"version\": V, \"strategy\": \"S1\"|\"S2\"|\"S3\"|\"S4\", "
-       "\"micro_batches\": [m per DP replica], \"placement\": [node per rank], \"exclude_nodes\": [node..], "
-       "\"restart\": true} (only version + micro_batches: S2), polled by rank 0 at iteration boundaries and "
+      {"--plan-file", "PATH", "mitigation plan JSON {\"version\": V, \"strategy\": \"S1\"|\"S2\"|\"S3\"|\"S4\"|"
+       "\"pipeline\", \"micro_batches\": [m per DP replica], \"placement\": [node per rank], \"exclude_nodes\": "
+       "[node..], \"restart\": true, \"warmup\": [warm-up forwards per stage]} (only version + micro_batches: S2), polled by rank 0 at iteration boundaries and "
        "applied by all ranks from the next iteration",
        [](Options* o, const std::string& v) { o->plan_file = v; return v.empty() ? std::string("empty path") : ""; }},
       {"--falcon-plans", nullptr, "take plans from Falcon's C API (falconGetPlan, the LD_PRELOADed shim), polled by "
@@ -134,6 +134,19 @@ const std::vector<OptionSpec>& Table() {
       {"--checkpoint-save-ms", "MS", "modelled time to save each checkpoint (default 0 = nothing modelled); when "
        "> 0 every checkpoint drains the device, sleeps MS and ends in a world barrier",
        [](Options* o, const std::string& v) { return ParseDouble(v, 0, 1e7, &o->checkpoint_save_ms); }},
+      {"--pp-comm", "MODE", "pipeline traffic: batched (Megatron's batch_isend_irecv: one group on the PP "
+       "communicator per exchange; the default) or per-direction (activations and gradients of every stage pair "
+       "on their own 2-rank communicators and streams, receives posted ahead into buffer rings, so a late "
+       "gradient never holds up an activation: what pipeline plans need)",
+       [](Options* o, const std::string& v) -> std::string {
+         if (v == "batched") o->pp_per_direction = false;
+         else if (v == "per-direction") o->pp_per_direction = true;
+         else return "'" + v + "' is not batched or per-direction";
+         return "";
+       }},
+      {"--activation-limit", "N", "micro-batches' activations a pipeline stage may hold (default pp, what 1F1B "
+       "holds on the first stage); a pipeline plan whose warm-up counts need more is rejected",
+       [](Options* o, const std::string& v) { return ParseInt(v, 1, 65536, &o->activation_limit); }},
       {"--help", nullptr, "this text",
        [](Options* o, const std::string&) { o->help = true; return std::string(); }},
   };
@@ -212,6 +225,13 @@ Result<Options> ParseOptions(int argc, const char* const* argv) {
   if (o.world_sync && (o.lazy_init || o.nonblocking)) {
     return Status::InvalidArgument("--lazy-init and --nonblocking model PyTorch's communicators; not with --world-sync");
   }
+  if (o.world_sync && o.pp_per_direction) {
+    return Status::InvalidArgument("--pp-comm per-direction needs the Megatron mode; not with --world-sync");
+  }
+  if (o.activation_limit > 0 && o.activation_limit < o.shape.pp) {
+    return Status::InvalidArgument("--activation-limit " + std::to_string(o.activation_limit) +
+                                   " is below pp=" + std::to_string(o.shape.pp) + ": 1F1B itself holds pp");
+  }
   if (o.falcon_plans && !o.plan_file.empty()) {
     return Status::InvalidArgument("--plan-file and --falcon-plans are alternatives: choose one plan source");
   }
@@ -234,7 +254,9 @@ std::string UsageText() {
       "on them: S1 back to --micro-batches; S2 micro_batches per DP replica; S3 placement (node of every rank;\n"
       "ranks that change node move --state-bytes over the modelled fabric); S4 restart without exclude_nodes:\n"
       "the excluded nodes' ranks go to spare nodes (or the plan's placement), --restart-s is slept and training\n"
-      "rolls back to the last checkpoint. Invalid plans are rejected with a line on rank 0's stderr; every rank\n"
+      "rolls back to the last checkpoint; pipeline: warmup = forwards each stage runs before its first backward\n"
+      "(non-increasing; 1F1B is pp-s-1), with --pp-comm per-direction and within --activation-limit, no pause.\n"
+      "Invalid plans are rejected with a line on rank 0's stderr; every rank\n"
       "acks through falconAckPlan when the shim is loaded. The --report lists every plan with its cost.\n";
   out += "Exit status: 0 ok, 1 a --check verification failed, 2 usage, setup or NCCL error.\n";
   return out;

@@ -47,6 +47,8 @@ struct Options {
   bool watchdog = true;           // --no-watchdog turns it off (always off with --world-sync)
   bool autograd_thread = true;    // --no-autograd-thread: backward collectives on the training thread
   double checkpoint_save_ms = 0;  // --checkpoint-save-ms: modelled save + world barrier per checkpoint
+  bool pp_per_direction = false;  // --pp-comm per-direction (default batched)
+  int activation_limit = 0;       // --activation-limit: micro-batches' activations per stage; 0 = pp
   bool help = false;              // --help / -h
 
   // Activation (and activation-gradient) message bytes: b * S * H * 2 (bf16-sized payload).
@@ -57,6 +59,8 @@ struct Options {
   // else 8 x GradBytes (16 bytes per parameter: bf16 weights and gradients, fp32 master weights
   // and two Adam moments).
   [[nodiscard]] std::size_t StateBytes() const;
+  // --activation-limit, or pp when it is not given (what standard 1F1B holds on the first stage).
+  [[nodiscard]] int ActivationLimit() const { return activation_limit > 0 ? activation_limit : shape.pp; }
   // Iterations to run when neither --iters nor --duration-s is given.
   static constexpr int kDefaultIters = 10;
 };

@@ -67,18 +67,24 @@ PlanOffer OfferFromApi(const FalconApiPlan& api) {
   const std::optional<Strategy> s = StrategyFromCode(api.info.strategy);
   if (!s) {
     o.strategy_known = false;
-    o.rejection = "unknown strategy code " + std::to_string(api.info.strategy) + " (expected 1..4: S1..S4)";
+    o.rejection = "unknown strategy code " + std::to_string(api.info.strategy) + " (expected 1..5: S1..S4, pipeline)";
     return o;
   }
   o.plan.strategy = *s;
   o.plan.micro_batches.assign(api.micro_batches.begin(), api.micro_batches.end());
   o.plan.placement.assign(api.placement.begin(), api.placement.end());
   o.plan.exclude_nodes.assign(api.exclude_nodes.begin(), api.exclude_nodes.end());
+  o.plan.warmup.assign(api.warmup.begin(), api.warmup.end());
   // The C API always states the flag; "absent" and false are the same there.
   if (api.info.restart != 0 || *s == Strategy::kRestart) o.plan.restart = api.info.restart != 0;
   for (int m : o.plan.micro_batches) {
     if (m < 1 || m > kMaxPlanMicroBatches) {
       o.rejection = "micro-batch count " + std::to_string(m) + " is outside [1, " + std::to_string(kMaxPlanMicroBatches) + "]";
+    }
+  }
+  for (int w : o.plan.warmup) {
+    if (w < 0 || w > kMaxPlanWarmup) {
+      o.rejection = "warm-up count " + std::to_string(w) + " is outside [0, " + std::to_string(kMaxPlanWarmup) + "]";
     }
   }
   for (const std::vector<int>* v : {&o.plan.placement, &o.plan.exclude_nodes}) {
@@ -94,7 +100,8 @@ FalconPlanSource::FalconPlanSource()
       get_plan_(Resolve<decltype(&falconGetPlan)>("falconGetPlan")),
       get_parts_{Resolve<decltype(&falconGetMicroBatchPlan)>("falconGetMicroBatchPlan"),
                  Resolve<decltype(&falconGetPlacementPlan)>("falconGetPlacementPlan"),
-                 Resolve<decltype(&falconGetExcludedNodes)>("falconGetExcludedNodes")} {
+                 Resolve<decltype(&falconGetExcludedNodes)>("falconGetExcludedNodes")},
+      get_warmup_(Resolve<decltype(&falconGetPipelinePlan)>("falconGetPipelinePlan")) {
   if (!plan_version_ || !get_parts_[0] || !get_parts_[1] || !get_parts_[2]) get_plan_ = nullptr;  // all or nothing
 }
 
@@ -116,6 +123,11 @@ std::optional<PlanOffer> FalconPlanSource::Poll(std::int32_t last_version, std::
     std::optional<std::vector<std::int32_t>> p = ReadPart(get_parts_[i], v);
     if (!p) return std::nullopt;
     *parts[i] = std::move(*p);
+  }
+  if (get_warmup_ != nullptr) {
+    std::optional<std::vector<std::int32_t>> w = ReadPart(get_warmup_, v);
+    if (!w) return std::nullopt;
+    api.warmup = std::move(*w);
   }
   return OfferFromApi(api);
 }

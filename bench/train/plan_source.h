@@ -48,7 +48,7 @@ class PlanFileSource final : public PlanSource {
 // The plan in force as the C API hands it out, before conversion.
 struct FalconApiPlan {
   FalconPlanInfo info{};
-  std::vector<std::int32_t> micro_batches, placement, exclude_nodes;
+  std::vector<std::int32_t> micro_batches, placement, exclude_nodes, warmup;
 };
 
 // Converts what the C API returned into an offer (pure): strategy codes outside S1..S4 or a
@@ -65,6 +65,7 @@ class FalconPlanSource final : public PlanSource {
   decltype(&falconPlanVersion) plan_version_ = nullptr;
   decltype(&falconGetPlan) get_plan_ = nullptr;
   decltype(&falconGetMicroBatchPlan) get_parts_[3] = {nullptr, nullptr, nullptr};  // mb, placement, exclude
+  decltype(&falconGetPipelinePlan) get_warmup_ = nullptr;  // API version 4; absent in older shims
   bool warned_ = false;
 };
 

@@ -47,11 +47,21 @@ const char* GroupName(Group g) {
     case Group::kTpDpCp: return "tp-dp-cp";
     case Group::kTpDp: return "tp-dp";
     case Group::kTpCp: return "tp-cp";
+    case Group::kPpFwdEven: return "pp-fwd-even";
+    case Group::kPpFwdOdd: return "pp-fwd-odd";
+    case Group::kPpBwdEven: return "pp-bwd-even";
+    case Group::kPpBwdOdd: return "pp-bwd-odd";
   }
   return "?";
 }
 
-std::vector<GroupSpec> MegatronGroups(const Shape& s) {
+Group PpPairGroup(bool forward, int first_stage) {
+  const bool even = first_stage % 2 == 0;
+  if (forward) return even ? Group::kPpFwdEven : Group::kPpFwdOdd;
+  return even ? Group::kPpBwdEven : Group::kPpBwdOdd;
+}
+
+std::vector<GroupSpec> MegatronGroups(const Shape& s, bool pp_direction_groups) {
   std::vector<GroupSpec> out;
   AddGroups(s, Group::kDpCp, false, true, false, &out);
   AddGroups(s, Group::kDp, false, true, false, &out);
@@ -71,6 +81,20 @@ std::vector<GroupSpec> MegatronGroups(const Shape& s) {
   AddGroups(s, Group::kTpDpCp, true, true, false, &out);
   AddGroups(s, Group::kTpDp, true, true, false, &out);
   AddGroups(s, Group::kTpCp, true, false, false, &out);
+  if (pp_direction_groups) {
+    // PP group i holds the ranks of (tp, dp) = (i % tp, i / tp) (AddGroups' numbering); its pair
+    // (st, st + 1) is group i * pp + st of its kind.
+    for (const bool forward : {true, false}) {
+      for (int i = 0; i < s.tp * s.dp; ++i) {
+        for (int st = 0; st + 1 < s.pp; ++st) {
+          GroupSpec g{PpPairGroup(forward, st), i * s.pp + st,
+                      {RankOf(s, {i % s.tp, i / s.tp, st}), RankOf(s, {i % s.tp, i / s.tp, st + 1})}};
+          std::sort(g.ranks.begin(), g.ranks.end());
+          out.push_back(std::move(g));
+        }
+      }
+    }
+  }
   return out;
 }
 

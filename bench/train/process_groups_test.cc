@@ -102,5 +102,32 @@ TEST(ProcessGroupsTest, DpGroupTimesMpGroupIsTheWorld) {
   }
 }
 
+TEST(ProcessGroupsTest, PerDirectionPairsComeLastAndGiveEachRankOneGroupPerKind) {
+  const Shape shape{2, 2, 4};
+  const std::vector<GroupSpec> plain = MegatronGroups(shape);
+  const std::vector<GroupSpec> all = MegatronGroups(shape, true);
+  ASSERT_EQ(all.size(), plain.size() + 2 * 4 * 3);  // 2 directions x (tp*dp) pipelines x (pp-1) pairs
+  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(all[i].ranks, plain[i].ranks);
+  std::map<std::pair<int, Group>, int> per_rank_kind;
+  for (std::size_t i = plain.size(); i < all.size(); ++i) {
+    const GroupSpec& g = all[i];
+    ASSERT_EQ(g.ranks.size(), 2u);
+    const Coords a = CoordsOf(shape, g.ranks[0]), b = CoordsOf(shape, g.ranks[1]);
+    EXPECT_EQ(a.tp, b.tp);
+    EXPECT_EQ(a.dp, b.dp);
+    EXPECT_EQ(b.pp, a.pp + 1);  // the lower stage is index 0 (megatron_trainer.cc relies on it)
+    const bool fwd = g.kind == Group::kPpFwdEven || g.kind == Group::kPpFwdOdd;
+    EXPECT_EQ(g.kind, PpPairGroup(fwd, a.pp));
+    for (int r : g.ranks) EXPECT_EQ(++per_rank_kind[std::make_pair(r, g.kind)], 1) << GroupName(g.kind) << " rank " << r;
+  }
+  // A middle stage's rank is in 4 pair groups (both neighbours, both directions), an end stage's in 2.
+  std::map<int, int> count;
+  for (const auto& [key, n] : per_rank_kind) count[key.first] += n;
+  for (int r = 0; r < shape.world(); ++r) {
+    const int st = CoordsOf(shape, r).pp;
+    EXPECT_EQ(count[r], st == 0 || st == shape.pp - 1 ? 2 : 4) << r;
+  }
+}
+
 }  // namespace
 }  // namespace falcon::train

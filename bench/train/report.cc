@@ -40,7 +40,8 @@ json ConfigJson(const Options& o) {
           {"checkpoint_every", o.checkpoint_every}, {"restart_s", o.restart_s}, {"spare_nodes", o.spare_nodes},
           {"state_bytes", o.StateBytes()}, {"mode", o.world_sync ? "world-sync" : "megatron"},
           {"lazy_init", o.lazy_init}, {"nonblocking", o.nonblocking}, {"watchdog", o.watchdog && !o.world_sync},
-          {"checkpoint_save_ms", o.checkpoint_save_ms}};
+          {"checkpoint_save_ms", o.checkpoint_save_ms},
+          {"pp_comm", o.pp_per_direction ? "per-direction" : "batched"}, {"activation_limit", o.ActivationLimit()}};
 }
 
 json PlanJson(const PlanRecord& p) {
@@ -48,7 +49,7 @@ json PlanJson(const PlanRecord& p) {
           {"reason", p.reason}, {"iter", p.iter}, {"at_s", p.at_s}, {"cost_s", p.cost_s},
           {"modelled_s", p.modelled_s}, {"micro_batches", p.micro_batches}, {"placement", p.placement},
           {"exclude_nodes", p.exclude_nodes}, {"restart", p.restart}, {"moved_ranks", p.moved_ranks},
-          {"moved_bytes", p.moved_bytes}};
+          {"moved_bytes", p.moved_bytes}, {"warmup", p.warmup}, {"warmup_changed", p.warmup_changed}};
 }
 
 json RestartJson(const RestartRecord& r) {
@@ -112,7 +113,8 @@ std::string ReportJson(const ReportData& r, int indent) {
   for (const IterationRecord& it : r.iterations) {
     iters.push_back({{"iter", it.iter}, {"start_s", it.start_s}, {"duration_s", it.duration_s},
                      {"micro_batches", it.micro_batches}, {"plan_version", it.plan_version},
-                     {"compute_factor", it.compute_factor}, {"node", it.node}, {"redo", it.redo}});
+                     {"compute_factor", it.compute_factor}, {"node", it.node}, {"redo", it.redo},
+                     {"warmup", it.warmup}});
   }
   json changes = json::array();
   for (const PlanChange& c : r.plan_changes) {
@@ -137,7 +139,7 @@ std::string ReportJson(const ReportData& r, int indent) {
       {"faults", faults},
       {"runtime", {{"comm_groups", r.comm_groups}, {"world_splits", r.world_splits},
                    {"watchdog_polls", r.watchdog_polls}, {"device_streams", r.device_streams},
-                   {"device_compute", r.device_compute}}},
+                   {"device_compute", r.device_compute}, {"peak_activations", r.peak_activations}}},
       {"summary", SummaryJson(r)}};
   // Strings here are ours or come from UTF-8 clean messages; replace keeps dump() exception-free.
   return j.dump(indent, ' ', false, json::error_handler_t::replace);

@@ -62,6 +62,7 @@ struct IterationRecord {
   double compute_factor = 1;
   int node = 0;
   bool redo = false;
+  int warmup = 0;               // warm-up forwards of this rank's stage in force (before the M clamp)
 };
 
 struct PlanChange {
@@ -82,6 +83,8 @@ struct PlanRecord {
   double cost_s = 0;
   double modelled_s = 0;
   std::vector<int> micro_batches, placement, exclude_nodes, moved_ranks;
+  std::vector<int> warmup;      // warm-up counts in force after it (empty: standard 1F1B)
+  bool warmup_changed = false;  // it changed the warm-up counts
   bool restart = false;
   std::uint64_t moved_bytes = 0;
 };
@@ -138,6 +141,7 @@ struct ReportData {
   std::uint64_t watchdog_polls = 0;      // polling rounds of the watchdog thread
   bool device_streams = false;           // a driver was loaded: work ran on streams
   bool device_compute = false;           // compute was enqueued on the device (falconEmuLaunchCompute)
+  int peak_activations = 0;              // most micro-batches' activations held at once (Megatron mode)
 };
 
 // `nodes`: every node the rank ran on.

@@ -29,10 +29,14 @@ int WarmupCount(int pp, int stage, int micro_batches) {
 }
 
 std::vector<Step> Build1F1B(int pp, int stage, int micro_batches) {
+  return Build1F1BWithWarmup(pp, stage, micro_batches, WarmupCount(pp, stage, micro_batches));
+}
+
+std::vector<Step> Build1F1BWithWarmup(int pp, int stage, int micro_batches, int warmup_count) {
   const bool first = stage == 0;
   const bool last = stage == pp - 1;
   const int m = micro_batches;
-  const int warmup = WarmupCount(pp, stage, m);
+  const int warmup = std::clamp(warmup_count, 0, m);
   const int steady = m - warmup;
   std::vector<Step> steps;
   int next_fwd = 0;  // next micro-batch to run forward

@@ -51,6 +51,12 @@ struct Step {
 // REQUIRES: pp >= 1, 0 <= stage < pp, micro_batches >= 1.
 [[nodiscard]] std::vector<Step> Build1F1B(int pp, int stage, int micro_batches);
 
+// The same order of forwards and backwards with `warmup` warm-up forwards (clamped to
+// [0, micro_batches]) instead of pp - stage - 1: a pipeline plan's (Adaptra). Its exchanges pair
+// as above only for the standard counts; with others a stage's sends and receives must not wait
+// on each other (--pp-comm per-direction, megatron_trainer.h), which uses the compute order alone.
+[[nodiscard]] std::vector<Step> Build1F1BWithWarmup(int pp, int stage, int micro_batches, int warmup);
+
 // Number of warm-up forwards of `stage`: min(pp - stage - 1, micro_batches).
 [[nodiscard]] int WarmupCount(int pp, int stage, int micro_batches);
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 namespace falcon::train {
@@ -115,6 +117,89 @@ TEST(ScheduleTest, AllStagesPairWithoutDeadlock) {
       }
     }
   }
+}
+
+TEST(ScheduleTest, WarmupOverrideKeepsThe1F1BOrderWithMoreForwardsFirst) {
+  EXPECT_EQ(ToString(Build1F1BWithWarmup(4, 3, 4, 0)), ToString(Build1F1B(4, 3, 4)));
+  // Stage 0 of 2 with 3 warm-up forwards: F0 F1 F2 before B0; the exchanges keep their flags.
+  const std::string s = ToString(Build1F1BWithWarmup(2, 0, 4, 3));
+  std::string compute;
+  for (const Step& st : Build1F1BWithWarmup(2, 0, 4, 3)) {
+    if (st.kind != StepKind::kExchange) compute += (st.kind == StepKind::kForward ? "F" : "B") + std::to_string(st.mb) + " ";
+  }
+  EXPECT_EQ(compute, "F0 F1 F2 F3 B0 B1 B2 B3 ") << s;
+  // Clamped to [0, M].
+  EXPECT_EQ(ToString(Build1F1BWithWarmup(2, 0, 2, 9)), ToString(Build1F1BWithWarmup(2, 0, 2, 2)));
+  EXPECT_EQ(ToString(Build1F1BWithWarmup(2, 0, 2, -1)), ToString(Build1F1BWithWarmup(2, 0, 2, 0)));
+}
+
+// The per-direction traffic (megatron_trainer.h) cannot deadlock for any non-increasing warm-up
+// vector: a forward needs the previous stage's forward of the same micro-batch, a backward the
+// next stage's backward, and the output slot of a ring of depth R frees once the receiver has
+// consumed the micro-batch R earlier (it posts the receive R ahead of what it consumed).
+TEST(ScheduleTest, PerDirectionTrafficCompletesForEveryNonIncreasingWarmup) {
+  int vectors = 0;
+  for (int pp = 2; pp <= 5; ++pp) {
+    for (int m = 1; m <= 8; ++m) {
+      std::vector<int> w(static_cast<std::size_t>(pp), 0);
+      // Every non-increasing vector with entries in [0, pp + 1].
+      for (;;) {
+        ++vectors;
+        const int depth = *std::max_element(w.begin(), w.end()) + 2;  // activation limit + 1
+        std::vector<std::vector<Step>> order;
+        for (int s = 0; s < pp; ++s) {
+          std::vector<Step> all = Build1F1BWithWarmup(pp, s, m, w[static_cast<std::size_t>(s)]);
+          std::vector<Step> compute;
+          for (const Step& st : all) {
+            if (st.kind != StepKind::kExchange) compute.push_back(st);
+          }
+          order.push_back(compute);
+        }
+        std::vector<std::vector<bool>> f(static_cast<std::size_t>(pp), std::vector<bool>(static_cast<std::size_t>(m))),
+            b = f;
+        auto done = [&](const std::vector<std::vector<bool>>& v, int s, int k) {
+          return k < 0 || v[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)];
+        };
+        std::vector<std::size_t> pc(static_cast<std::size_t>(pp), 0);
+        for (bool moved = true; moved;) {
+          moved = false;
+          for (int s = 0; s < pp; ++s) {
+            std::size_t& i = pc[static_cast<std::size_t>(s)];
+            if (i == order[static_cast<std::size_t>(s)].size()) continue;
+            const Step& st = order[static_cast<std::size_t>(s)][i];
+            const int k = st.mb;
+            bool ready;
+            if (st.kind == StepKind::kForward) {
+              ready = (s == 0 || done(f, s - 1, k)) && (s == pp - 1 || done(f, s + 1, k - 2 * depth));
+            } else {
+              ready = done(f, s, k) && (s == pp - 1 || done(b, s + 1, k)) && (s == 0 || done(b, s - 1, k - 2 * depth));
+            }
+            if (!ready) continue;
+            (st.kind == StepKind::kForward ? f : b)[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)] = true;
+            ++i;
+            moved = true;
+          }
+        }
+        for (int s = 0; s < pp; ++s) {
+          ASSERT_EQ(pc[static_cast<std::size_t>(s)], order[static_cast<std::size_t>(s)].size())
+              << "stuck: pp=" << pp << " m=" << m << " stage " << s;
+        }
+        // Next non-increasing vector (odometer from the last stage).
+        int pos = pp - 1;
+        while (pos >= 0) {
+          const int cap = pos == 0 ? pp + 1 : w[static_cast<std::size_t>(pos) - 1];
+          if (w[static_cast<std::size_t>(pos)] < cap) {
+            ++w[static_cast<std::size_t>(pos)];
+            for (int q = pos + 1; q < pp; ++q) w[static_cast<std::size_t>(q)] = 0;
+            break;
+          }
+          --pos;
+        }
+        if (pos < 0) break;
+      }
+    }
+  }
+  EXPECT_GT(vectors, 1000);
 }
 
 }  // namespace
