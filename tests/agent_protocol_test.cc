@@ -428,6 +428,27 @@ TEST(ProtocolCommandTest, PlanElementsAreRangeChecked) {
   }
 }
 
+// Every strategy a plan can carry is one an incident entry and the controller's state may name:
+// a decision for the pipeline plan must be recordable (the controller checks the entry before it
+// sends the plan, or it would send it again at every sample).
+TEST(ProtocolStrategyTest, IncidentsAndControllerStateNameEveryPlanStrategy) {
+  for (const char* strategy : {"S1", "S2", "S3", "S4", "pipeline"}) {
+    json inc = Example(kIncident.type);
+    inc["strategy"] = strategy;
+    EXPECT_TRUE(ValidateMessage(inc, kIncident).ok()) << strategy;
+    json st = Example(kControllerState.type);
+    st["strategy"] = strategy;
+    EXPECT_TRUE(ValidateMessage(st, kControllerState).ok()) << strategy;
+    json plan = Example(kMitigationPlan.type);
+    plan["strategy"] = strategy;
+    if (std::string(strategy) == "pipeline") plan["warmup"] = {3, 2, 1, 0};
+    EXPECT_TRUE(ValidateMessage(plan, kMitigationPlan).ok()) << strategy;
+  }
+  json inc = Example(kIncident.type);
+  inc["strategy"] = "S5";
+  EXPECT_FALSE(ValidateMessage(inc, kIncident).ok());
+}
+
 TEST(ProtocolCommandTest, InvalidCommandsKeepTheirIdentityForTheRejection) {
   json bad = Example("plan");
   bad["micro_batches"] = json::array({0});

@@ -431,6 +431,14 @@ Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
                    {"overheads_paid_s", d.planner.overheads_paid_s},
                    {"overhead_s", d.planner.overhead_s},
                    {"reason", d.planner.reason}}}};
+  // The entry must be recordable before anything goes out: a plan sent for a decision that cannot
+  // be recorded would be sent again, as a new version, at every later sample.
+  if (Result<json> probe = IncidentEntry("decision", d.summary,
+                                         {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause},
+                                          {"strategy", d.strategy}, {"detail", detail}});
+      !probe.ok()) {
+    return probe.status();
+  }
   if (d.publish_plan) {
     json plan = d.plan;
     plan["plan_version"] = ++state_.plan_version;

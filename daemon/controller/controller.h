@@ -81,6 +81,9 @@ class Controller {
   Status WritePlan(const nlohmann::json& plan_message, const std::string& strategy);
   Status Record(const std::string& stage, const std::string& summary, nlohmann::json fields,
                 const char* severity);
+  // The incident stream entry Record would write, validated against the schema.
+  Result<nlohmann::json> IncidentEntry(const std::string& stage, const std::string& summary,
+                                       nlohmann::json fields) const;
   std::string Key(const protocol::KeySpec& spec, const std::string& host = {}) const;
 
   // Inputs.

@@ -327,9 +327,7 @@ Status Controller::WritePlan(const json& m, const std::string& strategy) {
                       {"mode", m["mode"].get<std::string>()}});
 }
 
-Status Controller::Record(const std::string& stage, const std::string& summary, json fields,
-                          const char* severity) {
-  const std::int64_t now = fields.value("at_ns", std::int64_t{0});
+Result<json> Controller::IncidentEntry(const std::string& stage, const std::string& summary, json fields) const {
   json m = std::move(fields);
   m["v"] = protocol::kSchemaVersion;
   m["type"] = protocol::kIncident.type;
@@ -340,6 +338,15 @@ Status Controller::Record(const std::string& stage, const std::string& summary, 
   if (Status s = protocol::ValidateMessage(m, protocol::kIncident); !s.ok()) {
     return Status::Internal("incident would be invalid: " + s.message());
   }
+  return m;
+}
+
+Status Controller::Record(const std::string& stage, const std::string& summary, json fields,
+                          const char* severity) {
+  const std::int64_t now = fields.value("at_ns", std::int64_t{0});
+  Result<json> entry = IncidentEntry(stage, summary, std::move(fields));
+  if (!entry.ok()) return entry.status();
+  const json& m = entry.value();
   Result<std::string> id = redis::XAdd(*conn_, Key(protocol::kIncidentsStream),
                                        static_cast<std::uint64_t>(config_.incidents_maxlen),
                                        {{std::string(protocol::kPayloadField), m.dump()}});
