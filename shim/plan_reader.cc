@@ -111,7 +111,7 @@ int AckPlan(FalconPlanBlock& block, uint32_t version, int status) {
 }
 
 bool ValidCostReport(uint32_t strategy, double seconds) {
-  return strategy >= kFalconStrategyRebalance && strategy <= kFalconStrategyRestart && seconds >= 0 &&
+  return strategy >= kFalconStrategyRebalance && strategy <= kFalconStrategyPipeline && seconds >= 0 &&
          seconds <= kMaxReportedCostS;  // NaN fails the comparisons
 }
 

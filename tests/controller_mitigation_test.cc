@@ -471,12 +471,15 @@ TEST(MitigationTest, OverheadsTheJobMeasuredReplaceTheConfiguredOnes) {
     if (m.rank == 3) m.cost_s3 = 1.5;
     if (m.rank == 7) m.cost_s3 = 2.5;
     if (m.rank == 0) m.cost_s4 = 100;
+    if (m.rank == 2) m.cost_s5 = 0.25;
   });
   const MeasuredOverheads measured = MeasuredFrom(v);
   EXPECT_FALSE(measured.rebalance_s);
   ASSERT_TRUE(measured.topology_s && measured.restart_s);
   EXPECT_DOUBLE_EQ(*measured.topology_s, 2.5);
   EXPECT_DOUBLE_EQ(*measured.restart_s, 100);
+  ASSERT_TRUE(measured.pipeline_s);
+  EXPECT_DOUBLE_EQ(*measured.pipeline_s, 0.25);
   EXPECT_TRUE(MeasuredFrom(View(2, 4, 2)).empty());
 
   const json findings = {{"gpus", {Gpu(5, 2.0), Gpu(11, 1.5)}}};

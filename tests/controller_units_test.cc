@@ -306,6 +306,7 @@ TEST(JobViewTest, PlanCostReportsAreReadAndOutOfRangeOnesRefusedByTheSchema) {
   json m = RankMsg({0, "node0", {{kWorld, 0, 1, "world", 5}}});
   m["cost_s3"] = 0.75;
   m["cost_s4"] = 0;
+  m["cost_s5"] = 0.5;
   ASSERT_TRUE(protocol::ValidateMessage(m, protocol::kRankRegister).ok());
   JobView v;
   v.Update({m}, {AgentMsg("node0")});
@@ -314,6 +315,8 @@ TEST(JobViewTest, PlanCostReportsAreReadAndOutOfRangeOnesRefusedByTheSchema) {
   ASSERT_TRUE(r.cost_s[1] && r.cost_s[2]);
   EXPECT_DOUBLE_EQ(*r.cost_s[1], 0.75);
   EXPECT_DOUBLE_EQ(*r.cost_s[2], 0);
+  ASSERT_TRUE(r.cost_s[3]);
+  EXPECT_DOUBLE_EQ(*r.cost_s[3], 0.5);
   for (const json& bad : {json(-1.0), json("2"), json(1e12), json(true)}) {
     json b = m;
     b["cost_s2"] = bad;

@@ -172,12 +172,13 @@ TEST(PlanBlockTest, CostReportsKeepTheLatestFigurePerStrategyAndRefuseBadOnes) {
   };
   const Case cases[] = {
       {kFalconStrategyNone, 1, FALCON_ERR_INVALID},      {kFalconStrategyIgnore, 1, FALCON_ERR_INVALID},
-      {5, 1, FALCON_ERR_INVALID},                        {kFalconStrategyRebalance, -0.5, FALCON_ERR_INVALID},
+      {6, 1, FALCON_ERR_INVALID},                        {kFalconStrategyRebalance, -0.5, FALCON_ERR_INVALID},
       {kFalconStrategyTopology, std::nan(""), FALCON_ERR_INVALID},
       {kFalconStrategyRestart, 1e9, FALCON_ERR_INVALID},  // beyond 49 days
       {kFalconStrategyRestart, std::numeric_limits<double>::infinity(), FALCON_ERR_INVALID},
       {kFalconStrategyRebalance, 0.25, FALCON_OK},       {kFalconStrategyTopology, 0, FALCON_OK},
       {kFalconStrategyRestart, 600, FALCON_OK},          {kFalconStrategyRestart, 75.5, FALCON_OK},
+      {kFalconStrategyPipeline, 0.125, FALCON_OK},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(shim::ReportCost(*block, c.strategy, c.seconds), c.rc) << c.strategy << " " << c.seconds;
@@ -186,6 +187,7 @@ TEST(PlanBlockTest, CostReportsKeepTheLatestFigurePerStrategyAndRefuseBadOnes) {
   EXPECT_DOUBLE_EQ(a.cost_s[0], 0.25);
   EXPECT_DOUBLE_EQ(a.cost_s[1], 1e-6) << "0 s is stored as 1 us: reported, and nearly free";
   EXPECT_DOUBLE_EQ(a.cost_s[2], 75.5) << "the latest report counts";
+  EXPECT_DOUBLE_EQ(a.cost_s[3], 0.125) << "the pipeline plan's slot (API version 4)";
   EXPECT_EQ(a.count, 0u) << "a cost report is no ack";
 }
 

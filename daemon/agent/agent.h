@@ -77,7 +77,7 @@ class Agent {
     // Plan version, framework ack count and cost reports last registered: a change re-registers at once.
     std::uint32_t plan_registered = 0;
     std::uint64_t acks_registered = 0;
-    std::array<double, 3> costs_registered{-1, -1, -1};  // falconReportCost figures last registered
+    std::array<double, 4> costs_registered{-1, -1, -1, -1};  // falconReportCost figures last registered
   };
 
   void Tick();

@@ -209,8 +209,8 @@ void Agent::TrackPlans() {
                  f.follower->rank(), acks.last_version, acks.last_status, acks.applied, acks.rejected);
     }
     if (costs_changed) {
-      log_->info("event=plan_cost pid={} rank={} s2={} s3={} s4={}", f.follower->pid(), f.follower->rank(),
-                 acks.cost_s[0], acks.cost_s[1], acks.cost_s[2]);
+      log_->info("event=plan_cost pid={} rank={} s2={} s3={} s4={} pipeline={}", f.follower->pid(),
+                 f.follower->rank(), acks.cost_s[0], acks.cost_s[1], acks.cost_s[2], acks.cost_s[3]);
     }
     f.plan_registered = version;
     f.acks_registered = acks.count;

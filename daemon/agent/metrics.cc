@@ -37,8 +37,11 @@ std::string RenderPrometheus(const AgentMetrics& m) {
          "What applying a mitigation strategy costs per rank, seconds, as its framework reported it "
          "(falconReportCost); absent while not reported.");
   for (const RankMetrics& r : m.ranks) {
-    for (int i = 0; i < 3; ++i) {
-      if (r.cost_s[i] >= 0) w.Line("plan_cost_seconds", RankLabels(r) + ",strategy=\"S" + std::to_string(i + 2) + "\"", r.cost_s[i]);
+    static constexpr const char* kStrategies[] = {"S2", "S3", "S4", "pipeline"};
+    for (int i = 0; i < 4; ++i) {
+      if (r.cost_s[i] >= 0) {
+        w.Line("plan_cost_seconds", RankLabels(r) + ",strategy=\"" + kStrategies[i] + "\"", r.cost_s[i]);
+      }
     }
   }
   w.Head("alarms_total", "counter", "Detector alarms by kind.");

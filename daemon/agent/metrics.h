@@ -20,7 +20,7 @@ struct RankMetrics {
   std::uint32_t plan_delivered = 0;   // plan version in the rank's shared memory (0: none)
   std::uint32_t plan_applied = 0;     // highest version its framework acked as applied
   std::uint32_t plan_rejected = 0;    // highest version its framework acked as rejected
-  double cost_s[3] = {-1, -1, -1};    // what applying S2, S3, S4 costs it (falconReportCost); < 0: unreported
+  double cost_s[4] = {-1, -1, -1, -1};    // what applying S2, S3, S4 costs it (falconReportCost); < 0: unreported
 };
 
 struct AgentMetrics {

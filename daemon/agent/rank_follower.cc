@@ -179,8 +179,8 @@ protocol::RankRegistration RankFollower::Registration() const {
   const daemon::PlanAcks acks = plan_acks();
   if (acks.applied > 0) r.plan_applied = acks.applied;
   if (acks.rejected > 0) r.plan_rejected = acks.rejected;
-  std::optional<double>* costs[] = {&r.cost_s2, &r.cost_s3, &r.cost_s4};
-  for (int i = 0; i < 3; ++i) {
+  std::optional<double>* costs[] = {&r.cost_s2, &r.cost_s3, &r.cost_s4, &r.cost_s5};
+  for (int i = 0; i < 4; ++i) {
     if (acks.cost_s[i] >= 0) *costs[i] = acks.cost_s[i];
   }
   return r;

@@ -52,7 +52,7 @@ struct RankInfo {
   std::int64_t plan_applied = 0;  // last mitigation plan version its framework applied
   // What applying S2, S3, S4 costs this rank, seconds, as its framework reported it
   // (falconReportCost; index strategy - 2); unset while not reported.
-  std::array<std::optional<double>, 3> cost_s;
+  std::array<std::optional<double>, 4> cost_s;  // S2, S3, S4, pipeline (rank_register cost_s2..cost_s5)
   std::vector<RankComm> comms;
 };
 

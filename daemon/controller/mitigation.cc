@@ -341,6 +341,7 @@ constexpr MeasuredEntry kMeasured[] = {
     {"S2", Strategy::kRebalanceMicrobatches, &MeasuredOverheads::rebalance_s},
     {"S3", Strategy::kAdjustTopology, &MeasuredOverheads::topology_s},
     {"S4", Strategy::kCheckpointRestart, &MeasuredOverheads::restart_s},
+    {"pipeline", Strategy::kAdaptPipeline, &MeasuredOverheads::pipeline_s},
 };
 
 bool ValidMeasured(const MeasuredOverheads& m) {

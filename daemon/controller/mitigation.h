@@ -69,8 +69,8 @@ struct JobTiming {
 // it (falcon.h falconReportCost; the slowest rank's figure, since every rank waits for it), plus,
 // for S2, the controller's own planning time. Unset: the configured overhead holds.
 struct MeasuredOverheads {
-  std::optional<double> rebalance_s, topology_s, restart_s;
-  [[nodiscard]] bool empty() const { return !rebalance_s && !topology_s && !restart_s; }
+  std::optional<double> rebalance_s, topology_s, restart_s, pipeline_s;
+  [[nodiscard]] bool empty() const { return !rebalance_s && !topology_s && !restart_s && !pipeline_s; }
 };
 
 // The slowest live rank's reported cost per strategy (RankInfo::cost_s).

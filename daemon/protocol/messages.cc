@@ -75,6 +75,7 @@ json ToJson(const RankRegistration& m) {
   SetIf(j, "cost_s2", m.cost_s2);
   SetIf(j, "cost_s3", m.cost_s3);
   SetIf(j, "cost_s4", m.cost_s4);
+  SetIf(j, "cost_s5", m.cost_s5);
   SetIf(j, "phase", m.phase);
   if (m.excluded > 0) j["excluded"] = m.excluded;
   return j;

@@ -58,7 +58,7 @@ struct RankRegistration {
   std::optional<std::uint32_t> plan_delivered, plan_applied, plan_rejected;
   // What applying S2, S3, S4 costs this rank in seconds, as its framework reported it
   // (falconReportCost); absent while not reported.
-  std::optional<double> cost_s2, cost_s3, cost_s4;
+  std::optional<double> cost_s2, cost_s3, cost_s4, cost_s5;  // cost_s5: the pipeline plan (strategy 5)
   // The framework's phase (falconSetPhase) when not training, and the iterations left out of
   // detection because they overlapped a phase or a validation pause.
   std::optional<std::string> phase;

@@ -117,7 +117,7 @@ PlanAcks ReadPlanAcks(const FalconPlanBlock& b) {
   a.applied = Load(b.applied_version);
   a.rejected = Load(b.rejected_version);
   a.count = Load(b.ack_count);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     const uint64_t us = Load(b.cost_us[i]);
     if (us > 0) a.cost_s[i] = static_cast<double>(us) / 1e6;
   }

@@ -34,9 +34,9 @@ struct PlanAcks {
   uint32_t last_version = 0;  // the latest ack's version and status (0: no ack yet)
   int32_t last_status = 0;
   uint64_t count = 0;         // acks so far
-  // falconReportCost: seconds of training applying S2, S3, S4 costs (index strategy - 2);
-  // negative while not reported.
-  double cost_s[3] = {-1, -1, -1};
+  // falconReportCost: seconds of training applying S2, S3, S4, the pipeline plan costs (index
+  // strategy - 2); negative while not reported.
+  double cost_s[4] = {-1, -1, -1, -1};
 };
 
 // InvalidArgument naming the first array that exceeds the block's capacity, or version 0.

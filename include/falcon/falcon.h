@@ -125,9 +125,10 @@ int falconAckPlan(uint32_t version, int status);
  * kFalconStrategyTopology, the stop, state move and communicator rebuild; for
  * kFalconStrategyRestart, checkpoint save (or the work since the last checkpoint that a restart
  * loses) + relaunch + load + warm-up: a framework may report this from its own checkpoint
- * history before any restart is planned. Call it after applying a plan, after a checkpoint, or
+ * history before any restart is planned; for kFalconStrategyPipeline (API version 4), the switch
+ * to the new warm-up counts. Call it after applying a plan, after a checkpoint, or
  * whenever the figure changes; the latest report per strategy counts. The agent reports it to
- * the controller (rank_register cost_s2 / cost_s3 / cost_s4), whose ski-rental rule then uses
+ * the controller (rank_register cost_s2 / cost_s3 / cost_s4 / cost_s5), whose ski-rental rule then uses
  * the slowest rank's figure instead of the configured overhead (falcon-controller s2-overhead-s
  * etc.) for its next decisions. FALCON_OK, FALCON_ERR_INVALID for another strategy or a
  * negative, NaN or too large `seconds`, or FALCON_ERR_NO_PLAN when no shared memory is attached.

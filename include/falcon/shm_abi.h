@@ -452,10 +452,11 @@ typedef struct FalconPlanBlock {
   uint64_t ack_count;         /* falconAckPlan calls so far */
   uint32_t applied_version;   /* highest version acked with status 0 (0: none) */
   uint32_t rejected_version;  /* highest version acked with status != 0 (0: none) */
-  /* written by falconReportCost: what applying S2, S3, S4 costs this rank (index strategy - 2),
-   * in microseconds of lost training; 0: never reported */
-  uint64_t cost_us[3];
-  uint8_t reserved1[16];
+  /* written by falconReportCost: what applying S2, S3, S4 and the pipeline plan costs this rank
+   * (index strategy - 2), in microseconds of lost training; 0: never reported. The fourth word
+   * was reserved (zero) before API version 4: older shims leave it unreported. */
+  uint64_t cost_us[4];
+  uint8_t reserved1[8];
   /* agent → shim arrays, under the seqlock; entries past each count are meaningless */
   int32_t micro_batches[FALCON_PLAN_MAX_MICRO_BATCHES]; /* per DP replica, 1..4096 */
   int32_t placement[FALCON_PLAN_MAX_PLACEMENT];         /* node index of each global rank */
