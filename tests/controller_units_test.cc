@@ -1655,6 +1655,9 @@ ControllerState FullState() {
   s.incident->revalidate = true;
   s.incident->deferred_rounds = 2;
   s.incident->best_since_round_s = 0.61;
+  s.incident->plan_level_s = 0.52;
+  s.incident->plan_level_after_ns = kT0 + 3 * kSec;
+  s.incident->faster_since_ns = kT0 + 4 * kSec;
   return s;
 }
 
@@ -1717,6 +1720,7 @@ TEST(ControllerStateTest, CorruptDocumentFallsBackToAFreshStateButKeepsValidCurs
       {"deferred_rounds negative", [](json& j) { j["incident"]["deferred_rounds"] = -1; }, "deferred_rounds", true},
       {"deferred_rounds huge", [](json& j) { j["incident"]["deferred_rounds"] = 1000; }, "deferred_rounds", true},
       {"best_since_round_s negative", [](json& j) { j["incident"]["best_since_round_s"] = -0.5; }, "best_since_round_s", true},
+      {"plan_level_s negative", [](json& j) { j["incident"]["plan_level_s"] = -0.5; }, "plan_level_s", true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -268,6 +268,7 @@ Status Controller::Track(std::int64_t now_ns) {
   const bool rebalancing = m != nullptr && !m->stopped() && (m->rebalance_in_effect() || m->pipeline_in_effect()) &&
                            inc.localised && config_.mitigation.mode == "act";
   auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
+  const bool faster_due = rebalancing && FasterUnderPlan(now_ns);
   if (inc.localised && m != nullptr && !m->stopped()) {
     if (const auto cur = CurrentIterationS(); cur && *cur > 0 && (inc.best_since_round_s <= 0 || *cur < inc.best_since_round_s)) {
       inc.best_since_round_s = *cur;
@@ -284,7 +285,7 @@ Status Controller::Track(std::int64_t now_ns) {
   if (slow.empty()) {
     const bool gone = std::none_of(inc.ranks.begin(), inc.ranks.end(),
                                    [&](std::int64_t r) { return view_.ranks().count(r) > 0; });
-    if (!gone && rebalancing) return recheck_due() || revalidate_due ? recheck() : FeedMitigation(now_ns);
+    if (!gone && rebalancing) return recheck_due() || revalidate_due || faster_due ? recheck() : FeedMitigation(now_ns);
     return Resolve(now_ns, gone ? "the slow ranks are gone (exited, or their agents stopped reporting)"
                                 : m != nullptr && m->current() != "S1" && config_.mitigation.mode == "act"
                                       ? "iteration time is back to healthy under " + m->current()
@@ -293,8 +294,48 @@ Status Controller::Track(std::int64_t now_ns) {
   if (!inc.localised && inc.attempts < config_.max_attempts && now_ns >= inc.next_attempt_ns) {
     return StartProfiling(now_ns);
   }
-  if (revalidate_due || (rebalancing && recheck_due())) return recheck();
+  if (revalidate_due || (rebalancing && (recheck_due() || faster_due))) return recheck();
   return FeedMitigation(now_ns);
+}
+
+// The settle of the plan level: this many planner samples after a plan or a round.
+constexpr int kPlanSettleSamples = 5;
+
+void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns) const {
+  inc.plan_level_s = 0;
+  inc.faster_since_ns = 0;
+  inc.plan_level_after_ns = now_ns + Seconds(kPlanSettleSamples * config_.mitigation.sample_s);
+}
+
+bool Controller::FasterUnderPlan(std::int64_t now_ns) {
+  Incident& inc = *state_.incident;
+  const std::optional<double> cur = CurrentIterationS();
+  if (!cur || *cur <= 0 || inc.plan_level_after_ns == 0 || now_ns < inc.plan_level_after_ns) return false;
+  if (inc.plan_level_s <= 0) {
+    inc.plan_level_s = *cur;
+    dirty_ = true;
+    return false;
+  }
+  // Without its fault the plan should give the healthy time at worst (adapted warm-up counts
+  // without the link's delay run at 1F1B's time or better). A plan that leaves the job clearly
+  // slower than healthy (by half the suspicious margin) can show the fault's end: the job then
+  // falls below the midpoint of the two levels. One that hides the fault entirely cannot; the
+  // recheck-s timer alone tells then.
+  const double healthy = inc.healthy_s;
+  const bool visible = healthy > 0 && inc.plan_level_s >= healthy * (1 + (config_.suspicious_ratio - 1) / 2);
+  if (!visible || *cur >= (inc.plan_level_s + healthy) / 2) {
+    inc.faster_since_ns = 0;
+    return false;
+  }
+  if (inc.faster_since_ns == 0) {
+    inc.faster_since_ns = now_ns;
+    dirty_ = true;
+  }
+  if (now_ns - inc.faster_since_ns < Seconds(2 * config_.mitigation.sample_s)) return false;
+  log_->info("event=faster_under_plan incident={} level_s={:.4f} plan_level_s={:.4f} action=recheck",
+             daemon::LogValue(inc.id), *cur, inc.plan_level_s);
+  inc.plan_level_after_ns = 0;  // measured again after the round
+  return true;
 }
 
 
@@ -460,6 +501,12 @@ Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
       state_.pending_excluded = plan.value("exclude_nodes", std::vector<std::int32_t>{});
     }
     if (mode == "act") {
+      if (d.strategy == "S1") {
+        inc.plan_level_after_ns = 0;
+        inc.plan_level_s = 0;
+      } else {
+        SettlePlanLevel(inc, now_ns);
+      }
       std::vector<OutgoingCommand> out;
       for (const std::string& host : view_.agents()) {
         protocol::Command c;
@@ -673,6 +720,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   inc.findings = detail;
   inc.last_round_ns = now_ns;
   inc.best_since_round_s = 0;
+  if (inc.plan_level_after_ns != 0 || inc.plan_level_s > 0) SettlePlanLevel(inc, now_ns);
   log_->debug("event=localisation detail={}", detail.dump());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());

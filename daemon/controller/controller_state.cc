@@ -26,7 +26,8 @@ json IncidentJson(const Incident& i) {
           {"request", i.request}, {"last_round_ns", i.last_round_ns}, {"mitigation", i.mitigation},
           {"last_feed_ns", i.last_feed_ns}, {"recheck", i.recheck}, {"recheck_interval_s", i.recheck_interval_s},
           {"revalidate", i.revalidate}, {"deferred_rounds", i.deferred_rounds},
-          {"best_since_round_s", i.best_since_round_s}};
+          {"best_since_round_s", i.best_since_round_s}, {"plan_level_s", i.plan_level_s},
+          {"plan_level_after_ns", i.plan_level_after_ns}, {"faster_since_ns", i.faster_since_ns}};
 }
 
 Incident IncidentFromJson(const json& j) {
@@ -52,6 +53,10 @@ Incident IncidentFromJson(const json& j) {
   if (i.deferred_rounds < 0 || i.deferred_rounds > 16) throw std::invalid_argument("bad deferred_rounds");
   i.best_since_round_s = j.value("best_since_round_s", 0.0);
   if (!std::isfinite(i.best_since_round_s) || i.best_since_round_s < 0) throw std::invalid_argument("bad best_since_round_s");
+  i.plan_level_s = j.value("plan_level_s", 0.0);  // absent in documents before it
+  if (!std::isfinite(i.plan_level_s) || i.plan_level_s < 0) throw std::invalid_argument("bad plan_level_s");
+  i.plan_level_after_ns = j.value("plan_level_after_ns", std::int64_t{0});
+  i.faster_since_ns = j.value("faster_since_ns", std::int64_t{0});
   if (!std::isfinite(i.recheck_interval_s) || i.recheck_interval_s < 0) throw std::invalid_argument("bad recheck_interval_s");
   if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
   return i;
