@@ -325,6 +325,12 @@ bool Controller::FasterUnderPlan(std::int64_t now_ns) {
   const bool visible = healthy > 0 && inc.plan_level_s >= healthy * (1 + (config_.suspicious_ratio - 1) / 2);
   if (!visible || *cur >= (inc.plan_level_s + healthy) / 2) {
     inc.faster_since_ns = 0;
+    // The level is the fastest the job has run under the plan: the job's recent median lags a
+    // plan that is still taking effect, and a slow descent to the plan's speed is no news.
+    if (*cur < inc.plan_level_s) {
+      inc.plan_level_s = *cur;
+      dirty_ = true;
+    }
     return false;
   }
   if (inc.faster_since_ns == 0) {
