@@ -301,10 +301,14 @@ Status Controller::Track(std::int64_t now_ns) {
 // The settle of the plan level: this many planner samples after a plan or a round.
 constexpr int kPlanSettleSamples = 5;
 
+// The job's iteration time is the median of each rank's last kRecentIterations: it shows a plan
+// once the plan is in force (the next boundary) and twice that many iterations have run under it.
 void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns) const {
   inc.plan_level_s = 0;
   inc.faster_since_ns = 0;
-  inc.plan_level_after_ns = now_ns + Seconds(kPlanSettleSamples * config_.mitigation.sample_s);
+  const double iteration_s = CurrentIterationS().value_or(inc.healthy_s);
+  inc.plan_level_after_ns = now_ns + Seconds(kPlanSettleSamples * config_.mitigation.sample_s +
+                                             2.0 * static_cast<double>(kRecentIterations) * iteration_s);
 }
 
 bool Controller::FasterUnderPlan(std::int64_t now_ns) {
@@ -325,12 +329,6 @@ bool Controller::FasterUnderPlan(std::int64_t now_ns) {
   const bool visible = healthy > 0 && inc.plan_level_s >= healthy * (1 + (config_.suspicious_ratio - 1) / 2);
   if (!visible || *cur >= (inc.plan_level_s + healthy) / 2) {
     inc.faster_since_ns = 0;
-    // The level is the fastest the job has run under the plan: the job's recent median lags a
-    // plan that is still taking effect, and a slow descent to the plan's speed is no news.
-    if (*cur < inc.plan_level_s) {
-      inc.plan_level_s = *cur;
-      dirty_ = true;
-    }
     return false;
   }
   if (inc.faster_since_ns == 0) {

@@ -124,6 +124,8 @@ class Controller {
   // The wait before the incident's next re-check while S2 holds: recheck-s, doubled per round
   // that found the culprits still slow.
   [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
+  // Iteration times kept per rank; the job's current iteration time is their median's worst.
+  static constexpr std::size_t kRecentIterations = 8;
   // Plan level (controller_state.h): measure it again from kPlanSettleSamples samples on.
   void SettlePlanLevel(Incident& inc, std::int64_t now_ns) const;
   // The job has run faster than the plan level allows for two samples: re-check now.

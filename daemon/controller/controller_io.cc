@@ -19,7 +19,7 @@ using nlohmann::json;
 
 constexpr std::uint64_t kCommandsMaxLen = 1000;
 constexpr std::uint64_t kReadCount = 1000;  // stream entries per XREAD at most
-constexpr std::size_t kRecentSamples = 8;
+
 // A stream Redis refuses to read is probed again after this long, doubling per failed probe.
 constexpr int kStreamRetryMinMs = 1000;
 constexpr int kStreamRetryMaxMs = 60000;
@@ -457,7 +457,7 @@ void Controller::OnIterations(const json& m) {
   for (const json& s : m["seconds"]) {
     if (!s.is_number()) continue;
     q.push_back(s.get<double>());
-    if (q.size() > kRecentSamples) q.pop_front();
+    if (q.size() > kRecentIterations) q.pop_front();
   }
 }
 

@@ -52,9 +52,9 @@ struct Incident {
   // The job's fastest iteration time (worst rank's recent median) seen while mitigating since
   // the last round ended; 0 = none yet. A new slowdown re-validates only above it.
   double best_since_round_s = 0;
-  // The fastest iteration time the job has run at under the plan in force (act mode), from
-  // `kPlanSettleSamples` planner samples after the plan and after the last round on; 0 = not
-  // yet. A plan hides its fault's end from the detector, but one that leaves the job slower than
+  // The iteration time the job settled at under the plan in force (act mode), measured once the
+  // plan, and the last round, have had time to show in the job's recent median (planner samples
+  // and iterations: Controller::SettlePlanLevel); 0 = not yet. A plan hides its fault's end from the detector, but one that leaves the job slower than
   // healthy (by half the suspicious-ratio margin) shows it: without the fault the job runs at
   // healthy speed or better, so iterations below the midpoint of this level and the healthy one
   // for two samples in a row re-check the culprits at once instead of at the next recheck-s.
