@@ -11,8 +11,12 @@ truth, every incident entry, the plans, throughput per phase) and an SVG plot of
 per rank with the faults, localisations and decisions marked. Everything it started is stopped
 and its files removed (unless --keep), also on Ctrl-C.
 
-Usage: scripts/demo.py [--build build] [--mitigation act|advise|off] [--out falcon-demo-out] [--keep]
-       [--phase-s 90] [--quiet] [--json]
+With --scenario pp-link the job is an 8-rank DP 2 x PP 4 pipeline (one rank per node) whose link
+between stages 1 and 2 of replica 0 turns slow for one phase and recovers: the case for adapting
+the pipeline's warm-up counts (--pp-comm per-direction, an activation limit of 8).
+
+Usage: scripts/demo.py [--build build] [--scenario mixed|pp-link] [--mitigation act|advise|off]
+       [--out falcon-demo-out] [--keep] [--phase-s 90] [--quiet] [--json]
 (scripts/demo.sh does the set-up and build, then runs this.)
 Exit status: 0 the job finished with its data checks passing, 1 it did not, 2 usage or set-up.
 """
@@ -27,8 +31,6 @@ import sys
 import tempfile
 import time
 
-RANKS, TP, DP, PP, RANKS_PER_NODE, NODES = 16, 2, 4, 2, 2, 8
-MICRO_BATCHES = 4
 JOB = "demo"
 
 
@@ -38,7 +40,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def fault_plan(phase_s):
+def mixed_faults(phase_s):
     """Healthy lead-in, then three fault phases separated by healthy gaps (seconds of job time)."""
     lead, gap = 35.0, 25.0
     t1 = lead
@@ -58,9 +60,53 @@ def fault_plan(phase_s):
     return {"faults": faults}, phases, t3 + phase_s + 20.0
 
 
+def pp_link_faults(phase_s):
+    """Healthy lead-in, one slow pipeline link, then a healthy tail in which the fault has ended."""
+    lead, tail = 35.0, 40.0
+    t1 = lead
+    faults = [
+        # The link between node 2 (rank 2: replica 0, stage 1) and node 4 (rank 4: replica 0,
+        # stage 2): replica 0's activations and gradients between stages 1 and 2.
+        {"kind": "link", "nodes": [2, 4], "start_s": t1, "duration_s": phase_s, "factor": 12.0},
+    ]
+    phases = [("healthy", 0.0, t1), ("pp-link", t1, t1 + phase_s), ("after", t1 + phase_s, t1 + phase_s + tail)]
+    return {"faults": faults}, phases, t1 + phase_s + tail
+
+
+# The jobs the demo runs: shape, placement, the trainer's and the controller's settings, faults.
+SCENARIOS = {
+    "mixed": {
+        "ranks": 16, "tp": 2, "dp": 4, "pp": 2, "ranks_per_node": 2, "nodes": 8, "micro_batches": 4,
+        "train": ["--compute-ms", "10", "--grad-bytes", "2097152"],
+        # The ski-rental overheads are what this trainer's plans cost: S2 takes effect at the next
+        # iteration (0 s measured; 1 s), S3 moves 4 ranks' state over the modelled fabric (0.7 s
+        # measured; 2 s), S4 is a 50 s modelled relaunch plus up to 10 iterations rolled back (60 s).
+        "controller": ["--s2-overhead-s", "1", "--s3-overhead-s", "2", "--s4-overhead-s", "60"],
+        "faults": mixed_faults,
+    },
+    "pp-link": {
+        "ranks": 8, "tp": 1, "dp": 2, "pp": 4, "ranks_per_node": 1, "nodes": 8, "micro_batches": 8,
+        # Activations of 2 x 64 x 512 x 2 bytes (2.6 ms a hop on the modelled fabric, 31 ms on the
+        # slowed link) against a 10 ms forward per stage: the slow link costs the 1F1B pipeline
+        # far more than its own delay. Receives posted ahead on per-direction communicators, and
+        # room for 8 micro-batches' activations per stage, let adapted warm-up counts hide it.
+        "train": ["--compute-ms", "5", "--hidden", "512", "--grad-bytes", "262144", "--pp-comm", "per-direction",
+                  "--activation-limit", "8"],
+        # The shape is given: with the pipeline traffic on pair communicators, the 4-rank PP
+        # group's communicator carries no calls and the grad-norm group (same members) one per
+        # iteration, which the inference would take for the data-parallel family.
+        # The overheads are the controller's defaults for a large job (S3 120 s: moving ranks'
+        # state and rebuilding communicators; S4 900 s; the pipeline switch 2 s, no pause).
+        "controller": ["--pipeline-activation-limit", "8", "--job-shape", "1x2x4"],
+        "faults": pp_link_faults,
+    },
+}
+
+
 class Demo:
     def __init__(self, args):
         self.args = args
+        self.sc = SCENARIOS[args.scenario]
         self.build = os.path.abspath(args.build)
         self.bin = {
             "agent": f"{self.build}/daemon/falcon-agent",
@@ -137,7 +183,7 @@ class Demo:
         else:
             raise SystemExit("demo: redis-server did not start (see its log with --keep)")
         shm = os.path.join(self.work, "shm")
-        for n in range(NODES):
+        for n in range(self.sc["nodes"]):
             os.makedirs(os.path.join(shm, f"node{n}"), exist_ok=True)
             self.spawn(f"agent{n}", [self.bin["agent"], "--job", JOB, "--host", f"node{n}", "--shm-dir",
                                      os.path.join(shm, f"node{n}"), "--redis-port", str(self.port),
@@ -146,13 +192,8 @@ class Demo:
                                      "--command-block-ms", "200"])
         ctl_args = [self.bin["controller"], "--job", JOB, "--redis-port", str(self.port), "--view-ms", "500",
                     "--heartbeat-ms", "1000", "--p2p-bytes", "1048576", "--retry-after-s", "10",
-                    "--mitigation", self.args.mitigation, "--micro-batches", str(MICRO_BATCHES),
-                    # The ski-rental overheads are what this trainer's plans cost: S2 takes effect
-                    # at the next iteration (0 s measured; 1 s), S3 moves 4 ranks' state over the
-                    # modelled fabric (0.7 s measured; 2 s), S4 is a 50 s modelled relaunch plus up
-                    # to 10 iterations rolled back (60 s).
-                    "--spare-nodes", "1", "--s2-overhead-s", "1", "--s3-overhead-s", "2", "--s4-overhead-s", "60",
-                    "--plan-sample-s", "1", "--recheck-s", "20"]
+                    "--mitigation", self.args.mitigation, "--micro-batches", str(self.sc["micro_batches"]),
+                    "--spare-nodes", "1", "--plan-sample-s", "1", "--recheck-s", "20"] + self.sc["controller"]
         self.spawn("controller", ctl_args)
 
     def start_job(self, plan, duration_s):
@@ -160,11 +201,12 @@ class Demo:
         with open(plan_file, "w") as f:
             json.dump(plan, f)
         shm = os.path.join(self.work, "shm")
-        argv = [self.bin["run"], "-n", str(RANKS), "--ranks-per-node", str(RANKS_PER_NODE),
+        sc = self.sc
+        argv = [self.bin["run"], "-n", str(sc["ranks"]), "--ranks-per-node", str(sc["ranks_per_node"]),
                 "--job-timeout", str(int(duration_s) + 300),
                 "--node-shm-dirs", shm, "--preload", self.bin["shim"], "--fault-plan", plan_file, "--",
-                self.bin["train"], "--tp", str(TP), "--dp", str(DP), "--pp", str(PP),
-                "--micro-batches", str(MICRO_BATCHES), "--compute-ms", "10", "--grad-bytes", "2097152", "--check",
+                self.bin["train"], "--tp", str(sc["tp"]), "--dp", str(sc["dp"]), "--pp", str(sc["pp"]),
+                "--micro-batches", str(sc["micro_batches"]), *sc["train"], "--check",
                 "--progress-every", "0", "--duration-s", str(duration_s),
                 "--report", os.path.join(self.work, "train-report.json"),
                 "--falcon-plans", "--spare-nodes", "1", "--restart-s", "50"]
@@ -197,9 +239,11 @@ class Demo:
                 f"plan {('v' + str(c['plan_version'])) if c.get('plan_version') else '-'}")
 
     def run(self):
-        plan, phases, duration = fault_plan(self.args.phase_s)
+        sc = self.sc
+        plan, phases, duration = sc["faults"](self.args.phase_s)
         say = (lambda *a: None) if self.args.quiet else (lambda *a: print(*a, flush=True))
-        say(f"# Falcon demo: 16 ranks (TP {TP} x DP {DP} x PP {PP}) on {NODES} emulated nodes + 1 spare, "
+        say(f"# Falcon demo ({self.args.scenario}): {sc['ranks']} ranks (TP {sc['tp']} x DP {sc['dp']} x PP {sc['pp']}) "
+            f"on {sc['nodes']} emulated nodes + 1 spare, "
             f"mitigation {self.args.mitigation}, {duration:.0f} s of training; files in {self.work}")
         for f in plan["faults"]:
             where = f"rank {f['ranks'][0]}" if "ranks" in f else f"link node{f['nodes'][0]}-node{f['nodes'][1]}"
@@ -235,7 +279,7 @@ class Demo:
     # ---- report ----------------------------------------------------------------------------------
     def rank_reports(self):
         out = []
-        for r in range(RANKS):
+        for r in range(self.sc["ranks"]):
             path = os.path.join(self.work, f"train-report.json.rank{r}")
             try:
                 with open(path) as f:
@@ -257,10 +301,10 @@ class Demo:
         fault_windows = [(lo, hi) for name, lo, hi in phases if name != "healthy"]
         span = sum(hi - lo for lo, hi in fault_windows)
         faulted = sum(rate(lo, hi) * (hi - lo) for lo, hi in fault_windows) / span if span else 0.0
-        ok = rc == 0 and len(reports) == RANKS and all(r.get("status") == "ok" for r in reports)
+        ok = rc == 0 and len(reports) == self.sc["ranks"] and all(r.get("status") == "ok" for r in reports)
         doc = {
             "schema": "falcon.demo.report", "schema_version": 1,
-            "mitigation": self.args.mitigation, "ok": ok, "job_exit_code": rc,
+            "scenario": self.args.scenario, "mitigation": self.args.mitigation, "ok": ok, "job_exit_code": rc,
             "fault_plan": plan, "phases": [{"name": n, "start_s": lo, "end_s": hi} for n, lo, hi in phases],
             "throughput_iters_per_min": throughput, "fault_windows_iters_per_min": faulted,
             "incidents": self.entries, "plan": plan_doc.get("plan"), "decisions": plan_doc.get("decisions", []),
@@ -272,8 +316,9 @@ class Demo:
             "ranks": [{"rank": r.get("rank"), "status": r.get("status"), "summary": r.get("summary"),
                        "plans_applied": r.get("plans_applied", r.get("plan_changes", []))} for r in reports],
         }
-        json_path = os.path.join(self.out, f"falcon-demo-{self.args.mitigation}.json")
-        svg_path = os.path.join(self.out, f"falcon-demo-{self.args.mitigation}.svg")
+        name = self.args.mitigation if self.args.scenario == "mixed" else f"{self.args.scenario}-{self.args.mitigation}"
+        json_path = os.path.join(self.out, f"falcon-demo-{name}.json")
+        svg_path = os.path.join(self.out, f"falcon-demo-{name}.svg")
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1)
         with open(svg_path, "w") as f:
@@ -344,6 +389,8 @@ def escape(s):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default="build", help="build directory (default: build)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="mixed",
+                   help="mixed: a slow GPU, a slow DP link, both (default); pp-link: a slow pipeline link")
     p.add_argument("--mitigation", choices=["act", "advise", "off"], default="act",
                    help="the controller's decision mode (default: act: plans are applied by the job)")
     p.add_argument("--phase-s", type=float, default=90, help="length of each fault phase, s (default 90)")
