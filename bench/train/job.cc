@@ -145,6 +145,12 @@ Status JobRun::StartComms(int round) {
     report_.device_streams = device_->has_driver();
     report_.device_compute = device_->device_compute();
   }
+  if (o_.pp_per_direction && o_.shape.pp > 1 && !device_->has_driver()) {
+    return Status::InvalidArgument(
+        "--pp-comm per-direction needs a CUDA driver (streams): without one every NCCL call completes on the host "
+        "before it returns, so a receive posted ahead would wait for a send its own rank has not issued yet "
+        "(falcon-emu-run puts the emulated driver on the library path unless --no-cuda)");
+  }
   mtrainer_ = std::make_unique<MegatronTrainer>(o_, env_.rank, comms_.get(), device_.get());
   return mtrainer_->Init();
 }

@@ -181,6 +181,15 @@ TEST_F(MegatronTrainerTest, PerDirectionTrafficRunsPipelinePlansWithCheckedData)
   }
 }
 
+// Receives posted ahead need streams: a host-only rank (no driver, every call synchronous) is
+// refused with the reason instead of waiting forever.
+TEST_F(MegatronTrainerTest, PerDirectionTrafficWithoutADriverIsRefused) {
+  const JobResult r = RunJob({"-n", "2", "--no-cuda"}, {"--pp", "2", "--iters", "2", "--compute-ms", "0.2", "--pp-comm",
+                                                     "per-direction"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--pp-comm per-direction needs a CUDA driver"), std::string::npos) << r.output;
+}
+
 // A plan the job cannot run is rejected with its reason and training goes on: beyond the
 // activation limit, or with batched pipeline traffic.
 TEST_F(MegatronTrainerTest, PipelinePlansBeyondTheJobsMeansAreRejected) {
