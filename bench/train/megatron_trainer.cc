@@ -179,7 +179,7 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
     for (P2pRing* ring : {&act_in_, &grad_in_}) {
       if (ring->peer_stage < 0) continue;
       ring->next_post = 0;
-      if (Status s = PostReceives(iter, ring, std::min<int>(m, static_cast<int>(ring->slots.size()))); !s.ok()) return s;
+      if (Status s = PostReceives(ring, std::min<int>(m, static_cast<int>(ring->slots.size()))); !s.ok()) return s;
     }
   }
   held_ = 0;
@@ -280,13 +280,10 @@ Status MegatronTrainer::TpAllReduce(int iter, int mb, int sublayer, PayloadTag t
 // batch_isend_irecv: one group on the PP communicator, Megatron's op order.
 Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
   const int stage = coords_.pp;
-  auto key = [&](PayloadTag tag, int mb, int from_stage) {
-    return PayloadKey(tag, {iter, mb, from_stage, coords_.dp, coords_.tp});
-  };
   if (options_.check) {
     if (Status s = device_->HostWait(pp_.done); !s.ok()) return s;  // earlier sends are done with the buffers
-    if (x.send_fwd_to_next) FillPayload(fwd_send_, key(PayloadTag::kActivation, x.send_fwd_mb, stage));
-    if (x.send_bwd_to_prev) FillPayload(bwd_send_, key(PayloadTag::kActivationGrad, x.send_bwd_mb, stage));
+    if (x.send_fwd_to_next) FillPayload(fwd_send_, P2pKey(iter, true, x.send_fwd_mb, stage));
+    if (x.send_bwd_to_prev) FillPayload(bwd_send_, P2pKey(iter, false, x.send_bwd_mb, stage));
     MaybeCorrupt(fwd_send_, iter);
     MaybeCorrupt(bwd_send_, iter);
   }
@@ -306,7 +303,7 @@ Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
   if (!options_.check) return Status::Ok();
   if (Status s = device_->HostWait(pp_.done); !s.ok()) return s;
   if (x.recv_fwd_from_prev) {
-    const std::uint64_t k = key(PayloadTag::kActivation, x.recv_fwd_mb, stage - 1);
+    const std::uint64_t k = P2pKey(iter, true, x.recv_fwd_mb, stage - 1);
     if (Status s = Verify(fwd_recv_, [k](std::size_t i) { return PayloadValue(k, i); }, Rotation(iter, x.recv_fwd_mb, 0),
                           0, Where(iter, x.recv_fwd_mb) + " activation received from stage " + std::to_string(stage - 1));
         !s.ok()) {
@@ -314,7 +311,7 @@ Status MegatronTrainer::RunExchange(int iter, const Exchange& x) {
     }
   }
   if (x.recv_bwd_from_next) {
-    const std::uint64_t k = key(PayloadTag::kActivationGrad, x.recv_bwd_mb, stage + 1);
+    const std::uint64_t k = P2pKey(iter, false, x.recv_bwd_mb, stage + 1);
     if (Status s = Verify(bwd_recv_, [k](std::size_t i) { return PayloadValue(k, i); }, Rotation(iter, x.recv_bwd_mb, 1),
                           0, Where(iter, x.recv_bwd_mb) + " gradient received from stage " + std::to_string(stage + 1));
         !s.ok()) {
@@ -349,7 +346,7 @@ Status MegatronTrainer::RunStepPerDirection(int iter, const Step& step, Buckets 
                  : RunBackward(iter, step.mb, buckets, micro_batches);
   if (!s.ok()) return s;
   if (in->peer_stage >= 0) {
-    if (Status r = ReleaseReceive(iter, in, step.mb, micro_batches_here); !r.ok()) return r;
+    if (Status r = ReleaseReceive(in, step.mb, micro_batches_here); !r.ok()) return r;
   }
   if (out->peer_stage >= 0) return SendFromRing(iter, out, step.mb);
   return Status::Ok();
@@ -358,8 +355,7 @@ Status MegatronTrainer::RunStepPerDirection(int iter, const Step& step, Buckets 
 // Posts receives up to micro-batch `up_to` (exclusive) on the ring's stream, each into its slot
 // once the compute has consumed the slot's previous micro-batch: a side stream that does not wait
 // for the compute stream otherwise, so a receive is ready before the compute needs it.
-Status MegatronTrainer::PostReceives(int iter, P2pRing* ring, int up_to) {
-  (void)iter;
+Status MegatronTrainer::PostReceives(P2pRing* ring, int up_to) {
   Result<ncclComm_t> comm = comms_->Get(ring->lane.group);
   if (!comm.ok()) return comm.status();
   const auto st = static_cast<cudaStream_t>(ring->lane.stream);
@@ -396,12 +392,12 @@ Status MegatronTrainer::ConsumeReceive(int iter, P2pRing* ring, int mb) {
 }
 
 // After the compute that read `mb`: its slot may take the receive `slots` micro-batches later.
-Status MegatronTrainer::ReleaseReceive(int iter, P2pRing* ring, int mb, int micro_batches_here) {
+Status MegatronTrainer::ReleaseReceive(P2pRing* ring, int mb, int micro_batches_here) {
   const std::size_t slot = static_cast<std::size_t>(mb) % ring->slots.size();
   if (Status s = device_->Record(ring->consumed[slot], compute_); !s.ok()) return s;
   const int next = mb + static_cast<int>(ring->slots.size());
   if (next >= micro_batches_here) return Status::Ok();
-  return PostReceives(iter, ring, next + 1);
+  return PostReceives(ring, next + 1);
 }
 
 // Sends micro-batch `mb`'s output on the ring's stream after the compute that produced it.
@@ -414,19 +410,14 @@ Status MegatronTrainer::SendFromRing(int iter, P2pRing* ring, int mb) {
     FillPayload(buf, P2pKey(iter, ring->forward, mb, coords_.pp));
     MaybeCorrupt(buf, iter);
   }
-  Result<ncclComm_t> comm = comms_->Get(ring->lane.group);
-  if (!comm.ok()) return comm.status();
-  if (Status s = device_->Record(compute_done_, compute_); !s.ok()) return s;
-  if (Status s = device_->StreamWait(ring->lane.stream, compute_done_); !s.ok()) return s;
-  const char* what = ring->forward ? "ncclSend(pipeline activation)" : "ncclSend(pipeline gradient)";
-  if (Status s = NcclDone(ncclSend(buf.data(), buf.size(), ncclFloat, ring->peer, comm.value(),
-                                   static_cast<cudaStream_t>(ring->lane.stream)),
-                          comm.value(), what);
+  const int peer = ring->peer;
+  if (Status s = Enqueue(&ring->lane, [&](ncclComm_t c, StreamHandle st) {
+        return ncclSend(buf.data(), buf.size(), ncclFloat, peer, c, static_cast<cudaStream_t>(st));
+      }, ring->forward ? "ncclSend(pipeline activation)" : "ncclSend(pipeline gradient)", Consumer::kLater);
       !s.ok()) {
     return s;
   }
-  if (Status s = device_->Record(ring->ready[slot], ring->lane.stream); !s.ok()) return s;
-  return device_->Record(ring->lane.done, ring->lane.stream);
+  return device_->Record(ring->ready[slot], ring->lane.stream);
 }
 
 std::function<float(std::size_t)> MegatronTrainer::ExpectedGrad(int iter, const std::vector<int>& micro_batches,

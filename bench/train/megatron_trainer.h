@@ -140,9 +140,9 @@ class MegatronTrainer {
   [[nodiscard]] Status InitRing(P2pRing* ring, bool forward, int peer_stage);
   [[nodiscard]] Status RunStepPerDirection(int iter, const Step& step, Buckets buckets, int micro_batches_here,
                                            const std::vector<int>& micro_batches);
-  [[nodiscard]] Status PostReceives(int iter, P2pRing* ring, int up_to);
+  [[nodiscard]] Status PostReceives(P2pRing* ring, int up_to);
   [[nodiscard]] Status ConsumeReceive(int iter, P2pRing* ring, int mb);
-  [[nodiscard]] Status ReleaseReceive(int iter, P2pRing* ring, int mb, int micro_batches_here);
+  [[nodiscard]] Status ReleaseReceive(P2pRing* ring, int mb, int micro_batches_here);
   [[nodiscard]] Status SendFromRing(int iter, P2pRing* ring, int mb);
   [[nodiscard]] Status RunBackward(int iter, int mb, Buckets buckets, const std::vector<int>& micro_batches);
   [[nodiscard]] std::uint64_t P2pKey(int iter, bool forward, int mb, int from_stage) const;
