@@ -19,6 +19,7 @@ constexpr std::uint8_t kRecv = 11;
 constexpr std::uint64_t kNoSeq = ~std::uint64_t{0};
 
 bool IsP2P(std::uint8_t op) { return op == kSend || op == kRecv; }
+bool IsCollective(std::uint8_t op) { return op >= 1 && op <= 9; }  // AllReduce .. Scatter
 
 std::string Hex(std::uint64_t v) {
   char buf[17];
@@ -100,8 +101,16 @@ Snapshot Build(std::span<const RankProgress> input) {
       if (call.stream != 0) {
         auto it = last_on_stream.find(call.stream);
         if (it != last_on_stream.end()) {
-          p.head = false;
-          p.before = it->second;
+          const Pending& last = s.pending[it->second];
+          if (call.group != 0 && last.call->group == call.group) {
+            // Launched together by one ncclGroupEnd: the same place in the queue as the group's
+            // other calls, not behind them.
+            p.head = last.head;
+            p.before = last.head ? node : last.before;
+          } else {
+            p.head = false;
+            p.before = it->second;
+          }
         }
         last_on_stream[call.stream] = node;
       }
@@ -173,7 +182,10 @@ std::vector<std::vector<Wait>> RankWaits(const Snapshot& s) {
 // Why a rank that waits for nobody does not go on.
 std::string RootReason(const Snapshot& s, std::size_t r) {
   const RankProgress& rank = *s.ranks[r];
-  if (rank.in_call) return "blocked inside an NCCL call on communicator " + Hex(*rank.in_call);
+  if (rank.in_call) {
+    return *rank.in_call == 0 ? "blocked inside an NCCL call (a group end or a communicator init)"
+                              : "blocked inside an NCCL call on communicator " + Hex(*rank.in_call);
+  }
   for (const Pending& p : s.pending) {
     if (p.rank_index == r && p.head) {
       return "its " + CallOpName(p.call->sig.op) + " #" + std::to_string(p.call->seq) + " on communicator " +
@@ -236,30 +248,52 @@ void NotIssued(const Snapshot& s, const std::vector<std::vector<Wait>>& waits, s
   }
 }
 
+// Each rank's pending call issued first (by issue time; nullptr when none has one). Device work
+// can only wait for work issued before it — behind it on its stream, or behind an event a stream
+// waits for (cross-stream waits the shim does not see) — so a rank's first pending call is the
+// one all its other pending work may be waiting for.
+std::vector<const IssuedCall*> FirstPending(const Snapshot& s) {
+  std::vector<const IssuedCall*> first(s.ranks.size(), nullptr);
+  for (const Pending& p : s.pending) {
+    const IssuedCall*& f = first[p.rank_index];
+    if (p.call->issue_ns != 0 && (f == nullptr || p.call->issue_ns < f->issue_ns)) f = p.call;
+  }
+  return first;
+}
+
 void NotCompleting(const Snapshot& s, std::size_t cap, std::vector<Finding>* out) {
   std::size_t made = 0;
+  const std::vector<const IssuedCall*> first = FirstPending(s);
   for (const auto& [id, v] : s.comms) {
     if (!v.aligned || v.members.empty() || made == cap) continue;
-    const std::uint64_t front = v.members.front().progress->issued;
-    bool all_issued = front > 0, blocked_behind = false;
+    // Members still short of the whole communicator (some did not report): no verdict.
+    if (v.nranks > 0 && v.members.size() < static_cast<std::size_t>(v.nranks)) continue;
+    // The communicator's first call not complete everywhere, and whether every member issued it.
+    std::uint64_t seq = kNoSeq, issued_by_all = kNoSeq;
+    for (const Member& m : v.members) {
+      if (m.progress->completed < m.progress->issued) seq = std::min(seq, m.progress->completed);
+      issued_by_all = std::min(issued_by_all, m.progress->issued);
+    }
+    if (seq == kNoSeq || issued_by_all <= seq) continue;  // nothing pending, or not issued by all
+    bool blocked_behind = false;
     std::vector<std::int64_t> stuck;
     for (const Member& m : v.members) {
-      if (m.progress->issued != front) all_issued = false;
-      if (m.progress->completed >= front) continue;
+      if (m.progress->completed > seq) continue;
       stuck.push_back(s.ranks[m.rank_index]->rank);
-      auto node = s.pending_at.find({m.rank_index, id, front - 1});
+      // Work queued behind other work on its stream is that other work's finding.
+      auto node = s.pending_at.find({m.rank_index, id, seq});
       if (node != s.pending_at.end() && !s.pending[node->second].head) blocked_behind = true;
+      // A member whose first pending call is on another communicator: this call may wait for
+      // that one (a stream waiting for another's event), so it is not where the hang starts.
+      const IssuedCall* f = first[m.rank_index];
+      if (f != nullptr && f->comm != id) blocked_behind = true;
     }
-    // Members still short of the whole communicator (some did not report): no verdict; work
-    // queued behind other work is that other work's finding.
-    if (!all_issued || stuck.empty() || blocked_behind || (v.nranks > 0 && v.members.size() < static_cast<std::size_t>(v.nranks))) {
-      continue;
-    }
+    if (blocked_behind) continue;
     ++made;
     Finding f;
     f.kind = FindingKind::kNotCompleting;
     f.comm = id;
-    f.seq = front - 1;
+    f.seq = seq;
     f.waiting = stuck;
     if (stuck.size() < v.members.size()) f.culprits = stuck;
     f.summary = "call #" + std::to_string(f.seq) + " on communicator " + Hex(id) + " was issued by all " +
@@ -274,7 +308,9 @@ void Mismatches(const Snapshot& s, std::size_t cap, std::vector<Finding>* out) {
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::pair<std::int64_t, CallSignature>>> issued;
   for (const RankProgress* r : s.ranks) {
     for (const IssuedCall& c : r->recent) {
-      if (!IsP2P(c.sig.op)) issued[{c.comm, c.seq}].emplace_back(r->rank, c.sig);
+      // Collectives only: sends and receives pair with their peer's, and a communicator's init,
+      // split or finalize legitimately differ between members (colour, key, count).
+      if (IsCollective(c.sig.op)) issued[{c.comm, c.seq}].emplace_back(r->rank, c.sig);
     }
   }
   std::size_t made = 0;

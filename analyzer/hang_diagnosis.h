@@ -17,8 +17,8 @@
 //    device work does not complete.
 //  - kNotCompleting: every member issued call n and its device work does not finish: the
 //    communicator, and the members whose work is still pending where only some are.
-//  - kMismatch: the same (communicator, comm_seq) issued with a different op, datatype, count,
-//    reduction or root on different ranks; the ranks that differ from the most common signature
+//  - kMismatch: the same (communicator, comm_seq) collective issued with a different op,
+//    datatype, count, reduction or root on different ranks; the ranks that differ from the most common signature
 //    are named. Raised whenever it is seen, hang or not.
 //  - kDeadlock: a cycle of device work waiting on device work: two communicators that share ranks
 //    with their calls queued in opposite orders on one stream each. The cycle's calls are named.
@@ -54,7 +54,11 @@ struct IssuedCall {
   std::uint64_t seq = 0;   // comm_seq
   CallSignature sig;
   std::uint64_t stream = 0;  // the device queue, process-local; 0 where unknown
+  std::uint64_t group = 0;   // calls of this rank with the same non-zero group were launched
+                             // together (one ncclGroupStart/End): not ordered among themselves
   bool completed = false;    // its device work finished
+  std::int64_t issue_ns = 0;  // wall-clock time it was issued (ns since the epoch), 0 unknown;
+                              // for people only, never used by the diagnosis
 };
 
 struct CommProgress {
@@ -63,6 +67,7 @@ struct CommProgress {
   std::int32_t comm_rank = -1;  // this rank's rank in it (peers of sends and receives are these)
   std::uint64_t issued = 0;     // ordered calls issued: the next comm_seq
   std::uint64_t completed = 0;  // of those, how many completed on the device
+  std::string name;             // for people only: commName, process-group name, ...
 };
 
 struct RankProgress {
@@ -71,6 +76,7 @@ struct RankProgress {
   std::vector<CommProgress> comms;
   std::vector<IssuedCall> recent;         // latest calls, oldest first
   std::optional<std::uint64_t> in_call;   // the host thread is inside an NCCL call on this comm
+                                          // (0: on none known, e.g. ncclGroupEnd or an init)
 };
 
 enum class FindingKind { kNotIssued, kNotCompleting, kMismatch, kDeadlock, kDisorder };

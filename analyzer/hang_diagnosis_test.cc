@@ -27,10 +27,10 @@ struct Job {
     }
   }
   void add(int r, std::uint64_t comm, int nranks, int comm_rank, std::uint64_t issued, std::uint64_t completed) {
-    ranks[r].comms.push_back({comm, nranks, comm_rank, issued, completed});
+    ranks[r].comms.push_back({comm, nranks, comm_rank, issued, completed, {}});
   }
   void call(int r, std::uint64_t comm, std::uint64_t seq, CallSignature sig, std::uint64_t stream, bool completed) {
-    ranks[r].recent.push_back({comm, seq, sig, stream, completed});
+    ranks[r].recent.push_back({comm, seq, sig, stream, 0, completed, 0});
   }
   std::vector<Finding> diagnose() const { return DiagnoseHang(ranks); }
 };
@@ -192,6 +192,60 @@ TEST(HangDiagnosisTest, InversionThatDidNotBlockIsADisorderWarning) {
   Job other_streams = job;  // the same order inversion on different streams of rank 1: no order
   other_streams.ranks[1].recent[1].stream = 23;
   EXPECT_TRUE(other_streams.diagnose().empty());
+}
+
+// A pipeline exchange (Megatron's batch_isend_irecv): both ranks send, then receive, in one
+// group; NCCL launches the group as one, so neither send waits behind its own rank's receive.
+TEST(HangDiagnosisTest, CallsOfOneGroupAreNotOrderedAmongThemselves) {
+  Job job(2);
+  for (int r = 0; r < 2; ++r) job.add(r, kPp, 2, r, 2, 0);
+  job.call(0, kPp, 0, Sig(kSend, 4096, 1), 7, false);
+  job.call(0, kPp, 1, Sig(kRecv, 4096, 1), 7, false);
+  job.call(1, kPp, 0, Sig(kSend, 4096, 0), 9, false);
+  job.call(1, kPp, 1, Sig(kRecv, 4096, 0), 9, false);
+  Job grouped = job;
+  for (auto& r : grouped.ranks) {
+    for (auto& c : r.recent) c.group = 1;
+  }
+  EXPECT_TRUE(OfKind(grouped.diagnose(), FindingKind::kDeadlock).empty());
+  EXPECT_TRUE(OfKind(grouped.diagnose(), FindingKind::kDisorder).empty());
+  // Issued one by one on each stream, each send waits for a receive queued behind the peer's send.
+  EXPECT_EQ(OfKind(job.diagnose(), FindingKind::kDeadlock).size(), 1u);
+}
+
+// A device hang in the TP all-reduce of ranks 0 and 1; rank 1's DP all-reduce, issued later on
+// another stream that waits for the compute stream (an event the shim does not see), is pending
+// too, and so is its DP peer's. Only the communicator where the ranks' first pending calls are
+// is named.
+TEST(HangDiagnosisTest, WorkIssuedAfterAStuckCallIsNotItsOwnDeviceHang) {
+  Job job(3);
+  job.add(0, kTp, 2, 0, 5, 4);
+  job.add(1, kTp, 2, 1, 5, 4);
+  job.add(1, kDp, 2, 0, 8, 7);
+  job.add(2, kDp, 2, 1, 8, 7);
+  job.call(0, kTp, 4, Sig(kAllReduce, 64), 11, false);
+  job.call(1, kTp, 4, Sig(kAllReduce, 64), 11, false);
+  job.call(1, kDp, 7, Sig(kAllReduce, 64), 12, false);
+  job.call(2, kDp, 7, Sig(kAllReduce, 64), 13, false);
+  job.ranks[0].recent[0].issue_ns = 100;
+  job.ranks[1].recent[0].issue_ns = 110;
+  job.ranks[1].recent[1].issue_ns = 120;
+  job.ranks[2].recent[0].issue_ns = 90;  // issued first, but its peer's side came after the stuck call
+  const auto found = OfKind(job.diagnose(), FindingKind::kNotCompleting);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].comm, kTp);
+  EXPECT_EQ(found[0].waiting, (std::vector<std::int64_t>{0, 1}));
+}
+
+// A split's arguments (colour, key) differ between members by design: never a mismatch.
+TEST(HangDiagnosisTest, SplitsAndInitsAreNeverMismatches) {
+  constexpr std::uint8_t kCommSplit = 19;
+  Job job(2);
+  for (int r = 0; r < 2; ++r) {
+    job.add(r, kWorld, 2, r, 1, 1);
+    job.call(r, kWorld, 0, Sig(kCommSplit, static_cast<std::uint64_t>(r), r), 0, true);
+  }
+  EXPECT_TRUE(job.diagnose().empty());
 }
 
 // Point-to-point on a communicator of four (the world used for PP sends): sequence numbers are
