@@ -85,6 +85,23 @@ class CommRegistry {
   uint64_t NextCallSeq(uint32_t slot) {
     return std::atomic_ref<uint64_t>(table_[slot].calls).fetch_add(1, std::memory_order_relaxed);
   }
+  // HOT PATH helpers for a communicator's progress (shm_abi.h contract 8): plain atomic stores.
+  void NoteCall(uint32_t slot, int64_t mono_ns) {
+    std::atomic_ref<int64_t>(table_[slot].last_call_mono_ns).store(mono_ns, std::memory_order_relaxed);
+  }
+  // Call `seq`'s completion is tracked from now on (a later call's mark may already be there).
+  void NoteMarked(uint32_t slot, uint64_t seq) {
+    std::atomic_ref<uint64_t> marked(table_[slot].marked);
+    if (marked.load(std::memory_order_relaxed) < seq + 1) marked.store(seq + 1, std::memory_order_relaxed);
+  }
+  // Service thread (the only writer of device_done): call `seq` completed on the device at `now_ns`.
+  void NoteDone(uint32_t slot, uint64_t seq, int64_t now_ns) {
+    if (slot >= capacity_) return;
+    std::atomic_ref<uint64_t> done(table_[slot].device_done);
+    if (done.load(std::memory_order_relaxed) >= seq + 1) return;
+    std::atomic_ref<int64_t>(table_[slot].done_mono_ns).store(now_ns, std::memory_order_relaxed);
+    done.store(seq + 1, std::memory_order_release);
+  }
 
  private:
   static constexpr uint32_t kMapSize = 8192;  // power of two, > any sane live-communicator count

@@ -2,6 +2,7 @@
 #include "shim/gpu_timer.h"
 
 #include "falcon/shm_abi.h"
+#include "shim/comm_registry.h"
 #include "shim/cuda_driver.h"
 #include "shim/log.h"
 #include "shim/segment.h"
@@ -97,6 +98,32 @@ void GpuTimer::Stop(int32_t ticket, void* stream, uint64_t seq, uint32_t lane) {
 }
 
 void GpuTimer::Cancel(int32_t ticket) { pairs_[ticket].state.store(kFree, std::memory_order_release); }
+
+bool GpuTimer::Mark(void* stream, uint32_t comm_slot, uint64_t seq) {
+  int status = kCaptureStatusNone;
+  if (g_cu.stream_is_capturing(stream, &status) != kCudaSuccess || status != kCaptureStatusNone) return false;
+  void* ctx = nullptr;
+  if (g_cu.ctx_get_current(&ctx) != kCudaSuccess || ctx == nullptr) return false;
+  const int32_t ci = ContextIndex(ctx);
+  if (ci < 0) return false;
+  Context& c = contexts_[ci];
+  if (!c.ready.load(std::memory_order_acquire)) return false;  // the service thread makes its events
+  for (int tries = 0; tries < 4; ++tries) {
+    MarkSlot& m = marks_[ci * kMarksPerContext +
+                         static_cast<int32_t>(c.mark_cursor.fetch_add(1, std::memory_order_relaxed) % kMarksPerContext)];
+    uint32_t expected = kFree;
+    if (!m.state.compare_exchange_strong(expected, kClaimed, std::memory_order_acquire)) continue;
+    m.comm_slot = comm_slot;
+    m.seq = seq;
+    if (g_cu.event_record(m.event, stream) != kCudaSuccess) {
+      m.state.store(kFree, std::memory_order_release);
+      return false;
+    }
+    m.state.store(kPending, std::memory_order_release);
+    return true;
+  }
+  return false;
+}
 // HOT PATH END
 
 void GpuTimer::Prepare(int32_t ci) {
@@ -116,6 +143,15 @@ void GpuTimer::Prepare(int32_t ci) {
     CuResult rc = g_cu.event_create(&p.start, 0);
     if (rc == kCudaSuccess) rc = g_cu.event_create(&p.end, 0);
     if (rc != kCudaSuccess) {
+      Disable("cuEventCreate", rc);
+      return;
+    }
+  }
+  constexpr unsigned kEventDisableTiming = 2;  // CU_EVENT_DISABLE_TIMING: cheaper to record
+  for (int32_t k = 0; k < kMarksPerContext; ++k) {
+    MarkSlot& m = marks_[ci * kMarksPerContext + k];
+    if (m.event != nullptr) continue;
+    if (const CuResult rc = g_cu.event_create(&m.event, kEventDisableTiming); rc != kCudaSuccess) {
       Disable("cuEventCreate", rc);
       return;
     }
@@ -214,6 +250,30 @@ void GpuTimer::Poll(Tracer& tracer) {
     if (r.result != 0) r.t_start_ns = now;
     tracer.Publish(r, tracer.SharedLane());
     p.state.store(kFree, std::memory_order_release);
+  }
+}
+
+void GpuTimer::PollMarks(CommRegistry& comms, int64_t now_ns) {
+  for (int32_t ci = 0; ci < kContexts; ++ci) {
+    Context& c = contexts_[ci];
+    if (!c.ready.load(std::memory_order_acquire)) continue;
+    bool current = false;
+    for (int32_t k = 0; k < kMarksPerContext; ++k) {
+      MarkSlot& m = marks_[ci * kMarksPerContext + k];
+      if (m.state.load(std::memory_order_acquire) != kPending) continue;
+      if (!available()) {
+        m.state.store(kFree, std::memory_order_release);
+        continue;
+      }
+      if (!current) {
+        if (g_cu.ctx_set_current(c.ctx.load(std::memory_order_relaxed)) != kCudaSuccess) break;
+        current = true;
+      }
+      const CuResult q = g_cu.event_query(m.event);
+      if (q == kCudaNotReady) continue;
+      if (q == kCudaSuccess) comms.NoteDone(m.comm_slot, m.seq, now_ns);
+      m.state.store(kFree, std::memory_order_release);  // an error: that call stays of unknown state
+    }
   }
 }
 

@@ -9,6 +9,10 @@
 // a context whose events are not made yet, or in one context too many, get host timing.
 // The service thread polls for completion (Poll) and publishes kFalconOpGpuTiming records.
 // Any driver error disables GPU timing for the rest of the process (one log line).
+// Completion marks (shm_abi.h contract 8) use the same contexts: one event without timing per
+// ordered call, from a pool of kMarksPerContext per context, recorded after the call's work;
+// PollMarks advances each communicator's device_done as they complete. A busy pool leaves the
+// call unmarked (its state unknown to readers), never waits.
 //
 // Invariants:
 //  1. The service thread never blocks on the device: it queries events, never synchronises.
@@ -29,6 +33,7 @@
 namespace falcon::shim {
 
 class Tracer;
+class CommRegistry;
 
 class GpuTimer {
  public:
@@ -49,6 +54,13 @@ class GpuTimer {
   // Releases a ticket whose call failed before Stop.
   void Cancel(int32_t ticket);
 
+  // HOT PATH helper: an event after the work queued on `stream` so far, as call `seq` of comm
+  // slot `comm_slot`. False when it could not be tracked (stream being captured into a graph,
+  // context without events yet or one too many, pool busy, driver error).
+  bool Mark(void* stream, uint32_t comm_slot, uint64_t seq);
+  // Service thread: completed marks advance their communicators' device_done.
+  void PollMarks(CommRegistry& comms, int64_t now_ns);
+
   // Service thread: makes events for new contexts, completes finished pairs and publishes
   // their timing through `tracer`.
   void Poll(Tracer& tracer);
@@ -56,6 +68,7 @@ class GpuTimer {
   static constexpr int32_t kContexts = 8;
   static constexpr int32_t kPairsPerContext = 512;
   static constexpr int64_t kAnchorSpinNs = 2 * 1000 * 1000;
+  static constexpr int32_t kMarksPerContext = 1024;
 
  private:
   static constexpr int32_t kPairs = kContexts * kPairsPerContext;
@@ -67,10 +80,17 @@ class GpuTimer {
     uint64_t seq = 0;
     uint32_t lane = 0;
   };
+  struct MarkSlot {
+    std::atomic<uint32_t> state{kFree};
+    void* event = nullptr;  // created by the service thread, without timing
+    uint32_t comm_slot = 0;
+    uint64_t seq = 0;
+  };
   struct Context {
     std::atomic<void*> ctx{nullptr};       // claimed by the first caller that times a call in it
     std::atomic<bool> ready{false};        // its pairs have events (release: Prepare)
     std::atomic<uint32_t> cursor{0};
+    std::atomic<uint32_t> mark_cursor{0};
     bool failed = false;                   // service thread: its events could not be made
     // Anchor (service thread only): an event on `stream` that completed at host time host_ns.
     void* stream = nullptr;
@@ -90,6 +110,7 @@ class GpuTimer {
   bool relaxed_ = false;  // service thread: its capture mode is relaxed
   Context contexts_[kContexts];
   Pair pairs_[kPairs];
+  MarkSlot marks_[kContexts * kMarksPerContext];
 };
 
 }  // namespace falcon::shim

@@ -273,6 +273,47 @@ void Tracer::Record(const CallDesc& d, const CallOutcome& out, ThreadState& ts, 
   if (ts.slot != nullptr) std::atomic_ref<uint64_t>(ts.slot->inflight_seq).store(0, std::memory_order_release);
 }
 
+void Tracer::CountUntracked(uint64_t n) {
+  std::atomic_ref<uint64_t>(segment_.header()->untracked_calls).fetch_add(n, std::memory_order_relaxed);
+}
+
+void Tracer::TrackDevice(const CallDesc& d, ThreadState& ts, uint32_t comm_slot, uint64_t comm_seq, int result) {
+  if (d.op == kFalconOpGroupEnd) {
+    if (ts.group_depth != 1) return;  // an inner end launches nothing
+    // ncclInProgress: nonblocking communicators still launching; the work may not be queued.
+    uint64_t untracked = 0;
+    for (uint32_t i = 0; i < ts.group_mark_count; ++i) {
+      const ThreadState::GroupMark& m = ts.group_marks[i];
+      if (result == 0 && gpu_.Mark(m.stream, m.comm_slot, m.seq)) comms_.NoteMarked(m.comm_slot, m.seq);
+      else ++untracked;
+    }
+    if (untracked != 0) CountUntracked(untracked);
+    ts.group_mark_count = 0;
+    return;
+  }
+  if (!d.gpu_work || comm_seq == ~uint64_t{0} || comm_slot == FALCON_NO_COMM) return;
+  if (result != 0) {  // failed (no work), or in progress (work not queued yet)
+    if (result == kNcclInProgress) CountUntracked(1);
+    return;
+  }
+  if (ts.group_depth == 0) {
+    if (gpu_.Mark(d.stream, comm_slot, comm_seq)) comms_.NoteMarked(comm_slot, comm_seq);
+    else CountUntracked(1);
+    return;
+  }
+  for (uint32_t i = 0; i < ts.group_mark_count; ++i) {
+    ThreadState::GroupMark& m = ts.group_marks[i];
+    if (m.comm_slot == comm_slot && m.stream == d.stream) {
+      m.seq = comm_seq;
+      return;
+    }
+  }
+  // A group on more communicators and streams than kGroupMarks: the rest stay unmarked (of
+  // unknown state to readers, never reported complete).
+  if (ts.group_mark_count < ThreadState::kGroupMarks) ts.group_marks[ts.group_mark_count++] = {comm_slot, comm_seq, d.stream};
+  else CountUntracked(1);
+}
+
 void Tracer::Publish(FalconRecord& r, uint32_t lane_index) {
   FalconLane* lane = &segment_.lanes()[lane_index];
   const uint64_t cap = config_.ring_records;
@@ -347,7 +388,10 @@ void Tracer::ServiceTick(TickKind kind) {
     std::atomic_ref<uint32_t>(c->timing_source).store(kFalconTimingCudaEvents, std::memory_order_relaxed);
     Log(LogLevel::kInfo, "CUDA driver found: GPU timing with CUDA events from now on");
   }
-  if (gpu_.available()) gpu_.Poll(*this);
+  if (gpu_.available()) {
+    gpu_.Poll(*this);
+    gpu_.PollMarks(comms_, SystemMonoNs());
+  }
 }
 
 void Tracer::NotePhase(uint32_t phase) {

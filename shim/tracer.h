@@ -79,6 +79,16 @@ struct ThreadState {
   int32_t group_ticket = -1;
   void* group_stream = nullptr;
   uint32_t group_streams = 0;
+  // Calls of the open group whose completion is marked at its outermost ncclGroupEnd
+  // (Tracer::TrackDevice): the latest comm_seq per (communicator, stream).
+  struct GroupMark {
+    uint32_t comm_slot;
+    uint64_t seq;
+    void* stream;
+  };
+  static constexpr uint32_t kGroupMarks = 16;
+  GroupMark group_marks[kGroupMarks];
+  uint32_t group_mark_count = 0;
   // The stream of this thread's last call with device work (Tracer::NoteStream is told of each
   // new one).
   void* last_stream = reinterpret_cast<void*>(~uintptr_t{0});  // none yet (0 is the legacy stream)
@@ -105,6 +115,14 @@ class Tracer {
   // Inside a group the call is not timed alone (NCCL launches the group's work at its end): the
   // group's first GPU call starts one ticket for the whole group instead (ThreadState).
   GpuTicket GpuBegin(const CallDesc& d, ThreadState& ts);
+
+  // After an ordered call with device work, or an ncclGroupEnd (result: what it returned):
+  // tracks when its device work completes (shm_abi.h contract 8). Inside a group NCCL launches
+  // the work at the outermost ncclGroupEnd, so the group's calls are remembered and marked then.
+  // A call that failed or is still in progress (a nonblocking communicator) is not marked.
+  void TrackDevice(const CallDesc& d, ThreadState& ts, uint32_t comm_slot, uint64_t comm_seq, int result);
+  // Adds to the header's untracked_calls (shm_abi.h contract 8).
+  void CountUntracked(uint64_t n);
 
   // Publishes one record into lane `lane` (version and lane are set here). REQUIRES: an
   // exclusive lane is written only by the thread that owns it.
@@ -287,8 +305,10 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     std::atomic_ref<int64_t>(s->inflight_since_mono_ns).store(t0, std::memory_order_relaxed);
     std::atomic_ref<uint32_t>(s->inflight_comm_slot).store(comm_slot, std::memory_order_relaxed);
     std::atomic_ref<uint16_t>(s->inflight_op).store(static_cast<uint16_t>(d.op), std::memory_order_relaxed);
-    std::atomic_ref<uint64_t>(s->inflight_seq).store(comm_seq + 1, std::memory_order_release);
+    std::atomic_ref<uint64_t>(s->inflight_seq)
+        .store(comm_seq != ~uint64_t{0} ? comm_seq + 1 : FALCON_INFLIGHT_UNORDERED, std::memory_order_release);
   }
+  if (comm_seq != ~uint64_t{0}) tracer->comms().NoteCall(comm_slot, t0);
   const bool timed = mode == kFalconModeProfile ||
                      (mode == kFalconModeSample && ts.sample_counter++ % tracer->sample_every() == 0);
   if (__builtin_expect(timed || ts.lane_shared || ts.group_ticket >= 0, 0)) {
@@ -299,6 +319,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     after(r, out);
     const int64_t t1 = timed ? tracer->clock().Now() : 0;
     tracer->Record(d, out, ts, t0, t1, comm_seq, comm_slot, ResultCode(r), timed, gpu);
+    if (tracer->gpu().available()) tracer->TrackDevice(d, ts, comm_slot, comm_seq, ResultCode(r));
     EndCall(d.op, ResultCode(r), *tracer, ts);
     ts.depth = 0;
     return r;
@@ -347,6 +368,9 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   std::atomic_ref<uint64_t>(w[7]).store(w7, std::memory_order_relaxed);
   version.store(2 * idx + 2, std::memory_order_release);
   if (FalconThreadSlot* s = ts.slot) std::atomic_ref<uint64_t>(s->inflight_seq).store(0, std::memory_order_release);
+  if ((d.gpu_work || d.op == kFalconOpGroupEnd) && tracer->gpu().available()) {
+    tracer->TrackDevice(d, ts, comm_slot, comm_seq, ResultCode(r));
+  }
   EndCall(d.op, ResultCode(r), *tracer, ts);
   ts.depth = 0;
   return r;

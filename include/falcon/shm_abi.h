@@ -62,6 +62,15 @@
  *     seqlock: a reader that sees a version sees its arrays complete. seq 0 = never written.
  *     The ack and cost words are written by the shim only (falconAckPlan, falconReportCost),
  *     each an atomic on its own.
+ *  8. Progress of a communicator (FalconCommEntry: device_done, marked, last_call_mono_ns,
+ *     done_mono_ns) is written by the shim only. Where a CUDA driver is loaded, the shim records
+ *     an event after each ordered call's device work (for calls inside a group: at the group's
+ *     outermost ncclGroupEnd) and its service thread polls them (~50 ms): device_done is then
+ *     1 + the latest comm_seq seen complete, so calls before it completed too where the
+ *     communicator's calls share one stream. Calls whose completion cannot be tracked (no
+ *     driver, a stream being captured into a CUDA graph, a nonblocking call still in progress,
+ *     the event pool busy) are not marked: calls at or after `marked` are of unknown state once
+ *     device_done reached `marked`. last_call_mono_ns is kept in every mode but off.
  *
  * Nothing in this file depends on NCCL or CUDA: enum values mirror nccl.h where they must.
  * C and C++ may both include it. */
@@ -76,7 +85,8 @@ extern "C" {
 #endif
 
 #define FALCON_SHM_MAGIC 0x4641434C4E534D31ull /* "FACLNSM1" */
-#define FALCON_SHM_ABI_VERSION 7u /* 7: pipeline warm-up counts in the plan block; 6: pause targets on several communicators; 5: pid_ns, boot_id,
+#define FALCON_SHM_ABI_VERSION 8u /* 8: device completion and last-call time per communicator,
+                                    unordered calls in flight; 7: pipeline warm-up counts in the plan block; 6: pause targets on several communicators; 5: pid_ns, boot_id,
                                     shim_flags; names with boot and pidns; comm_seq of ordered
                                     calls only; validation tasks and blobs */
 #define FALCON_SHM_PREFIX "falcon."
@@ -239,13 +249,20 @@ typedef struct FalconCommEntry {
   int64_t destroy_mono_ns;
   uint64_t calls;          /* ordered calls so far (the next comm_seq), atomic */
   char name[FALCON_NAME_LEN]; /* commName from ncclConfig_t, NUL-terminated, may be empty */
-  uint8_t reserved[32];
+  /* Progress (contract 8), each an atomic on its own: */
+  uint64_t device_done;       /* ordered calls whose device work is known to have completed */
+  uint64_t marked;            /* 1 + the latest comm_seq whose completion is tracked, 0: none */
+  int64_t last_call_mono_ns;  /* entry time of the latest ordered call, 0: none yet */
+  int64_t done_mono_ns;       /* when device_done last advanced, 0: never */
 } FalconCommEntry;
 
-/* One calling thread; lets a reader see calls that have not returned (hangs). */
+/* One calling thread; lets a reader see calls that have not returned (hangs). Recorded in the
+ * track, profile and sample modes (not in off). */
+#define FALCON_INFLIGHT_UNORDERED 0xFFFFFFFFFFFFFFFFull
 typedef struct FalconThreadSlot {
   uint64_t tid;            /* gettid() of the owner, 0 if free (slots are reused after a thread exits) */
-  uint64_t inflight_seq;   /* atomic: 0 = idle, else 1 + comm_seq of the call in flight */
+  uint64_t inflight_seq;   /* atomic: 0 = idle, FALCON_INFLIGHT_UNORDERED = a call without a
+                              comm_seq (group end, init, ...) in flight, else 1 + its comm_seq */
   int64_t inflight_since_mono_ns;
   uint32_t inflight_comm_slot;
   uint16_t inflight_op;
@@ -516,7 +533,11 @@ typedef struct FalconShmHeader {
   uint32_t reserved0;
   uint64_t pid_ns;           /* inode of the writer's /proc/self/ns/pid, 0 if unknown (ABI 5) */
   uint8_t boot_id[16];       /* /proc/sys/kernel/random/boot_id as bytes, zeros if unknown (ABI 5) */
-  uint8_t reserved[224];
+  uint64_t untracked_calls;  /* calls with device work whose completion could not be tracked while
+                                a CUDA driver was loaded (graph capture, a nonblocking call in
+                                progress, event pool busy, too many streams in one group; contract
+                                8), atomic (ABI 8) */
+  uint8_t reserved[216];
 } FalconShmHeader;
 
 #ifdef __cplusplus
@@ -538,8 +559,9 @@ static_assert(offsetof(FalconPlanBlock, cost_us) == 88, "the cost words follow t
 static_assert(offsetof(FalconPlanBlock, micro_batches) == 128, "the plan arrays start on a cache line");
 static_assert(offsetof(FalconShmHeader, plan_offset) % 8 == 0, "plan_offset is naturally aligned");
 static_assert(offsetof(FalconShmHeader, pid_ns) % 8 == 0, "pid_ns is naturally aligned");
-static_assert(offsetof(FalconShmHeader, reserved) + 224 == sizeof(FalconShmHeader),
-              "ABI 5 took pid_ns and boot_id from the reserved tail: the header kept its size");
+static_assert(offsetof(FalconShmHeader, reserved) + 216 == sizeof(FalconShmHeader),
+              "ABI 5 took pid_ns and boot_id, ABI 8 untracked_calls from the reserved tail: the header kept its size");
+static_assert(offsetof(FalconShmHeader, untracked_calls) % 8 == 0, "untracked_calls is naturally aligned");
 static_assert(offsetof(FalconRecord, version) == 0, "version leads the record");
 static_assert(offsetof(FalconShmHeader, magic) == 0, "magic leads the header");
 static_assert(sizeof(FalconShmHeader) % 64 == 0, "header keeps 64-byte alignment");
