@@ -57,6 +57,8 @@ mkdir -p "$out"/{bin,lib,scripts,config}
 install -m 0755 "$build"/daemon/falcon-agent "$build"/daemon/falcon-controller "$build"/daemon/falcon-ctl "$out"/bin/
 install -m 0755 "$redis_server" "$redis_cli" "$out"/bin/
 install -m 0755 "$build"/shim/libfalcon_shim.so "$out"/lib/
+# The Flight Recorder converter, where falcon-ctl hang looks for it (bin/../share/falcon/; needs python3).
+install -D -m 0755 scripts/falcon-flight-recorder "$out"/share/falcon/falcon-flight-recorder
 if ((emulators)); then
   mkdir -p "$out"/emu/nccl "$out"/emu/cuda
   install -m 0755 "$build"/bench/emu/falcon-emu-run "$build"/bench/train/falcon-train-emu "$out"/emu/

@@ -32,6 +32,8 @@ struct CommandContext {
 void AddTraceCommand(CLI::App& app, CommandContext& ctx);
 void AddSegmentsCommand(CLI::App& app, CommandContext& ctx);
 void AddAnalyzeTraceCommand(CLI::App& app, CommandContext& ctx);
+void AddDumpCommand(CLI::App& app, CommandContext& ctx);  // dump_command.cc
+void AddHangCommand(CLI::App& app, CommandContext& ctx);  // hang_command.cc
 // Commands that talk to Redis (redis_cli.h holds their common options).
 void AddStatusCommand(CLI::App& app, CommandContext& ctx);     // status_command.cc
 void AddIncidentsCommand(CLI::App& app, CommandContext& ctx);  // incidents_command.cc

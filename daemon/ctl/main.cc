@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   falcon::ctl::AddTraceCommand(app, ctx);
   falcon::ctl::AddSegmentsCommand(app, ctx);
   falcon::ctl::AddAnalyzeTraceCommand(app, ctx);
+  falcon::ctl::AddDumpCommand(app, ctx);
+  falcon::ctl::AddHangCommand(app, ctx);
   falcon::ctl::AddStatusCommand(app, ctx);
   falcon::ctl::AddIncidentsCommand(app, ctx);
   falcon::ctl::AddEventsCommand(app, ctx);
