@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <set>
+#include <thread>
 
 #include "falcon_emu.h"
 #include "job_run.h"
@@ -25,7 +27,11 @@ JobRun::JobRun(const Options& o, const JobEnvironment& env) : o_(o), env_(env), 
 }
 
 Status JobRun::Run() {
-  Status s = LoadFaults();
+  Status s = o_.stall_rank >= env_.world_size
+                 ? Status::InvalidArgument("--inject-stall: rank " + std::to_string(o_.stall_rank) +
+                                           " is not in this job of " + std::to_string(env_.world_size) + " ranks")
+                 : Status::Ok();
+  if (s.ok()) s = LoadFaults();
   if (s.ok()) s = Setup();
   if (s.ok()) s = Loop();
   report_.status = s.ok() ? "ok" : s.ToString();
@@ -206,6 +212,17 @@ Result<ControlDecision> JobRun::Agree(const ControlDecision& proposal) {
 }
 
 Result<ControlDecision> JobRun::Step(int iter) {
+  if (env_.rank == o_.stall_rank && iter == o_.stall_iter) {
+    // --inject-stall: the host stops here, outside NCCL, as a stuck data loader would; the
+    // device work already queued runs on, and peers wait in their next call with this rank.
+    std::fprintf(stderr, "rank %d: --inject-stall: no NCCL calls before iteration %d for %s\n", env_.rank, iter,
+                 o_.stall_s < 0 ? "good" : (std::to_string(o_.stall_s) + " s").c_str());
+    std::fflush(stderr);
+    if (o_.stall_s < 0) {
+      for (;;) pause();  // until the launcher ends the job
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(o_.stall_s));
+  }
   Result<ControlDecision> d = Status::Ok();
   if (o_.world_sync) {
     if (Status s = trainer_->RunIteration(iter, state_.micro_batches); !s.ok()) return s;

@@ -37,6 +37,22 @@ std::string ParseDouble(const std::string& v, double lo, double hi, double* out)
   return "";
 }
 
+// RANK:ITER[:SECONDS] (--inject-stall).
+std::string ParseStall(const std::string& v, Options* o) {
+  const std::size_t a = v.find(':');
+  if (a == std::string::npos) return "expected RANK:ITER[:SECONDS], got '" + v + "'";
+  const std::size_t b = v.find(':', a + 1);
+  if (std::string e = ParseInt(v.substr(0, a), 0, 1 << 20, &o->stall_rank); !e.empty()) return "RANK: " + e;
+  const std::string iter = b == std::string::npos ? v.substr(a + 1) : v.substr(a + 1, b - a - 1);
+  if (std::string e = ParseInt(iter, 0, 1 << 30, &o->stall_iter); !e.empty()) return "ITER: " + e;
+  if (b == std::string::npos) {
+    o->stall_s = -1;
+    return "";
+  }
+  if (std::string e = ParseDouble(v.substr(b + 1), 0, 1e6, &o->stall_s); !e.empty()) return "SECONDS: " + e;
+  return "";
+}
+
 std::string ParseSize(const std::string& v, std::size_t hi, std::size_t* out) {
   errno = 0;
   char* end = nullptr;
@@ -115,6 +131,10 @@ const std::vector<OptionSpec>& Table() {
       {"--inject-corruption", "ITER", "test hook for --check: in iteration ITER every rank perturbs one element of "
        "each buffer it sends or contributes, so the receivers' checks must fail (exit 1)",
        [](Options* o, const std::string& v) { return ParseInt(v, 0, 1 << 30, &o->inject_corruption); }},
+      {"--inject-stall", "RANK:ITER[:SECONDS]", "fault injection: rank RANK stops issuing NCCL calls before "
+       "iteration ITER, as a rank stuck in its data loader, for SECONDS (default: for good; its peers then wait in "
+       "their next collective with it)",
+       [](Options* o, const std::string& v) { return ParseStall(v, o); }},
       {"--world-sync", nullptr, "legacy, kinder mode: the world, tp, dp and pp communicators only, synchronous "
        "NCCL calls, host-side compute, one gradient reduction after the backward and a world all-reduce of the "
        "control word every iteration; no watchdog",

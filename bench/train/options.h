@@ -41,6 +41,11 @@ struct Options {
   int spare_nodes = 0;            // --spare-nodes N: idle emulated nodes after the job's
   std::size_t state_bytes = 0;    // --state-bytes: per-rank parameter + optimizer bytes; 0 = derived
   int inject_corruption = -1;     // --inject-corruption ITER: test hook (with --check), -1 = off
+  // --inject-stall RANK:ITER[:SECONDS]: rank RANK stops issuing NCCL calls before iteration ITER
+  // (a stuck data loader) for SECONDS, < 0 = for good (-1 rank = off).
+  int stall_rank = -1;
+  int stall_iter = 0;
+  double stall_s = -1;
   bool world_sync = false;        // --world-sync: the legacy mode (world control all-reduce)
   bool lazy_init = false;         // --lazy-init: communicators at first use
   bool nonblocking = false;       // --nonblocking: ncclConfig_t.blocking = 0
