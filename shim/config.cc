@@ -39,13 +39,13 @@ void ReadUnsigned(const char* name, uint64_t lo, uint64_t hi, uint64_t* out) {
   *out = parsed;
 }
 
-bool ReadFlag(const char* name) {
+bool ReadFlag(const char* name, bool fallback = false) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return false;
+  if (v == nullptr || *v == '\0') return fallback;
   if (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0 || std::strcmp(v, "yes") == 0) return true;
   if (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "no") == 0) return false;
   Warn(name, v, "expected 1/0, true/false or yes/no");
-  return false;
+  return fallback;
 }
 
 int32_t ReadRankHint(const char* const* names) {
@@ -111,6 +111,7 @@ ShimConfig LoadShimConfig() {
   ReadUnsigned("FALCON_THREAD_CAPACITY", 4, 4096, &u);
   c.thread_capacity = static_cast<uint32_t>(u);
   c.keep_segment = ReadFlag("FALCON_KEEP_SEGMENT");
+  c.device_progress = ReadFlag("FALCON_DEVICE_PROGRESS", true);
   if (const char* v = std::getenv("FALCON_JOB"); v != nullptr) CopyString(c.job, sizeof(c.job), v);
   if (const char* v = std::getenv("FALCON_NCCL_LIBRARY"); v != nullptr) {
     CopyString(c.nccl_library, sizeof(c.nccl_library), v);

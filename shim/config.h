@@ -15,6 +15,8 @@
 //   FALCON_COMM_CAPACITY      16..65536 communicator entries        (default 1024)
 //   FALCON_THREAD_CAPACITY    4..4096 calling-thread slots          (default 256)
 //   FALCON_KEEP_SEGMENT=1     keep the segment after a normal exit  (default: removed)
+//   FALCON_DEVICE_PROGRESS=0  do not track device completion per call (shm_abi.h contract 8;
+//                             default 1: one event per ordered call where a CUDA driver is loaded)
 //   FALCON_JOB                job name stored in the segment        (default empty)
 //   FALCON_LOG                quiet | warn | info | debug           (default warn)
 //   FALCON_NCCL_LIBRARY       library to forward to when RTLD_NEXT finds no NCCL
@@ -39,6 +41,7 @@ struct ShimConfig {
   uint32_t comm_capacity = 1024;
   uint32_t thread_capacity = 256;
   bool keep_segment = false;
+  bool device_progress = true;  // FALCON_DEVICE_PROGRESS
   char job[FALCON_NAME_LEN] = {};
   char nccl_library[256] = {};
   int32_t rank_hint = -1;

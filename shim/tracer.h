@@ -319,7 +319,9 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
     after(r, out);
     const int64_t t1 = timed ? tracer->clock().Now() : 0;
     tracer->Record(d, out, ts, t0, t1, comm_seq, comm_slot, ResultCode(r), timed, gpu);
-    if (tracer->gpu().available()) tracer->TrackDevice(d, ts, comm_slot, comm_seq, ResultCode(r));
+    if (tracer->gpu().available() && tracer->config().device_progress) {
+      tracer->TrackDevice(d, ts, comm_slot, comm_seq, ResultCode(r));
+    }
     EndCall(d.op, ResultCode(r), *tracer, ts);
     ts.depth = 0;
     return r;
@@ -368,7 +370,7 @@ inline auto Intercept(const CallDesc& d, Forward&& forward, After&& after) -> de
   std::atomic_ref<uint64_t>(w[7]).store(w7, std::memory_order_relaxed);
   version.store(2 * idx + 2, std::memory_order_release);
   if (FalconThreadSlot* s = ts.slot) std::atomic_ref<uint64_t>(s->inflight_seq).store(0, std::memory_order_release);
-  if ((d.gpu_work || d.op == kFalconOpGroupEnd) && tracer->gpu().available()) {
+  if ((d.gpu_work || d.op == kFalconOpGroupEnd) && tracer->gpu().available() && tracer->config().device_progress) {
     tracer->TrackDevice(d, ts, comm_slot, comm_seq, ResultCode(r));
   }
   EndCall(d.op, ResultCode(r), *tracer, ts);

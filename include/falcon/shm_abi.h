@@ -71,6 +71,7 @@
  *     driver, a stream being captured into a CUDA graph, a nonblocking call still in progress,
  *     the event pool busy) are not marked: calls at or after `marked` are of unknown state once
  *     device_done reached `marked`. last_call_mono_ns is kept in every mode but off.
+ *     FALCON_DEVICE_PROGRESS=0 turns the events off (marked stays 0: nothing is tracked).
  *
  * Nothing in this file depends on NCCL or CUDA: enum values mirror nccl.h where they must.
  * C and C++ may both include it. */
