@@ -94,8 +94,12 @@ Snapshot Build(std::span<const RankProgress> input) {
   }
   for (std::size_t i = 0; i < s.ranks.size(); ++i) {
     std::unordered_map<std::uint64_t, std::size_t> last_on_stream;
+    std::set<std::uint64_t> untracked;  // this rank's communicators of unknown completion
+    for (const CommProgress& c : s.ranks[i]->comms) {
+      if (!c.completion_known) untracked.insert(c.comm);
+    }
     for (const IssuedCall& call : s.ranks[i]->recent) {
-      if (call.completed) continue;
+      if (call.completed || untracked.count(call.comm) != 0) continue;
       const std::size_t node = s.pending.size();
       Pending p{i, &call, true, node};
       if (call.stream != 0) {
@@ -154,7 +158,8 @@ std::vector<std::vector<Wait>> RankWaits(const Snapshot& s) {
     std::uint64_t front = 0;
     for (const Member& m : v.members) front = std::max(front, m.progress->issued);
     for (const Member& w : v.members) {
-      if (w.progress->issued != front || w.progress->completed >= front) continue;
+      if (w.progress->issued != front) continue;
+      if (w.progress->completion_known && w.progress->completed >= front) continue;
       for (const Member& l : v.members) {
         if (l.progress->issued < front) waits[w.rank_index].push_back({l.rank_index, id, front - 1});
       }
@@ -268,6 +273,9 @@ void NotCompleting(const Snapshot& s, std::size_t cap, std::vector<Finding>* out
     if (!v.aligned || v.members.empty() || made == cap) continue;
     // Members still short of the whole communicator (some did not report): no verdict.
     if (v.nranks > 0 && v.members.size() < static_cast<std::size_t>(v.nranks)) continue;
+    if (std::any_of(v.members.begin(), v.members.end(), [](const Member& m) { return !m.progress->completion_known; })) {
+      continue;  // a member's device work is not tracked: no verdict on the device
+    }
     // The communicator's first call not complete everywhere, and whether every member issued it.
     std::uint64_t seq = kNoSeq, issued_by_all = kNoSeq;
     for (const Member& m : v.members) {

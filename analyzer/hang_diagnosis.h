@@ -66,7 +66,12 @@ struct CommProgress {
   std::int32_t nranks = 0;
   std::int32_t comm_rank = -1;  // this rank's rank in it (peers of sends and receives are these)
   std::uint64_t issued = 0;     // ordered calls issued: the next comm_seq
-  std::uint64_t completed = 0;  // of those, how many completed on the device
+  std::uint64_t completed = 0;  // of those, how many completed on the device (a lower bound
+                                // where completion_known is false)
+  // False where device completion is not tracked (no CUDA driver, tracking off, calls that could
+  // not be tracked): the member counts as waiting in its latest call, its calls are never
+  // pending in a stream's queue, and the communicator is never judged not completing.
+  bool completion_known = true;
   std::string name;             // for people only: commName, process-group name, ...
 };
 

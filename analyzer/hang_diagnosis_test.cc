@@ -27,7 +27,7 @@ struct Job {
     }
   }
   void add(int r, std::uint64_t comm, int nranks, int comm_rank, std::uint64_t issued, std::uint64_t completed) {
-    ranks[r].comms.push_back({comm, nranks, comm_rank, issued, completed, {}});
+    ranks[r].comms.push_back({comm, nranks, comm_rank, issued, completed, true, {}});
   }
   void call(int r, std::uint64_t comm, std::uint64_t seq, CallSignature sig, std::uint64_t stream, bool completed) {
     ranks[r].recent.push_back({comm, seq, sig, stream, 0, completed, 0});
@@ -235,6 +235,28 @@ TEST(HangDiagnosisTest, WorkIssuedAfterAStuckCallIsNotItsOwnDeviceHang) {
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].comm, kTp);
   EXPECT_EQ(found[0].waiting, (std::vector<std::int64_t>{0, 1}));
+}
+
+// Without device tracking on the members that wait, the issued counts still say who is behind;
+// nothing is judged on the device.
+TEST(HangDiagnosisTest, UnknownCompletionStillNamesTheLaggardAndNoDeviceHang) {
+  Job job(3);
+  for (int r = 0; r < 3; ++r) job.add(r, kDp, 3, r, r == 2 ? 6 : 7, r == 2 ? 6 : 0);
+  job.call(0, kDp, 6, Sig(kAllReduce, 64), 1, false);
+  job.call(1, kDp, 6, Sig(kAllReduce, 64), 1, false);
+  for (int r = 0; r < 2; ++r) job.ranks[r].comms[0].completion_known = false;
+  const auto all = job.diagnose();
+  const auto laggards = OfKind(all, FindingKind::kNotIssued);
+  ASSERT_EQ(laggards.size(), 1u);
+  EXPECT_EQ(laggards[0].culprits, (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(laggards[0].waiting, (std::vector<std::int64_t>{0, 1}));
+  Job all_issued(2);
+  for (int r = 0; r < 2; ++r) {
+    all_issued.add(r, kTp, 2, r, 5, 0);
+    all_issued.ranks[r].comms[0].completion_known = false;
+    all_issued.call(r, kTp, 4, Sig(kAllReduce, 64), 1, false);
+  }
+  EXPECT_TRUE(all_issued.diagnose().empty()) << "no verdict on work whose completion is not tracked";
 }
 
 // A split's arguments (colour, key) differ between members by design: never a mismatch.

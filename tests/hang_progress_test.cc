@@ -116,6 +116,28 @@ TEST_F(HangProgressTest, AStuckHostIsNamedWhileTheJobWaits) {
   EXPECT_EQ(culprits, (std::set<std::int64_t>{5})) << Describe(findings);
 }
 
+// FALCON_DEVICE_PROGRESS=0: no events, nothing tracked on the device; the issued counts alone
+// still lead to the rank that stopped issuing.
+TEST_F(HangProgressTest, WithoutDeviceProgressTheIssuedCountsStillNameTheRank) {
+  Start({"--inject-stall", "2:10"}, {"FALCON_DEVICE_PROGRESS=0"});
+  const auto ranks = WaitForHang(2.0, 90);
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(kRanks)) << "the job never hung";
+  for (const auto& r : ranks) {
+    EXPECT_FALSE(r.device_tracked) << "rank " << r.progress.rank;
+    for (const auto& c : r.progress.comms) {
+      if (c.issued != 0) {
+        EXPECT_FALSE(c.completion_known) << "rank " << r.progress.rank;
+      }
+    }
+  }
+  const std::vector<Finding> findings = Diagnose(ranks);
+  std::set<std::int64_t> culprits;
+  for (const Finding& f : findings) {
+    if (f.kind == FindingKind::kNotIssued) culprits.insert(f.culprits.begin(), f.culprits.end());
+  }
+  EXPECT_EQ(culprits, (std::set<std::int64_t>{2})) << Describe(findings);
+}
+
 // Rank 3's device stops completing its collectives 6 s into the job (a GPU or link hang): every
 // member issued the call the job waits in, and its device work does not finish; the work other
 // ranks queued after it (behind cross-stream waits the shim does not see) is not blamed.

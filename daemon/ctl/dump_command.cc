@@ -67,7 +67,9 @@ void PrintTable(const std::vector<LocalRank>& ranks, const std::string& dir, std
       std::fprintf(out, "  comm %s %-12s rank %d/%d  issued %llu  completed %llu%s\n", daemon::HexId(c.comm).c_str(),
                    c.name.empty() ? "-" : c.name.c_str(), c.comm_rank, c.nranks,
                    static_cast<unsigned long long>(c.issued), static_cast<unsigned long long>(c.completed),
-                   c.completed < c.issued ? "  <- device work pending" : "");
+                   !c.completion_known          ? "  (device completion not tracked)"
+                   : c.completed < c.issued ? "  <- device work pending"
+                                            : "");
     }
     for (const analyzer::IssuedCall& call : p.recent) {
       const char* dtype = daemon::DtypeName(call.sig.dtype);

@@ -43,6 +43,7 @@ struct Member {
   std::int64_t rank;
   std::int32_t comm_rank;
   std::uint64_t issued, completed;
+  bool known;  // completion tracked: `completed` is exact
 };
 
 struct CommRow {
@@ -51,7 +52,8 @@ struct CommRow {
   std::vector<Member> members;  // ascending rank
   std::uint64_t front = 0;      // the most calls any member issued
   bool Notable() const {
-    return std::any_of(members.begin(), members.end(), [&](const Member& m) { return m.issued < front || m.completed < m.issued; });
+    return std::any_of(members.begin(), members.end(),
+                       [&](const Member& m) { return m.issued < front || (m.known && m.completed < m.issued); });
   }
 };
 
@@ -62,7 +64,7 @@ std::map<std::uint64_t, CommRow> Comms(const std::vector<RankProgress>& ranks) {
       CommRow& row = comms[c.comm];
       if (row.name.empty()) row.name = c.name;
       row.nranks = std::max(row.nranks, c.nranks);
-      row.members.push_back({r.rank, c.comm_rank, c.issued, c.completed});
+      row.members.push_back({r.rank, c.comm_rank, c.issued, c.completed, c.completion_known});
       row.front = std::max(row.front, c.issued);
     }
   }
@@ -104,9 +106,10 @@ json ResultJson(const HangInput& in, const std::map<std::uint64_t, CommRow>& com
     json members = json::array();
     std::vector<std::int64_t> behind, pending;
     for (const Member& m : row.members) {
-      members.push_back({{"rank", m.rank}, {"comm_rank", m.comm_rank}, {"issued", m.issued}, {"completed", m.completed}});
+      members.push_back({{"rank", m.rank}, {"comm_rank", m.comm_rank}, {"issued", m.issued}, {"completed", m.completed},
+                         {"completion_known", m.known}});
       if (m.issued < row.front) behind.push_back(m.rank);
-      if (m.completed < m.issued) pending.push_back(m.rank);
+      if (m.known && m.completed < m.issued) pending.push_back(m.rank);
     }
     cj.push_back({{"comm", daemon::HexId(id)}, {"name", row.name}, {"nranks", row.nranks}, {"members", members},
                   {"behind", behind}, {"pending", pending}});
@@ -158,7 +161,8 @@ void PrintPicture(const std::map<std::uint64_t, CommRow>& comms, bool all) {
     for (const Member& m : row.members) {
       std::string state;
       if (m.issued < row.front) state = "behind by " + std::to_string(row.front - m.issued);
-      if (m.completed < m.issued) state += (state.empty() ? "" : ", ") + std::to_string(m.issued - m.completed) + " pending";
+      if (!m.known) state += (state.empty() ? "" : ", ") + std::string("device completion not tracked");
+      else if (m.completed < m.issued) state += (state.empty() ? "" : ", ") + std::to_string(m.issued - m.completed) + " pending";
       if (state.empty()) state = "level";
       std::printf("%-16s  %-28.28s  %6lld  %10llu  %10llu  %s\n", first ? daemon::HexId(id).c_str() : "",
                   first ? row.name.c_str() : "", static_cast<long long>(m.rank), static_cast<unsigned long long>(m.issued),

@@ -106,6 +106,10 @@ CommProgress ParseComm(const json& j, const std::string& path) {
   c.completed = Unsigned(Need(j, "completed", path), path + ".completed");
   if (c.completed > c.issued) Fail(path + ".completed", "exceeds issued (" + std::to_string(c.issued) + ")");
   if (const json* n = Find(j, "name")) c.name = String(*n, path + ".name");
+  if (const json* k = Find(j, "completion_known")) {
+    if (!k->is_boolean()) Fail(path + ".completion_known", "expected true or false");
+    c.completion_known = k->get<bool>();
+  }
   return c;
 }
 
@@ -161,7 +165,8 @@ json ProgressToJson(std::span<const RankProgress> ranks, std::string_view source
                        {"nranks", c.nranks},
                        {"comm_rank", c.comm_rank},
                        {"issued", c.issued},
-                       {"completed", c.completed}});
+                       {"completed", c.completed},
+                       {"completion_known", c.completion_known}});
     }
     json recent = json::array();
     for (const IssuedCall& c : r.recent) {

@@ -6,7 +6,7 @@
 //    "ranks": [{"rank": 3, "host": "node-1",
 //               "in_call": null | "<comm>",      // host thread inside an NCCL call on it
 //               "comms": [{"comm": "<comm>", "name": "", "nranks": 8, "comm_rank": 3,
-//                          "issued": 120, "completed": 119}],
+//                          "issued": 120, "completed": 119, "completion_known": true}],
 //               "recent": [{"comm": "<comm>", "seq": 119, "op": "AllReduce",
 //                           "dtype": "bfloat16" | null, "redop": "sum" | null, "peer": -1,
 //                           "count": 4096, "stream": "<hex>" | null, "group": 0,
@@ -14,7 +14,8 @@
 // <comm> is a communicator id, 16 lower-case hex digits, alike on every member. `recent` is
 // oldest first. Names follow the call-record dump (record_json.h): op "AllReduce", dtype
 // "float32", redop "sum" | "prod" | "max" | "min" | "avg" | "premulsum". Optional on input:
-// host, name, in_call, dtype, redop, peer (-1), stream, group (0: none; calls of a rank with the
+// host, name, completion_known (true; false: completed is a lower bound, the device work is not
+// tracked), in_call, dtype, redop, peer (-1), stream, group (0: none; calls of a rank with the
 // same group were launched together by one ncclGroupEnd), completed (false), issue_ns (0).
 // Unknown keys are ignored (later versions may add some); a newer major version is refused.
 // Pure functions; thread-safe.

@@ -20,8 +20,8 @@ std::vector<RankProgress> SampleRanks() {
   RankProgress r0;
   r0.rank = 0;
   r0.host = "node-0";
-  r0.comms = {CommProgress{0x00000000000000abULL, 4, 0, 12, 11, "default_pg"},
-              CommProgress{0xfedcba9876543210ULL, 2, 0, 3, 3, "pp 0<->1"}};
+  r0.comms = {CommProgress{0x00000000000000abULL, 4, 0, 12, 11, true, "default_pg"},
+              CommProgress{0xfedcba9876543210ULL, 2, 0, 3, 1, false, "pp 0<->1"}};
   IssuedCall all_reduce;
   all_reduce.comm = 0xab;
   all_reduce.seq = 11;
@@ -34,11 +34,12 @@ std::vector<RankProgress> SampleRanks() {
   send.seq = 2;
   send.sig = {10 /*Send*/, 0xFF, -1, 1, 17};
   send.completed = true;
+  send.group = 3;
   r0.recent = {send, all_reduce};
   r0.in_call = 0xabULL;
   RankProgress r1;
   r1.rank = 1;
-  r1.comms = {CommProgress{0xab, 4, 1, 11, 11, ""}};
+  r1.comms = {CommProgress{0xab, 4, 1, 11, 11, true, ""}};
   return {r0, r1};
 }
 
@@ -56,6 +57,7 @@ void ExpectSameRanks(const std::vector<RankProgress>& got, const std::vector<Ran
       EXPECT_EQ(got[i].comms[c].comm_rank, want[i].comms[c].comm_rank);
       EXPECT_EQ(got[i].comms[c].issued, want[i].comms[c].issued);
       EXPECT_EQ(got[i].comms[c].completed, want[i].comms[c].completed);
+      EXPECT_EQ(got[i].comms[c].completion_known, want[i].comms[c].completion_known);
       EXPECT_EQ(got[i].comms[c].name, want[i].comms[c].name);
     }
     ASSERT_EQ(got[i].recent.size(), want[i].recent.size());
@@ -65,6 +67,7 @@ void ExpectSameRanks(const std::vector<RankProgress>& got, const std::vector<Ran
       EXPECT_EQ(got[i].recent[c].sig, want[i].recent[c].sig);
       EXPECT_EQ(got[i].recent[c].stream, want[i].recent[c].stream);
       EXPECT_EQ(got[i].recent[c].completed, want[i].recent[c].completed);
+      EXPECT_EQ(got[i].recent[c].group, want[i].recent[c].group);
       EXPECT_EQ(got[i].recent[c].issue_ns, want[i].recent[c].issue_ns);
     }
   }
@@ -107,6 +110,7 @@ TEST(ProgressJsonTest, OptionalFieldsTakeTheirDefaultsAndUnknownKeysAreIgnored) 
   EXPECT_FALSE(r.in_call.has_value());
   EXPECT_EQ(r.comms[0].comm, 0xabu);
   EXPECT_EQ(r.comms[0].name, "");
+  EXPECT_TRUE(r.comms[0].completion_known);
   ASSERT_EQ(r.recent.size(), 1u);
   EXPECT_EQ(r.recent[0].sig.op, 11);  // Recv
   EXPECT_EQ(r.recent[0].sig.dtype, 0xFF);

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace falcon::daemon {
@@ -17,12 +19,14 @@ T Load(const T& field) {
   return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_acquire);
 }
 
-// Calls counted complete on `e` (see the header: untracked and unknown calls count as done).
-std::uint64_t CompletedCalls(const FalconCommEntry& e) {
+// Calls known complete on `e`, and whether that is all there is to know: true where a tracked
+// call is still pending (the count is exact) or every call completed; false where calls were
+// never tracked (the count is a lower bound).
+std::pair<std::uint64_t, bool> CompletedCalls(const FalconCommEntry& e) {
   const std::uint64_t issued = e.calls;
   const std::uint64_t done = std::min(e.device_done, issued);
   const std::uint64_t marked = std::min(std::max(e.marked, done), issued);
-  return done < marked ? done : issued;
+  return {done, done < marked || done == issued};
 }
 
 }  // namespace
@@ -45,7 +49,7 @@ SegmentProgress ReadProgress(const SegmentReader& seg, std::int64_t now_mono_ns,
     cp.nranks = e.nranks;
     cp.comm_rank = e.rank;
     cp.issued = e.calls;
-    cp.completed = CompletedCalls(e);
+    std::tie(cp.completed, cp.completion_known) = CompletedCalls(e);
     cp.name.assign(e.name, ::strnlen(e.name, sizeof e.name));
     if (e.marked != 0 || e.device_done != 0) out.device_tracked = true;
     out.last_call_mono_ns = std::max(out.last_call_mono_ns, e.last_call_mono_ns);

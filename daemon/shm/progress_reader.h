@@ -1,11 +1,11 @@
 // A rank's progress on its communicators (analyzer::RankProgress, the hang diagnosis's input)
 // read from its live shim segment (shm_abi.h contract 8), plus the facts a stall detector needs.
 //
-// completed, per communicator: where the shim tracks device completion, the calls before
-// device_done; calls at or after `marked` that were never marked (graph capture, a nonblocking
-// call in progress, a busy event pool) are of unknown state and counted complete, so the
-// diagnosis never blames work it cannot see. Without tracking (no CUDA driver in the process)
-// every issued call counts as complete. Destroyed communicators are left out.
+// completed, per communicator: the calls before device_done. completion_known is false where
+// calls were never tracked (no CUDA driver in the process, FALCON_DEVICE_PROGRESS=0, or calls at
+// or after `marked` that were never marked: graph capture, a nonblocking call in progress, a busy
+// event pool): the count is then a lower bound and the diagnosis judges nothing on the device
+// there. Destroyed communicators are left out.
 // recent: the latest calls with device work (collectives, sends, receives) of each communicator
 // found in the last `lane_window` records of every lane, oldest first, at most `per_comm` each
 // and the communicator's first pending call (if still in the window); calls of one

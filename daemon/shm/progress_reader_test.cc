@@ -82,9 +82,13 @@ TEST_F(ProgressReaderTest, CompletionFollowsTheTrackedCalls) {
   EXPECT_EQ(p.progress.host, "node-a");
   EXPECT_TRUE(p.device_tracked);
   EXPECT_EQ(p.progress.comms[0].completed, 10u);
+  EXPECT_TRUE(p.progress.comms[0].completion_known);
   EXPECT_EQ(p.progress.comms[1].completed, 6u);
-  EXPECT_EQ(p.progress.comms[2].completed, 10u) << "an unknown tail is never blamed";
-  EXPECT_EQ(p.progress.comms[3].completed, 10u) << "untracked calls count as complete";
+  EXPECT_TRUE(p.progress.comms[1].completion_known) << "a tracked call is pending: the count is exact";
+  EXPECT_EQ(p.progress.comms[2].completed, 8u);
+  EXPECT_FALSE(p.progress.comms[2].completion_known) << "calls 8 and 9 were never tracked";
+  EXPECT_EQ(p.progress.comms[3].completed, 0u);
+  EXPECT_FALSE(p.progress.comms[3].completion_known) << "nothing tracked";
   EXPECT_EQ(p.last_call_mono_ns, 1003);
 }
 
@@ -92,13 +96,17 @@ TEST_F(ProgressReaderTest, DeviceDoneAheadOfMarkedIsNotPending) {
   SetComm(0, 5, 5, 4);  // the service thread saw call 4 complete before the caller stored marked
   const SegmentProgress p = Read();
   EXPECT_EQ(p.progress.comms[0].completed, 5u);
+  EXPECT_TRUE(p.progress.comms[0].completion_known);
 }
 
-TEST_F(ProgressReaderTest, WithoutTrackingNothingIsPending) {
+TEST_F(ProgressReaderTest, WithoutTrackingCompletionIsUnknown) {
   for (uint32_t s = 0; s < 4; ++s) SetComm(s, 3, 0, 0);
   const SegmentProgress p = Read();
   EXPECT_FALSE(p.device_tracked);
-  for (const auto& c : p.progress.comms) EXPECT_EQ(c.completed, c.issued);
+  for (const auto& c : p.progress.comms) {
+    EXPECT_EQ(c.completed, 0u);
+    EXPECT_FALSE(c.completion_known);
+  }
 }
 
 TEST_F(ProgressReaderTest, DestroyedCommunicatorsAreLeftOut) {
