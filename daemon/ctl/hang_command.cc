@@ -31,6 +31,9 @@ using nlohmann::json;
 
 constexpr int kSchemaVersion = 1;
 constexpr std::uint64_t kNoSeq = ~std::uint64_t{0};
+// --live: a job whose latest call is younger than this is still running (a snapshot of a running
+// job shows calls in flight and ranks merely ahead as findings).
+constexpr double kStillRunningS = 2.0;
 
 struct HangOptions {
   HangSourceOptions source;
@@ -146,7 +149,8 @@ json ResultJson(const HangInput& in, const std::map<std::uint64_t, CommRow>& com
   for (const RankProgress& r : in.ranks) read.push_back(r.rank);
   std::sort(read.begin(), read.end());
   return {{"schema", kSchemaVersion}, {"source", in.source},         {"input", in.origin},
-          {"ranks", read},            {"missing_ranks", in.missing_ranks}, {"paused_ranks", in.paused_ranks}, {"comms", cj},
+          {"ranks", read},            {"missing_ranks", in.missing_ranks}, {"paused_ranks", in.paused_ranks},
+          {"quiet_s", in.quiet_s >= 0 ? json(in.quiet_s) : json(nullptr)}, {"comms", cj},
           {"findings", fj},           {"counts", counts}};
 }
 
@@ -231,6 +235,12 @@ int Run(const HangOptions& o) {
   std::printf("# ranks: %zu read; missing: %s%s\n", in.ranks.size(), List(in.missing_ranks).c_str(),
               in.missing_ranks.empty() ? "" : " (nothing read from them: a culprit among them cannot be named)");
   std::printf("# max findings: %zu of each kind\n", o.max_findings);
+  if (in.quiet_s >= 0) {
+    std::printf("# the job's latest NCCL call was %.1f s ago%s\n", in.quiet_s,
+                in.quiet_s < kStillRunningS ? ": it is still running, and ranks merely ahead or behind look like "
+                                              "findings; diagnose a job that stopped"
+                                            : "");
+  }
   if (!in.paused_ranks.empty()) {
     std::printf("# paused by Falcon (a validation holds them; not a hang): %s\n", List(in.paused_ranks).c_str());
   }

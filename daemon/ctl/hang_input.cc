@@ -3,10 +3,12 @@
 #include "daemon/ctl/hang_input.h"
 
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -144,12 +146,18 @@ Result<HangInput> FromLiveSegments(const HangSourceOptions& options) {
                             " (`falcon-ctl segments` lists what exists)");
   }
   HangInput in;
+  std::int64_t latest = 0;  // the job's latest ordered call, CLOCK_MONOTONIC
   in.source = "shm";
   in.origin = "live segments in " + dir;
   for (const LocalRank& r : ranks.value()) {
     in.ranks.push_back(r.progress.progress);
     if (r.progress.paused) in.paused_ranks.push_back(r.progress.progress.rank);
+    latest = std::max(latest, r.progress.last_call_mono_ns);
   }
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  if (latest != 0) in.quiet_s = static_cast<double>(now_ns - latest) / 1e9;
   return in;
 }
 

@@ -36,6 +36,7 @@ struct HangInput {
   std::vector<analyzer::RankProgress> ranks;
   std::vector<std::int64_t> missing_ranks;  // ranks known to exist with nothing read (ascending)
   std::vector<std::int64_t> paused_ranks;   // live: held by a Falcon pause (a validation), not hung
+  double quiet_s = -1;  // live: seconds since any rank's latest ordered call (-1: unknown)
 };
 
 // The ranks of the one source `options` names. Errors: InvalidArgument (no source, or more than
