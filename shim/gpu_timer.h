@@ -23,8 +23,8 @@
 //     CaptureMode), so none of its calls can invalidate another thread's CUDA-graph capture;
 //     the caller's thread never records an event into a stream being captured.
 //  3. A pair's events belong to one context for the life of the process (no re-creation).
-// Thread-safety: Start/Stop/Cancel from any thread; Init, Poll and Prepare from the service
-// thread only (Init also once at shim start, before the service thread exists).
+// Thread-safety: Start/Stop/Cancel/Mark from any thread; Init, Poll, PollMarks and Prepare from
+// the service thread only (Init also once at shim start, before the service thread exists).
 #pragma once
 
 #include <atomic>
