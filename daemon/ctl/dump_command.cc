@@ -145,6 +145,7 @@ void AddDumpCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--all-users", o->local.all_users, "Include other users' processes (reading needs permission)");
   cmd->add_flag("--exited", o->local.include_exited, "Include exited processes whose segments were kept");
   cmd->add_option("-n,--calls", o->calls, "Latest calls shown per communicator")
+      ->capture_default_str()
       ->check(CLI::Range(std::size_t{0}, std::size_t{4096}));
   cmd->add_flag("--json", o->json, "The progress document (what `falcon-ctl hang --progress` reads)");
   cmd->add_option("-o,--output", o->output, "Write to this file instead of stdout");
