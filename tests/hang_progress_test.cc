@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "analyzer/hang_diagnosis.h"
 #include "daemon/shm/progress_reader.h"
 #include "daemon/shm/segment_dir.h"
@@ -114,6 +116,20 @@ TEST_F(HangProgressTest, AStuckHostIsNamedWhileTheJobWaits) {
     if (f.kind == FindingKind::kNotIssued) culprits.insert(f.culprits.begin(), f.culprits.end());
   }
   EXPECT_EQ(culprits, (std::set<std::int64_t>{5})) << Describe(findings);
+  // The operator's view of the same hang: falcon-ctl hang --live.
+  const testing::ProcessResult ctl =
+      testing::Run({testing::BinDir("daemon") + "/falcon-ctl", "hang", "--live", "--dir", dir_.path(), "--json"}, {}, 60);
+  EXPECT_EQ(ctl.exit_code, 1) << ctl.out << ctl.err;  // findings
+  const nlohmann::json doc = nlohmann::json::parse(ctl.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << ctl.out;
+  EXPECT_EQ(doc["ranks"].size(), static_cast<size_t>(kRanks));
+  EXPECT_GE(doc["quiet_s"].get<double>(), 2.0);
+  std::set<std::int64_t> named;
+  for (const auto& f : doc["findings"]) {
+    EXPECT_EQ(f["kind"], "not_issued") << f.dump();
+    for (const auto& r : f["culprits"]) named.insert(r.get<std::int64_t>());
+  }
+  EXPECT_EQ(named, (std::set<std::int64_t>{5})) << ctl.out;
 }
 
 // FALCON_DEVICE_PROGRESS=0: no events, nothing tracked on the device; the issued counts alone
