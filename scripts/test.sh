@@ -61,7 +61,8 @@ if ((sanitizers)); then
   shim_emu=(falcon_shim falcon_nccl_noop falcon-test-calls falcon_shim_tests falcon-test-emu-comms
             falcon_shim_emu_tests falcon_nccl_emu falcon_emu_run falcon_emu_job
             emu_collectives_test emu_comm_test engine_test fault_plan_test datatypes_test device_test)
-  daemon_unit=(falcon_agent_tests falcon_controller_tests)
+  # falcon-ctl: the hang tests run it (FlightRecorderHang, label daemon-unit; hang_progress_test).
+  daemon_unit=(falcon_agent_tests falcon_controller_tests falcon_ctl_tests falcon_shmreader_tests falcon-ctl)
   for preset in asan tsan; do
     targets=("${shim_emu[@]}" "${daemon_unit[@]}")
     [[ $preset == asan ]] && targets+=(falcon_analyzer_tests falcon-fuzz)  # + fuzz corpus replays
