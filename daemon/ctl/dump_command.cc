@@ -3,8 +3,6 @@
 // no crash. --json writes the progress document (progress_json.h) that `falcon-ctl hang
 // --progress` diagnoses, with a few extra keys per rank for people and scripts.
 // Single-threaded; reads segments only.
-#include <time.h>
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -30,33 +28,22 @@ struct DumpOptions {
   std::string output;
 };
 
-double AgeSeconds(std::int64_t then_mono_ns, std::int64_t now_mono_ns) {
-  return then_mono_ns == 0 ? -1.0 : static_cast<double>(now_mono_ns - then_mono_ns) / 1e9;
-}
-
 std::string Seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f s", s);
   return buf;
 }
 
-std::int64_t NowMonoNs() {
-  timespec t{};
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
-}
-
 void PrintTable(const std::vector<LocalRank>& ranks, const std::string& dir, std::FILE* out) {
-  const std::int64_t now = NowMonoNs();
   std::fprintf(out, "# falcon-ctl dump  dir %s  %zu process(es)\n", dir.c_str(), ranks.size());
   for (const LocalRank& lr : ranks) {
     const daemon::SegmentProgress& sp = lr.progress;
     const analyzer::RankProgress& p = sp.progress;
-    const double last = AgeSeconds(sp.last_call_mono_ns, now);
+    const double last = lr.AgeSeconds(sp.last_call_mono_ns);
     std::string in_call = "-";
     if (p.in_call) {
       in_call = (*p.in_call == 0 ? std::string("a call on no known communicator") : daemon::HexId(*p.in_call)) +
-                " for " + Seconds(AgeSeconds(sp.in_call_since_mono_ns, now));
+                " for " + Seconds(lr.AgeSeconds(sp.in_call_since_mono_ns));
     }
     std::fprintf(out, "rank %lld  pid %d  host %s  %s%s  last call %s  in call %s  device completion %s\n",
                  static_cast<long long>(p.rank), lr.info.pid, p.host.c_str(), daemon::SegmentStateName(lr.info.state),
@@ -108,7 +95,6 @@ int RunDump(const DumpOptions& o) {
     std::vector<analyzer::RankProgress> progress;
     for (const LocalRank& lr : ranks.value()) progress.push_back(lr.progress.progress);
     nlohmann::json doc = daemon::ProgressToJson(progress, "shm");
-    const std::int64_t now = NowMonoNs();
     for (std::size_t i = 0; i < ranks.value().size(); ++i) {
       const LocalRank& lr = ranks.value()[i];
       nlohmann::json& j = doc["ranks"][i];
@@ -117,9 +103,9 @@ int RunDump(const DumpOptions& o) {
       j["paused"] = lr.progress.paused;
       j["phase"] = lr.progress.phase;
       j["device_tracked"] = lr.progress.device_tracked;
-      const double last = AgeSeconds(lr.progress.last_call_mono_ns, now);
+      const double last = lr.AgeSeconds(lr.progress.last_call_mono_ns);
       j["last_call_age_s"] = last < 0 ? nlohmann::json(nullptr) : nlohmann::json(last);
-      const double in_call = AgeSeconds(lr.progress.in_call_since_mono_ns, now);
+      const double in_call = lr.AgeSeconds(lr.progress.in_call_since_mono_ns);
       j["in_call_age_s"] = in_call < 0 ? nlohmann::json(nullptr) : nlohmann::json(in_call);
     }
     std::fprintf(out, "%s\n", doc.dump(1).c_str());

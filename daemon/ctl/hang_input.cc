@@ -3,7 +3,6 @@
 #include "daemon/ctl/hang_input.h"
 
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -146,18 +145,14 @@ Result<HangInput> FromLiveSegments(const HangSourceOptions& options) {
                             " (`falcon-ctl segments` lists what exists)");
   }
   HangInput in;
-  std::int64_t latest = 0;  // the job's latest ordered call, CLOCK_MONOTONIC
   in.source = "shm";
   in.origin = "live segments in " + dir;
   for (const LocalRank& r : ranks.value()) {
     in.ranks.push_back(r.progress.progress);
     if (r.progress.paused) in.paused_ranks.push_back(r.progress.progress.rank);
-    latest = std::max(latest, r.progress.last_call_mono_ns);
+    const double quiet = r.AgeSeconds(r.progress.last_call_mono_ns);  // the job's: its youngest
+    if (quiet >= 0 && (in.quiet_s < 0 || quiet < in.quiet_s)) in.quiet_s = quiet;
   }
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-  if (latest != 0) in.quiet_s = static_cast<double>(now_ns - latest) / 1e9;
   return in;
 }
 

@@ -32,7 +32,7 @@ Result<std::vector<LocalRank>> ReadLocalProgress(const LocalProgressOptions& opt
     timespec now{};
     clock_gettime(CLOCK_MONOTONIC, &now);
     const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-    out.push_back({s, daemon::ReadProgress(seg.value(), now_ns, options.read)});
+    out.push_back({s, daemon::ReadProgress(seg.value(), now_ns, options.read), now_ns});
   }
   std::sort(out.begin(), out.end(), [](const LocalRank& a, const LocalRank& b) {
     return std::tie(a.progress.progress.rank, a.info.pid) < std::tie(b.progress.progress.rank, b.info.pid);

@@ -3,6 +3,7 @@
 // Single-threaded; reads segments only.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,12 @@ struct LocalProgressOptions {
 struct LocalRank {
   daemon::SegmentInfo info;
   daemon::SegmentProgress progress;
+  std::int64_t read_mono_ns = 0;  // CLOCK_MONOTONIC when it was read: the ages' reference
+  // Seconds from `mono_ns` (a CLOCK_MONOTONIC time of the writer's, such as
+  // progress.last_call_mono_ns) to the read; -1 when mono_ns is 0 (never).
+  double AgeSeconds(std::int64_t mono_ns) const {
+    return mono_ns == 0 ? -1.0 : static_cast<double>(read_mono_ns - mono_ns) / 1e9;
+  }
 };
 
 // Live processes' progress (and exited ones' with include_exited), ordered by rank then pid.
