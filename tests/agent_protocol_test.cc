@@ -73,6 +73,21 @@ json Example(std::string_view type) {
     m.baseline_s = 0.2;
     return ToJson(m);
   }
+  if (type == kStall.type) {
+    StallReport m;
+    m.header = H();
+    m.rank = 5;
+    m.pid = 9;
+    m.kind = "stalled";
+    m.age_s = 12.5;
+    m.bound_s = 5;
+    m.last_call_ns = 7;
+    m.comm = "00000000000000ff";
+    m.seq = 41;
+    m.op = "AllReduce";
+    m.in_call = false;
+    return ToJson(m);
+  }
   if (type == kCommProfile.type) {
     CommProfileReport m;
     m.header = H();
@@ -141,6 +156,7 @@ json Example(std::string_view type) {
   c.peer = 1;
   c.bytes = 1 << 20;
   c.targets = {{0, {{0xff, 10, 10}, {0xaa, 4, 5}}}};
+  c.calls = 8;
   return ToJson(c);
 }
 

@@ -2,7 +2,8 @@
 // the sample config in sync with the table), the online iteration series (samples equal the
 // true iteration times, never overlap, whatever the poll boundaries), the outbox (bounded,
 // oldest dropped, confirmation by sequence), command outcomes that need no rank (expired,
-// rejected), the call pattern behind cut_info (calls from two threads, as PyTorch's training and
+// rejected), the stall watch (its bound, what counts as outstanding, what never is a stall),
+// the call pattern behind cut_info (calls from two threads, as PyTorch's training and
 // autograd threads issue them), and the Prometheus rendering.
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "daemon/agent/outbox.h"
 #include "daemon/agent/plan_delivery.h"
 #include "daemon/agent/rank_analysis.h"
+#include "daemon/agent/stall_watch.h"
 #include "falcon/falcon.h"
 
 namespace falcon::agent {
@@ -582,6 +584,157 @@ TEST(MetricsTest, PrometheusTextHasEveryFamilyAndRankLabels) {
         "# TYPE falcon_agent_records_lost_total counter"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
+}
+
+// ---- StallWatch ------------------------------------------------------------------------------
+
+constexpr std::int64_t kSec = 1'000'000'000;
+
+// A rank with one communicator: `issued` calls, `completed` of them done on the device, the last
+// issued at `last_s` (monotonic seconds).
+daemon::SegmentProgress Rank(std::uint64_t issued, std::uint64_t completed, double last_s, bool known = true) {
+  daemon::SegmentProgress p;
+  p.progress.rank = 3;
+  analyzer::CommProgress c;
+  c.comm = 0xaa;
+  c.nranks = 2;
+  c.comm_rank = 1;
+  c.issued = issued;
+  c.completed = completed;
+  c.completion_known = known;
+  p.progress.comms.push_back(c);
+  for (std::uint64_t s = issued >= 3 ? issued - 3 : 0; s < issued; ++s) {
+    analyzer::IssuedCall call;
+    call.comm = 0xaa;
+    call.seq = s;
+    call.sig.op = kFalconOpAllReduce;
+    call.completed = s < completed;
+    call.issue_ns = static_cast<std::int64_t>(s);
+    p.progress.recent.push_back(call);
+  }
+  p.last_call_mono_ns = static_cast<std::int64_t>(last_s * kSec);
+  p.device_tracked = known;
+  return p;
+}
+
+TEST(StallWatchTest, PendingDeviceWorkPastTheBoundIsAStallAndItsEndIsReported) {
+  StallWatch w(StallOptions{5.0, 4.0});
+  const daemon::SegmentProgress p = Rank(10, 9, 100);
+  EXPECT_FALSE(w.Update(p, static_cast<std::int64_t>(104.9 * kSec), 0.1)) << "within the floor";
+  const auto e = w.Update(p, static_cast<std::int64_t>(105.1 * kSec), 0.1);
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->stalled);
+  EXPECT_NEAR(e->age_s, 5.1, 1e-9);
+  EXPECT_DOUBLE_EQ(e->bound_s, 5.0);
+  EXPECT_EQ(e->waiting_in.comm, 0xaau);
+  ASSERT_TRUE(e->waiting_in.seq);
+  EXPECT_EQ(*e->waiting_in.seq, 9u);  // the first call not completed
+  EXPECT_EQ(e->waiting_in.op, kFalconOpAllReduce);
+  EXPECT_FALSE(e->waiting_in.in_host_call);
+  EXPECT_FALSE(w.Update(p, 200 * kSec, 0.1)) << "reported once";
+  EXPECT_TRUE(w.stalled());
+  const auto back = w.Update(Rank(11, 11, 201), 201 * kSec + 1000, 0.1);
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(back->stalled);
+  EXPECT_EQ(w.stalls(), 1u);
+}
+
+TEST(StallWatchTest, TheBoundScalesWithTheRanksIterationTime) {
+  StallWatch w(StallOptions{5.0, 4.0});
+  EXPECT_DOUBLE_EQ(w.bound_s(0), 120.0) << "no iteration time yet: the startup bound";
+  EXPECT_DOUBLE_EQ(w.bound_s(0.5), 5.0);
+  EXPECT_DOUBLE_EQ(w.bound_s(3.0), 12.0);
+  const daemon::SegmentProgress p = Rank(10, 9, 1);
+  EXPECT_FALSE(w.Update(p, 12 * kSec, 3.0)) << "a 3 s iteration: 11 s quiet is within 4 iterations";
+  EXPECT_TRUE(w.Update(p, 14 * kSec, 3.0));
+  StallWatch starting(StallOptions{5.0, 4.0, 120.0});
+  EXPECT_FALSE(starting.Update(p, 61 * kSec, 0)) << "no iteration time yet: a slow start is not a hang";
+  EXPECT_TRUE(starting.Update(p, 122 * kSec, 0));
+}
+
+TEST(StallWatchTest, IdleOutsideNcclPausedOrInAPhaseIsNeverAStall) {
+  StallWatch w(StallOptions{1.0, 4.0, 1.0});
+  // A long checkpoint or the end of training: every call completed, no thread in NCCL.
+  EXPECT_FALSE(w.Update(Rank(10, 10, 1), 3600 * kSec, 0.1));
+  daemon::SegmentProgress paused = Rank(10, 9, 1);
+  paused.paused = true;
+  EXPECT_FALSE(w.Update(paused, 3600 * kSec, 0.1)) << "held by a Falcon pause";
+  daemon::SegmentProgress checkpoint = Rank(10, 9, 1);
+  checkpoint.phase = kFalconPhaseCheckpoint;
+  EXPECT_FALSE(w.Update(checkpoint, 3600 * kSec, 0.1)) << "the framework says it checkpoints";
+  EXPECT_FALSE(w.Update(daemon::SegmentProgress{}, 3600 * kSec, 0.1)) << "no call ever";
+  EXPECT_FALSE(w.stalled());
+  EXPECT_TRUE(w.Update(Rank(10, 9, 1), 3600 * kSec, 0.1)) << "the same rank with work pending is";
+  EXPECT_EQ(w.stalls(), 1u);
+}
+
+TEST(StallWatchTest, UntrackedCompletionCountsOnlyHostCallsThatDoNotReturn) {
+  StallWatch w(StallOptions{1.0, 4.0, 1.0});
+  daemon::SegmentProgress p = Rank(10, 0, 1, /*known=*/false);
+  EXPECT_FALSE(w.Update(p, 60 * kSec, 0.1)) << "completion unknown, no thread in NCCL: not judged";
+  p.progress.in_call = 0xaa;  // a blocking call on it never returned
+  const auto e = w.Update(p, 61 * kSec, 0.1);
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->waiting_in.in_host_call);
+  EXPECT_EQ(e->waiting_in.comm, 0xaau);
+  ASSERT_TRUE(e->waiting_in.seq);
+  EXPECT_EQ(*e->waiting_in.seq, 9u);  // the latest issued: the call in flight
+  daemon::SegmentProgress init = Rank(0, 0, 0, false);
+  init.last_call_mono_ns = 1;
+  init.progress.in_call = 0;  // an ncclGroupEnd or an init: no known communicator
+  StallWatch w2(StallOptions{1.0, 4.0, 1.0});
+  const auto e2 = w2.Update(init, 60 * kSec, 0);
+  ASSERT_TRUE(e2);
+  EXPECT_EQ(e2->waiting_in.comm, 0u);
+  EXPECT_FALSE(e2->waiting_in.seq);
+}
+
+TEST(StallWatchTest, TheOldestPendingCallByIssueTimeIsTheOneWaitedIn) {
+  daemon::SegmentProgress p = Rank(10, 9, 0);
+  analyzer::CommProgress other;
+  other.comm = 0xbb;
+  other.nranks = 4;
+  other.issued = 5;
+  other.completed = 4;
+  p.progress.comms.push_back(other);
+  analyzer::IssuedCall call;
+  call.comm = 0xbb;
+  call.seq = 4;
+  call.sig.op = kFalconOpReduceScatter;
+  call.issue_ns = -5;  // before the AllReduce #9 (issue_ns 9)
+  p.progress.recent.insert(p.progress.recent.begin(), call);
+  const auto c = OutstandingCall(p);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->comm, 0xbbu);
+  EXPECT_EQ(*c->seq, 4u);
+  EXPECT_EQ(c->op, kFalconOpReduceScatter);
+  p.progress.recent.erase(p.progress.recent.begin());  // its call left the read window
+  const auto d = OutstandingCall(p);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->comm, 0xbbu) << "a pending call older than the window is older than any in it";
+  EXPECT_EQ(*d->seq, 4u);
+}
+
+TEST(AgentMetricsTest, StalledRanksAreExposed) {
+  AgentMetrics m;
+  m.job = "j";
+  m.host = "h";
+  RankMetrics r;
+  r.rank = 5;
+  r.pid = 77;
+  r.stalled = true;
+  r.quiet_seconds = 12.5;
+  m.ranks.push_back(r);
+  m.stalls = 2;
+  m.stalls_ended = 1;
+  const std::string text = RenderPrometheus(m);
+  EXPECT_NE(text.find("falcon_agent_rank_stalled{job=\"j\",host=\"h\",rank=\"5\",pid=\"77\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("falcon_agent_rank_quiet_seconds{job=\"j\",host=\"h\",rank=\"5\",pid=\"77\"} 12.5"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("falcon_agent_stalls_total{job=\"j\",host=\"h\",kind=\"stalled\"} 2"), std::string::npos)
+      << text;
 }
 
 }  // namespace

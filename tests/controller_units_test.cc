@@ -781,7 +781,7 @@ json AckTo(const OutgoingCommand& c, const std::string& status,
   } else if (c.command.type == "validate") {
     for (std::int64_t r : a.ranks) {
       const double min_s = c.command.task == "gemm" ? GemmMin(r) : P2pMin(r);
-      a.results.push_back({r, "ok", "ok", 1.5 * min_s, min_s, 2 * min_s, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+      a.results.push_back({r, "ok", "ok", 1.5 * min_s, min_s, 2 * min_s, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
     }
   }
   return Validated(protocol::ToJson(a), protocol::kAck);
@@ -789,7 +789,7 @@ json AckTo(const OutgoingCommand& c, const std::string& status,
 
 // A pause / resume result: the rank's trap state.
 protocol::AckRankResult Trap(std::int64_t rank, const char* state) {
-  return {rank, state, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+  return {rank, state, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
 }
 
 std::optional<json> AllOk(const OutgoingCommand& c) { return AckTo(c, "ok"); }
@@ -860,7 +860,7 @@ json CutInfoAck(const OutgoingCommand& c) {
     m.units_per_s = 300;
     m.age_s = 0.01;
     protocol::AckRankResult res{r, "ok", std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
-                                std::nullopt, protocol::CutPatternToJson(m), std::nullopt};
+                                std::nullopt, protocol::CutPatternToJson(m), std::nullopt, std::nullopt};
     results.push_back(res);
   }
   return AckTo(c, "ok", results);
@@ -1128,7 +1128,7 @@ TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator
     ASSERT_EQ(cmds.size(), 1u);
     EXPECT_EQ(cmds[0].command.task, "vcomm_id");
     Answer(run, cmds, [&](const OutgoingCommand& c) {
-      protocol::AckRankResult r{0, "done", "ok", 0.0, 0.0, 0.0, 0.0, blob, std::nullopt, std::nullopt};
+      protocol::AckRankResult r{0, "done", "ok", 0.0, 0.0, 0.0, 0.0, blob, std::nullopt, std::nullopt, std::nullopt};
       return std::optional<json>(AckTo(c, "ok", std::vector<protocol::AckRankResult>{r}));
     });
     cmds = Next(run, view, now += kSec);
@@ -1142,7 +1142,7 @@ TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator
     Answer(run, cmds, [&](const OutgoingCommand& c) {
       const std::int64_t r = c.command.ranks->front();
       const char* status = join_fails && r == 2 ? "failed" : "ok";
-      protocol::AckRankResult res{r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt, std::nullopt, std::nullopt};
+      protocol::AckRankResult res{r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
       return std::optional<json>(AckTo(c, join_fails && r == 2 ? "failed" : "ok",
                                        std::vector<protocol::AckRankResult>{res}));
     });
@@ -1248,7 +1248,7 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
          std::vector<protocol::AckRankResult> results;
          for (std::int64_t r : *c.command.ranks) {
            const double m = c.command.task == "gemm" ? GemmMin(r) : P2pMin(r);
-           results.push_back({r, "ok", r == 1 ? "failed" : "ok", 1.5 * m, m, 2 * m, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+           results.push_back({r, "ok", r == 1 ? "failed" : "ok", 1.5 * m, m, 2 * m, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
          }
          return AckTo(c, "ok", results);
        },
@@ -1295,7 +1295,7 @@ Responder GemmTimes(std::set<std::int64_t> slow_first, std::set<std::int64_t> sl
     for (std::int64_t r : *c.command.ranks) {
       const bool slow = slow_always.count(r) > 0 || (first && slow_first.count(r) > 0);
       const double m = slow ? 0.020 : 0.010;
-      results.push_back({r, "ok", "ok", m, m, m, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+      results.push_back({r, "ok", "ok", m, m, m, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
     }
     return AckTo(c, "ok", results);
   };
@@ -1410,7 +1410,7 @@ TEST(ValidationRunTest, ASlowLinkSeenByOneNodePairIsProbedAgainstOtherNodes) {
       const std::int64_t r = cmd.command.ranks->front();
       if (cmd.command.task == "vcomm_id") {
         protocol::AckRankResult res{r, "done", "ok", 0.0, 0.0, 0.0, 0.0, std::string(2 * FALCON_TASK_BLOB_LEN, 'a'),
-                                    std::nullopt, std::nullopt};
+                                    std::nullopt, std::nullopt, std::nullopt};
         return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
       }
       if (cmd.command.task != "p2p") return AckTo(cmd, "ok");
@@ -1419,7 +1419,7 @@ TEST(ValidationRunTest, ASlowLinkSeenByOneNodePairIsProbedAgainstOtherNodes) {
       const std::set<std::int64_t> nodes = {r / 2, peer / 2};
       const bool slow = nodes == std::set<std::int64_t>{0, 1} || (c.nic && nodes.count(0) && nodes.size() == 2);
       const double t = slow ? 0.05 : 0.02;
-      protocol::AckRankResult res{r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+      protocol::AckRankResult res{r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
       return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
     };
     std::int64_t now = kReportedNs;

@@ -126,6 +126,7 @@ Status Agent::Start() {
   next_heartbeat_ = now;
   next_flush_ = now + std::chrono::milliseconds(config_.flush_ms);
   next_profile_ = now + std::chrono::milliseconds(config_.profile_ms);
+  next_stall_check_ = now + std::chrono::milliseconds(config_.stall_check_ms);
   started_ = true;
   log_->info("event=start version={} job={} host={} shm_dir={} redis={} metrics_port={}", kAgentVersion,
              daemon::LogValue(config_.job), daemon::LogValue(env_.host), daemon::LogValue(env_.shm_dir),
@@ -163,6 +164,10 @@ void Agent::Tick() {
   if (t0 >= next_heartbeat_) {
     next_heartbeat_ = t0 + std::chrono::milliseconds(config_.heartbeat_ms);
     Heartbeat();
+  }
+  if (config_.stall_check_ms > 0 && t0 >= next_stall_check_) {
+    next_stall_check_ = t0 + std::chrono::milliseconds(config_.stall_check_ms);
+    CheckStalls();
   }
   if (config_.profile_ms > 0 && t0 >= next_profile_) {
     next_profile_ = t0 + std::chrono::milliseconds(config_.profile_ms);
@@ -268,6 +273,7 @@ void Agent::Follow(const daemon::SegmentInfo& info) {
              daemon::LogValue(info.exe), daemon::LogValue(info.path), r.writable());
   Followed& slot = followers_[info.path];
   slot.follower = std::move(f).value();
+  slot.stall = StallWatch(StallOptions{config_.stall_floor_s, config_.stall_factor, config_.stall_startup_s});
   Poll(slot, daemon::SegmentReader::ReadMode::kLive);
   QueueRegistration(*slot.follower);
 }
@@ -322,6 +328,8 @@ AgentMetrics Agent::Snapshot() const {
     RankMetrics& r = m.ranks.emplace_back(RankMetrics{f.follower->rank(), f.follower->pid(), f.last_seconds,
                                                       a.samples(), a.locked() ? a.period() : 0, a.slow(),
                                                       f.follower->plan_version(), acks.applied, acks.rejected});
+    r.stalled = f.stall.stalled();
+    r.quiet_seconds = f.stall.age_s();
     std::copy(std::begin(acks.cost_s), std::end(acks.cost_s), std::begin(r.cost_s));
   }
   m.records_read = records_read_;
@@ -329,6 +337,8 @@ AgentMetrics Agent::Snapshot() const {
   m.records_torn = records_torn_;
   m.alarms_slow = alarms_slow_;
   m.alarms_recovered = alarms_recovered_;
+  m.stalls = stalls_;
+  m.stalls_ended = stalls_ended_;
   m.segments = segment_counts_;
   m.redis_connected = publisher_ && publisher_->connected();
   m.outbox = publisher_ ? publisher_->outbox_size() : 0;

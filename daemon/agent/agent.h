@@ -38,6 +38,7 @@
 #include "daemon/agent/metrics.h"
 #include "daemon/agent/rank_follower.h"
 #include "daemon/agent/report_publisher.h"
+#include "daemon/agent/stall_watch.h"
 
 namespace falcon::agent {
 
@@ -78,6 +79,7 @@ class Agent {
     std::uint32_t plan_registered = 0;
     std::uint64_t acks_registered = 0;
     std::array<double, 4> costs_registered{-1, -1, -1, -1};  // falconReportCost figures last registered
+    StallWatch stall;
   };
 
   void Tick();
@@ -91,6 +93,8 @@ class Agent {
   // agent_reports.cc: what goes to Redis.
   void QueueBatch(Followed& f);
   void QueueAlarm(const RankFollower& f, const RankAlarm& a);
+  void CheckStalls();  // every stall_check_ms: each rank's StallWatch, transitions reported
+  void QueueStall(const RankFollower& f, const StallEvent& e);
   void QueueRegistration(const RankFollower& f);
   void Heartbeat();
   void QueueProfiles();
@@ -120,7 +124,7 @@ class Agent {
   std::set<std::string> unreadable_;  // paths listed as unreadable (logged once, retried)
   std::map<std::string, std::uint64_t> segment_counts_;
   Clock::time_point next_tick_{};
-  Clock::time_point next_heartbeat_{}, next_flush_{}, next_profile_{};
+  Clock::time_point next_heartbeat_{}, next_flush_{}, next_profile_{}, next_stall_check_{};
   std::int64_t started_real_ns_ = 0;
   std::int64_t profile_since_ns_ = 0;
   bool started_ = false;
@@ -128,6 +132,7 @@ class Agent {
   // Counters (invariant 1).
   std::uint64_t records_read_ = 0, records_lost_ = 0, records_torn_ = 0;
   std::uint64_t alarms_slow_ = 0, alarms_recovered_ = 0;
+  std::uint64_t stalls_ = 0, stalls_ended_ = 0;
   std::uint64_t invalid_messages_ = 0, polls_ = 0;
   std::map<std::string, std::uint64_t> commands_;
   double last_poll_seconds_ = 0;

@@ -79,6 +79,15 @@ const ConfigEntry kTable[] = {
      &C::series_cycles},
     {"history_calls", T::kInt, 256, 10000000, "recent calls kept per rank to start a new period "
      "lock's series", &C::history_calls},
+    {"stall_check_ms", T::kInt, 0, 600000, "how often each rank is checked for a stall (no ordered "
+     "NCCL call for longer than max(stall_floor_s, stall_factor x its iteration time) with work "
+     "outstanding in NCCL), ms (0: off)", &C::stall_check_ms},
+    {"stall_floor_s", T::kDouble, 0.1, 86400, "a stall's bound is never shorter than this, s",
+     &C::stall_floor_s},
+    {"stall_factor", T::kDouble, 1.0, 1000, "a stall's bound in iteration times of the rank",
+     &C::stall_factor},
+    {"stall_startup_s", T::kDouble, 0, 86400, "a stall's bound while the rank has no iteration time yet "
+     "(communicator setup, the first iterations), s", &C::stall_startup_s},
 };
 
 std::string Trim(std::string_view s) {

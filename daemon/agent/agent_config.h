@@ -60,6 +60,10 @@ struct AgentConfig {
   double rho_floor = 0.1;
   std::int64_t series_cycles = 16;
   std::int64_t history_calls = 16384;
+  std::int64_t stall_check_ms = 1000;
+  double stall_floor_s = 5.0;
+  double stall_factor = 4.0;
+  double stall_startup_s = 120.0;
 };
 
 struct ConfigEntry {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/agent/agent.h"
@@ -217,6 +218,77 @@ void Agent::TrackPlans() {
     std::copy(std::begin(acks.cost_s), std::end(acks.cost_s), f.costs_registered.begin());
     QueueRegistration(*f.follower);
   }
+}
+
+}  // namespace falcon::agent
+
+namespace falcon::agent {
+
+void Agent::CheckStalls() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const std::int64_t now_mono = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  for (auto& [path, f] : followers_) {
+    RankFollower& r = *f.follower;
+    const double baseline = r.analysis().baseline_seconds();
+    const double iteration_s = baseline > 0 ? baseline : f.last_seconds;
+    // Only the last call's window is needed to name what the rank waits in.
+    const daemon::SegmentProgress p = r.Progress(now_mono, 4);
+    if (const std::optional<StallEvent> e = f.stall.Update(p, now_mono, iteration_s)) QueueStall(r, *e);
+  }
+}
+
+void Agent::QueueStall(const RankFollower& r, const StallEvent& e) {
+  ++(e.stalled ? stalls_ : stalls_ended_);
+  protocol::StallReport m;
+  m.header = Header();
+  m.rank = r.rank();
+  m.pid = r.pid();
+  m.kind = e.stalled ? "stalled" : "progressing";
+  m.age_s = e.age_s;
+  m.bound_s = e.bound_s;
+  if (e.last_call_mono_ns > 0) m.last_call_ns = std::max<std::int64_t>(0, e.last_call_mono_ns + r.real_minus_mono_ns());
+  std::string where = "no known communicator";
+  if (e.stalled) {
+    if (e.waiting_in.comm != 0) {
+      m.comm = protocol::CommIdHex(e.waiting_in.comm);
+      where = "communicator " + *m.comm;
+    }
+    if (e.waiting_in.seq) {
+      m.seq = *e.waiting_in.seq;
+      m.op = analyzer::CallOpName(e.waiting_in.op);
+      where = m.op.value() + " #" + std::to_string(*m.seq) + " on " + where;
+    }
+    m.in_call = e.waiting_in.in_host_call;
+  }
+  publisher_->Queue(Key(protocol::kStallsStream), protocol::ToJson(m));
+  publisher_->FlushSoon();
+  if (e.stalled) {
+    log_->warn("event=stall pid={} rank={} age_s={:.1f} bound_s={:.1f} comm={} seq={} op={} in_call={}", m.pid,
+               m.rank, m.age_s, m.bound_s, m.comm.value_or("-"), m.seq ? std::to_string(*m.seq) : "-",
+               m.op.value_or("-"), m.in_call.value_or(false));
+  } else {
+    log_->info("event=stall_ended pid={} rank={} age_s={:.1f}", m.pid, m.rank, m.age_s);
+  }
+  protocol::Alert alert;
+  alert.job = config_.job;
+  alert.at_ns = m.header.at_ns;
+  alert.severity = e.stalled ? "critical" : "info";
+  alert.source = "agent";
+  char summary[320];
+  if (e.stalled) {
+    std::snprintf(summary, sizeof summary,
+                  "rank %lld on %s stalled: no NCCL call for %.1f s (bound %.1f s), waiting in %s %s",
+                  static_cast<long long>(m.rank), env_.host.c_str(), m.age_s, m.bound_s, where.c_str(),
+                  m.in_call.value_or(false) ? "(host call not returned)" : "(device work pending)");
+  } else {
+    std::snprintf(summary, sizeof summary, "rank %lld on %s makes progress again", static_cast<long long>(m.rank),
+                  env_.host.c_str());
+  }
+  alert.summary = summary;
+  alert.host = env_.host;
+  alert.rank = m.rank;
+  publisher_->Publish(Key(protocol::kAlertsChannel), protocol::ToJson(alert));
 }
 
 }  // namespace falcon::agent

@@ -3,9 +3,12 @@
 
 #include <time.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 
 #include "daemon/agent/plan_delivery.h"
+#include "daemon/shm/progress_json.h"
 
 namespace falcon::agent {
 namespace {
@@ -91,6 +94,8 @@ void CommandExecutor::Execute(const std::string& entry_id, const protocol::Comma
     trap_->Validate(c, targets, std::move(done));
   } else if (c.type == protocol::kCutInfo.type) {
     ack_(entry_id, c, CutInfo(targets));
+  } else if (c.type == protocol::kProgressCommand.type) {
+    ack_(entry_id, c, ProgressOf(targets, c.calls.value_or(16)));
   } else if (c.type == protocol::kSetMode.type) {
     const auto mode = ModeFromName(c.mode);
     if (!mode) {
@@ -113,7 +118,7 @@ CommandOutcome CommandExecutor::CutInfo(std::span<RankFollower* const> targets) 
   CommandOutcome out{"ok", "", {}, {}};
   for (RankFollower* f : targets) {
     out.ranks.push_back(f->rank());
-    protocol::AckRankResult r{f->rank(), "ok", {}, {}, {}, {}, {}, {}, {}, {}};
+    protocol::AckRankResult r{f->rank(), "ok", {}, {}, {}, {}, {}, {}, {}, {}, {}};
     const Result<CallPatternReport> p = f->CutPattern();
     if (!p.ok()) {
       r.state = "unavailable";
@@ -125,6 +130,30 @@ CommandOutcome CommandExecutor::CutInfo(std::span<RankFollower* const> targets) 
       m.pattern.rank = f->rank();
       r.pattern = protocol::CutPatternToJson(m);
     }
+    out.results.push_back(std::move(r));
+  }
+  return out;
+}
+
+CommandOutcome CommandExecutor::ProgressOf(std::span<RankFollower* const> targets, std::int64_t calls) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const std::int64_t mono_now = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  CommandOutcome out{"ok", "", {}, {}};
+  for (RankFollower* f : targets) {
+    out.ranks.push_back(f->rank());
+    const daemon::SegmentProgress p = f->Progress(mono_now, static_cast<std::size_t>(calls));
+    protocol::AckRankResult r{f->rank(), p.paused ? "paused" : "ok", {}, {}, {}, {}, {}, {}, {}, {}, {}};
+    analyzer::RankProgress rank = p.progress;
+    if (rank.rank < 0) rank.rank = f->rank();
+    nlohmann::json doc = daemon::ProgressToJson(std::span<const analyzer::RankProgress>(&rank, 1), "shm");
+    nlohmann::json one = std::move(doc["ranks"][0]);
+    // Beside the document's keys (readers ignore unknown ones): what tells a hang from a pause.
+    one["paused"] = p.paused;
+    one["phase"] = p.phase;
+    one["quiet_s"] = p.last_call_mono_ns > 0 ? std::max(0.0, static_cast<double>(mono_now - p.last_call_mono_ns) / 1e9)
+                                             : -1.0;
+    r.progress = std::move(one);
     out.results.push_back(std::move(r));
   }
   return out;

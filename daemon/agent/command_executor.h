@@ -12,6 +12,7 @@
 //  - plan: PlanDelivery (plan_delivery.h) writes the plan into each target's plan block at once
 //    and holds it for ranks that start later (CatchUpPlans, every tick); a plan is held even
 //    when none of its ranks runs here now.
+//  - progress: each target's progress on its communicators at once (ack results `progress`).
 //  - past its deadline_ns: "expired"; targets none of our ranks (except plan): "rejected".
 // Thread-safety: one owner (the agent loop). Must never: block (acks that need the shim wait in
 // pending_, checked by Check() each tick), or keep a follower pointer after Forget().
@@ -94,6 +95,9 @@ class CommandExecutor {
 
  private:
   CommandOutcome CutInfo(std::span<RankFollower* const> targets);
+  // progress: each target's progress, a rank of the falcon-progress document (progress_json.h)
+  // plus paused, phase and quiet_s (seconds since its latest ordered call, -1: none).
+  CommandOutcome ProgressOf(std::span<RankFollower* const> targets, std::int64_t calls);
   struct Wait {
     RankFollower* follower;  // nullptr once forgotten
     std::int64_t rank;

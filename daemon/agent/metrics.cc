@@ -25,6 +25,12 @@ std::string RenderPrometheus(const AgentMetrics& m) {
   for (const RankMetrics& r : m.ranks) w.Line("period_calls", RankLabels(r), static_cast<double>(r.period));
   w.Head("rank_slow", "gauge", "1 while the detector considers the rank slow.");
   for (const RankMetrics& r : m.ranks) w.Line("rank_slow", RankLabels(r), r.slow ? 1 : 0);
+  w.Head("rank_stalled", "gauge",
+         "1 while the rank is stalled: no ordered NCCL call for longer than its bound, with work "
+         "outstanding in NCCL (docs/hangs.md).");
+  for (const RankMetrics& r : m.ranks) w.Line("rank_stalled", RankLabels(r), r.stalled ? 1 : 0);
+  w.Head("rank_quiet_seconds", "gauge", "Seconds since the rank's latest ordered NCCL call, at the last stall check.");
+  for (const RankMetrics& r : m.ranks) w.Line("rank_quiet_seconds", RankLabels(r), r.quiet_seconds);
   w.Head("plan_version", "gauge",
          "Mitigation plan version per rank: delivered to its shared memory, applied or rejected by "
          "its framework (0: none).");
@@ -47,6 +53,9 @@ std::string RenderPrometheus(const AgentMetrics& m) {
   w.Head("alarms_total", "counter", "Detector alarms by kind.");
   w.Line("alarms_total", "kind=\"slow\"", static_cast<double>(m.alarms_slow));
   w.Line("alarms_total", "kind=\"recovered\"", static_cast<double>(m.alarms_recovered));
+  w.Head("stalls_total", "counter", "Stall reports by kind: a rank stalled, a stalled rank progressing again.");
+  w.Line("stalls_total", "kind=\"stalled\"", static_cast<double>(m.stalls));
+  w.Line("stalls_total", "kind=\"progressing\"", static_cast<double>(m.stalls_ended));
   w.One("records_read_total", "counter", "Call records read.", static_cast<double>(m.records_read));
   w.One("records_lost_total", "counter", "Call records overwritten before the agent read them.",
         static_cast<double>(m.records_lost));

@@ -21,6 +21,8 @@ struct RankMetrics {
   std::uint32_t plan_applied = 0;     // highest version its framework acked as applied
   std::uint32_t plan_rejected = 0;    // highest version its framework acked as rejected
   double cost_s[4] = {-1, -1, -1, -1};    // what applying S2, S3, S4 costs it (falconReportCost); < 0: unreported
+  bool stalled = false;       // StallWatch's verdict at the last check
+  double quiet_seconds = 0;   // since its latest ordered NCCL call, at the last check
 };
 
 struct AgentMetrics {
@@ -32,6 +34,8 @@ struct AgentMetrics {
   std::uint64_t records_torn = 0;
   std::uint64_t alarms_slow = 0;
   std::uint64_t alarms_recovered = 0;
+  std::uint64_t stalls = 0;        // ranks found stalled (transitions)
+  std::uint64_t stalls_ended = 0;  // stalled ranks that progressed again
   std::map<std::string, std::uint64_t> segments;  // by state: live, exited, orphaned, unreadable
   bool redis_connected = false;
   std::uint64_t outbox = 0;

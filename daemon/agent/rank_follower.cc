@@ -152,6 +152,12 @@ std::int64_t RankFollower::rank() const {
   return rank;
 }
 
+daemon::SegmentProgress RankFollower::Progress(std::int64_t now_mono_ns, std::size_t per_comm) const {
+  daemon::ProgressReadOptions o;
+  o.per_comm = per_comm;
+  return daemon::ReadProgress(seg_, now_mono_ns, o);
+}
+
 protocol::RankRegistration RankFollower::Registration() const {
   const FalconShmHeader& h = seg_.header();
   protocol::RankRegistration r;

@@ -18,6 +18,7 @@
 #include "daemon/agent/comm_profiler.h"
 #include "daemon/agent/rank_analysis.h"
 #include "daemon/protocol/messages.h"
+#include "daemon/shm/progress_reader.h"
 #include "daemon/shm/record_json.h"
 #include "daemon/shm/segment_dir.h"
 #include "daemon/shm/segment_reader.h"
@@ -59,6 +60,9 @@ class RankFollower {
   // One period of the rank's ordered calls for a consistent cut (cut_info; call_pattern.h):
   // Unavailable with the reason when no period is locked or the calls are not periodic.
   Result<CallPatternReport> CutPattern() const;
+
+  // Its progress on its communicators now (progress_reader.h); `now_mono_ns`: CLOCK_MONOTONIC.
+  daemon::SegmentProgress Progress(std::int64_t now_mono_ns, std::size_t per_comm = 16) const;
 
   std::int64_t rank() const;  // rank hint, else rank in the largest communicator, else -1
   std::int32_t pid() const { return pid_; }

@@ -205,7 +205,7 @@ void ShimTrap::Pause(const protocol::Command& c, std::span<RankFollower* const> 
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const std::uint64_t gen = targets[i]->segment().RequestPause(cuts[i], shim_deadline);
     paused_[targets[i]] = gen;
-    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}, {}, {}},
+    p.ranks.push_back({targets[i], targets[i]->rank(), gen, {targets[i]->rank(), "requested", {}, {}, {}, {}, {}, {}, {}, {}, {}},
                        false, std::move(expects[i])});
   }
   pending_.push_back(std::move(p));
@@ -219,7 +219,7 @@ void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>
     const std::uint64_t gen = ActivePause(f, false);
     if (gen == 0) continue;
     f->segment().RequestResume(gen);
-    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}, {}, {}}, false, {}});
+    p.ranks.push_back({f, f->rank(), gen, {f->rank(), "resuming", {}, {}, {}, {}, {}, {}, {}, {}, {}}, false, {}});
   }
   if (p.ranks.empty()) return p.done(Rejected("no rank here is paused by this agent"));
   pending_.push_back(std::move(p));
@@ -245,7 +245,7 @@ void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* cons
       vcomm_[targets[i]] = {static_cast<std::int64_t>(tasks[i].task.n), static_cast<std::int64_t>(tasks[i].task.m)};
     }
     const std::uint64_t seq = tasks[i].blob ? seg.PostTask(tasks[i].task, tasks[i].blob->data()) : seg.PostTask(tasks[i].task);
-    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}, {}, {}}, false, {}});
+    p.ranks.push_back({targets[i], targets[i]->rank(), seq, {targets[i]->rank(), "running", {}, {}, {}, {}, {}, {}, {}, {}, {}}, false, {}});
   }
   pending_.push_back(std::move(p));
   Check(now);

@@ -365,6 +365,29 @@ CLI::App* AddSendCommand(CLI::App& app, CommandContext& ctx, const char* name, c
 
 }  // namespace
 
+Result<std::vector<AgentAnswer>> AskAgents(redis::RedisConnection& c, const RedisCliOptions& opts,
+                                           const protocol::Command& command) {
+  SendOptions o;
+  o.redis = opts;
+  o.command = command;
+  Result<std::vector<std::string>> hosts = FindHosts(c, o);
+  if (!hosts.ok()) return hosts.status();
+  if (hosts.value().empty()) {
+    return Status::NotFound("no agent registered for job '" + opts.job + "' (is falcon-agent running? --job?)");
+  }
+  Result<std::string> acks = protocol::FormatKey(protocol::kAcksStream, JobVars(opts.job));
+  if (!acks.ok()) return acks.status();
+  Result<std::string> last = LastId(c, acks.value());
+  if (!last.ok()) return last.status();
+  std::vector<Target> targets;
+  for (const std::string& h : hosts.value()) targets.push_back({h, "", std::nullopt, {}});
+  if (Status s = SendAll(c, o, targets); !s.ok()) return s;
+  if (Status s = AwaitAcks(c, acks.value(), last.value(), opts.timeout_s, targets); !s.ok()) return s;
+  std::vector<AgentAnswer> out;
+  for (Target& t : targets) out.push_back({t.host, t.command_id, std::move(t.ack)});
+  return out;
+}
+
 void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   auto mode = std::make_shared<SendOptions>();
   mode->command.type = std::string(protocol::kSetMode.type);

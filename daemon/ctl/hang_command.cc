@@ -18,6 +18,7 @@
 #include "analyzer/hang_diagnosis.h"
 #include "daemon/common/cli_checks.h"
 #include "daemon/ctl/command.h"
+#include "daemon/ctl/hang_agents.h"
 #include "daemon/ctl/hang_input.h"
 #include "daemon/shm/record_json.h"
 
@@ -37,6 +38,8 @@ constexpr double kStillRunningS = 2.0;
 
 struct HangOptions {
   HangSourceOptions source;
+  bool agents = false;  // ask every agent of the job (Redis) instead of a local source
+  AgentsProgressOptions from_agents;
   bool json = false;
   bool all_comms = false;
   std::size_t max_findings = 64;
@@ -212,10 +215,21 @@ void PrintFindings(const HangInput& in, const std::map<std::uint64_t, CommRow>& 
 }
 
 int Run(const HangOptions& o) {
-  Result<HangInput> loaded = LoadHangInput(o.source);
+  Result<HangInput> loaded = Status::Internal("no source");
+  if (o.agents) {
+    AgentsProgressOptions a = o.from_agents;
+    a.redis.job = o.source.job;
+    loaded = LoadAgentsProgress(a);
+  } else {
+    loaded = LoadHangInput(o.source);
+  }
   if (!loaded.ok()) {
     std::fprintf(stderr, "falcon-ctl hang: %s\n", loaded.status().message().c_str());
-    return loaded.status().code() == Status::Code::kInvalidArgument ? kExitUsage : kExitInput;
+    switch (loaded.status().code()) {
+      case Status::Code::kInvalidArgument: return kExitUsage;
+      case Status::Code::kUnavailable: return o.agents ? kExitUnreachable : kExitInput;
+      default: return kExitInput;
+    }
   }
   const HangInput& in = loaded.value();
   if (in.ranks.empty()) {
@@ -274,14 +288,30 @@ void AddHangCommand(CLI::App& app, CommandContext& ctx) {
                                    "a falcon-progress document (falcon-ctl dump --json, scripts/falcon-flight-recorder); - for stdin");
   auto* live = cmd->add_flag("--live", opts->source.live,
                              "the processes running on this machine now, read from their shim segments");
+  auto* agents = cmd->add_flag("--agents", opts->agents,
+                               "the whole job now: ask every falcon-agent of --job for its ranks' progress "
+                               "(through Redis)");
   cmd->add_option("--dir", opts->source.dir, "--live: segment directory (default $FALCON_SHM_DIR or /dev/shm)");
-  cmd->add_option("--job", opts->source.job, "--live: only processes of this job ($FALCON_JOB)");
+  cmd->add_option("--job", opts->source.job,
+                  "--live: only processes of this job; --agents: the job (default $FALCON_JOB, else every job "
+                  "for --live and \"default\" for --agents)");
+  cmd->add_option("--redis", opts->from_agents.redis.url,
+                  "--agents: redis://[user[:password]@]host[:port][/db] (default 127.0.0.1:6379; the password "
+                  "also from FALCON_REDIS_PASSWORD)");
+  cmd->add_option("--agent-timeout", opts->from_agents.redis.timeout_s,
+                  "--agents: seconds to wait for the agents' answers (and for each Redis command)")
+      ->capture_default_str()->check(daemon::FiniteRange(0.1, 3600));
+  cmd->add_option("--calls", opts->from_agents.calls, "--agents: latest calls per communicator each rank reports")
+      ->capture_default_str()->check(daemon::FiniteRange(1, 256));
   auto* fr = cmd->add_option("--flight-recorder", opts->source.flight_recorder,
                              "PyTorch Flight Recorder dumps: a directory of nccl_trace_rank_<rank> files, or the files")
                  ->expected(1, -1);
   progress->excludes(fr);
   live->excludes(progress);
   live->excludes(fr);
+  agents->excludes(live);
+  agents->excludes(progress);
+  agents->excludes(fr);
   cmd->add_option("--flight-recorder-tool", opts->source.tool,
                   "the converter (default: $FALCON_FLIGHT_RECORDER_TOOL, else falcon-flight-recorder in "
                   "<falcon-ctl's dir>/../share/falcon/ or beside falcon-ctl)");

@@ -161,7 +161,7 @@ Result<HangInput> LoadHangInput(const HangSourceOptions& options) {
       (options.progress.empty() ? 0 : 1) + (options.flight_recorder.empty() ? 0 : 1) + (options.live ? 1 : 0);
   if (sources != 1) {
     return Status::InvalidArgument(sources == 0
-                                       ? "give the ranks' progress: --live, --progress FILE or --flight-recorder PATH"
+                                       ? "give the ranks' progress: --agents, --live, --progress FILE or --flight-recorder PATH"
                                        : "give one source: --live, --progress or --flight-recorder");
   }
   if (options.live) return FromLiveSegments(options);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/protocol/keys.h"
+#include "daemon/protocol/messages.h"
 #include "daemon/redis/redis_connection.h"
 #include "falcon/protocol.h"
 #include "falcon/status.h"
@@ -73,6 +74,20 @@ struct ValidMessage {
 // vanished, is not a hash, or the payload is bad.
 [[nodiscard]] Result<std::optional<ValidMessage>> ReadHashMessage(
     redis::RedisConnection& c, const std::string& key, const protocol::MessageSpec& spec);
+
+// One agent's answer to a command sent by AskAgents.
+struct AgentAnswer {
+  std::string host;
+  std::string command_id;
+  std::optional<nlohmann::json> ack;  // validated (protocol::kAck); nullopt: no answer in time
+};
+
+// Sends `command` (its type and type-specific fields; ids, times and the deadline are filled in)
+// to every agent with a heartbeat key for opts.job, and waits up to opts.timeout_s for their
+// acks. NotFound when no agent is registered; a Redis failure as its Status. Defined in
+// agent_command.cc.
+[[nodiscard]] Result<std::vector<AgentAnswer>> AskAgents(redis::RedisConnection& c, const RedisCliOptions& opts,
+                                                         const protocol::Command& command);
 
 // Validates one payload read from `where`; warns on stderr and returns nullopt when it is bad.
 std::optional<nlohmann::json> ValidateOrWarn(const std::string& where, const std::string* text,

@@ -119,6 +119,21 @@ json ToJson(const AlarmReport& m) {
   return j;
 }
 
+json ToJson(const StallReport& m) {
+  json j = Report(kStall, m.header);
+  j["rank"] = m.rank;
+  j["pid"] = m.pid;
+  j["kind"] = m.kind;
+  j["age_s"] = m.age_s;
+  j["bound_s"] = m.bound_s;
+  SetIf(j, "last_call_ns", m.last_call_ns);
+  SetIf(j, "comm", m.comm);
+  SetIf(j, "seq", m.seq);
+  SetIf(j, "op", m.op);
+  SetIf(j, "in_call", m.in_call);
+  return j;
+}
+
 json ToJson(const CommProfileReport& m) {
   json j = Report(kCommProfile, m.header);
   j["rank"] = m.rank;
@@ -195,6 +210,8 @@ json ToJson(const Command& m) {
     if (!m.exclude_nodes.empty()) j["exclude_nodes"] = m.exclude_nodes;
     if (!m.warmup.empty()) j["warmup"] = m.warmup;
     if (m.restart) j["restart"] = true;
+  } else if (m.type == kProgressCommand.type) {
+    SetIf(j, "calls", m.calls);
   }
   return j;
 }
@@ -218,6 +235,7 @@ json ToJson(const Ack& m) {
       SetIf(rj, "dtype", r.dtype);
       SetIf(rj, "blob", r.blob);
       if (r.pattern) rj["pattern"] = *r.pattern;
+      if (r.progress) rj["progress"] = *r.progress;
       results.push_back(std::move(rj));
     }
     j["results"] = std::move(results);
@@ -336,6 +354,8 @@ Result<Command> ParseCommand(std::string_view text) {
       if (c.strategy == "pipeline" && c.warmup.empty()) {
         return Status::InvalidArgument("plan: strategy pipeline needs warmup counts");
       }
+    } else if (c.type == kProgressCommand.type) {
+      if (j.contains("calls")) c.calls = j["calls"].get<std::int64_t>();
     }
     return c;
   } catch (const json::exception& e) {

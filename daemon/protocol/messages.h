@@ -100,6 +100,22 @@ struct AlarmReport {
   double baseline_s = 0;
 };
 
+// A rank that stopped making progress with work outstanding in NCCL, or that resumed
+// (daemon/agent/stall_watch.h).
+struct StallReport {
+  ReportHeader header;
+  std::int64_t rank = -1;
+  std::int64_t pid = 0;
+  std::string kind;  // stalled | progressing
+  double age_s = 0;
+  double bound_s = 0;
+  std::optional<std::int64_t> last_call_ns;  // wall clock
+  std::optional<std::string> comm;           // stalled: 16 hex digits
+  std::optional<std::uint64_t> seq;
+  std::optional<std::string> op;
+  std::optional<bool> in_call;
+};
+
 struct SignatureProfile {
   std::string op;
   std::uint64_t bytes = 0;
@@ -128,7 +144,7 @@ struct CommProfileReport {
 
 // A controller command, validated. Which fields mean something depends on `type`.
 struct Command {
-  std::string type;  // set_mode | pause | resume | validate | plan
+  std::string type;  // set_mode | pause | resume | validate | plan | cut_info | progress
   std::string id;
   std::int64_t issued_ns = 0;
   std::optional<std::int64_t> deadline_ns;
@@ -160,6 +176,8 @@ struct Command {
   std::vector<std::int32_t> exclude_nodes;
   std::vector<std::int32_t> warmup;          // pipeline: warm-up forwards per stage; empty: none
   bool restart = false;
+  // progress: latest calls per communicator to include
+  std::optional<std::int64_t> calls;
 };
 
 // One rank's part of a pause / resume / validate / plan ack.
@@ -173,6 +191,7 @@ struct AckRankResult {
   std::optional<std::string> blob;  // vcomm_id: the validation communicator's unique id, hex
   std::optional<nlohmann::json> pattern;  // cut_info: CutPatternToJson
   std::optional<std::string> dtype;  // validate gemm: the element type that ran
+  std::optional<nlohmann::json> progress;  // progress: the rank in the falcon-progress format
 };
 
 // cut_info's per-rank answer: one period of calls (analyzer::RankCallPattern, min_position
@@ -213,6 +232,7 @@ nlohmann::json ToJson(const RankRegistration& m);
 nlohmann::json ToJson(const AgentHeartbeat& m);
 nlohmann::json ToJson(const IterationBatch& m);
 nlohmann::json ToJson(const AlarmReport& m);
+nlohmann::json ToJson(const StallReport& m);
 nlohmann::json ToJson(const CommProfileReport& m);
 nlohmann::json ToJson(const Command& m);  // for the controller and tests
 nlohmann::json ToJson(const Ack& m);

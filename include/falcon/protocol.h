@@ -64,7 +64,7 @@ inline constexpr KeySpec kProfilesStream{
     "comm_profile", "per-communicator call profiles per rank (op/size signature, count, timing)"};
 inline constexpr KeySpec kCommandsStream{
     "commands", "falcon:{job}:commands:{host}", KeyKind::kStream, Direction::kControllerToAgent,
-    "set_mode|pause|resume|validate|plan|cut_info",
+    "set_mode|pause|resume|validate|plan|cut_info|progress",
     "commands for one agent; read with XREADGROUP (group kCommandGroup), acknowledged with XACK "
     "after an ack message is queued"};
 inline constexpr KeySpec kAcksStream{
@@ -93,10 +93,16 @@ inline constexpr KeySpec kPlanKey{
     "the mitigation plan in force (latest decision): what falcon-ctl plan shows; in act mode also "
     "sent to every agent as a plan command"};
 
+inline constexpr KeySpec kStallsStream{
+    "stalls", "falcon:{job}:stalls", KeyKind::kStream, Direction::kAgentToController, "stall",
+    "ranks that stopped making progress with work outstanding in NCCL, and their recovery "
+    "(docs/hangs.md)"};
+
 inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kIterationsStream,
                                        kAlarmsStream,   kProfilesStream,  kCommandsStream,
                                        kAcksStream,     kIncidentsStream, kAlertsChannel,
-                                       kControllerKey,  kRequestsStream,  kPlanKey};
+                                       kControllerKey,  kRequestsStream,  kPlanKey,
+                                       kStallsStream};
 
 // ---- Messages -----------------------------------------------------------------------------------
 
@@ -293,6 +299,26 @@ inline constexpr FieldSpec kAlarmFields[] = {
 };
 inline constexpr MessageSpec kAlarm{"alarm", kAlarmFields, "a detector alarm for one rank"};
 
+inline constexpr FieldSpec kStallFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    FALCON_PROTOCOL_RANK_FIELDS,
+    {"kind", JsonType::kString, true, "what changed", "stalled|progressing"},
+    {"age_s", JsonType::kNumber, true, "seconds since the rank's latest ordered NCCL call", "", 0,
+     kMaxSeconds},
+    {"bound_s", JsonType::kNumber, true, "the bound it was judged against: max(floor, factor x "
+     "its iteration time)", "", 0, kMaxSeconds},
+    {"last_call_ns", JsonType::kInteger, false, "wall-clock time of the latest ordered call", "",
+     0, kMaxI64},
+    {"comm", JsonType::kString, false, "stalled: communicator of the oldest outstanding call (16 "
+     "hex digits; absent: a host call on no known communicator)", "", 16, 16},
+    {"seq", JsonType::kInteger, false, "stalled: its comm_seq, when known", "", 0, kMaxI64},
+    {"op", JsonType::kString, false, "stalled: its operation, when known", "", 1, 64},
+    {"in_call", JsonType::kBoolean, false,
+     "stalled: a host thread is inside that NCCL call (else its device work is pending)"},
+};
+inline constexpr MessageSpec kStall{"stall", kStallFields,
+                                    "a rank stopped making progress in NCCL, or resumed"};
+
 inline constexpr FieldSpec kCommProfileFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
     FALCON_PROTOCOL_RANK_FIELDS,
@@ -350,6 +376,16 @@ inline constexpr FieldSpec kCutInfoFields[] = {FALCON_PROTOCOL_COMMAND_FIELDS};
 inline constexpr MessageSpec kCutInfo{"cut_info", kCutInfoFields,
                                       "report each rank's call pattern for a consistent cut"};
 
+// progress: each rank's progress on its communicators (ack result `progress`: one rank of the
+// falcon-progress document, daemon/shm/progress_json.h), for a job-wide hang diagnosis.
+inline constexpr FieldSpec kProgressFields[] = {
+    FALCON_PROTOCOL_COMMAND_FIELDS,
+    {"calls", JsonType::kInteger, false, "latest calls per communicator to include (default 16)", "", 1,
+     256},
+};
+inline constexpr MessageSpec kProgressCommand{"progress", kProgressFields,
+                                              "report each rank's progress for a hang diagnosis"};
+
 inline constexpr FieldSpec kResumeFields[] = {FALCON_PROTOCOL_COMMAND_FIELDS};
 inline constexpr MessageSpec kResume{"resume", kResumeFields, "release a pause"};
 
@@ -406,7 +442,8 @@ inline constexpr MessageSpec kPlanCommand{
     "plan", kPlanCommandFields,
     "act mode: hand a mitigation plan to the shims (falcon.h C API) for the framework to apply"};
 
-inline constexpr MessageSpec kCommands[] = {kSetMode, kPause, kResume, kValidate, kPlanCommand, kCutInfo};
+inline constexpr MessageSpec kCommands[] = {kSetMode,     kPause,   kResume,          kValidate,
+                                            kPlanCommand, kCutInfo, kProgressCommand};
 
 inline constexpr FieldSpec kAckFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
@@ -417,8 +454,9 @@ inline constexpr FieldSpec kAckFields[] = {
     {"ranks", JsonType::kArray, true, "ranks the command was applied to", "", 0, kMaxRank,
      JsonType::kInteger, -1, kMaxRank},
     {"results", JsonType::kArray, false,
-     "pause/resume/validate/cut_info: per rank {rank, state, task_status?, median_s?, min_s?, "
-     "max_s?, rate?, blob? (vcomm_id: the unique id, 256 hex digits), pattern? (cut_info)}", "", 0,
+     "pause/resume/validate/cut_info/progress: per rank {rank, state, task_status?, median_s?, "
+     "min_s?, max_s?, rate?, blob? (vcomm_id: the unique id, 256 hex digits), pattern? "
+     "(cut_info), progress? (progress: the rank in the falcon-progress format)}", "", 0,
      kMaxRank, JsonType::kObject, kLowest, kHighest, &kAckResultObject},
 };
 inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one command"};
@@ -426,8 +464,10 @@ inline constexpr MessageSpec kAck{"ack", kAckFields, "an agent's answer to one c
 inline constexpr FieldSpec kIncidentFields[] = {
     {"id", JsonType::kString, true, "incident id", "", 1, 64},
     {"job", JsonType::kString, true, "job name", "", 1, 128},
-    {"stage", JsonType::kString, true, "what this entry records",
-     "detection|localisation|decision|resolution"},
+    {"stage", JsonType::kString, true,
+     "what this entry records: a fail-slow's detection, localisation, decision, resolution; a "
+     "hang's diagnosis (hang, mismatch, deadlock, disorder) and resolution",
+     "detection|localisation|decision|resolution|hang|mismatch|deadlock|disorder"},
     {"at_ns", JsonType::kInteger, true, "wall-clock time", "", 0, kMaxI64},
     {"summary", JsonType::kString, true, "one line for people", "", 1, kMaxText},
     {"ranks", JsonType::kArray, false, "ranks involved", "", 0, kMaxRank, JsonType::kInteger, -1, kMaxRank},
@@ -517,7 +557,8 @@ inline constexpr MessageSpec kAllMessages[] = {kRankRegister,   kAgentHeartbeat,
                                                kPause,          kResume,         kValidate,
                                                kAck,            kIncident,       kAlert,
                                                kControllerState, kControllerRequest,
-                                               kPlanCommand,    kMitigationPlan, kCutInfo};
+                                               kPlanCommand,    kMitigationPlan, kCutInfo,
+                                               kStall,          kProgressCommand};
 
 #undef FALCON_PROTOCOL_REPORT_FIELDS
 #undef FALCON_PROTOCOL_RANK_FIELDS
