@@ -53,7 +53,10 @@ json EvidenceJson(const analyzer::Evidence& e) {
 }  // namespace
 
 Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> log)
-    : config_(std::move(config)), log_(std::move(log)), started_ns_(WallNs()) {}
+    : config_(std::move(config)),
+      log_(std::move(log)),
+      started_ns_(WallNs()),
+      hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}) {}
 
 int Controller::Run(const std::atomic<bool>& stop) {
   log_->info("event=start job={} host={} version={} redis={}", daemon::LogValue(config_.job),
@@ -81,6 +84,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
     }
     if (s.ok()) s = ReadStreams(WallNs(), run_ ? std::min(config_.tick_ms, 50) : config_.tick_ms);
     if (s.ok()) s = Advance(WallNs());
+    if (s.ok()) s = AdvanceHang(WallNs());
     if (s.ok() && (dirty_ || WallNs() >= next_save_ns_)) {
       s = SaveState(WallNs());
     } else if (!s.ok() && conn_->connected() && WallNs() >= next_save_ns_) {
@@ -134,6 +138,8 @@ void Controller::PublishMetrics() {
   m.ranks = view_.ranks().size();
   m.agents = view_.agents().size();
   m.slow_ranks = LiveSlow().size();
+  m.stalled_ranks = hang_.stalled().size();
+  m.hang_open = !hang_.episode().empty();
   m.current_iteration_seconds = CurrentIterationS().value_or(0);
   m.healthy_iteration_seconds = state_.healthy_s.value_or(0);
   m.plan_version = state_.plan_version;
@@ -187,6 +193,24 @@ void Controller::AdoptAppliedPlacement() {
   state_.pending_excluded.clear();
   view_.SetNodes(state_.node_hosts, state_.placement);
   dirty_ = true;
+}
+
+// The hang stage's turn: the progress commands it asks for, then the incident entries it made.
+// An entry that cannot be written goes back to the stage, for the next turn.
+Status Controller::AdvanceHang(std::int64_t now_ns) {
+  const bool was_open = !hang_.episode().empty();
+  if (Status s = Send(hang_.Next(view_, now_ns)); !s.ok()) return s;
+  if (!was_open && !hang_.episode().empty()) {
+    log_->warn("event=hang_episode id={} stalled={}", daemon::LogValue(hang_.episode()), hang_.stalled().size());
+  }
+  std::vector<HangRecord> records = hang_.TakeRecords();
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (Status s = Record(records[i].stage, records[i].summary, records[i].fields, records[i].severity); !s.ok()) {
+      hang_.Unwritten(std::vector<HangRecord>(records.begin() + static_cast<std::ptrdiff_t>(i), records.end()));
+      return s;
+    }
+  }
+  return Status::Ok();
 }
 
 Status Controller::Advance(std::int64_t now_ns) {

@@ -45,6 +45,7 @@
 #include "daemon/controller/controller_config.h"
 #include "daemon/controller/controller_metrics.h"
 #include "daemon/controller/controller_state.h"
+#include "daemon/controller/hang_stage.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/redis/redis_connection.h"
@@ -165,6 +166,8 @@ class Controller {
   std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
   std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
+  HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang
+  Status AdvanceHang(std::int64_t now_ns);
   std::optional<Mitigator> mitigator_;  // the open incident's; mirrors state_.incident->mitigation
   double plan_s_ = 0;  // how long preparing the last mitigation's plans took (S2's solve among them), s
   std::vector<nlohmann::json> requests_;  // validated controller_request messages not yet served

@@ -79,6 +79,11 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->check(daemon::FiniteRange(1.0, 100.0));
   Entry(app, "gemm-batch", c.gemm_batch, "ranks per GEMM step (0: all at once)")->check(daemon::FiniteRange(0, 1 << 24));
   Entry(app, "tree", c.tree, "also test the tree plan's links");
+  Entry(app, "hang-wait-s", c.hang_wait_s, "when agents report stalled ranks: longest wait for every agent's "
+        "progress before the job-wide hang diagnosis, s")
+      ->check(daemon::FiniteRange(0.1, 600.0));
+  Entry(app, "hang-repeat-s", c.hang_repeat_s, "diagnose a hang that stays open again after this, s")
+      ->check(daemon::FiniteRange(1.0, 86400.0));
   ValidationSettings& v = c.validation;
   Entry(app, "pause-lead-s", v.pause_lead_s, "place the pause cut this far ahead, s")->check(daemon::FiniteRange(0.01, 600.0));
   Entry(app, "max-pause-s", v.max_pause_s, "the shims resume by themselves after this, s")->check(daemon::FiniteRange(1.0, 3600.0));

@@ -49,6 +49,10 @@ struct ControllerConfig {
   ValidationSettings validation;
   MitigationSettings mitigation;
   std::int64_t incidents_maxlen = 10000;
+  // Hang diagnosis (hang_stage.h): how long to wait for the agents' progress, how often to
+  // diagnose an episode that stays open.
+  double hang_wait_s = 5;
+  double hang_repeat_s = 30;
 };
 
 // Adds every entry as an option (with its environment variable) to `app`. Numbers must be finite

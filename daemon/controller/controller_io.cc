@@ -36,6 +36,7 @@ const StreamSpec kStreams[] = {
     {"acks", &protocol::kAcksStream, &protocol::kAck},
     {"iterations", &protocol::kIterationsStream, &protocol::kIterations},
     {"requests", &protocol::kRequestsStream, &protocol::kControllerRequest},
+    {"stalls", &protocol::kStallsStream, &protocol::kStall},
 };
 
 // Newest entry id of `stream`, "" when it is empty or absent.
@@ -99,15 +100,17 @@ Status Controller::LoadState(std::int64_t now_ns) {
   }
   if (fresh) {
     state_.since_ns = now_ns;
-    // Start at each stream's end, except alarms: replaying them rebuilds which ranks are slow
-    // now (a rank's last alarm wins; ranks whose registration says healthy are dropped later).
+    // Start at each stream's end, except alarms and stalls: replaying them rebuilds which ranks
+    // are slow or stalled now (a rank's last report wins; ranks whose registration says healthy,
+    // or whose process is gone, are dropped later).
     for (const StreamSpec& s : kStreams) {
       if (state_.cursors.count(s.name)) continue;
       Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
       if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ReadStreams probes it
       if (!last.ok()) return last.status();
       // Requests made before this controller ever ran are stale: they start at the end too.
-      state_.cursors[s.name] = std::string(s.name) == "alarms" || last.value().empty() ? "0-0" : last.value();
+      const std::string name = s.name;
+      state_.cursors[s.name] = name == "alarms" || name == "stalls" || last.value().empty() ? "0-0" : last.value();
     }
   }
   // A validation our predecessor left is redone by Advance() (release first, then a new cut)
@@ -293,6 +296,7 @@ Status Controller::ReadStreams(std::int64_t now_ns, int block_ms) {
       else if (name == "profiles") OnProfile(m.value());
       else if (name == "acks") OnAck(m.value());
       else if (name == "requests") OnRequest(m.value());
+      else if (name == "stalls") hang_.OnStall(m.value());
       else OnIterations(m.value());
     }
   }
@@ -331,7 +335,7 @@ Result<json> Controller::IncidentEntry(const std::string& stage, const std::stri
   json m = std::move(fields);
   m["v"] = protocol::kSchemaVersion;
   m["type"] = protocol::kIncident.type;
-  m["id"] = state_.incident ? state_.incident->id : "none";
+  if (!m.contains("id")) m["id"] = state_.incident ? state_.incident->id : "none";  // else a hang episode's
   m["job"] = config_.job;
   m["stage"] = stage;
   m["summary"] = summary;
@@ -432,6 +436,7 @@ void Controller::OnProfile(const json& m) {
 }
 
 void Controller::OnAck(const json& m) {
+  if (hang_.OnAck(m)) return;
   if (mode_commands_.erase(m["command"].get<std::string>()) > 0) {
     if (m["status"] != "ok") {
       log_->warn("event=set_mode_not_ok host={} status={} detail={}", daemon::LogValue(m["host"].get<std::string>()),

@@ -17,7 +17,7 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   }
   w.One("incident_open", "gauge", "1 while an incident is open.", m.incident_open ? 1 : 0);
   w.Head("incident_entries_total", "counter", "Incident entries written, by stage.");
-  for (const char* s : {"detection", "localisation", "decision", "resolution"}) {
+  for (const char* s : {"detection", "localisation", "decision", "resolution", "hang", "mismatch", "deadlock", "disorder"}) {
     const auto it = m.entries.find(s);
     w.Line("incident_entries_total", std::string("stage=\"") + s + "\"",
            static_cast<double>(it == m.entries.end() ? 0 : it->second));
@@ -34,6 +34,8 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   w.One("ranks", "gauge", "Ranks the agents report.", static_cast<double>(m.ranks));
   w.One("agents", "gauge", "Agents with a live heartbeat.", static_cast<double>(m.agents));
   w.One("slow_ranks", "gauge", "Ranks whose detector says slow.", static_cast<double>(m.slow_ranks));
+  w.One("stalled_ranks", "gauge", "Live ranks the agents report stalled in NCCL.", static_cast<double>(m.stalled_ranks));
+  w.One("hang_open", "gauge", "1 while a hang episode is open.", m.hang_open ? 1 : 0);
   w.Head("iteration_seconds", "gauge", "The job's iteration time now and when healthy, seconds (0: unknown).");
   w.Line("iteration_seconds", "kind=\"current\"", m.current_iteration_seconds);
   w.Line("iteration_seconds", "kind=\"healthy\"", m.healthy_iteration_seconds);

@@ -33,6 +33,8 @@ struct ControllerMetrics {
   std::uint64_t ranks = 0;
   std::uint64_t agents = 0;
   std::uint64_t slow_ranks = 0;
+  std::uint64_t stalled_ranks = 0;                // live ranks the agents report stalled
+  bool hang_open = false;                         // a hang episode is open
   double current_iteration_seconds = 0;           // 0: unknown
   double healthy_iteration_seconds = 0;           // 0: unknown
   std::int64_t plan_version = 0;
