@@ -176,6 +176,69 @@ TEST(HangStageTest, StallsLeadToOneDiagnosisOfTheWholeJobNamingTheStuckRank) {
   EXPECT_TRUE(stage.episode().empty());
 }
 
+// Ranks 2 and 3's TP all-reduce bb #5 never completes on their devices (a GPU or link hang);
+// rank 1 waits in DP dd #5, which rank 3 never issued because it is held behind that work. One
+// root cause: one entry, not_completing on bb, with rank 1's wait in its detail.
+TEST(HangStageTest, RanksHeldBehindWorkThatDoesNotCompleteAreThatEntrys) {
+  const JobView view = View();
+  HangStage stage;
+  stage.OnStall(Stall(1, "stalled"));
+  stage.OnStall(Stall(2, "stalled"));
+  stage.OnStall(Stall(3, "stalled"));
+  const std::vector<OutgoingCommand> asked = stage.Next(view, kT0);
+  ASSERT_EQ(asked.size(), 2u);
+  for (const OutgoingCommand& c : asked) {
+    json ack = Answer(c);
+    for (json& r : ack["results"]) {
+      const std::int64_t rank = r["rank"].get<std::int64_t>();
+      if (rank == 2) r["progress"] = Progress(2, {{kTp23, 0, 6, 5}, {kDp02, 1, 5, 5}});
+      if (rank == 3) r["progress"] = Progress(3, {{kTp23, 1, 6, 5}, {kDp13, 1, 5, 5}});
+    }
+    EXPECT_TRUE(stage.OnAck(Validated(ack, protocol::kAck)));
+  }
+  EXPECT_TRUE(stage.Next(view, kT0 + kSec).empty());
+  const std::vector<HangRecord> records = stage.TakeRecords();
+  ASSERT_EQ(records.size(), 1u) << records[0].summary;
+  EXPECT_EQ(records[0].stage, "hang");
+  EXPECT_EQ(records[0].fields["detail"]["kind"], "not_completing");
+  EXPECT_EQ(records[0].fields["ranks"], json::array({2, 3}));
+  EXPECT_EQ(records[0].fields["comms"], json::array({protocol::CommIdHex(kTp23), protocol::CommIdHex(kDp13)}));
+  EXPECT_EQ(records[0].fields["detail"]["waiting"], json::array({1, 2, 3}));
+  EXPECT_EQ(records[0].fields["detail"]["findings"].size(), 2u);
+}
+
+// Ranks 1 and 3's DP all-reduce #5 never completes; rank 0's TP call #5 with rank 1 is stuck
+// behind rank 1's device, so rank 0 never issues its DP call #5 that rank 2 waits in. Rank 0
+// looks like a second root (its device work does not complete), but it shares a communicator
+// with a member of the stuck call: still one entry.
+TEST(HangStageTest, ARankWhoseDeviceWaitsForAStuckPeerIsNotASecondCause) {
+  constexpr std::uint64_t kD13 = 0x10, kB23 = 0x20, kA01 = 0x30, kC02 = 0x40;  // issue order follows the id
+  const JobView view = View();
+  HangStage stage;
+  for (std::int64_t r : {0, 1, 2, 3}) stage.OnStall(Stall(r, "stalled"));
+  const std::vector<OutgoingCommand> asked = stage.Next(view, kT0);
+  ASSERT_EQ(asked.size(), 2u);
+  for (const OutgoingCommand& c : asked) {
+    json ack = Answer(c);
+    for (json& r : ack["results"]) {
+      switch (r["rank"].get<std::int64_t>()) {
+        case 0: r["progress"] = Progress(0, {{kA01, 0, 6, 5}, {kC02, 0, 5, 5}}); break;
+        case 1: r["progress"] = Progress(1, {{kD13, 0, 6, 5}, {kA01, 1, 6, 5}}); break;
+        case 2: r["progress"] = Progress(2, {{kB23, 0, 5, 5}, {kC02, 1, 6, 5}}); break;
+        default: r["progress"] = Progress(3, {{kB23, 1, 5, 5}, {kD13, 1, 6, 5}}); break;
+      }
+    }
+    EXPECT_TRUE(stage.OnAck(Validated(ack, protocol::kAck)));
+  }
+  EXPECT_TRUE(stage.Next(view, kT0 + kSec).empty());
+  const std::vector<HangRecord> records = stage.TakeRecords();
+  ASSERT_EQ(records.size(), 1u) << records[0].summary << " | " << records.back().summary;
+  EXPECT_EQ(records[0].fields["detail"]["kind"], "not_completing");
+  EXPECT_EQ(records[0].fields["detail"]["comm"], protocol::CommIdHex(kD13));
+  EXPECT_EQ(records[0].fields["ranks"], json::array({1, 3}));
+  EXPECT_EQ(records[0].fields["detail"]["findings"].size(), 2u);
+}
+
 TEST(HangStageTest, SilentAgentsAreWaitedForOnlyUntilTheDeadline) {
   const JobView view = View();
   HangStage stage(HangStageOptions{5, 30, 16});
@@ -203,6 +266,12 @@ TEST(HangStageTest, ReportsOfProcessesThatAreGoneAreDropped) {
   EXPECT_TRUE(stage.stalled().empty());
   EXPECT_TRUE(stage.episode().empty());
   EXPECT_TRUE(stage.TakeRecords().empty());
+  // Before the view is read (a restarted controller replaying the stalls stream) nothing is dropped.
+  HangStage early;
+  early.OnStall(Stall(2, "stalled"));
+  EXPECT_TRUE(early.Next(JobView{}, kT0).empty()) << "no agent to ask yet";
+  EXPECT_EQ(early.stalled().size(), 1u);
+  EXPECT_EQ(early.Next(view, kT0 + kSec).size(), 2u) << "asked once the view has the rank";
 }
 
 TEST(HangStageTest, AFindingsStageFollowsItsKind) {

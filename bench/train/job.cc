@@ -2,6 +2,7 @@
 // and restarts are in job_mitigation.cc.
 #include "job.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -215,8 +216,11 @@ Result<ControlDecision> JobRun::Step(int iter) {
   if (env_.rank == o_.stall_rank && iter == o_.stall_iter) {
     // --inject-stall: the host stops here, outside NCCL, as a stuck data loader would; the
     // device work already queued runs on, and peers wait in their next call with this rank.
-    std::fprintf(stderr, "rank %d: --inject-stall: no NCCL calls before iteration %d for %s\n", env_.rank, iter,
-                 o_.stall_s < 0 ? "good" : (std::to_string(o_.stall_s) + " s").c_str());
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    std::fprintf(stderr, "rank %d: --inject-stall: no NCCL calls before iteration %d for %s (from %lld ns)\n", env_.rank,
+                 iter, o_.stall_s < 0 ? "good" : (std::to_string(o_.stall_s) + " s").c_str(),
+                 static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec);
     std::fflush(stderr);
     if (o_.stall_s < 0) {
       for (;;) pause();  // until the launcher ends the job

@@ -63,8 +63,9 @@ bool HangStage::OnAck(const json& m) {
 
 std::vector<OutgoingCommand> HangStage::Next(const JobView& view, std::int64_t now_ns) {
   // A report of a process that is gone (exited, or a rank number now held by another process:
-  // a restarted job) is no stall of this job.
-  for (auto it = stalled_.begin(); it != stalled_.end();) {
+  // a restarted job) is no stall of this job. A view with no rank at all (not read yet, or
+  // Redis refused it) tells nothing: nothing is dropped then.
+  for (auto it = stalled_.begin(); !view.ranks().empty() && it != stalled_.end();) {
     const auto r = view.ranks().find(it->first);
     const bool live = r != view.ranks().end() && r->second.pid == it->second["pid"].get<std::int64_t>();
     it = live ? std::next(it) : stalled_.erase(it);
@@ -141,7 +142,52 @@ void HangStage::Conclude(const JobView& view, std::int64_t now_ns) {
       groups.push_back({&f});
     }
   }
-  for (auto& [culprits, group] : by_culprits) groups.insert(groups.begin(), group);
+  // Ranks held behind device work that does not complete are that finding's, not another root
+  // cause: a not-issued group joins a not-completing call when each of its culprits is a member
+  // of that call, or its own stuck work is on a communicator shared with one (its device waits
+  // for a peer whose device is held there).
+  std::map<std::uint64_t, std::set<std::int64_t>> members_of;  // communicator -> ranks that hold it
+  for (const analyzer::RankProgress& r : ranks) {
+    for (const analyzer::CommProgress& c : r.comms) members_of[c.comm].insert(r.rank);
+  }
+  auto first_pending_comm = [&ranks](std::int64_t rank) -> std::uint64_t {
+    for (const analyzer::RankProgress& r : ranks) {
+      if (r.rank != rank) continue;
+      const analyzer::IssuedCall* first = nullptr;
+      for (const analyzer::CommProgress& c : r.comms) {
+        if (!c.completion_known || c.completed >= c.issued) continue;
+        for (const analyzer::IssuedCall& i : r.recent) {
+          if (i.comm == c.comm && i.seq == c.completed && (first == nullptr || i.issue_ns < first->issue_ns)) first = &i;
+        }
+      }
+      return first != nullptr ? first->comm : 0;
+    }
+    return 0;
+  };
+  for (auto& [culprits, group] : by_culprits) {
+    std::vector<const analyzer::Finding*>* home = nullptr;
+    for (std::vector<const analyzer::Finding*>& g : groups) {
+      const analyzer::Finding& nc = *g.front();
+      if (nc.kind != analyzer::FindingKind::kNotCompleting) continue;
+      std::set<std::int64_t> members(nc.waiting.begin(), nc.waiting.end());
+      members.insert(nc.culprits.begin(), nc.culprits.end());
+      auto held_there = [&](std::int64_t r) {
+        if (members.count(r) != 0) return true;
+        const auto shared = members_of.find(first_pending_comm(r));
+        return shared != members_of.end() &&
+               std::any_of(shared->second.begin(), shared->second.end(), [&](std::int64_t m) { return members.count(m) != 0; });
+      };
+      if (std::all_of(culprits.begin(), culprits.end(), held_there)) {
+        home = &g;
+        break;
+      }
+    }
+    if (home != nullptr) {
+      home->insert(home->end(), group.begin(), group.end());
+    } else {
+      groups.insert(groups.begin(), group);
+    }
+  }
   for (const std::vector<const analyzer::Finding*>& group : groups) {
     const analyzer::Finding& f = *group.front();
     const std::string key = std::string(analyzer::FindingKindName(f.kind)) + "/" +
@@ -201,7 +247,9 @@ HangRecord HangStage::FindingRecord(const std::vector<const analyzer::Finding*>&
                     {"summary", g->summary}});
   }
   const std::vector<std::int64_t> held(waiting.begin(), waiting.end());
-  const std::vector<std::int64_t>& named = f.culprits.empty() ? held : f.culprits;
+  // Named: the first finding's culprits, else the members its call holds (a call that does not
+  // complete: the communicator's members that wait in it).
+  const std::vector<std::int64_t>& named = f.culprits.empty() ? f.waiting : f.culprits;
   json hosts = json::array();
   for (std::int64_t r : named) {
     const std::string* h = view.HostOf(r);
@@ -231,8 +279,11 @@ HangRecord HangStage::FindingRecord(const std::vector<const analyzer::Finding*>&
     summary = where + ": " + summary;
   }
   if (group.size() > 1) {
-    summary += " (and " + std::to_string(group.size() - 1) + " more call(s) it never issued, " + std::to_string(held.size()) +
-               " rank(s) held in all)";
+    summary += f.kind == analyzer::FindingKind::kNotCompleting
+                   ? " (" + std::to_string(held.size()) + " rank(s) held behind it in " + std::to_string(group.size() - 1) +
+                         " more call(s))"
+                   : " (and " + std::to_string(group.size() - 1) + " more call(s) it never issued, " +
+                         std::to_string(held.size()) + " rank(s) held in all)";
   }
   return {HangStageName(f.kind), summary, std::move(fields),
           f.kind == analyzer::FindingKind::kDisorder ? "warning" : "critical"};

@@ -10,7 +10,8 @@
 //    answers up to answer_wait_s, merges them and runs analyzer::DiagnoseHang on the whole job.
 //  - Each finding becomes an incident entry once per episode: stage `hang` (ranks that never
 //    issued the calls others wait in: one entry per set of culprits, every call it holds up in
-//    its detail; or work that does not complete: one per communicator and seq), `mismatch`,
+//    its detail; or work that does not complete: one per communicator and seq, which also takes
+//    the calls never issued by ranks held behind that work), `mismatch`,
 //    `deadlock` or `disorder`, naming the culprit ranks and their hosts, the communicators, seq
 //    and op, with the evidence (wait chains, signatures, who waits). A
 //    diagnosis that names nothing, before any did, is written once as a `hang` entry that says
