@@ -259,6 +259,17 @@ TEST_F(AgentHangTest, HangAgentsWithoutAgentsSaysSo) {
       {}, 30);
   EXPECT_EQ(ctl.exit_code, 3) << ctl.out << ctl.err;
   EXPECT_NE(ctl.err.find("no agent registered for job 'nobody'"), std::string::npos) << ctl.err;
+  // Redis not there: exit 4, said so.
+  const testing::ProcessResult down = testing::Run(
+      {testing::BinDir("daemon") + "/falcon-ctl", "hang", "--agents", "--job", "nobody", "--redis",
+       "redis://127.0.0.1:" + std::to_string(testing::FreeLoopbackPort()), "--agent-timeout", "1"},
+      {}, 30);
+  EXPECT_EQ(down.exit_code, 4) << down.out << down.err;
+  EXPECT_NE(down.err.find("falcon-ctl hang:"), std::string::npos) << down.err;
+  // --redis means nothing without --agents: refused, not ignored.
+  const testing::ProcessResult usage = testing::Run(
+      {testing::BinDir("daemon") + "/falcon-ctl", "hang", "--live", "--redis", "redis://127.0.0.1:1"}, {}, 30);
+  EXPECT_EQ(usage.exit_code, 2) << usage.out << usage.err;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Agent: what goes to Redis (registrations, heartbeats, iteration batches, alarms, profiles,
-// acks, alerts) and what comes from it (commands). Every message is built from the typed
-// protocol structs (daemon/protocol/messages.h); every key from FormatKey. See agent.h.
+// Agent: what goes to Redis (registrations, heartbeats, iteration batches, alarms, stall
+// reports, profiles, acks, alerts) and what comes from it (commands). Every message is built
+// from the typed protocol structs (daemon/protocol/messages.h); every key from FormatKey. See
+// agent.h.
 #include <algorithm>
 #include <cmath>
 #include <iterator>
@@ -219,10 +220,6 @@ void Agent::TrackPlans() {
     QueueRegistration(*f.follower);
   }
 }
-
-}  // namespace falcon::agent
-
-namespace falcon::agent {
 
 void Agent::CheckStalls() {
   timespec ts{};

@@ -295,14 +295,15 @@ void AddHangCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--job", opts->source.job,
                   "--live: only processes of this job; --agents: the job (default $FALCON_JOB, else every job "
                   "for --live and \"default\" for --agents)");
-  cmd->add_option("--redis", opts->from_agents.redis.url,
+  auto* redis = cmd->add_option("--redis", opts->from_agents.redis.url,
                   "--agents: redis://[user[:password]@]host[:port][/db] (default 127.0.0.1:6379; the password "
                   "also from FALCON_REDIS_PASSWORD)");
-  cmd->add_option("--agent-timeout", opts->from_agents.redis.timeout_s,
-                  "--agents: seconds to wait for the agents' answers (and for each Redis command)")
-      ->capture_default_str()->check(daemon::FiniteRange(0.1, 3600));
-  cmd->add_option("--calls", opts->from_agents.calls, "--agents: latest calls per communicator each rank reports")
-      ->capture_default_str()->check(daemon::FiniteRange(1, 256));
+  auto* agent_timeout = cmd->add_option("--agent-timeout", opts->from_agents.redis.timeout_s,
+                                        "--agents: seconds to wait for the agents' answers (and for each Redis command)")
+                            ->capture_default_str()->check(daemon::FiniteRange(0.1, 3600));
+  auto* calls = cmd->add_option("--calls", opts->from_agents.calls, "--agents: latest calls per communicator each rank reports")
+                    ->capture_default_str()->check(daemon::FiniteRange(1, 256));
+  for (CLI::Option* o : {redis, agent_timeout, calls}) o->needs(agents);
   auto* fr = cmd->add_option("--flight-recorder", opts->source.flight_recorder,
                              "PyTorch Flight Recorder dumps: a directory of nccl_trace_rank_<rank> files, or the files")
                  ->expected(1, -1);
