@@ -114,12 +114,9 @@ void HangStage::Conclude(const JobView& view, std::int64_t now_ns) {
   std::vector<analyzer::RankProgress> ranks;
   std::set<std::int64_t> seen;
   for (const json& one : answers_) {
-    const json doc = {{"format", "falcon-progress"}, {"version", daemon::kProgressFormatVersion},
-                      {"source", "agents"}, {"ranks", json::array({one})}};
-    std::string error;
-    std::optional<daemon::ProgressDocument> parsed = daemon::ParseProgress(doc, &error);
-    if (!parsed || parsed->ranks.size() != 1) continue;  // a bad rank costs only itself
-    if (seen.insert(parsed->ranks[0].rank).second) ranks.push_back(std::move(parsed->ranks[0]));
+    std::optional<analyzer::RankProgress> parsed = daemon::ParseProgressRank(one, nullptr);
+    if (!parsed) continue;  // a bad rank costs only itself
+    if (seen.insert(parsed->rank).second) ranks.push_back(std::move(*parsed));
   }
   std::vector<std::string> silent;
   for (const auto& [id, host] : asked_) {

@@ -43,17 +43,15 @@ Result<HangInput> LoadAgentsProgress(AgentsProgressOptions options) {
       if (!r.contains("progress") || !r["progress"].is_object()) continue;
       // Each rank is checked alone, so that one bad rank does not cost the others.
       json one = r["progress"];
-      const json doc = {{"format", "falcon-progress"}, {"version", daemon::kProgressFormatVersion},
-                        {"source", "agents"}, {"ranks", json::array({one})}};
       std::string error;
-      const std::optional<daemon::ProgressDocument> parsed = daemon::ParseProgress(doc, &error);
-      if (!parsed || parsed->ranks.size() != 1) {
+      const std::optional<analyzer::RankProgress> parsed = daemon::ParseProgressRank(one, &error);
+      if (!parsed) {
         std::fprintf(stderr, "falcon-ctl hang: agent %s sent a bad progress for rank %lld: %s (left out)\n",
                      a.host.c_str(), static_cast<long long>(r["rank"].get<std::int64_t>()), error.c_str());
         continue;
       }
-      if (!seen.insert(parsed->ranks[0].rank).second) continue;  // a rank twice: the first wins
-      if (one.value("paused", false)) paused.push_back(parsed->ranks[0].rank);
+      if (!seen.insert(parsed->rank).second) continue;  // a rank twice: the first wins
+      if (one.value("paused", false)) paused.push_back(parsed->rank);
       const json* q = one.contains("quiet_s") ? &one["quiet_s"] : nullptr;
       if (q != nullptr && q->is_number() && q->get<double>() >= 0 && (quiet < 0 || q->get<double>() < quiet)) {
         quiet = q->get<double>();

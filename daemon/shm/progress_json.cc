@@ -194,6 +194,18 @@ json ProgressToJson(std::span<const RankProgress> ranks, std::string_view source
   return doc;
 }
 
+std::optional<RankProgress> ParseProgressRank(const json& rank, std::string* error) {
+  try {
+    return ParseRank(rank, "rank");
+  } catch (const BadValue& e) {
+    if (error != nullptr) *error = e.what();
+    return std::nullopt;
+  } catch (const json::exception& e) {
+    if (error != nullptr) *error = std::string("malformed progress: ") + e.what();
+    return std::nullopt;
+  }
+}
+
 std::optional<ProgressDocument> ParseProgress(const json& doc, std::string* error) {
   try {
     if (!doc.is_object()) Fail("document", "expected a JSON object");

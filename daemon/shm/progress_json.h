@@ -44,5 +44,8 @@ nlohmann::json ProgressToJson(std::span<const analyzer::RankProgress> ranks, std
 // nullopt and *error = "ranks[2].comms[0].issued: expected a non-negative integer" (the path of
 // the first bad value) when the document does not follow the format above.
 std::optional<ProgressDocument> ParseProgress(const nlohmann::json& doc, std::string* error);
+// One element of a document's "ranks" alone (what a `progress` command's ack result carries),
+// checked as ParseProgress checks it; *error's path starts at "rank".
+std::optional<analyzer::RankProgress> ParseProgressRank(const nlohmann::json& rank, std::string* error);
 
 }  // namespace falcon::daemon

@@ -94,6 +94,21 @@ TEST(ProgressJsonTest, RoundTripKeepsEveryField) {
   ExpectSameRanks(parsed->ranks, ranks);
 }
 
+// One rank alone, as a progress command's ack carries it: parsed like a document's element.
+TEST(ProgressJsonTest, OneRankParsesAloneAndItsErrorsNameTheirPath) {
+  const std::vector<RankProgress> ranks = SampleRanks();
+  const json doc = ProgressToJson(ranks, "shm");
+  std::string error;
+  const auto one = ParseProgressRank(doc["ranks"][1], &error);
+  ASSERT_TRUE(one.has_value()) << error;
+  ExpectSameRanks({*one}, {ranks[1]});
+  json bad = doc["ranks"][0];
+  bad["comms"][1]["issued"] = -1;
+  EXPECT_FALSE(ParseProgressRank(bad, &error).has_value());
+  EXPECT_EQ(error.rfind("rank.comms[1].issued", 0), 0u) << error;
+  EXPECT_FALSE(ParseProgressRank(json::array(), &error).has_value());
+}
+
 TEST(ProgressJsonTest, OptionalFieldsTakeTheirDefaultsAndUnknownKeysAreIgnored) {
   const json doc = json::parse(R"({
     "format": "falcon-progress", "version": 1, "missing_ranks": [3], "added_later": {"x": 1},
