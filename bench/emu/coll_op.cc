@@ -23,9 +23,6 @@ bool IsRooted(CollKind k) {
   return k == CollKind::kBroadcast || k == CollKind::kReduce || k == CollKind::kGather ||
          k == CollKind::kScatter;
 }
-bool IsReduction(CollKind k) {
-  return k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter;
-}
 bool PerBlock(CollKind k) {
   return k == CollKind::kReduceScatter || k == CollKind::kAlltoAll || k == CollKind::kScatter;
 }
@@ -38,7 +35,10 @@ class CollOp final : public Op {
     const int n = comm_->nranks;
     esize_ = DTypeSize(a_.dtype);
     const size_t blocks = PerBlock(a_.kind) ? static_cast<size_t>(n) : 1;
-    elems_ = comm_->seg->slot_bytes() / (esize_ * blocks);
+    // A round moves the same bytes per block whatever the datatype (a multiple of the largest
+    // element), so members whose datatypes differ but whose byte sizes agree stay in step.
+    const size_t block_bytes = comm_->seg->slot_bytes() / blocks / kMaxDTypeSize * kMaxDTypeSize;
+    elems_ = block_bytes / esize_;
     if (elems_ == 0) elems_ = 1;
     rounds_ = a_.count == 0 ? 1 : (a_.count + elems_ - 1) / elems_;
     coll_index_ = comm_->colls_launched++;
@@ -62,7 +62,7 @@ class CollOp final : public Op {
   }
 
  private:
-  enum class Phase { kTurn, kHang, kPost, kGather, kModel };
+  enum class Phase { kTurn, kHang, kPost, kGather, kMismatch, kModel };
 
   double ModelBytes() const {
     const double b = static_cast<double>(a_.count) * static_cast<double>(DTypeSize(a_.dtype));
@@ -84,6 +84,8 @@ class CollOp final : public Op {
 
   void PostData(char* d);
   void GatherData();
+  // Round 0: false (with the message in *why) when the members' calls cannot run together
+  // (coll_op.h); a datatype or reduction difference alone at equal byte size passes.
   bool Signature(uint64_t step, std::string* why) const;
   Progress WaitFailed(int64_t now, const std::vector<int>& missing, const char* what);
   Progress Failed(ncclResult_t code, const std::string& text) {
@@ -103,6 +105,7 @@ class CollOp final : public Op {
   int64_t arrive_ns_ = 0;
   int64_t max_arrive_ns_ = 0;
   int64_t hang_deadline_ns_ = 0;
+  std::string mismatch_;  // Phase::kMismatch: the signatures that disagree
   PeerWait wait_;
   std::vector<const void*> srcs_;
 };
@@ -185,10 +188,11 @@ bool CollOp::Signature(uint64_t step, std::string* why) const {
   const SlotHeader* mine = comm_->seg->slot_header(comm_->rank, step);
   for (int r = 0; r < comm_->nranks; ++r) {
     const SlotHeader* h = comm_->seg->slot_header(r, step);
-    bool same = h->kind == mine->kind && h->dtype == mine->dtype && h->count == mine->count &&
-                h->coll_index == mine->coll_index && h->nranks == mine->nranks;
-    if (IsRooted(a_.kind)) same = same && h->root == mine->root;
-    if (IsReduction(a_.kind)) same = same && h->redkind == mine->redkind;
+    // As on a GPU, the members' kernels only agree on bytes: a different datatype or reduction
+    // at the same byte size computes garbage silently, anything else never completes.
+    const bool same = IsValidDType(h->dtype) && h->kind == mine->kind && h->coll_index == mine->coll_index &&
+                      h->nranks == mine->nranks && (!IsRooted(a_.kind) || h->root == mine->root) &&
+                      h->count * DTypeSize(static_cast<DType>(h->dtype)) == mine->count * esize_;
     if (same) continue;
     char buf[512];
     std::snprintf(buf, sizeof buf,
@@ -310,8 +314,14 @@ Progress CollOp::Step(int64_t now) {
           return p == Progress::kPending && progressed ? Progress::kAdvanced : p;
         }
         if (round_ == 0) {
-          std::string why;
-          if (!Signature(s, &why)) return Failed(ncclInvalidUsage, why);
+          if (!Signature(s, &mismatch_)) {
+            // Like NCCL's kernels, which do not compare calls: nothing completes, on any member,
+            // until the lenient deadline if one is set, else until an abort (Op::Poll).
+            hang_deadline_ns_ = Config().timeout_s > 0 ? now + static_cast<int64_t>(Config().timeout_s * 1e9) : INT64_MAX;
+            wake_at_ns_ = hang_deadline_ns_;
+            phase_ = Phase::kMismatch;
+            return progressed ? Progress::kAdvanced : Progress::kPending;
+          }
           for (int r = 0; r < n; ++r) {
             max_arrive_ns_ = std::max(max_arrive_ns_, seg->slot_header(r, s)->arrive_ns);
           }
@@ -329,6 +339,10 @@ Progress CollOp::Step(int64_t now) {
         wake_at_ns_ = max_arrive_ns_ + static_cast<int64_t>(model * 1e9);
         phase_ = Phase::kModel;
         break;
+      }
+      case Phase::kMismatch: {
+        if (now < hang_deadline_ns_) return Progress::kPending;
+        return Failed(ncclInvalidUsage, mismatch_);
       }
       case Phase::kModel: {
         if (NowNs() < wake_at_ns_) return progressed ? Progress::kAdvanced : Progress::kPending;

@@ -5,9 +5,14 @@
 // all ranks posted, computes its output piece from the slots, and marks the step consumed. Each
 // round moves at most slot_bytes per rank, so any message size works with bounded memory.
 // Reductions fold the slots in rank order 0..n-1, so every rank computes bit-identical results.
-// Round 0 also carries each rank's arrival time and call signature: mismatched calls (op, count,
-// datatype, root, reduction) fail on every rank with ncclInvalidUsage. After the data moves, a
-// rank leaves at max(arrival) + modelled duration (fabric_model.h).
+// Round 0 also carries each rank's arrival time and call signature. As NCCL, which compares
+// nothing: calls whose op, byte size (count x element size), nranks and root agree run, even if
+// their datatypes or reductions differ (each rank computes with its own: silent garbage, within
+// its own buffers; a round moves the same bytes whatever the datatype); any other mismatch never
+// completes on any member: until the lenient deadline (FALCON_EMU_TIMEOUT_S), where it fails
+// with ncclInvalidUsage and a "call mismatch" message naming both signatures, else until
+// ncclCommAbort. After the data moves, a rank leaves at max(arrival) + modelled duration
+// (fabric_model.h).
 //
 // Thread-safety: owned by the submitting thread (op.h). Invariants:
 //  1. A CollOp starts only when all earlier collectives of its communicator (in this rank) are

@@ -28,6 +28,7 @@ enum class DType : int {
   kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kFp8E4M3 = 10, kFp8E5M2 = 11,
 };
 inline constexpr int kNumDTypes = 12;
+inline constexpr size_t kMaxDTypeSize = 8;  // DTypeSize of the widest types (64-bit)
 
 // The reduction applied element-wise after any pre-multiplication.
 enum class RedKind : int { kSum = 0, kProd = 1, kMax = 2, kMin = 3 };

@@ -3,8 +3,9 @@
 // its stream; events complete when their stream reaches them and carry device time; streams run
 // in order, wait for events, and the legacy stream synchronises with blocking streams; compute
 // kernels (falconEmuLaunchCompute, cuBLAS GEMMs) are slowed by compute faults, with noise; an
-// abort or a peer's exit ends a device wait; a captured graph replays its kernels. Every rank is
-// a forked process (the driver's worker threads never exist in the gtest process itself).
+// abort or a peer's exit ends a device wait; mismatched calls are enqueued but never complete; a
+// captured graph replays its kernels. Every rank is a forked process (the driver's worker
+// threads never exist in the gtest process itself).
 //
 // Thread-safety: the gtest process only forks; inside a rank the main thread drives, plus one
 // thread for a call that must block. Must never: sleep to synchronise: a wait that must NOT end
@@ -389,6 +390,46 @@ TEST(DeviceTest, AbortFromAnotherThreadEndsADeviceWait) {
     EMU_CHECK(falconEmuLaunchCompute(s, 0) == 0 && cu.stream_sync(s) == 0, "the stream goes on after the abort");
     return failures;
   }, opt);
+  EXPECT_TRUE(AllZero(codes)) << Codes(codes);
+}
+
+// NCCL compares nothing: a count mismatch (collective) or a size mismatch (send/recv) is
+// enqueued like any call, and its device work then never completes, on every member, until
+// ncclCommAbort; a datatype mismatch at equal byte size completes.
+TEST(DeviceTest, MismatchedCallsNeverCompleteUntilAbort) {
+  const auto codes = RunRanks(2, [&](int rank, const ncclUniqueId& id) {
+    int failures = 0;
+    const Cu cu = Cu::Load(rank);
+    auto* s = static_cast<cudaStream_t>(cu.Stream());
+    ncclComm_t same, coll, p2p;
+    if (ncclCommInitRank(&same, 2, id, rank) != ncclSuccess) return 2;
+    if (ncclCommSplit(same, 0, rank, &coll, nullptr) != ncclSuccess) return 2;
+    if (ncclCommSplit(same, 0, rank, &p2p, nullptr) != ncclSuccess) return 2;
+    std::vector<float> b(64, 1.0f);
+    // 64 floats here, 128 halves there: 256 bytes each.
+    EMU_CHECK(ncclAllReduce(b.data(), b.data(), rank == 0 ? 64 : 128, rank == 0 ? ncclFloat : ncclFloat16, ncclSum,
+                            same, s) == ncclSuccess, "enqueue same-size");
+    EMU_CHECK(CompletesWithin(cu, cu.RecordOn(s), 10), "a same-size datatype mismatch did not complete");
+    auto* t = static_cast<cudaStream_t>(cu.Stream());
+    EMU_CHECK(ncclAllReduce(b.data(), b.data(), rank == 0 ? 10 : 20, ncclFloat, ncclSum, coll, s) == ncclSuccess,
+              "enqueue count mismatch");
+    const ncclResult_t p = rank == 0 ? ncclSend(b.data(), 10, ncclFloat, 1, p2p, t) : ncclRecv(b.data(), 20, ncclFloat, 0, p2p, t);
+    EMU_CHECK(p == ncclSuccess, "enqueue size mismatch");
+    void* coll_done = cu.RecordOn(s);
+    void* p2p_done = cu.RecordOn(t);
+    EMU_CHECK(cu.event_query(coll_done) == kNotReady, "not ready at once");
+    EMU_CHECK(!CompletesWithin(cu, coll_done, 0.3), "the mismatched all-reduce completed");
+    EMU_CHECK(!CompletesWithin(cu, p2p_done, 0.1), "the mismatched send/recv completed");
+    ncclResult_t async = ncclSuccess;
+    EMU_CHECK(ncclCommGetAsyncError(coll, &async) == ncclSuccess && async == ncclSuccess, "async %d", async);
+    std::thread aborter([&] {
+      EMU_CHECK(ncclCommAbort(coll) == ncclSuccess && ncclCommAbort(p2p) == ncclSuccess, "abort");
+    });
+    aborter.join();
+    EMU_CHECK(CompletesWithin(cu, coll_done, 5) && CompletesWithin(cu, p2p_done, 5), "the streams still wait after the abort");
+    EMU_CHECK(ncclCommDestroy(same) == ncclSuccess, "destroy");
+    return failures;
+  }, Quiet(30));
   EXPECT_TRUE(AllZero(codes)) << Codes(codes);
 }
 

@@ -1,6 +1,7 @@
 // Emulator communicator management, group semantics, error handling and deadlines, all over real
 // processes and real shared memory: ring send/recv, nested and multi-communicator groups,
-// InitAll in one thread, Split (incl. NOCOLOR) and Shrink, invalid arguments, the lenient
+// InitAll in one thread, Split (incl. NOCOLOR) and Shrink, invalid arguments, mismatched calls
+// (same-size datatype mismatches run; others fail only at the lenient deadline), the lenient
 // deadline mode (EmuDeadlineTest: FALCON_EMU_TIMEOUT_S named; nothing else sets it, so every
 // other test runs on the strict default of waiting forever), a crashed peer, hang faults, a bad
 // fault plan, the modelled fabric time and ncclGroupSimulateEnd under a link fault.
@@ -166,21 +167,84 @@ TEST(EmuCommTest, InvalidArgumentsReturnErrorsWithText) {
   EXPECT_TRUE(AllZero(codes)) << Codes(codes);
 }
 
-TEST(EmuCommTest, CountMismatchIsDetected) {
+// NCCL compares nothing: a datatype or reduction mismatch at equal byte size runs (each rank
+// computes with its own arguments, over several rounds, within its own buffers).
+TEST(EmuCommTest, SameSizeDatatypeOrReductionMismatchCompletes) {
+  RunOptions opt;
+  opt.env["FALCON_EMU_CHUNK_BYTES"] = "4096";  // several rounds, a block size no datatype divides evenly
+  const auto codes = RunRanks(3, [](int rank, const ncclUniqueId& id) {
+    int failures = 0;
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, 3, id, rank) != ncclSuccess) return 2;
+    // 4000 bytes per block: ncclFloat x 1000 on ranks 0 and 2, ncclFloat16 x 2000 on rank 1.
+    const size_t floats = 1000;
+    std::vector<float> send(3 * floats + 1, 1.0f), recv(floats + 1, 0.0f);
+    const float guard = -7.0f;
+    send.back() = guard;
+    recv.back() = guard;
+    const ncclResult_t rs = rank == 1 ? ncclReduceScatter(send.data(), recv.data(), 2 * floats, ncclFloat16, ncclMax, comm, nullptr)
+                                      : ncclReduceScatter(send.data(), recv.data(), floats, ncclFloat, ncclSum, comm, nullptr);
+    EMU_CHECK(rs == ncclSuccess, "reduce-scatter rc=%d %s", rs, ncclGetLastError(comm));
+    EMU_CHECK(recv.back() == guard, "wrote past the receive buffer");
+    std::vector<int32_t> x(64, 1);
+    const ncclResult_t ar = ncclAllReduce(x.data(), x.data(), x.size(), rank == 2 ? ncclInt32 : ncclFloat, ncclSum, comm, nullptr);
+    EMU_CHECK(ar == ncclSuccess, "all-reduce rc=%d %s", ar, ncclGetLastError(comm));
+    ncclResult_t async;
+    ncclCommGetAsyncError(comm, &async);
+    EMU_CHECK(async == ncclSuccess, "async %d", async);
+    ncclCommDestroy(comm);
+    return failures;
+  }, opt);
+  EXPECT_TRUE(AllZero(codes)) << Codes(codes);
+}
+
+// A count mismatch never completes (strict mode: DeviceTest.MismatchedCallsNeverCompleteUntilAbort);
+// in the lenient mode every member fails at the deadline with a message naming both signatures.
+TEST(EmuDeadlineTest, CountMismatchFailsAtTheDeadlineNamingBothCalls) {
+  RunOptions opt;
+  opt.env["FALCON_EMU_TIMEOUT_S"] = "0.5";
+  const double t0 = testing::MonoNow();
   const auto codes = RunRanks(2, [](int rank, const ncclUniqueId& id) {
     int failures = 0;
     ncclComm_t comm;
     if (ncclCommInitRank(&comm, 2, id, rank) != ncclSuccess) return 2;
     std::vector<float> b(100, 1.0f);
+    const double start = testing::MonoNow();
     const ncclResult_t rc = ncclAllReduce(b.data(), b.data(), rank == 0 ? 10 : 20, ncclFloat, ncclSum, comm, nullptr);
+    EMU_CHECK(testing::MonoNow() - start >= 0.45, "failed before the deadline");
     EMU_CHECK(rc == ncclInvalidUsage, "rc=%d", rc);
-    EMU_CHECK(std::strstr(ncclGetLastError(comm), "call mismatch") != nullptr, "%s", ncclGetLastError(comm));
+    const char* msg = ncclGetLastError(comm);
+    EMU_CHECK(std::strstr(msg, "call mismatch") && std::strstr(msg, "count=10") && std::strstr(msg, "count=20"), "%s", msg);
     ncclResult_t async;
     ncclCommGetAsyncError(comm, &async);
     EMU_CHECK(async == ncclInvalidUsage, "async %d", async);
     ncclCommDestroy(comm);
     return failures;
-  });
+  }, opt);
+  EXPECT_TRUE(AllZero(codes)) << Codes(codes);
+  EXPECT_LT(testing::MonoNow() - t0, 10.0);
+}
+
+TEST(EmuDeadlineTest, P2pSizeMismatchFailsAtTheDeadline) {
+  RunOptions opt;
+  opt.env["FALCON_EMU_TIMEOUT_S"] = "0.5";
+  const auto codes = RunRanks(2, [](int rank, const ncclUniqueId& id) {
+    int failures = 0;
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, 2, id, rank) != ncclSuccess) return 2;
+    std::vector<float> b(21, 1.0f);
+    b.back() = -7.0f;
+    const ncclResult_t rc = rank == 0 ? ncclSend(b.data(), 10, ncclFloat, 1, comm, nullptr)
+                                      : ncclRecv(b.data(), 20, ncclFloat, 0, comm, nullptr);
+    EMU_CHECK(rc != ncclSuccess, "a mismatched %s completed", rank == 0 ? "send" : "receive");
+    if (rank == 1) {
+      EMU_CHECK(rc == ncclInvalidUsage, "rc=%d", rc);
+      EMU_CHECK(std::strstr(ncclGetLastError(comm), "size mismatch") != nullptr, "%s", ncclGetLastError(comm));
+      EMU_CHECK(b.back() == -7.0f, "wrote past the receive buffer");
+    }
+    ncclCommDestroy(comm);
+    return failures;
+  }, opt);
   EXPECT_TRUE(AllZero(codes)) << Codes(codes);
 }
 

@@ -41,7 +41,7 @@ class P2pOp final : public Op {
   }
 
  private:
-  enum class Phase { kTurn, kHang, kData, kFinalAck, kModel };
+  enum class Phase { kTurn, kHang, kData, kMismatch, kFinalAck, kModel };
 
   const char* Name() const { return a_.is_send ? "ncclSend" : "ncclRecv"; }
   Chan* Channel() const {
@@ -54,6 +54,7 @@ class P2pOp final : public Op {
   }
   Progress Waiting(int64_t now, bool progressed);
   bool SendChunk(Chan* ch);
+  // kFailed: the chunk does not belong to this receive (mismatch_ says why; nothing consumed).
   Progress RecvChunk(Chan* ch, bool* advanced);
   void FinishData(int64_t send_arrive, int64_t recv_arrive);
 
@@ -68,6 +69,7 @@ class P2pOp final : public Op {
   int64_t arrive_ns_ = 0;
   int64_t peer_arrive_ns_ = 0;
   int64_t hang_deadline_ns_ = 0;
+  std::string mismatch_;  // Phase::kMismatch: what the receiver found instead of its message
   PeerWait wait_;
   bool connecting_ = false;
 };
@@ -133,7 +135,8 @@ Progress P2pOp::RecvChunk(Chan* ch, bool* advanced) {
                   "ncclRecv: size mismatch on %s: expected message %" PRIu64 " of %zu bytes from "
                   "rank %d, but it sent message %" PRIu64 " of %" PRIu64 " bytes",
                   comm_->label.c_str(), msg_, bytes_, a_.peer, h.msg_index, h.total_bytes);
-    return Failed(ncclInvalidUsage, buf);
+    mismatch_ = buf;
+    return Progress::kFailed;  // Step parks the receive (Phase::kMismatch); nothing was copied
   }
   if (chunks_ == 0) peer_arrive_ns_ = h.send_arrive_ns;
   if (h.chunk_bytes) {
@@ -215,7 +218,14 @@ Progress P2pOp::Step(int64_t now) {
         bool adv = false;
         while (true) {
           const Progress r = RecvChunk(ch, &adv);
-          if (r == Progress::kFailed) return r;
+          if (r == Progress::kFailed) {
+            // NCCL does not compare sizes: the receive never completes (nor, without acks, does
+            // the send), until the lenient deadline if one is set, else until an abort.
+            hang_deadline_ns_ = Config().timeout_s > 0 ? now + static_cast<int64_t>(Config().timeout_s * 1e9) : INT64_MAX;
+            wake_at_ns_ = hang_deadline_ns_;
+            phase_ = Phase::kMismatch;
+            return adv || progressed ? Progress::kAdvanced : Progress::kPending;
+          }
           if (r == Progress::kPending) break;
           if (moved_ == bytes_ && chunks_ >= total_chunks_) break;
         }
@@ -227,6 +237,10 @@ Progress P2pOp::Step(int64_t now) {
         comm_->recv_cursor[p] = base_chunk_ + chunks_;
         FinishData(peer_arrive_ns_, arrive_ns_);
         break;
+      }
+      case Phase::kMismatch: {
+        if (now < hang_deadline_ns_) return Progress::kPending;
+        return Failed(ncclInvalidUsage, mismatch_);
       }
       case Phase::kFinalAck: {
         const uint64_t last = base_chunk_ + total_chunks_;

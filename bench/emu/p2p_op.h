@@ -2,8 +2,11 @@
 // per-ordered-pair channels of the communicator segment (shm_segment.h, invariant 4).
 //
 // A message of B bytes travels as max(1, ceil(B / p2p_chunk_bytes)) chunks through a
-// double-buffered channel; each chunk header names the message index and total size so the
-// receiver detects a count/datatype mismatch (ncclInvalidUsage) instead of corrupting memory.
+// double-buffered channel; each chunk header names the message index and total size. A receive
+// whose byte size differs from the send's behaves as in NCCL, which does not check: it never
+// completes (nor does the send), until the lenient deadline (FALCON_EMU_TIMEOUT_S), where it fails
+// with ncclInvalidUsage and a "size mismatch" message, else until ncclCommAbort; it never writes
+// past the receiver's count. Equal byte sizes with different datatypes just copy the bytes.
 // Messages between a pair are matched in order, as in NCCL. Both sides leave at
 // max(send arrival, recv arrival) + modelled p2p time.
 //
