@@ -433,6 +433,32 @@ TEST(DeviceTest, MismatchedCallsNeverCompleteUntilAbort) {
   EXPECT_TRUE(AllZero(codes)) << Codes(codes);
 }
 
+// A stream runs its work in order across communicators, as a GPU: two ranks that queue the
+// collectives of two communicators on one stream in opposite orders deadlock (until an abort).
+TEST(DeviceTest, OppositeOrdersOnOneStreamDeadlock) {
+  const auto codes = RunRanks(2, [&](int rank, const ncclUniqueId& id) {
+    int failures = 0;
+    const Cu cu = Cu::Load(rank);
+    auto* s = static_cast<cudaStream_t>(cu.Stream());
+    ncclComm_t world, a, b;
+    if (ncclCommInitRank(&world, 2, id, rank) != ncclSuccess) return 2;
+    if (ncclCommSplit(world, 0, rank, &a, nullptr) != ncclSuccess) return 2;
+    if (ncclCommSplit(world, 0, rank, &b, nullptr) != ncclSuccess) return 2;
+    float x = 1, y = 1;
+    ncclComm_t first = rank == 0 ? a : b, second = rank == 0 ? b : a;
+    EMU_CHECK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, first, s) == ncclSuccess, "enqueue first");
+    EMU_CHECK(ncclAllReduce(&y, &y, 1, ncclFloat, ncclSum, second, s) == ncclSuccess, "enqueue second");
+    void* done = cu.RecordOn(s);
+    EMU_CHECK(!CompletesWithin(cu, done, 0.3), "opposite orders on one stream completed");
+    std::thread aborter([&] { EMU_CHECK(ncclCommAbort(a) == ncclSuccess && ncclCommAbort(b) == ncclSuccess, "abort"); });
+    aborter.join();
+    EMU_CHECK(CompletesWithin(cu, done, 5), "the stream still waits after the abort");
+    EMU_CHECK(ncclCommDestroy(world) == ncclSuccess, "destroy");
+    return failures;
+  }, Quiet(30));
+  EXPECT_TRUE(AllZero(codes)) << Codes(codes);
+}
+
 TEST(DeviceTest, AGonePeerFailsTheDeviceWorkAsynchronously) {
   const auto codes = RunRanks(2, [&](int rank, const ncclUniqueId& id) {
     int failures = 0;
