@@ -257,7 +257,8 @@ Status MegatronTrainer::TpAllReduce(int iter, int mb, int sublayer, PayloadTag t
   float* buf = tp_buf_.data();
   const std::size_t n = tp_buf_.size();
   if (Status s = Enqueue(&tp_, [&](ncclComm_t c, StreamHandle st) {
-        return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+        const CallArgs a = Mismatch(iter, InjectGroup::kTp, "ncclAllReduce", {n, ncclFloat, buf, buf}, 1);
+        return ncclAllReduce(a.send, a.recv, a.count, a.dtype, ncclSum, c, static_cast<cudaStream_t>(st));
       }, "ncclAllReduce(tp)", Consumer::kCompute);
       !s.ok()) {
     return s;
@@ -452,12 +453,15 @@ Status MegatronTrainer::ReduceBucket(int iter, int layer, const std::vector<int>
   float* out = grad_shard_.data() + l * shard;
   if (distributed_optimizer()) {
     return Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
-      return ncclReduceScatter(in, out, shard, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+      const CallArgs a = Mismatch(iter, InjectGroup::kDp, "ncclReduceScatter", {shard, ncclFloat, in, out},
+                                  static_cast<std::size_t>(shape_.dp));
+      return ncclReduceScatter(a.send, a.recv, a.count, a.dtype, ncclSum, c, static_cast<cudaStream_t>(st));
     }, "ncclReduceScatter(dp-cp bucket)", Consumer::kLater);
   }
   const std::size_t n = bucket_;
   return Enqueue(&dp_, [&](ncclComm_t c, StreamHandle st) {
-    return ncclAllReduce(in, in, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+    const CallArgs a = Mismatch(iter, InjectGroup::kDp, "ncclAllReduce", {n, ncclFloat, in, in}, 1);
+    return ncclAllReduce(a.send, a.recv, a.count, a.dtype, ncclSum, c, static_cast<cudaStream_t>(st));
   }, "ncclAllReduce(dp-cp bucket)", Consumer::kLater);
 }
 
@@ -491,19 +495,27 @@ Status MegatronTrainer::EmbeddingGrads(int iter) {
     FillPayload(embd_buf_, key(stage));
     MaybeCorrupt(embd_buf_, iter);
   }
-  float* buf = embd_buf_.data();
-  const std::size_t n = embd_buf_.size();
-  if (Status s = Enqueue(&embd_, [&](ncclComm_t c, StreamHandle st) {
-        return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(embd)", Consumer::kCompute);
-      !s.ok()) {
-    return s;
+  if (SwapIteration(iter) && rank_ == options_.swap_rank) {
+    embd_deferred_ = true;  // --inject-swap: issued after the grad norm (LossAndGradNorm)
+    return Status::Ok();
   }
+  if (Status s = EnqueueEmbd(iter); !s.ok()) return s;
   if (!options_.check) return Status::Ok();
   if (Status s = device_->HostWait(embd_.done); !s.ok()) return s;
   const std::uint64_t first = key(0), last = key(shape_.pp - 1);
   return Verify(embd_buf_, [&](std::size_t i) { return PayloadValue(first, i) + PayloadValue(last, i); },
                 Rotation(iter, 0, 2), 0, Where(iter, -1) + " embedding gradient all-reduce");
+}
+
+// The embedding all-reduce (--inject-swap's iteration: on the mp lane's stream).
+Status MegatronTrainer::EnqueueEmbd(int iter) {
+  Lane lane = embd_;
+  if (SwapIteration(iter)) lane.stream = mp_.stream;
+  float* buf = embd_buf_.data();
+  const std::size_t n = embd_buf_.size();
+  return Enqueue(&lane, [&](ncclComm_t c, StreamHandle st) {
+    return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
+  }, "ncclAllReduce(embd)", Consumer::kCompute);
 }
 
 // The loss over the DP group, then the grad norm over the model-parallel group, both read by the
@@ -531,11 +543,20 @@ Result<ControlDecision> MegatronTrainer::LossAndGradNorm(int iter, const Propose
   norm_[0] = 1;  // this rank's share of the squared gradient norm
   for (std::size_t i = 1; i < n; ++i) norm_[i] = loss_[i];
   double* nb = norm_.data();
+  // --inject-swap: the compute stream waits for the grad norm only after the embd all-reduce is
+  // queued, so that only the shared stream's order holds the embd all-reduce back.
+  const bool swap = embd_deferred_;
+  if (swap) LogSwap(iter);
   if (Status s = Enqueue(&mp_, [&](ncclComm_t c, StreamHandle st) {
         return ncclAllReduce(nb, nb, n, ncclFloat64, ncclSum, c, static_cast<cudaStream_t>(st));
-      }, "ncclAllReduce(mp grad norm)", Consumer::kCompute);
+      }, "ncclAllReduce(mp grad norm)", swap ? Consumer::kLater : Consumer::kCompute);
       !s.ok()) {
     return s;
+  }
+  if (swap) {
+    embd_deferred_ = false;  // behind the grad norm on one stream, while the peers' grad norm waits for it
+    if (Status s = EnqueueEmbd(iter); !s.ok()) return s;
+    if (Status s = device_->StreamWait(compute_, mp_.done); !s.ok()) return s;
   }
   if (Status s = device_->HostWait(mp_.done); !s.ok()) return s;  // grad_norm.item()
   if (norm_[0] != shape_.tp * shape_.pp) {

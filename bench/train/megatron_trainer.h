@@ -38,6 +38,9 @@
 //
 //  * a backward step runs on the autograd thread (autograd_thread.h) while the training thread
 //    waits, as PyTorch runs it: its TP all-reduces and gradient buckets come from that thread.
+//  * fault injections (options.h): --inject-mismatch issues one rank's first TP all-reduce or DP
+//    bucket of an iteration with a wrong count or datatype; --inject-swap puts the embd and mp
+//    all-reduces of an iteration on one stream, one rank issuing them in the other order.
 // Thread-safety: one thread at a time (the training thread, or the autograd thread while the
 // training thread waits for it). Must never: let the host touch a buffer that device work still
 // reads or writes (it waits on the event recorded after that work first), issue collectives in a
@@ -149,6 +152,7 @@ class MegatronTrainer {
   [[nodiscard]] Status ReduceBucket(int iter, int layer, const std::vector<int>& micro_batches);
   [[nodiscard]] Status FinishGradSync(int iter, const std::vector<int>& micro_batches);
   [[nodiscard]] Status EmbeddingGrads(int iter);
+  [[nodiscard]] Status EnqueueEmbd(int iter);
   [[nodiscard]] Result<ControlDecision> LossAndGradNorm(int iter, const ProposeFn& propose);
   [[nodiscard]] Status GatherParams(int iter, const std::vector<int>& micro_batches);
   [[nodiscard]] Status WaitParams(int layer);
@@ -160,6 +164,23 @@ class MegatronTrainer {
   [[nodiscard]] std::string Where(int iter, int mb) const;
   void MaybeCorrupt(std::span<float> buf, int iter) const;
   [[nodiscard]] bool distributed_optimizer() const { return options_.dp_mode == DpMode::kReduceScatterAllGather; }
+
+  // Fault injections (megatron_faults.cc). A float collective's arguments as issued.
+  struct CallArgs {
+    std::size_t count = 0;
+    ncclDataType_t dtype = ncclFloat;
+    const void* send = nullptr;
+    void* recv = nullptr;
+  };
+  // --inject-mismatch: `call`, this rank's first `op` on `group` in `iter`, as it must go out:
+  // unchanged, or (the injected rank, once) with count + 1 on buffers of the trainer's own that
+  // hold it, or as ncclFloat16; then logs the stderr line. Call just before issuing it.
+  // `send_blocks`: counts the send buffer holds (a reduce-scatter's dp, else 1).
+  [[nodiscard]] CallArgs Mismatch(int iter, InjectGroup group, const char* op, CallArgs call, std::size_t send_blocks);
+  // --inject-swap: true if the rank's embd all-reduce of `iter` goes on the mp lane's stream.
+  [[nodiscard]] bool SwapIteration(int iter) const { return options_.swap_rank >= 0 && iter == options_.swap_iter; }
+  // Logs the --inject-swap line (the first of the swapped pair is issued next).
+  void LogSwap(int iter) const;
 
   // Fixed after construction / Init.
   const Options options_;
@@ -186,6 +207,10 @@ class MegatronTrainer {
   // in from the next, out to the previous.
   P2pRing act_in_, act_out_, grad_in_, grad_out_;
   int held_ = 0, peak_activations_ = 0;
+  // Fault injections.
+  bool mismatched_ = false;           // --inject-mismatch: the wrong call went out
+  bool embd_deferred_ = false;        // --inject-swap: the embd all-reduce waits for the grad norm
+  std::vector<float> mismatch_buf_;   // a count + 1 call's buffers (never completes, never freed early)
 };
 
 }  // namespace falcon::train

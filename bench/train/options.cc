@@ -53,6 +53,71 @@ std::string ParseStall(const std::string& v, Options* o) {
   return "";
 }
 
+// Splits `v` at ':' into `parts`.
+std::vector<std::string> Fields(const std::string& v) {
+  std::vector<std::string> parts;
+  std::size_t from = 0;
+  for (std::size_t at = v.find(':'); at != std::string::npos; at = v.find(':', from)) {
+    parts.push_back(v.substr(from, at - from));
+    from = at + 1;
+  }
+  parts.push_back(v.substr(from));
+  return parts;
+}
+
+// RANK:ITER:KIND[:GROUP] (--inject-mismatch).
+std::string ParseMismatch(const std::string& v, Options* o) {
+  const std::vector<std::string> f = Fields(v);
+  if (f.size() < 3 || f.size() > 4) return "expected RANK:ITER:KIND[:GROUP], got '" + v + "'";
+  if (std::string e = ParseInt(f[0], 0, 1 << 20, &o->mismatch_rank); !e.empty()) return "RANK: " + e;
+  if (std::string e = ParseInt(f[1], 0, 1 << 30, &o->mismatch_iter); !e.empty()) return "ITER: " + e;
+  if (f[2] == "count") o->mismatch_kind = MismatchKind::kCount;
+  else if (f[2] == "dtype") o->mismatch_kind = MismatchKind::kDtype;
+  else return "KIND: '" + f[2] + "' is not count or dtype";
+  if (f.size() == 3 || f[3] == "tp") o->mismatch_group = InjectGroup::kTp;
+  else if (f[3] == "dp") o->mismatch_group = InjectGroup::kDp;
+  else return "GROUP: '" + f[3] + "' is not tp or dp";
+  return "";
+}
+
+// RANK:ITER (--inject-swap).
+std::string ParseSwap(const std::string& v, Options* o) {
+  const std::vector<std::string> f = Fields(v);
+  if (f.size() != 2) return "expected RANK:ITER, got '" + v + "'";
+  if (std::string e = ParseInt(f[0], 0, 1 << 20, &o->swap_rank); !e.empty()) return "RANK: " + e;
+  if (std::string e = ParseInt(f[1], 0, 1 << 30, &o->swap_iter); !e.empty()) return "ITER: " + e;
+  return "";
+}
+
+// The injections against the shape (after every flag is read): "" or the error.
+std::string CheckInjections(const Options& o) {
+  const int world = o.shape.world();
+  const std::string job = std::to_string(o.shape.tp) + "x" + std::to_string(o.shape.dp) + "x" +
+                          std::to_string(o.shape.pp) + " job of " + std::to_string(world) + " ranks";
+  if (o.mismatch_rank >= 0) {
+    const bool tp = o.mismatch_group == InjectGroup::kTp;
+    const int size = tp ? o.shape.tp : o.shape.dp;
+    if (o.world_sync) return "--inject-mismatch needs the Megatron mode; not with --world-sync";
+    if (o.mismatch_rank >= world) {
+      return "--inject-mismatch: rank " + std::to_string(o.mismatch_rank) + " is not in this " + job;
+    }
+    if (size < 2) {
+      return std::string("--inject-mismatch: the ") + InjectGroupName(o.mismatch_group) + " group has one rank (--" +
+             InjectGroupName(o.mismatch_group) + " 1): no peer to disagree with";
+    }
+  }
+  if (o.swap_rank >= 0) {
+    if (o.world_sync) return "--inject-swap needs the Megatron mode; not with --world-sync";
+    if (o.swap_rank >= world) return "--inject-swap: rank " + std::to_string(o.swap_rank) + " is not in this " + job;
+    const int stage = CoordsOf(o.shape, o.swap_rank).pp;
+    if (o.shape.pp < 2 || (stage != 0 && stage != o.shape.pp - 1)) {
+      return "--inject-swap: rank " + std::to_string(o.swap_rank) + " has no embedding group (it swaps the embd and "
+             "mp all-reduces: it must be on the first or last of pp >= 2 stages)";
+    }
+  }
+  return "";
+}
+
 std::string ParseSize(const std::string& v, std::size_t hi, std::size_t* out) {
   errno = 0;
   char* end = nullptr;
@@ -135,6 +200,16 @@ const std::vector<OptionSpec>& Table() {
        "iteration ITER, as a rank stuck in its data loader, for SECONDS (default: for good; its peers then wait in "
        "their next collective with it)",
        [](Options* o, const std::string& v) { return ParseStall(v, o); }},
+      {"--inject-mismatch", "RANK:ITER:KIND[:GROUP]", "fault injection: in iteration ITER rank RANK issues its "
+       "first collective on GROUP (tp: the forward's first TP all-reduce, the default; dp: the first DP gradient "
+       "bucket) with KIND count (count + 1) or dtype (ncclFloat as ncclFloat16, same count); its peers issue it as "
+       "usual. NCCL does not compare calls: the collective never completes (the emulator's lenient mode fails it "
+       "at the deadline naming both calls)",
+       [](Options* o, const std::string& v) { return ParseMismatch(v, o); }},
+      {"--inject-swap", "RANK:ITER", "fault injection: in iteration ITER the embedding-gradient all-reduce (embd) "
+       "goes on the grad-norm all-reduce's stream (mp) on every rank, and rank RANK (first or last pipeline stage) "
+       "issues the grad norm before the embedding gradients, the opposite order to its peers: a deadlock",
+       [](Options* o, const std::string& v) { return ParseSwap(v, o); }},
       {"--world-sync", nullptr, "legacy, kinder mode: the world, tp, dp and pp communicators only, synchronous "
        "NCCL calls, host-side compute, one gradient reduction after the backward and a world all-reduce of the "
        "control word every iteration; no watchdog",
@@ -255,6 +330,7 @@ Result<Options> ParseOptions(int argc, const char* const* argv) {
   if (o.falcon_plans && !o.plan_file.empty()) {
     return Status::InvalidArgument("--plan-file and --falcon-plans are alternatives: choose one plan source");
   }
+  if (std::string e = CheckInjections(o); !e.empty()) return Status::InvalidArgument(e);
   return o;
 }
 
@@ -281,6 +357,8 @@ std::string UsageText() {
   out += "Exit status: 0 ok, 1 a --check verification failed, 2 usage, setup or NCCL error.\n";
   return out;
 }
+
+const char* InjectGroupName(InjectGroup group) { return group == InjectGroup::kTp ? "tp" : "dp"; }
 
 const char* DpModeName(DpMode mode) {
   return mode == DpMode::kAllReduce ? "allreduce" : "rs-ag";

@@ -17,6 +17,11 @@ namespace falcon::train {
 
 enum class DpMode { kAllReduce, kReduceScatterAllGather };
 
+// --inject-mismatch: what the mismatched call changes (both change its byte size, so it hangs
+// as under NCCL), and on which group.
+enum class MismatchKind { kCount, kDtype };
+enum class InjectGroup { kTp, kDp };
+
 struct Options {
   Shape shape;                    // --tp --dp --pp
   int micro_batches = 4;          // --micro-batches: per DP replica per iteration (before plans)
@@ -46,6 +51,16 @@ struct Options {
   int stall_rank = -1;
   int stall_iter = 0;
   double stall_s = -1;
+  // --inject-mismatch RANK:ITER:KIND[:GROUP]: in iteration ITER rank RANK issues its first
+  // collective on GROUP (default tp) with count + 1 or a half-size datatype (-1 rank = off).
+  int mismatch_rank = -1;
+  int mismatch_iter = 0;
+  MismatchKind mismatch_kind = MismatchKind::kCount;
+  InjectGroup mismatch_group = InjectGroup::kTp;
+  // --inject-swap RANK:ITER: in iteration ITER rank RANK issues the grad-norm (mp) and embedding
+  // (embd) all-reduces on one stream in the opposite order to its peers (-1 rank = off).
+  int swap_rank = -1;
+  int swap_iter = 0;
   bool world_sync = false;        // --world-sync: the legacy mode (world control all-reduce)
   bool lazy_init = false;         // --lazy-init: communicators at first use
   bool nonblocking = false;       // --nonblocking: ncclConfig_t.blocking = 0
@@ -71,7 +86,9 @@ struct Options {
 };
 
 // Parses argv[1..argc). Returns InvalidArgument naming the flag on an unknown flag, a missing or
-// malformed value, a value out of bounds, or --plan-file together with --falcon-plans. Does not check the shape against the world size
+// malformed value, a value out of bounds, --plan-file together with --falcon-plans, or an
+// injection the shape cannot host (a rank outside tp*dp*pp, a group of one rank, a swap without
+// an embedding group on that rank). Does not check the shape against the world size
 // (ValidateShape does, once WORLD_SIZE is known).
 [[nodiscard]] Result<Options> ParseOptions(int argc, const char* const* argv);
 
@@ -79,6 +96,7 @@ struct Options {
 [[nodiscard]] std::string UsageText();
 
 [[nodiscard]] const char* DpModeName(DpMode mode);
+[[nodiscard]] const char* InjectGroupName(InjectGroup group);  // "tp" / "dp"
 
 }  // namespace falcon::train
 

@@ -92,12 +92,55 @@ TEST(OptionsTest, RejectsBadInput) {
   }
 }
 
+TEST(OptionsTest, FaultInjections) {
+  const Result<Options> mm = Parse({"--tp", "2", "--dp", "2", "--inject-mismatch", "3:5:dtype:dp", "--inject-swap", "0:1",
+                                    "--pp", "2"});
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+  EXPECT_EQ(mm.value().mismatch_rank, 3);
+  EXPECT_EQ(mm.value().mismatch_iter, 5);
+  EXPECT_EQ(mm.value().mismatch_kind, MismatchKind::kDtype);
+  EXPECT_EQ(mm.value().mismatch_group, InjectGroup::kDp);
+  EXPECT_EQ(mm.value().swap_rank, 0);
+  EXPECT_EQ(mm.value().swap_iter, 1);
+  const Result<Options> tp = Parse({"--tp", "2", "--inject-mismatch", "1:0:count"});
+  ASSERT_TRUE(tp.ok()) << tp.status().ToString();
+  EXPECT_EQ(tp.value().mismatch_kind, MismatchKind::kCount);
+  EXPECT_EQ(tp.value().mismatch_group, InjectGroup::kTp);  // the default
+  const Result<Options> off = Parse({});
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off.value().mismatch_rank, -1);
+  EXPECT_EQ(off.value().swap_rank, -1);
+}
+
+TEST(OptionsTest, RejectsInjectionsTheShapeCannotHost) {
+  struct Case { std::vector<const char*> args; const char* says; };
+  for (const Case& c : {
+           Case{{"--tp", "2", "--inject-mismatch", "1:2"}, "expected RANK:ITER:KIND[:GROUP]"},
+           Case{{"--tp", "2", "--inject-mismatch", "1:2:size"}, "KIND: 'size' is not count or dtype"},
+           Case{{"--tp", "2", "--inject-mismatch", "1:2:count:pp"}, "GROUP: 'pp' is not tp or dp"},
+           Case{{"--tp", "2", "--inject-mismatch", "x:2:count"}, "RANK: 'x' is not an integer"},
+           Case{{"--tp", "2", "--inject-mismatch", "2:0:count"}, "rank 2 is not in this 2x1x1 job of 2 ranks"},
+           Case{{"--dp", "2", "--inject-mismatch", "0:0:count"}, "the tp group has one rank"},
+           Case{{"--tp", "2", "--inject-mismatch", "0:0:dtype:dp"}, "the dp group has one rank"},
+           Case{{"--tp", "2", "--world-sync", "--inject-mismatch", "0:0:count"}, "not with --world-sync"},
+           Case{{"--pp", "2", "--inject-swap", "1"}, "expected RANK:ITER"},
+           Case{{"--pp", "2", "--inject-swap", "2:0"}, "rank 2 is not in this"},
+           Case{{"--tp", "2", "--inject-swap", "0:0"}, "has no embedding group"},
+           Case{{"--pp", "3", "--inject-swap", "1:0"}, "has no embedding group"},  // a middle stage
+           Case{{"--pp", "2", "--world-sync", "--inject-swap", "0:0"}, "not with --world-sync"}}) {
+    const Result<Options> o = Parse(c.args);
+    ASSERT_FALSE(o.ok()) << c.says;
+    EXPECT_NE(o.status().message().find(c.says), std::string::npos) << o.status().message();
+  }
+}
+
 TEST(OptionsTest, HelpListsEveryOption) {
   const std::string help = UsageText();
   for (const char* flag : {"--tp", "--dp", "--pp", "--micro-batches", "--layers", "--hidden", "--seq",
                            "--micro-batch-size", "--compute-ms", "--optimizer-ms", "--grad-bytes", "--dp-mode",
                            "--iters", "--duration-s", "--check", "--report", "--progress-every", "--plan-file",
-                           "--falcon-plans", "--checkpoint-every", "--restart-s", "--spare-nodes", "--state-bytes"}) {
+                           "--falcon-plans", "--checkpoint-every", "--restart-s", "--spare-nodes", "--state-bytes",
+                           "--inject-stall", "--inject-mismatch", "--inject-swap"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   const Result<Options> o = Parse({"-h"});

@@ -99,6 +99,46 @@ TEST_F(TrainEmuTest, InjectedCorruptionFailsTheCheck) {
   EXPECT_NE(r.output.find("iteration 2"), std::string::npos) << r.output;
 }
 
+// Fault injections that leave the job hung (strict emulator): a few seconds of falcon-emu-run's
+// --job-timeout (exit 124) after the injection line; rank 0 reports every iteration, and none
+// from the injected one on (every rank's iteration ends in the grad norm over mp = the world).
+void ExpectHungAt(const JobResult& r, const std::string& line, int iter) {
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" ns)\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("iteration " + std::to_string(iter - 1) + " done"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("iteration " + std::to_string(iter) + " done"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainEmuTest, InjectedCountMismatchHangsTheJob) {
+  const JobResult r = RunJob({"-n", "4", "--job-timeout", "6"},
+                             {"--tp", "2", "--pp", "2", "--iters", "4", "--compute-ms", "0.5", "--progress-every", "1",
+                              "--inject-mismatch", "1:1:count"});
+  ExpectHungAt(r, "rank 1: --inject-mismatch: ncclAllReduce on tp in iteration 1 issued with count 8193 instead of 8192", 1);
+}
+
+TEST_F(TrainEmuTest, InjectedDatatypeMismatchOnDpFailsAtTheLenientDeadlineNamingBothCalls) {
+  const JobResult r = RunJob({"-n", "4", "--timeout", "1"},
+                             {"--tp", "2", "--dp", "2", "--iters", "4", "--compute-ms", "0.5", "--progress-every", "1",
+                              "--inject-mismatch", "2:1:dtype:dp"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << r.output;
+  EXPECT_NE(r.output.find("rank 2: --inject-mismatch: ncclReduceScatter on dp in iteration 1 issued with ncclFloat16"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("call mismatch"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(count=24576, half,"), std::string::npos) << r.output;  // the emulator's names
+  EXPECT_NE(r.output.find("(count=24576, float,"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("iteration 1 done"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainEmuTest, InjectedSwapDeadlocksTheJob) {
+  const JobResult r = RunJob({"-n", "4", "--job-timeout", "6"},
+                             {"--tp", "2", "--pp", "2", "--iters", "4", "--compute-ms", "0.5", "--progress-every", "1",
+                              "--inject-swap", "3:1"});
+  ExpectHungAt(r, "rank 3: --inject-swap: ncclAllReduce(grad norm) on mp and ncclAllReduce(embedding gradients) on embd "
+                  "swapped in iteration 1 (from ", 1);
+}
+
 // Checks that every rank ran the same plan versions at the same iterations, with its replica's
 // micro-batch count, and returns the first iteration of `version`.
 int SwitchIteration(const std::vector<json>& reports, int version, const std::vector<int>& plan) {
