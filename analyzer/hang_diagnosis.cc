@@ -324,36 +324,16 @@ void Mismatches(const Snapshot& s, std::size_t cap, std::vector<Finding>* out) {
   std::size_t made = 0;
   for (auto& [key, sigs] : issued) {
     if (made == cap) break;
-    const CallSignature& first = sigs.front().second;  // named: clang 14 cannot capture a structured binding
-    if (std::all_of(sigs.begin(), sigs.end(), [&](const auto& x) { return x.second == first; })) continue;
+    std::optional<Finding> f = MismatchOf(key.first, key.second, std::move(sigs));
+    if (!f) continue;
     ++made;
-    // The most common signature is taken as intended; ties go to the lowest rank's.
-    std::vector<std::pair<CallSignature, std::size_t>> tally;
-    for (const auto& [rank, sig] : sigs) {
-      auto it = std::find_if(tally.begin(), tally.end(), [&want = sig](const auto& t) { return t.first == want; });
-      if (it == tally.end()) tally.emplace_back(sig, 1);
-      else ++it->second;
-    }
-    const CallSignature common =
-        std::max_element(tally.begin(), tally.end(), [](const auto& a, const auto& b) { return a.second < b.second; })->first;
-    Finding f;
-    f.kind = FindingKind::kMismatch;
-    f.comm = key.first;
-    f.seq = key.second;
-    std::string differ;
-    for (const auto& [rank, sig] : sigs) {
-      if (sig == common) continue;
-      f.culprits.push_back(rank);
-      if (differ.empty()) differ = "rank " + std::to_string(rank) + " issued " + Describe(sig);
-    }
-    f.signatures = sigs;
-    f.summary = "call #" + std::to_string(f.seq) + " on communicator " + Hex(f.comm) + " differs between ranks: " + differ +
-                ", the others " + Describe(common);
-    out->push_back(std::move(f));
+    out->push_back(std::move(*f));
   }
 }
 
-void Deadlocks(const Snapshot& s, std::size_t cap, std::vector<Finding>* out) {
+// Deadlocks found, and per finding the global ranks whose device work waits on its cycle (the
+// cycle's own and those queued behind or waiting for its calls).
+void Deadlocks(const Snapshot& s, std::size_t cap, std::vector<Finding>* out, std::vector<std::set<std::int64_t>>* held) {
   // Device work waiting on device work: queued behind its stream's earlier call; a collective at
   // the head waits for each member's copy that is queued behind something; a send or receive at
   // the head for its peer's matching call, if that is queued behind something.
@@ -406,8 +386,27 @@ void Deadlocks(const Snapshot& s, std::size_t cap, std::vector<Finding>* out) {
   for (std::size_t n = 0; n < s.pending.size(); ++n) {
     if (color[n] == 0) dfs(dfs, n);
   }
+  std::vector<std::vector<std::size_t>> into(s.pending.size());  // reversed edges
+  for (std::size_t n = 0; n < edges.size(); ++n) {
+    for (std::size_t m : edges[n]) into[m].push_back(n);
+  }
   for (std::size_t i = 0; i < cycles.size() && i < cap; ++i) {
     const std::vector<std::size_t>& cycle = cycles[i];
+    std::set<std::int64_t>& behind = held->emplace_back();
+    std::vector<bool> seen(s.pending.size(), false);
+    std::vector<std::size_t> todo(cycle.begin(), cycle.end());
+    for (std::size_t n : todo) seen[n] = true;
+    while (!todo.empty()) {
+      const std::size_t n = todo.back();
+      todo.pop_back();
+      behind.insert(s.ranks[s.pending[n].rank_index]->rank);
+      for (std::size_t m : into[n]) {
+        if (!seen[m]) {
+          seen[m] = true;
+          todo.push_back(m);
+        }
+      }
+    }
     Finding f;
     f.kind = FindingKind::kDeadlock;
     std::set<std::int64_t> ranks;
@@ -484,6 +483,42 @@ void Disorders(const Snapshot& s, const std::vector<Finding>& deadlocks, std::si
 
 }  // namespace
 
+std::optional<Finding> MismatchOf(std::uint64_t comm, std::uint64_t seq,
+                                  std::vector<std::pair<std::int64_t, CallSignature>> sigs, const CallSignature* prefer) {
+  if (sigs.empty()) return std::nullopt;
+  const CallSignature& first = sigs.front().second;  // named: clang 14 cannot capture a structured binding
+  if (std::all_of(sigs.begin(), sigs.end(), [&](const auto& x) { return x.second == first; })) return std::nullopt;
+  std::sort(sigs.begin(), sigs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // The most common signature is taken as intended; ties go to the lowest rank's.
+  std::vector<std::pair<CallSignature, std::size_t>> tally;
+  for (const auto& [rank, sig] : sigs) {
+    auto it = std::find_if(tally.begin(), tally.end(), [&want = sig](const auto& t) { return t.first == want; });
+    if (it == tally.end()) tally.emplace_back(sig, 1);
+    else ++it->second;
+  }
+  const auto top =
+      std::max_element(tally.begin(), tally.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  CallSignature common = top->first;
+  if (prefer != nullptr) {
+    auto p = std::find_if(tally.begin(), tally.end(), [prefer](const auto& t) { return t.first == *prefer; });
+    if (p != tally.end() && p->second == top->second) common = p->first;
+  }
+  Finding f;
+  f.kind = FindingKind::kMismatch;
+  f.comm = comm;
+  f.seq = seq;
+  std::string differ;
+  for (const auto& [rank, sig] : sigs) {
+    if (sig == common) continue;
+    f.culprits.push_back(rank);
+    if (differ.empty()) differ = "rank " + std::to_string(rank) + " issued " + Describe(sig);
+  }
+  f.summary = "call #" + std::to_string(f.seq) + " on communicator " + Hex(f.comm) + " differs between ranks: " + differ +
+              ", the others " + Describe(common);
+  f.signatures = std::move(sigs);
+  return f;
+}
+
 const char* FindingKindName(FindingKind k) {
   switch (k) {
     case FindingKind::kNotIssued: return "not_issued";
@@ -494,6 +529,8 @@ const char* FindingKindName(FindingKind k) {
   }
   return "?";
 }
+
+bool IsCollectiveOp(std::uint8_t op) { return IsCollective(op); }
 
 std::string CallOpName(std::uint8_t op) {
   static constexpr std::array<const char*, 12> kNames = {"None",          "AllReduce", "Broadcast", "Bcast",
@@ -507,8 +544,28 @@ std::vector<Finding> DiagnoseHang(std::span<const RankProgress> ranks, const Han
   const Snapshot s = Build(ranks);
   const std::size_t cap = options.max_findings;
   std::vector<Finding> deadlocks, rest;
-  Deadlocks(s, cap, &deadlocks);
+  std::vector<std::set<std::int64_t>> held;
+  Deadlocks(s, cap, &deadlocks, &held);
   NotIssued(s, RankWaits(s), cap, &rest);
+  // A call never issued because its root rank's host waits (outside NCCL) on device work that a
+  // deadlock holds is the deadlock's doing: its ranks join the deadlock's, not a finding of its own.
+  std::erase_if(rest, [&](const Finding& f) {
+    if (f.kind != FindingKind::kNotIssued || f.chain.empty()) return false;
+    for (std::size_t d = 0; d < deadlocks.size(); ++d) {
+      if (!held[d].count(f.chain.back().rank)) continue;
+      std::set<std::int64_t> waiting(deadlocks[d].waiting.begin(), deadlocks[d].waiting.end());
+      waiting.insert(f.waiting.begin(), f.waiting.end());
+      waiting.insert(f.culprits.begin(), f.culprits.end());
+      deadlocks[d].waiting.assign(waiting.begin(), waiting.end());
+      return true;
+    }
+    return false;
+  });
+  for (Finding& d : deadlocks) {
+    if (d.waiting.size() > d.culprits.size()) {
+      d.summary += " (" + std::to_string(d.waiting.size()) + " rank(s) held in all)";
+    }
+  }
   NotCompleting(s, cap, &rest);
   Mismatches(s, cap, &rest);
   Disorders(s, deadlocks, cap, &rest);

@@ -117,6 +117,17 @@ struct HangDiagnosisOptions {
 // order; a rank listed twice counts once (the first).
 std::vector<Finding> DiagnoseHang(std::span<const RankProgress> ranks, const HangDiagnosisOptions& options = {});
 
+// The mismatch among the signatures each rank issued one collective (comm, seq) with: nullopt
+// when they all agree. Culprits: the ranks that differ from the most common signature; a tie goes
+// to `prefer` where it is one of the most common (e.g. what like communicators issued at that
+// seq), else to the lowest rank's. `signatures` ascending by rank. A rank given twice counts twice.
+std::optional<Finding> MismatchOf(std::uint64_t comm, std::uint64_t seq,
+                                  std::vector<std::pair<std::int64_t, CallSignature>> sigs,
+                                  const CallSignature* prefer = nullptr);
+
+// Whether FalconOp `op` is a collective (AllReduce .. Scatter): alike on every member, compared.
+bool IsCollectiveOp(std::uint8_t op);
+
 // "AllReduce", "Send", ... for a FalconOp code; "op N" for others.
 std::string CallOpName(std::uint8_t op);
 

@@ -173,6 +173,38 @@ TEST(HangDiagnosisTest, OppositeOrdersOnOneStreamAreADeadlockWithItsCycle) {
   EXPECT_TRUE(OfKind(all, FindingKind::kDisorder).empty()) << "the inversion is reported once, as the deadlock";
 }
 
+// The same cycle, and a third rank: ranks 0 and 1 then wait on the host for their stuck work
+// (the grad norm's .item()), so their next world call is never issued and rank 2 waits in it. That
+// is the deadlock's doing, not a culprit of its own: one finding, holding all three ranks.
+TEST(HangDiagnosisTest, CallsNeverIssuedBecauseOfADeadlockJoinIt) {
+  Job job(3);
+  for (int r = 0; r < 2; ++r) {
+    job.add(r, kTp, 2, r, 5, 4);
+    job.add(r, kDp, 2, r, 10, 9);
+    job.add(r, kWorld, 3, r, 7, 7);
+  }
+  job.add(2, kWorld, 3, 2, 8, 7);
+  job.call(0, kTp, 4, Sig(kAllReduce, 64), 11, false);
+  job.call(0, kDp, 9, Sig(kAllReduce, 64), 11, false);
+  job.call(1, kDp, 9, Sig(kAllReduce, 64), 22, false);
+  job.call(1, kTp, 4, Sig(kAllReduce, 64), 22, false);
+  job.call(2, kWorld, 7, Sig(kAllReduce, 8), 33, false);
+  const auto all = job.diagnose();
+  ASSERT_EQ(all.size(), 1u) << all.back().summary;
+  EXPECT_EQ(all[0].kind, FindingKind::kDeadlock);
+  EXPECT_EQ(all[0].culprits, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(all[0].waiting, (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_NE(all[0].summary.find("3 rank(s) held in all"), std::string::npos) << all[0].summary;
+
+  Job idle = job;  // rank 0's work completes: no cycle, and rank 0 is named for the world call
+  idle.ranks[0].recent.clear();
+  idle.ranks[0].comms[0].completed = 5;
+  idle.ranks[0].comms[1].completed = 10;
+  const auto found = OfKind(idle.diagnose(), FindingKind::kNotIssued);
+  ASSERT_FALSE(found.empty());
+  EXPECT_TRUE(OfKind(idle.diagnose(), FindingKind::kDeadlock).empty());
+}
+
 TEST(HangDiagnosisTest, InversionThatDidNotBlockIsADisorderWarning) {
   Job job(2);
   for (int r = 0; r < 2; ++r) {
