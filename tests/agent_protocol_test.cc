@@ -73,6 +73,15 @@ json Example(std::string_view type) {
     m.baseline_s = 0.2;
     return ToJson(m);
   }
+  if (type == kCallSignatures.type) {
+    CallSignatures m;
+    m.header = H();
+    m.rank = 5;
+    m.pid = 9;
+    m.comms = {{0xff, 4, {{40, 24, "AllReduce", 7, 4096, 0, -1}, {64, 1, "Broadcast", 7, 16, -1, 2}}}};
+    m.dropped = 3;
+    return ToJson(m);
+  }
   if (type == kStall.type) {
     StallReport m;
     m.header = H();

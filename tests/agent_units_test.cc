@@ -22,6 +22,7 @@
 #include "daemon/agent/outbox.h"
 #include "daemon/agent/plan_delivery.h"
 #include "daemon/agent/rank_analysis.h"
+#include "daemon/agent/signature_log.h"
 #include "daemon/agent/stall_watch.h"
 #include "falcon/falcon.h"
 
@@ -495,6 +496,81 @@ TEST(CallPatternTest, CallsOfTwoThreadsMakeOnePeriod) {
   const Result<CallPatternReport> a = adj.Build(2, comms);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a.value().pattern.units.size(), 2u);
+}
+
+FalconRecord Call(std::uint8_t op, std::uint64_t seq, std::uint64_t count, std::int16_t redop = 0, std::int32_t peer = -1) {
+  FalconRecord r{};
+  r.op = op;
+  r.comm_seq = seq;
+  r.count = count;
+  r.dtype = 7;
+  r.redop = redop;
+  r.peer = peer;
+  return r;
+}
+
+TEST(SignatureLogTest, AlikeConsecutiveCallsMakeOneRun) {
+  SignatureLog log;
+  EXPECT_TRUE(log.empty());
+  for (std::uint64_t s = 0; s < 24; ++s) log.Push(Call(kFalconOpAllReduce, s, 4096), 0xa, 2);
+  log.Push(Call(kFalconOpAllReduce, 24, 4097), 0xa, 2);                  // another count
+  log.Push(Call(kFalconOpAllReduce, 26, 4097), 0xa, 2);                  // a gap in seq (lost)
+  log.Push(Call(kFalconOpBroadcast, 27, 4097, -1, 3), 0xa, 2);           // rooted: root kept
+  log.Push(Call(kFalconOpAllReduce, 28, 4097, 7), 0xa, 2);               // a user-made reduction
+  log.Push(Call(kFalconOpAllGather, 0, 16, -1, 5), 0xb, 4);              // not rooted: peer dropped
+  log.Push(Call(kFalconOpCommSplit, 1, 0), 0xb, 4);                      // setup: not compared
+  std::uint64_t dropped = 9;
+  const std::vector<protocol::CommSignatures> c = log.Take(&dropped);
+  EXPECT_EQ(dropped, 0u);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].id, 0xau);
+  EXPECT_EQ(c[0].nranks, 2);
+  ASSERT_EQ(c[0].runs.size(), 5u);
+  EXPECT_EQ(c[0].runs[0].seq, 0u);
+  EXPECT_EQ(c[0].runs[0].n, 24u);
+  EXPECT_EQ(c[0].runs[0].op, "AllReduce");
+  EXPECT_EQ(c[0].runs[0].count, 4096u);
+  EXPECT_EQ(c[0].runs[1].seq, 24u);
+  EXPECT_EQ(c[0].runs[2].seq, 26u);
+  EXPECT_EQ(c[0].runs[3].root, 3);
+  EXPECT_EQ(c[0].runs[4].redop, kCustomRedOp);
+  ASSERT_EQ(c[1].runs.size(), 1u);
+  EXPECT_EQ(c[1].runs[0].root, -1);
+  EXPECT_TRUE(log.empty());
+  EXPECT_TRUE(log.Take(&dropped).empty());
+}
+
+TEST(SignatureLogTest, PointToPointOnALargerCommunicatorEndsItsComparison) {
+  SignatureLog log;
+  log.Push(Call(kFalconOpAllReduce, 0, 8), 0xa, 4);
+  log.Push(Call(kFalconOpSend, 1, 8, -1, 2), 0xa, 4);   // comm_seq no longer lines up with the others'
+  log.Push(Call(kFalconOpAllReduce, 2, 8), 0xa, 4);
+  log.Push(Call(kFalconOpSend, 0, 8, -1, 1), 0xb, 2);   // two ranks: sends and receives pair up
+  log.Push(Call(kFalconOpAllReduce, 1, 8), 0xb, 2);
+  std::uint64_t dropped = 0;
+  const std::vector<protocol::CommSignatures> c = log.Take(&dropped);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].id, 0xbu);
+  EXPECT_EQ(c[0].runs[0].seq, 1u);
+}
+
+TEST(SignatureLogTest, RunsBeyondTheCapAndLostRecordsAreCounted) {
+  SignatureLog log(2);
+  for (std::uint64_t s = 0; s < 5; ++s) log.Push(Call(kFalconOpAllReduce, s, s), 0xa, 2);
+  log.Lost(4);
+  std::uint64_t dropped = 0;
+  const std::vector<protocol::CommSignatures> c = log.Take(&dropped);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].runs.size(), 2u);
+  EXPECT_EQ(dropped, 7u);
+  // Out-of-range fields from a damaged record stay within the message's bounds.
+  FalconRecord bad = Call(kFalconOpReduce, 0, ~std::uint64_t{0}, -9, -7);
+  log.Push(bad, 0xa, 2);
+  const std::vector<protocol::CommSignatures> d = log.Take(&dropped);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].runs[0].redop, -1);
+  EXPECT_EQ(d[0].runs[0].root, -1);
+  EXPECT_LE(d[0].runs[0].count, 9'200'000'000'000'000'000ULL);
 }
 
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "daemon/controller/hang_stage.h"
+#include "daemon/controller/mismatch_stage.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
 
@@ -280,6 +281,83 @@ TEST(HangStageTest, AFindingsStageFollowsItsKind) {
   EXPECT_STREQ(HangStageName(analyzer::FindingKind::kMismatch), "mismatch");
   EXPECT_STREQ(HangStageName(analyzer::FindingKind::kDeadlock), "deadlock");
   EXPECT_STREQ(HangStageName(analyzer::FindingKind::kDisorder), "disorder");
+}
+
+// ---- MismatchStage: call_signatures compared across members --------------------------------
+
+constexpr std::uint64_t kWorld = 0xee;  // all 4 ranks
+
+// Rank `rank` issued AllReduces seq .. seq + n - 1 on the world communicator with `count`.
+json Signatures(std::int64_t rank, std::uint64_t seq, std::uint64_t n, std::uint64_t count, std::int32_t dtype = 7) {
+  protocol::CallSignatures m;
+  m.header = {"job", Host(rank), kT0};
+  m.rank = rank;
+  m.pid = 1000 + rank;
+  m.comms = {{kWorld, 4, {{seq, n, "AllReduce", dtype, count, 0, -1}}}};
+  return Validated(protocol::ToJson(m), protocol::kCallSignatures);
+}
+
+TEST(MismatchStageTest, AgreeingCallsRaiseNothing) {
+  const JobView view = View();
+  MismatchStage stage;
+  for (std::int64_t r = 0; r < 4; ++r) stage.OnSignatures(Signatures(r, 0, 500, 4096), kT0);
+  EXPECT_TRUE(stage.Next(view, kT0 + 10 * kSec).empty());
+  EXPECT_EQ(stage.ledger().compared(), 500u);
+  EXPECT_EQ(stage.ledger().pending(), 0u);
+  EXPECT_EQ(stage.calls(), 2000u);
+  EXPECT_EQ(stage.messages(), 4u);
+}
+
+TEST(MismatchStageTest, ACountMismatchIsOneEntryNamingTheRankAndItsHost) {
+  const JobView view = View();
+  MismatchStage stage;
+  for (std::int64_t r = 0; r < 4; ++r) stage.OnSignatures(Signatures(r, 0, 10, 4096), kT0);
+  for (std::int64_t r = 0; r < 4; ++r) stage.OnSignatures(Signatures(r, 10, 1, r == 3 ? 4097 : 4096), kT0 + kSec / 10);
+  const std::vector<HangRecord> out = stage.Next(view, kT0 + kSec / 10);
+  ASSERT_EQ(out.size(), 1u);
+  const HangRecord& e = out[0];
+  EXPECT_EQ(e.stage, "mismatch");
+  EXPECT_STREQ(e.severity, "critical");
+  EXPECT_EQ(e.fields["id"], "mismatch-00000000000000ee-10");
+  EXPECT_EQ(e.fields["ranks"], json({3}));
+  EXPECT_EQ(e.fields["comms"], json({"00000000000000ee"}));
+  EXPECT_EQ(e.fields["detail"]["kind"], "mismatch");
+  EXPECT_EQ(e.fields["detail"]["seq"], 10);
+  EXPECT_EQ(e.fields["detail"]["hosts"], json::parse(R"([{"rank": 3, "host": "node1"}])"));
+  ASSERT_EQ(e.fields["detail"]["signatures"].size(), 4u);
+  EXPECT_EQ(e.fields["detail"]["signatures"][3]["count"], 4097);
+  EXPECT_NE(e.summary.find("rank 3 on node1"), std::string::npos) << e.summary;
+  EXPECT_NE(e.summary.find("count 4097"), std::string::npos) << e.summary;
+  EXPECT_TRUE(stage.Recorded(kWorld, 10));
+  EXPECT_FALSE(stage.Recorded(kWorld, 9));
+  EXPECT_TRUE(stage.Next(view, kT0 + 5 * kSec).empty()) << "raised once";
+}
+
+TEST(MismatchStageTest, AMemberNotHeardFromHoldsItBackOnlyForTheGrace) {
+  const JobView view = View();
+  MismatchStage stage(MismatchStageOptions{0.5, 8});
+  stage.OnSignatures(Signatures(0, 0, 1, 64), kT0);
+  stage.OnSignatures(Signatures(1, 0, 1, 64, /*dtype=*/6), kT0);
+  stage.OnSignatures(Signatures(2, 0, 1, 64), kT0);
+  EXPECT_TRUE(stage.Next(view, kT0 + kSec / 4).empty());
+  const std::vector<HangRecord> out = stage.Next(view, kT0 + kSec / 2);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].fields["ranks"], json({1}));
+  EXPECT_EQ(out[0].fields["detail"]["signatures"].size(), 3u);
+}
+
+TEST(MismatchStageTest, AnEntryThatCouldNotBeWrittenComesBackFirst) {
+  const JobView view = View();
+  MismatchStage stage;
+  for (std::int64_t r = 0; r < 4; ++r) stage.OnSignatures(Signatures(r, 0, 1, r == 0 ? 1 : 2), kT0);
+  std::vector<HangRecord> out = stage.Next(view, kT0);
+  ASSERT_EQ(out.size(), 1u);
+  stage.Unwritten(std::move(out));
+  for (std::int64_t r = 0; r < 4; ++r) stage.OnSignatures(Signatures(r, 1, 1, r == 1 ? 1 : 2), kT0);
+  out = stage.Next(view, kT0);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].fields["detail"]["seq"], 0);
+  EXPECT_EQ(out[1].fields["detail"]["seq"], 1);
 }
 
 }  // namespace

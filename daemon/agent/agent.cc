@@ -127,6 +127,7 @@ Status Agent::Start() {
   next_flush_ = now + std::chrono::milliseconds(config_.flush_ms);
   next_profile_ = now + std::chrono::milliseconds(config_.profile_ms);
   next_stall_check_ = now + std::chrono::milliseconds(config_.stall_check_ms);
+  next_signatures_ = now + std::chrono::milliseconds(config_.signature_ms);
   started_ = true;
   log_->info("event=start version={} job={} host={} shm_dir={} redis={} metrics_port={}", kAgentVersion,
              daemon::LogValue(config_.job), daemon::LogValue(env_.host), daemon::LogValue(env_.shm_dir),
@@ -168,6 +169,10 @@ void Agent::Tick() {
   if (config_.stall_check_ms > 0 && t0 >= next_stall_check_) {
     next_stall_check_ = t0 + std::chrono::milliseconds(config_.stall_check_ms);
     CheckStalls();
+  }
+  if (config_.signature_ms > 0 && t0 >= next_signatures_) {
+    next_signatures_ = t0 + std::chrono::milliseconds(config_.signature_ms);
+    QueueSignatures();
   }
   if (config_.profile_ms > 0 && t0 >= next_profile_) {
     next_profile_ = t0 + std::chrono::milliseconds(config_.profile_ms);
@@ -284,6 +289,7 @@ void Agent::Unfollow(const std::string& path, const char* state) {
   Followed& f = it->second;
   Poll(f, daemon::SegmentReader::ReadMode::kFinal);
   QueueBatch(f);
+  QueueSignatures(*f.follower);
   f.follower->state = state;
   QueueRegistration(*f.follower);
   log_->info("event=unfollow pid={} rank={} state={} records={} lost={} iterations={}",
@@ -339,6 +345,7 @@ AgentMetrics Agent::Snapshot() const {
   m.alarms_recovered = alarms_recovered_;
   m.stalls = stalls_;
   m.stalls_ended = stalls_ended_;
+  m.signature_messages = signature_messages_;
   m.segments = segment_counts_;
   m.redis_connected = publisher_ && publisher_->connected();
   m.outbox = publisher_ ? publisher_->outbox_size() : 0;

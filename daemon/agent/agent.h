@@ -93,7 +93,9 @@ class Agent {
   // agent_reports.cc: what goes to Redis.
   void QueueBatch(Followed& f);
   void QueueAlarm(const RankFollower& f, const RankAlarm& a);
-  void CheckStalls();  // every stall_check_ms: each rank's StallWatch, transitions reported
+  void CheckStalls();
+  void QueueSignatures();  // every signature_ms: each rank's new collectives (call_signatures)
+  void QueueSignatures(RankFollower& r);  // every stall_check_ms: each rank's StallWatch, transitions reported
   void QueueStall(const RankFollower& f, const StallEvent& e);
   void QueueRegistration(const RankFollower& f);
   void Heartbeat();
@@ -124,7 +126,7 @@ class Agent {
   std::set<std::string> unreadable_;  // paths listed as unreadable (logged once, retried)
   std::map<std::string, std::uint64_t> segment_counts_;
   Clock::time_point next_tick_{};
-  Clock::time_point next_heartbeat_{}, next_flush_{}, next_profile_{}, next_stall_check_{};
+  Clock::time_point next_heartbeat_{}, next_flush_{}, next_profile_{}, next_stall_check_{}, next_signatures_{};
   std::int64_t started_real_ns_ = 0;
   std::int64_t profile_since_ns_ = 0;
   bool started_ = false;
@@ -132,6 +134,7 @@ class Agent {
   // Counters (invariant 1).
   std::uint64_t records_read_ = 0, records_lost_ = 0, records_torn_ = 0;
   std::uint64_t alarms_slow_ = 0, alarms_recovered_ = 0;
+  std::uint64_t signature_messages_ = 0;
   std::uint64_t stalls_ = 0, stalls_ended_ = 0;
   std::uint64_t invalid_messages_ = 0, polls_ = 0;
   std::map<std::string, std::uint64_t> commands_;

@@ -88,6 +88,8 @@ const ConfigEntry kTable[] = {
      &C::stall_factor},
     {"stall_startup_s", T::kDouble, 0, 86400, "a stall's bound while the rank has no iteration time yet "
      "(communicator setup, the first iterations), s", &C::stall_startup_s},
+    {"signature_ms", T::kInt, 0, 60000, "how often each rank's newly issued collectives are sent "
+     "for mismatch detection (call_signatures), ms (0: off)", &C::signature_ms},
 };
 
 std::string Trim(std::string_view s) {

@@ -64,6 +64,7 @@ struct AgentConfig {
   double stall_floor_s = 5.0;
   double stall_factor = 4.0;
   double stall_startup_s = 120.0;
+  std::int64_t signature_ms = 200;
 };
 
 struct ConfigEntry {

@@ -221,6 +221,24 @@ void Agent::TrackPlans() {
   }
 }
 
+void Agent::QueueSignatures() {
+  for (auto& [path, f] : followers_) QueueSignatures(*f.follower);
+}
+
+void Agent::QueueSignatures(RankFollower& r) {
+  if (config_.signature_ms <= 0 || !r.has_signatures()) return;
+  protocol::CallSignatures m;
+  m.header = Header();
+  m.rank = r.rank();
+  m.pid = r.pid();
+  std::uint64_t dropped = 0;
+  m.comms = r.TakeSignatures(&dropped);
+  if (dropped > 0) m.dropped = dropped;
+  publisher_->Queue(Key(protocol::kSignaturesStream), protocol::ToJson(m));
+  publisher_->FlushSoon();  // a mismatch is news: it may be the last call before a hang
+  ++signature_messages_;
+}
+
 void Agent::CheckStalls() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

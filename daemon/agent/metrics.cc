@@ -56,6 +56,9 @@ std::string RenderPrometheus(const AgentMetrics& m) {
   w.Head("stalls_total", "counter", "Stall reports by kind: a rank stalled, a stalled rank progressing again.");
   w.Line("stalls_total", "kind=\"stalled\"", static_cast<double>(m.stalls));
   w.Line("stalls_total", "kind=\"progressing\"", static_cast<double>(m.stalls_ended));
+  w.One("signature_messages_total", "counter",
+        "call_signatures messages queued: ranks' new collectives, compared for mismatches.",
+        static_cast<double>(m.signature_messages));
   w.One("records_read_total", "counter", "Call records read.", static_cast<double>(m.records_read));
   w.One("records_lost_total", "counter", "Call records overwritten before the agent read them.",
         static_cast<double>(m.records_lost));

@@ -36,6 +36,7 @@ struct AgentMetrics {
   std::uint64_t alarms_recovered = 0;
   std::uint64_t stalls = 0;        // ranks found stalled (transitions)
   std::uint64_t stalls_ended = 0;  // stalled ranks that progressed again
+  std::uint64_t signature_messages = 0;  // call_signatures messages queued
   std::map<std::string, std::uint64_t> segments;  // by state: live, exited, orphaned, unreadable
   bool redis_connected = false;
   std::uint64_t outbox = 0;

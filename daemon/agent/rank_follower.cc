@@ -77,6 +77,7 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
   out->stats.torn += st.torn;
   records_ += st.read;
   lost_ += st.lost;
+  signatures_.Lost(st.lost);
   if (!buf_.empty()) RefreshComms();
   for (const FalconRecord& r : buf_) {
     // The benchmark executor's passes during a validation pause are not training: they would
@@ -100,7 +101,10 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     call.peer = r.peer;
     call.t_ns = r.t_start_ns;
     analysis_.Push(call);
-    if (comm != comms_.end()) profiler_.Add(r, comm->second);
+    if (comm != comms_.end()) {
+      profiler_.Add(r, comm->second);
+      if (r.comm_seq != ~std::uint64_t{0}) signatures_.Push(r, comm->second.comm_id, comm->second.nranks);
+    }
     else if (r.op == kFalconOpGroupEnd || r.op == kFalconOpGpuTiming) profiler_.Observe(r);
   }
   const std::size_t had = out->analysis.samples.size();

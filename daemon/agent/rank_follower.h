@@ -17,6 +17,7 @@
 #include "daemon/agent/call_pattern.h"
 #include "daemon/agent/comm_profiler.h"
 #include "daemon/agent/rank_analysis.h"
+#include "daemon/agent/signature_log.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/shm/progress_reader.h"
 #include "daemon/shm/record_json.h"
@@ -57,6 +58,9 @@ class RankFollower {
   // Identity and state for reports (header fields left for the caller).
   protocol::RankRegistration Registration() const;
   std::vector<CommStats> TakeProfile() { return profiler_.TakeWindow(); }
+  // The collectives issued since the last call (call_signatures; signature_log.h).
+  bool has_signatures() const { return signatures_.empty() == false; }
+  std::vector<protocol::CommSignatures> TakeSignatures(std::uint64_t* dropped) { return signatures_.Take(dropped); }
   // One period of the rank's ordered calls for a consistent cut (cut_info; call_pattern.h):
   // Unavailable with the reason when no period is locked or the calls are not periodic.
   Result<CallPatternReport> CutPattern() const;
@@ -90,6 +94,7 @@ class RankFollower {
   RankAnalysis analysis_;
   CommProfiler profiler_;
   CallPatternLog pattern_;
+  SignatureLog signatures_;
   daemon::CommTable comms_;
   std::uint32_t comms_seen_ = 0;  // comm_used when comms_ was refreshed
   std::vector<FalconRecord> buf_;

@@ -56,6 +56,7 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
     : config_(std::move(config)),
       log_(std::move(log)),
       started_ns_(WallNs()),
+      mismatch_(MismatchStageOptions{config_.mismatch_grace_s, 8}),
       hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}) {}
 
 int Controller::Run(const std::atomic<bool>& stop) {
@@ -140,6 +141,8 @@ void Controller::PublishMetrics() {
   m.slow_ranks = LiveSlow().size();
   m.stalled_ranks = hang_.stalled().size();
   m.hang_open = !hang_.episode().empty();
+  m.signature_calls = mismatch_.calls();
+  m.signatures_pending = mismatch_.ledger().pending();
   m.current_iteration_seconds = CurrentIterationS().value_or(0);
   m.healthy_iteration_seconds = state_.healthy_s.value_or(0);
   m.plan_version = state_.plan_version;
@@ -203,8 +206,23 @@ Status Controller::AdvanceHang(std::int64_t now_ns) {
   if (!was_open && !hang_.episode().empty()) {
     log_->warn("event=hang_episode id={} stalled={}", daemon::LogValue(hang_.episode()), hang_.stalled().size());
   }
+  std::vector<HangRecord> found = mismatch_.Next(view_, now_ns);
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    if (Status s = Record(found[i].stage, found[i].summary, found[i].fields, found[i].severity); !s.ok()) {
+      mismatch_.Unwritten(std::vector<HangRecord>(found.begin() + static_cast<std::ptrdiff_t>(i), found.end()));
+      return s;
+    }
+    log_->warn("event=mismatch_raised id={} ranks={}", daemon::LogValue(found[i].fields["id"].get<std::string>()),
+               daemon::LogValue(found[i].fields["ranks"].dump()));
+  }
   std::vector<HangRecord> records = hang_.TakeRecords();
   for (std::size_t i = 0; i < records.size(); ++i) {
+    const nlohmann::json& d = records[i].fields["detail"];
+    if (records[i].stage == "mismatch" && d.contains("comm") && d.contains("seq")) {
+      // Raised already while the job ran (MismatchStage): once is enough.
+      const auto comm = protocol::ParseCommIdHex(d["comm"].get<std::string>());
+      if (comm && mismatch_.Recorded(*comm, d["seq"].get<std::uint64_t>())) continue;
+    }
     if (Status s = Record(records[i].stage, records[i].summary, records[i].fields, records[i].severity); !s.ok()) {
       hang_.Unwritten(std::vector<HangRecord>(records.begin() + static_cast<std::ptrdiff_t>(i), records.end()));
       return s;

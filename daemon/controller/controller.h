@@ -46,6 +46,7 @@
 #include "daemon/controller/controller_metrics.h"
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/hang_stage.h"
+#include "daemon/controller/mismatch_stage.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/redis/redis_connection.h"
@@ -166,6 +167,7 @@ class Controller {
   std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
   std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
+  MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
   HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang
   Status AdvanceHang(std::int64_t now_ns);
   std::optional<Mitigator> mitigator_;  // the open incident's; mirrors state_.incident->mitigation

@@ -84,6 +84,9 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->check(daemon::FiniteRange(0.1, 600.0));
   Entry(app, "hang-repeat-s", c.hang_repeat_s, "diagnose a hang that stays open again after this, s")
       ->check(daemon::FiniteRange(1.0, 86400.0));
+  Entry(app, "mismatch-grace-s", c.mismatch_grace_s, "a collective issued differently by some members is "
+        "raised when every member reported it, or this long after the difference was seen, s")
+      ->check(daemon::FiniteRange(0.0, 600.0));
   ValidationSettings& v = c.validation;
   Entry(app, "pause-lead-s", v.pause_lead_s, "place the pause cut this far ahead, s")->check(daemon::FiniteRange(0.01, 600.0));
   Entry(app, "max-pause-s", v.max_pause_s, "the shims resume by themselves after this, s")->check(daemon::FiniteRange(1.0, 3600.0));

@@ -53,6 +53,9 @@ struct ControllerConfig {
   // diagnose an episode that stays open.
   double hang_wait_s = 5;
   double hang_repeat_s = 30;
+  // Mismatch detection (mismatch_stage.h): how long a difference waits for the members not
+  // heard from yet before it is decided.
+  double mismatch_grace_s = 0.5;
 };
 
 // Adds every entry as an option (with its environment variable) to `app`. Numbers must be finite

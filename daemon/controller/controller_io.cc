@@ -37,6 +37,7 @@ const StreamSpec kStreams[] = {
     {"iterations", &protocol::kIterationsStream, &protocol::kIterations},
     {"requests", &protocol::kRequestsStream, &protocol::kControllerRequest},
     {"stalls", &protocol::kStallsStream, &protocol::kStall},
+    {"signatures", &protocol::kSignaturesStream, &protocol::kCallSignatures},
 };
 
 // Newest entry id of `stream`, "" when it is empty or absent.
@@ -297,6 +298,7 @@ Status Controller::ReadStreams(std::int64_t now_ns, int block_ms) {
       else if (name == "acks") OnAck(m.value());
       else if (name == "requests") OnRequest(m.value());
       else if (name == "stalls") hang_.OnStall(m.value());
+      else if (name == "signatures") mismatch_.OnSignatures(m.value(), now_ns);
       else OnIterations(m.value());
     }
   }

@@ -35,6 +35,8 @@ struct ControllerMetrics {
   std::uint64_t slow_ranks = 0;
   std::uint64_t stalled_ranks = 0;                // live ranks the agents report stalled
   bool hang_open = false;                         // a hang episode is open
+  std::uint64_t signature_calls = 0;              // collectives the agents reported for mismatch checks
+  std::uint64_t signatures_pending = 0;           // (communicator, seq) waiting for members' reports
   double current_iteration_seconds = 0;           // 0: unknown
   double healthy_iteration_seconds = 0;           // 0: unknown
   std::int64_t plan_version = 0;

@@ -216,6 +216,13 @@ void HangStage::Conclude(const JobView& view, std::int64_t now_ns) {
 
 HangRecord HangStage::FindingRecord(const std::vector<const analyzer::Finding*>& group, const JobView& view,
                                     std::int64_t now_ns) const {
+  std::vector<std::int64_t> stalled;
+  for (const auto& [rank, m] : stalled_) stalled.push_back(rank);
+  return FindingEntry(group, view, now_ns, episode_, stalled);
+}
+
+HangRecord FindingEntry(const std::vector<const analyzer::Finding*>& group, const JobView& view, std::int64_t now_ns,
+                        const std::string& id, const std::vector<std::int64_t>& stalled) {
   const analyzer::Finding& f = *group.front();
   std::set<std::int64_t> waiting;
   std::set<std::string> comms;
@@ -252,9 +259,7 @@ HangRecord HangStage::FindingRecord(const std::vector<const analyzer::Finding*>&
     const std::string* h = view.HostOf(r);
     hosts.push_back({{"rank", r}, {"host", h != nullptr ? json(*h) : json(nullptr)}});
   }
-  std::vector<std::int64_t> stalled;
-  for (const auto& [rank, m] : stalled_) stalled.push_back(rank);
-  json fields = {{"id", episode_}, {"at_ns", now_ns}, {"ranks", named}};
+  json fields = {{"id", id}, {"at_ns", now_ns}, {"ranks", named}};
   if (!comms.empty()) fields["comms"] = std::vector<std::string>(comms.begin(), comms.end());
   fields["detail"] = {{"kind", analyzer::FindingKindName(f.kind)},
                       {"comm", protocol::CommIdHex(f.comm)},

@@ -98,6 +98,13 @@ class HangStage {
   std::vector<HangRecord> records_;
 };
 
+// The incident entry of `group` (findings of one kind; for calls never issued, the same
+// culprits): stage, summary naming the culprits and their hosts, fields {id, at_ns, ranks,
+// comms, detail {kind, comm, seq, culprits, waiting, hosts, chain, signatures, findings,
+// stalled}}. `id`: the incident id; `stalled`: the ranks stalled when it was found.
+HangRecord FindingEntry(const std::vector<const analyzer::Finding*>& group, const JobView& view, std::int64_t now_ns,
+                        const std::string& id, const std::vector<std::int64_t>& stalled);
+
 // The incident stage of a finding: hang (not issued, not completing), mismatch, deadlock, disorder.
 const char* HangStageName(analyzer::FindingKind k);
 

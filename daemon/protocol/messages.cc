@@ -134,6 +134,24 @@ json ToJson(const StallReport& m) {
   return j;
 }
 
+json ToJson(const CallSignatures& m) {
+  json j = Report(kCallSignatures, m.header);
+  j["rank"] = m.rank;
+  j["pid"] = m.pid;
+  json comms = json::array();
+  for (const CommSignatures& c : m.comms) {
+    json runs = json::array();
+    for (const SignatureRun& r : c.runs) {
+      runs.push_back({{"seq", r.seq}, {"n", r.n}, {"op", r.op}, {"dtype", r.dtype},
+                      {"count", r.count}, {"redop", r.redop}, {"root", r.root}});
+    }
+    comms.push_back({{"id", CommIdHex(c.id)}, {"nranks", c.nranks}, {"runs", std::move(runs)}});
+  }
+  j["comms"] = std::move(comms);
+  SetIf(j, "dropped", m.dropped);
+  return j;
+}
+
 json ToJson(const CommProfileReport& m) {
   json j = Report(kCommProfile, m.header);
   j["rank"] = m.rank;

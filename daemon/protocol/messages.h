@@ -116,6 +116,31 @@ struct StallReport {
   std::optional<bool> in_call;
 };
 
+// call_signatures: one rank's newly issued collectives, as runs of alike consecutive calls.
+struct SignatureRun {
+  std::uint64_t seq = 0;  // comm_seq of the first call
+  std::uint64_t n = 1;
+  std::string op;
+  std::int32_t dtype = 255;
+  std::uint64_t count = 0;
+  std::int32_t redop = -1;
+  std::int32_t root = -1;
+};
+
+struct CommSignatures {
+  std::uint64_t id = 0;
+  std::int32_t nranks = 0;
+  std::vector<SignatureRun> runs;
+};
+
+struct CallSignatures {
+  ReportHeader header;
+  std::int64_t rank = -1;
+  std::int64_t pid = 0;
+  std::vector<CommSignatures> comms;
+  std::optional<std::uint64_t> dropped;
+};
+
 struct SignatureProfile {
   std::string op;
   std::uint64_t bytes = 0;
@@ -233,6 +258,7 @@ nlohmann::json ToJson(const AgentHeartbeat& m);
 nlohmann::json ToJson(const IterationBatch& m);
 nlohmann::json ToJson(const AlarmReport& m);
 nlohmann::json ToJson(const StallReport& m);
+nlohmann::json ToJson(const CallSignatures& m);
 nlohmann::json ToJson(const CommProfileReport& m);
 nlohmann::json ToJson(const Command& m);  // for the controller and tests
 nlohmann::json ToJson(const Ack& m);

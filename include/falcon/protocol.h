@@ -98,11 +98,17 @@ inline constexpr KeySpec kStallsStream{
     "ranks that stopped making progress with work outstanding in NCCL, and their recovery "
     "(docs/hangs.md)"};
 
+inline constexpr KeySpec kSignaturesStream{
+    "signatures", "falcon:{job}:signatures", KeyKind::kStream, Direction::kAgentToController,
+    "call_signatures",
+    "each rank's collectives as they are issued (communicator, seq, op, datatype, count, "
+    "reduction, root), compared across members to raise mismatches (docs/hangs.md)"};
+
 inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kIterationsStream,
                                        kAlarmsStream,   kProfilesStream,  kCommandsStream,
                                        kAcksStream,     kIncidentsStream, kAlertsChannel,
                                        kControllerKey,  kRequestsStream,  kPlanKey,
-                                       kStallsStream};
+                                       kStallsStream,   kSignaturesStream};
 
 // ---- Messages -----------------------------------------------------------------------------------
 
@@ -318,6 +324,42 @@ inline constexpr FieldSpec kStallFields[] = {
 };
 inline constexpr MessageSpec kStall{"stall", kStallFields,
                                     "a rank stopped making progress in NCCL, or resumed"};
+
+// One run of a call_signatures communicator: calls seq .. seq + n - 1, issued alike.
+inline constexpr FieldSpec kSignatureRunFields[] = {
+    {"seq", JsonType::kInteger, true, "comm_seq of the run's first call", "", 0, kMaxI64},
+    {"n", JsonType::kInteger, true, "consecutive calls in the run", "", 1, kMaxI64},
+    {"op", JsonType::kString, true, "operation (AllReduce, ...)", "", 1, 64},
+    {"dtype", JsonType::kInteger, true, "ncclDataType_t, 255 none", "", 0, 255},
+    {"count", JsonType::kInteger, true, "element count as passed", "", 0, kMaxI64},
+    {"redop", JsonType::kInteger, true, "ncclRedOp_t, -1 none", "", -1, 32767},
+    {"root", JsonType::kInteger, true, "root of a rooted collective, -1 none", "", -1, kMaxCommRanks},
+};
+inline constexpr ObjectSpec kSignatureRunObject{kSignatureRunFields};
+
+// One communicator of a call_signatures.
+inline constexpr FieldSpec kSignatureCommFields[] = {
+    {"id", JsonType::kString, true, "communicator id, 16 hex digits", "", 16, 16},
+    {"nranks", JsonType::kInteger, true, "its members", "", 1, kMaxCommRanks},
+    {"runs", JsonType::kArray, true, "the calls, in seq order", "", 1, 65536, JsonType::kObject, kLowest,
+     kHighest, &kSignatureRunObject},
+};
+inline constexpr ObjectSpec kSignatureCommObject{kSignatureCommFields};
+
+inline constexpr FieldSpec kCallSignaturesFields[] = {
+    FALCON_PROTOCOL_REPORT_FIELDS,
+    FALCON_PROTOCOL_RANK_FIELDS,
+    {"comms", JsonType::kArray, true,
+     "per communicator: {id, nranks, runs: [{seq, n, op, dtype, count, redop, root}]}: the "
+     "collectives issued since the previous message (sends, receives and communicator setup are "
+     "not compared; nor are communicators of more than two ranks carrying sends or receives, "
+     "whose comm_seq differs between members)",
+     "", 0, kMaxCommsPerRank, JsonType::kObject, kLowest, kHighest, &kSignatureCommObject},
+    {"dropped", JsonType::kInteger, false, "calls left out since the previous message (over the "
+     "per-message cap, or records the agent lost)", "", 0, kMaxI64},
+};
+inline constexpr MessageSpec kCallSignatures{"call_signatures", kCallSignaturesFields,
+                                             "one rank's newly issued collectives, for mismatch detection"};
 
 inline constexpr FieldSpec kCommProfileFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
@@ -558,7 +600,7 @@ inline constexpr MessageSpec kAllMessages[] = {kRankRegister,   kAgentHeartbeat,
                                                kAck,            kIncident,       kAlert,
                                                kControllerState, kControllerRequest,
                                                kPlanCommand,    kMitigationPlan, kCutInfo,
-                                               kStall,          kProgressCommand};
+                                               kStall,          kProgressCommand, kCallSignatures};
 
 #undef FALCON_PROTOCOL_REPORT_FIELDS
 #undef FALCON_PROTOCOL_RANK_FIELDS
