@@ -486,9 +486,13 @@ Status MegatronTrainer::FinishGradSync(int iter, const std::vector<int>& micro_b
 }
 
 // finalize_model_grads: the tied word-embedding gradients of the first and last stage.
+bool MegatronTrainer::HasEmbd() const {
+  return shape_.pp > 1 && (coords_.pp == 0 || coords_.pp == shape_.pp - 1);
+}
+
 Status MegatronTrainer::EmbeddingGrads(int iter) {
   const int stage = coords_.pp;
-  if (shape_.pp == 1 || (stage != 0 && stage != shape_.pp - 1)) return Status::Ok();
+  if (!HasEmbd()) return Status::Ok();
   auto key = [&](int s) { return PayloadKey(PayloadTag::kEmbeddingGrad, {iter, coords_.dp, coords_.tp, s}); };
   if (options_.check) {
     if (Status s = device_->HostWait(embd_.done); !s.ok()) return s;
@@ -500,14 +504,19 @@ Status MegatronTrainer::EmbeddingGrads(int iter) {
     return Status::Ok();
   }
   if (Status s = EnqueueEmbd(iter); !s.ok()) return s;
-  if (!options_.check) return Status::Ok();
+  // --inject-swap's iteration: no host wait between the two all-reduces (Megatron reads neither
+  // before the grad norm's .item()), so every rank queues both, as DFCCL's deadlock needs.
+  if (!options_.check || SwapIteration(iter)) return Status::Ok();
   if (Status s = device_->HostWait(embd_.done); !s.ok()) return s;
   const std::uint64_t first = key(0), last = key(shape_.pp - 1);
   return Verify(embd_buf_, [&](std::size_t i) { return PayloadValue(first, i) + PayloadValue(last, i); },
                 Rotation(iter, 0, 2), 0, Where(iter, -1) + " embedding gradient all-reduce");
 }
 
-// The embedding all-reduce (--inject-swap's iteration: on the mp lane's stream).
+// The embedding all-reduce. --inject-swap's iteration: on the mp lane's stream, and the compute
+// stream waits for it only once the grad norm is queued too (LossAndGradNorm): every rank then
+// queues both all-reduces on one stream with nothing in between that waits for either, which is
+// the deadlock DFCCL describes when one rank queues them the other way round.
 Status MegatronTrainer::EnqueueEmbd(int iter) {
   Lane lane = embd_;
   if (SwapIteration(iter)) lane.stream = mp_.stream;
@@ -515,7 +524,7 @@ Status MegatronTrainer::EnqueueEmbd(int iter) {
   const std::size_t n = embd_buf_.size();
   return Enqueue(&lane, [&](ncclComm_t c, StreamHandle st) {
     return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c, static_cast<cudaStream_t>(st));
-  }, "ncclAllReduce(embd)", Consumer::kCompute);
+  }, "ncclAllReduce(embd)", SwapIteration(iter) ? Consumer::kLater : Consumer::kCompute);
 }
 
 // The loss over the DP group, then the grad norm over the model-parallel group, both read by the
@@ -557,6 +566,9 @@ Result<ControlDecision> MegatronTrainer::LossAndGradNorm(int iter, const Propose
     embd_deferred_ = false;  // behind the grad norm on one stream, while the peers' grad norm waits for it
     if (Status s = EnqueueEmbd(iter); !s.ok()) return s;
     if (Status s = device_->StreamWait(compute_, mp_.done); !s.ok()) return s;
+  }
+  if (SwapIteration(iter) && HasEmbd()) {
+    if (Status s = device_->StreamWait(compute_, embd_.done); !s.ok()) return s;
   }
   if (Status s = device_->HostWait(mp_.done); !s.ok()) return s;  // grad_norm.item()
   if (norm_[0] != shape_.tp * shape_.pp) {

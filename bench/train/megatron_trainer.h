@@ -178,6 +178,8 @@ class MegatronTrainer {
   // `send_blocks`: counts the send buffer holds (a reduce-scatter's dp, else 1).
   [[nodiscard]] CallArgs Mismatch(int iter, InjectGroup group, const char* op, CallArgs call, std::size_t send_blocks);
   // --inject-swap: true if the rank's embd all-reduce of `iter` goes on the mp lane's stream.
+  // Whether this rank is in an embedding group (first or last stage of a pipeline of 2+).
+  [[nodiscard]] bool HasEmbd() const;
   [[nodiscard]] bool SwapIteration(int iter) const { return options_.swap_rank >= 0 && iter == options_.swap_iter; }
   // Logs the --inject-swap line (the first of the swapped pair is issued next).
   void LogSwap(int iter) const;
