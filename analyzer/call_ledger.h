@@ -31,7 +31,7 @@
 namespace falcon::analyzer {
 
 struct CallLedgerOptions {
-  std::int64_t grace_ns = 500'000'000;
+  std::int64_t grace_ns = 300'000'000;
   std::uint64_t window = 16384;          // seqs kept per communicator behind its newest
   std::int64_t max_age_ns = 60'000'000'000;
   std::size_t max_per_comm = 8;

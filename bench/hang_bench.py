@@ -12,13 +12,23 @@ strict NCCL emulator. One fault per injection run, drawn with the seed:
           (falcon-train-emu --inject-stall; the trainer logs the wall time it stopped)
   device  a random rank's device stops completing its collectives at a random time
           (the emulator's fault plan, kind "hang"; onset = the job's epoch + start_s)
+  mismatch  a random rank issues its first TP or DP collective of a random iteration with
+          another count or datatype (falcon-train-emu --inject-mismatch; as under NCCL the
+          call then never completes)
+  deadlock  a random rank queues the grad-norm all-reduce (mp group) before the embedding
+          all-reduce (embd group) on one stream, every other rank the other way round
+          (falcon-train-emu --inject-swap): a real two-communicator deadlock
 
 Per run it reads the stalls and incidents streams and reports:
-  detect_s    first stall report - onset (a rank of the job reported stalled)
-  diagnose_s  first hang incident entry of the episode - onset
+  detect_s    first stall report - onset (a rank of the job reported stalled); mismatch: the
+              first mismatch entry - onset
+  diagnose_s  first incident entry naming the fault (hang, deadlock or mismatch) - onset
   correct     stall: every hang entry names exactly the injected rank (not_issued);
               device: exactly one entry, not_completing, on a communicator the injected rank is
-              held in; and no mismatch, deadlock or disorder entry
+              held in; and no mismatch, deadlock or disorder entry;
+              mismatch: every mismatch entry names exactly the injected rank, within
+              --mismatch-bound-s (1 s) of the call;
+              deadlock: a deadlock entry whose cycle holds the injected rank, no mismatch entry
 A healthy run (--healthy-s, default 600) checkpoints every 50 iterations with a save longer than
 the stall floor (every rank idle outside NCCL) and must end with no stall report and no hang,
 mismatch, deadlock or disorder incident.
@@ -43,7 +53,7 @@ import time
 TP, DP, PP = 2, 4, 2
 RANKS = TP * DP * PP
 NODES = 4
-KINDS = ["stall", "device"]
+KINDS = ["stall", "device", "mismatch", "deadlock"]
 
 
 def free_port():
@@ -154,8 +164,8 @@ class Job:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def stall_onset(job_log, rank):
-    mark = f"rank {rank}: --inject-stall:"
+def stall_onset(job_log, rank, option="--inject-stall"):
+    mark = f"rank {rank}: {option}:"
     for line in job_log.splitlines():
         if mark in line and "(from " in line:
             return int(line.rsplit("(from ", 1)[1].split()[0]) / 1e9
@@ -166,8 +176,9 @@ HANG_STAGES = {"hang", "mismatch", "deadlock", "disorder"}
 
 
 def injection_run(args, index, rng):
-    kind = KINDS[index % len(KINDS)] if args.kinds == "both" else args.kinds
+    kind = args.kinds[index % len(args.kinds)]
     rank = rng.randrange(RANKS)
+    option = {"stall": "--inject-stall", "mismatch": "--inject-mismatch", "deadlock": "--inject-swap"}.get(kind)
     job = Job(args, f"hang{index}")
     row = {"run": index, "kind": kind, "rank": rank}
     try:
@@ -176,6 +187,15 @@ def injection_run(args, index, rng):
             it = rng.randrange(40, 120)
             row["iteration"] = it
             job.start_job(["--iters", "100000", "--inject-stall", f"{rank}:{it}"])
+        elif kind == "mismatch":
+            it = rng.randrange(40, 120)
+            what, group = rng.choice(["count", "dtype"]), rng.choice(["tp", "dp"])
+            row.update(iteration=it, what=what, group=group)
+            job.start_job(["--iters", "100000", "--inject-mismatch", f"{rank}:{it}:{what}:{group}"])
+        elif kind == "deadlock":
+            it = rng.randrange(40, 120)
+            row["iteration"] = it
+            job.start_job(["--iters", "100000", "--inject-swap", f"{rank}:{it}"])
         else:
             start_s = round(rng.uniform(10, 20), 2)
             row["start_s"] = start_s
@@ -188,38 +208,59 @@ def injection_run(args, index, rng):
             if job.job.poll() is not None:
                 row["error"] = f"the job exited ({job.job.returncode}) before a hang was diagnosed"
                 break
-            if kind == "stall" and onset is None:
-                onset = stall_onset(job.log("job"), rank)
+            if option and onset is None:
+                onset = stall_onset(job.log("job"), rank, option)
             stalls = [m for m in job.stream("stalls") if m.get("kind") == "stalled"]
             incidents = [m for m in job.stream("incidents") if m.get("stage") in HANG_STAGES]
-            if incidents:
+            if incidents and (kind != "deadlock" or any(m["stage"] == "deadlock" for m in incidents)):
                 time.sleep(args.settle_s)  # entries of the same diagnosis, and a second look
                 stalls = [m for m in job.stream("stalls") if m.get("kind") == "stalled"]
                 incidents = [m for m in job.stream("incidents") if m.get("stage") in HANG_STAGES]
                 break
-        if kind == "stall" and onset is None:
-            onset = stall_onset(job.log("job"), rank)
+        if option and onset is None:
+            onset = stall_onset(job.log("job"), rank, option)
         if kind == "device":
             onset = job.epoch + row["start_s"]
         row["onset_known"] = onset is not None
-        if stalls and onset is not None:
+        named = incidents
+        if kind == "mismatch":
+            named = [m for m in incidents if m["stage"] == "mismatch"]
+        elif kind == "deadlock":
+            named = [m for m in incidents if m["stage"] == "deadlock"]
+        if kind == "mismatch" and named and onset is not None:
+            row["detect_s"] = round(min(m["at_ns"] for m in named) / 1e9 - onset, 2)
+        elif stalls and onset is not None:
             row["detect_s"] = round(min(m["at_ns"] for m in stalls) / 1e9 - onset, 2)
-        if incidents and onset is not None:
-            row["diagnose_s"] = round(min(m["at_ns"] for m in incidents) / 1e9 - onset, 2)
+        if named and onset is not None:
+            row["diagnose_s"] = round(min(m["at_ns"] for m in named) / 1e9 - onset, 2)
         row["entries"] = [{"stage": m["stage"], "kind": m.get("detail", {}).get("kind"), "ranks": m.get("ranks", []),
-                           "waiting": m.get("detail", {}).get("waiting", [])} for m in incidents]
+                           "waiting": m.get("detail", {}).get("waiting", []),
+                           "cycle": sorted({c.get("rank") for c in m.get("detail", {}).get("chain", [])})}
+                          for m in incidents]
         row["stalled_ranks"] = sorted({m["rank"] for m in stalls})
         if kind == "stall":
             ok = bool(incidents) and all(e["stage"] == "hang" and e["kind"] == "not_issued" and e["ranks"] == [rank]
                                          for e in row["entries"])
+        elif kind == "mismatch":
+            mm = [e for e in row["entries"] if e["stage"] == "mismatch"]
+            ok = bool(mm) and all(e["ranks"] == [rank] for e in mm)
+        elif kind == "deadlock":
+            ok = (any(e["stage"] == "deadlock" and rank in e["cycle"] for e in row["entries"])
+                  and not any(e["stage"] == "mismatch" for e in row["entries"]))
         else:
             ok = (len(incidents) == 1 and row["entries"][0]["kind"] == "not_completing"
                   and rank in row["entries"][0]["waiting"] + row["entries"][0]["ranks"])
         row["correct"] = ok
-        row["in_bound"] = ok and row.get("diagnose_s") is not None and row["diagnose_s"] <= args.bound_s
+        bound = args.mismatch_bound_s if kind == "mismatch" else args.bound_s
+        row["in_bound"] = ok and row.get("diagnose_s") is not None and row["diagnose_s"] <= bound
     finally:
+        keep = args.keep or not row.get("in_bound", False)
+        if keep:  # what the streams held, for the post-mortem
+            for name in ("incidents", "stalls"):
+                with open(os.path.join(job.dir, name + ".json"), "w") as f:
+                    json.dump(job.stream(name), f, indent=1)
         job.stop()
-        job.cleanup(args.keep or not row.get("in_bound", False))
+        job.cleanup(keep)
     return row
 
 
@@ -262,16 +303,21 @@ def main():
     ap.add_argument("--build", default="build", help="the build directory (default build)")
     ap.add_argument("--runs", type=int, default=30, help="injection runs (default 30)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--kinds", choices=["both", "stall", "device"], default="both",
-                    help="which faults to inject (both: alternately)")
+    ap.add_argument("--kinds", default="all",
+                    help="which faults to inject, in turn: a comma-separated list of stall, device, mismatch, deadlock; "
+                         "all (default): every kind; both: stall,device")
     ap.add_argument("--healthy-s", type=float, default=600, help="length of the healthy run, s (0: none)")
     ap.add_argument("--checkpoint-s", type=float, default=8, help="each checkpoint's save in the healthy run, s")
     ap.add_argument("--bound-s", type=float, default=10, help="a diagnosis later than this after onset fails")
+    ap.add_argument("--mismatch-bound-s", type=float, default=1, help="a mismatch raised later than this after the call fails")
     ap.add_argument("--wait-s", type=float, default=90, help="longest wait for a diagnosis per run, s")
     ap.add_argument("--settle-s", type=float, default=3, help="after the first entry, wait this long for the rest")
     ap.add_argument("--json", help="write the rows and the summary here")
     ap.add_argument("--keep", action="store_true", help="keep every run's directory (logs), not only failed ones")
     args = ap.parse_args()
+    args.kinds = {"all": KINDS, "both": ["stall", "device"]}.get(args.kinds, args.kinds.split(","))
+    if not args.kinds or any(k not in KINDS for k in args.kinds):
+        ap.error(f"--kinds: a comma-separated list of {', '.join(KINDS)}, or all or both")
     for rel in ("daemon/falcon-agent", "daemon/falcon-controller", "bench/emu/falcon-emu-run",
                 "bench/train/falcon-train-emu", "shim/libfalcon_shim.so"):
         if not os.path.exists(os.path.join(args.build, rel)):
@@ -281,14 +327,14 @@ def main():
     rng = random.Random(args.seed)
     rows = []
     print(f"# hang_bench: {args.runs} injection run(s), seed {args.seed}, {RANKS} ranks (TP {TP} x DP {DP} x PP {PP}), "
-          f"{NODES} nodes; bound {args.bound_s:g} s")
-    print(f"{'run':>4} {'kind':7} {'rank':>4} {'at':>8} {'detect_s':>9} {'diag_s':>7} {'correct':>7}  entries")
+          f"{NODES} nodes; bound {args.bound_s:g} s, mismatches {args.mismatch_bound_s:g} s")
+    print(f"{'run':>4} {'kind':8} {'rank':>4} {'at':>8} {'detect_s':>9} {'diag_s':>7} {'correct':>7}  entries")
     for i in range(args.runs):
         r = injection_run(args, i, rng)
         rows.append(r)
         at = f"it {r['iteration']}" if "iteration" in r else f"{r.get('start_s', '?')} s"
         ents = "; ".join(f"{e['stage']}/{e['kind']} {e['ranks']}" for e in r.get("entries", [])) or r.get("error", "-")
-        print(f"{i:>4} {r['kind']:7} {r['rank']:>4} {at:>8} {r.get('detect_s', '-')!s:>9} {r.get('diagnose_s', '-')!s:>7} "
+        print(f"{i:>4} {r['kind']:8} {r['rank']:>4} {at:>8} {r.get('detect_s', '-')!s:>9} {r.get('diagnose_s', '-')!s:>7} "
               f"{'yes' if r.get('correct') else 'NO':>7}  {ents}", flush=True)
     healthy = healthy_run(args) if args.healthy_s > 0 else None
     if healthy:
@@ -308,7 +354,8 @@ def main():
                          "diagnose_p50_s": statistics.median(dia) if dia else None,
                          "diagnose_worst_s": max(dia) if dia else None}
     for kind, s in summary.items():
-        print(f"# {kind:6}: correct {s['correct']}/{s['runs']}, within {args.bound_s:g} s {s['in_bound']}/{s['runs']}; "
+        bound = "bound" if kind == "all" else f"{args.mismatch_bound_s if kind == 'mismatch' else args.bound_s:g} s"
+        print(f"# {kind:8}: correct {s['correct']}/{s['runs']}, within {bound} {s['in_bound']}/{s['runs']}; "
               f"detection p50 {s['detect_p50_s']} s worst {s['detect_worst_s']} s; diagnosis p50 {s['diagnose_p50_s']} s "
               f"worst {s['diagnose_worst_s']} s")
     ok = all(r.get("in_bound") for r in rows) and (healthy is None or healthy.get("correct"))

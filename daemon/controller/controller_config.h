@@ -55,7 +55,7 @@ struct ControllerConfig {
   double hang_repeat_s = 30;
   // Mismatch detection (mismatch_stage.h): how long a difference waits for the members not
   // heard from yet before it is decided.
-  double mismatch_grace_s = 0.5;
+  double mismatch_grace_s = 0.3;
 };
 
 // Adds every entry as an option (with its environment variable) to `app`. Numbers must be finite

@@ -29,7 +29,7 @@
 namespace falcon::controller {
 
 struct MismatchStageOptions {
-  double grace_s = 0.5;           // decide a difference without the members not heard from yet
+  double grace_s = 0.3;           // decide a difference without the members not heard from yet
   std::size_t max_per_comm = 8;   // mismatch entries per communicator at most
 };
 
