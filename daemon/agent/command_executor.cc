@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "daemon/agent/plan_delivery.h"
+#include "daemon/protocol/validate.h"
 #include "daemon/shm/progress_json.h"
 
 namespace falcon::agent {
@@ -136,6 +137,27 @@ CommandOutcome CommandExecutor::CutInfo(std::span<RankFollower* const> targets) 
 }
 
 CommandOutcome CommandExecutor::ProgressOf(std::span<RankFollower* const> targets, std::int64_t calls) {
+  // The ack must stay a valid message (protocol::kMaxMessageBytes, 1 MiB): many ranks, many
+  // communicators and a long `calls` would not fit. Halve the calls per communicator until the
+  // ranks' progress fits in 3/4 of it, and say so; the counters per communicator always go.
+  constexpr std::size_t kBudget = protocol::kMaxMessageBytes / 4 * 3;
+  const std::int64_t asked = calls;
+  for (;;) {
+    CommandOutcome out = ProgressOnce(targets, calls);
+    std::size_t bytes = 0;
+    for (const protocol::AckRankResult& r : out.results) bytes += r.progress ? r.progress->dump().size() : 0;
+    if (bytes <= kBudget || calls == 0) {
+      if (calls < asked) {
+        out.detail = "latest calls per communicator cut from " + std::to_string(asked) + " to " + std::to_string(calls) +
+                     " to fit the ack";
+      }
+      return out;
+    }
+    calls /= 2;
+  }
+}
+
+CommandOutcome CommandExecutor::ProgressOnce(std::span<RankFollower* const> targets, std::int64_t calls) {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   const std::int64_t mono_now = static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;

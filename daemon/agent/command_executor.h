@@ -96,8 +96,11 @@ class CommandExecutor {
  private:
   CommandOutcome CutInfo(std::span<RankFollower* const> targets);
   // progress: each target's progress, a rank of the falcon-progress document (progress_json.h)
-  // plus paused, phase and quiet_s (seconds since its latest ordered call, -1: none).
+  // plus paused, phase and quiet_s (seconds since its latest ordered call, -1: none). `calls`
+  // (latest calls per communicator) is halved until the ack fits a message, and the detail says
+  // so. ProgressOnce: one try with `calls`.
   CommandOutcome ProgressOf(std::span<RankFollower* const> targets, std::int64_t calls);
+  CommandOutcome ProgressOnce(std::span<RankFollower* const> targets, std::int64_t calls);
   struct Wait {
     RankFollower* follower;  // nullptr once forgotten
     std::int64_t rank;
