@@ -125,10 +125,15 @@ nlohmann::json RecordToJson(const FalconRecord& r, const FalconShmHeader& h, con
   j["redop"] = red != nullptr ? json(red) : json(nullptr);
   j["peer"] = r.peer;
   j["t_start_ns"] = r.t_start_ns;
-  j["t_real_ns"] = r.t_start_ns + std::atomic_ref<int64_t>(const_cast<int64_t&>(h.real_minus_mono_ns)).load(std::memory_order_relaxed);
+  // Times from a torn or damaged record may be anything: a sum or difference that does not fit
+  // is shown as unknown (null), never computed with overflow.
+  int64_t real = 0, duration = 0;
+  const int64_t offset = std::atomic_ref<int64_t>(const_cast<int64_t&>(h.real_minus_mono_ns)).load(std::memory_order_relaxed);
+  j["t_real_ns"] = __builtin_add_overflow(r.t_start_ns, offset, &real) ? json(nullptr) : json(real);
   const bool host_end = (r.flags & kFalconFlagHostEnd) != 0;
   j["t_end_ns"] = host_end ? json(r.t_end_ns) : json(nullptr);
-  j["duration_ns"] = host_end ? json(r.t_end_ns - r.t_start_ns) : json(nullptr);
+  j["duration_ns"] =
+      host_end && !__builtin_sub_overflow(r.t_end_ns, r.t_start_ns, &duration) ? json(duration) : json(nullptr);
   if (r.op == kFalconOpGpuTiming) {
     j["ref_lane"] = r.peer;
     j["ref_seq"] = r.comm_seq;
