@@ -4,6 +4,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -24,12 +26,6 @@ constexpr std::int64_t kNsPerS = 1'000'000'000;
 // After a failed step the loop waits this long, doubling per consecutive failure.
 constexpr int kStepBackoffMinMs = 50;
 constexpr int kStepBackoffMaxMs = 5000;
-
-std::int64_t WallNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * kNsPerS + ts.tv_nsec;
-}
 
 std::int64_t MonotonicNs() {
   timespec ts{};
@@ -52,6 +48,12 @@ json EvidenceJson(const analyzer::Evidence& e) {
 
 }  // namespace
 
+std::int64_t Controller::WallNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * kNsPerS + ts.tv_nsec;
+}
+
 Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> log)
     : config_(std::move(config)),
       log_(std::move(log)),
@@ -71,42 +73,22 @@ int Controller::Run(const std::atomic<bool>& stop) {
     }
     log_->info("event=metrics address={} port={}", daemon::LogValue(config_.metrics_address), metrics_->port());
   }
-  while (!stop.load(std::memory_order_relaxed)) {
-    const std::int64_t now = WallNs();
-    if (!EnsureConnected(now)) {
-      timespec nap{0, config_.tick_ms * 1'000'000L};  // bounded wait before the next attempt
-      nanosleep(&nap, nullptr);
-      continue;
+  reader_ = std::make_unique<redis::RedisWorker>("redis-read", config_.redis);
+  reader_->Start();
+  ScheduleTurn(0);
+  std::function<void()> watch_stop = [&] {
+    if (stop.load(std::memory_order_relaxed)) {
+      io_.stop();
+      return;
     }
-    Status s = Status::Ok();
-    if (now >= next_view_ns_) {
-      s = RefreshView();
-      next_view_ns_ = now + std::int64_t{config_.view_ms} * 1'000'000;
-    }
-    if (s.ok()) s = ReadStreams(WallNs(), run_ ? std::min(config_.tick_ms, 50) : config_.tick_ms);
-    if (s.ok()) s = Advance(WallNs());
-    if (s.ok()) s = AdvanceHang(WallNs());
-    if (s.ok() && (dirty_ || WallNs() >= next_save_ns_)) {
-      s = SaveState(WallNs());
-    } else if (!s.ok() && conn_->connected() && WallNs() >= next_save_ns_) {
-      // A step that keeps failing must not make the controller look dead: the heartbeat goes on.
-      if (Status saved = SaveState(WallNs()); !saved.ok()) {
-        log_->debug("event=state_save_failed error={}", daemon::LogQuoted(saved.message()));
-      }
-    }
-    PublishMetrics();
-    if (!s.ok()) {
-      StepFailed(s);
-      if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kCorrupt) conn_->Close();
-      timespec nap{step_backoff_ms_ / 1000, (step_backoff_ms_ % 1000) * 1'000'000L};  // bounded
-      nanosleep(&nap, nullptr);
-    } else if (step_failures_ > 0) {
-      log_->info("event=step_recovered failures={}", step_failures_);
-      step_failures_ = 0;
-      step_backoff_ms_ = 0;
-      step_error_.clear();
-    }
-  }
+    stop_poll_.expires_after(std::chrono::milliseconds(50));
+    stop_poll_.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) watch_stop();
+    });
+  };
+  watch_stop();
+  io_.run();
+  reader_->Stop();  // wakes a read blocked in XREAD; nothing it posts runs any more
   if (conn_ && conn_->connected()) {
     if (run_ && !run_->done()) {  // never leave a job paused behind us
       ValidationRun release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", {}, config_.validation, true);
@@ -117,6 +99,56 @@ int Controller::Run(const std::atomic<bool>& stop) {
   }
   log_->info("event=stop");
   return 0;
+}
+
+void Controller::ScheduleTurn(int after_ms) {
+  turn_.expires_after(std::chrono::milliseconds(after_ms));
+  turn_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) Turn();
+  });
+}
+
+void Controller::Turn() {
+  const std::int64_t now = WallNs();
+  if (!EnsureConnected(now)) {
+    ScheduleTurn(config_.tick_ms);  // bounded wait before the next attempt
+    return;
+  }
+  Status s = Status::Ok();
+  if (now >= next_view_ns_) {
+    s = RefreshView();
+    next_view_ns_ = now + std::int64_t{config_.view_ms} * 1'000'000;
+  }
+  if (s.ok()) s = ProbeStreams(WallNs(), false);
+  if (s.ok()) StartRead();
+  if (s.ok()) s = Advance(WallNs());
+  if (s.ok()) s = AdvanceHang(WallNs());
+  if (s.ok() && (dirty_ || WallNs() >= next_save_ns_)) {
+    s = SaveState(WallNs());
+  } else if (!s.ok() && conn_->connected() && WallNs() >= next_save_ns_) {
+    // A step that keeps failing must not make the controller look dead: the heartbeat goes on.
+    if (Status saved = SaveState(WallNs()); !saved.ok()) {
+      log_->debug("event=state_save_failed error={}", daemon::LogQuoted(saved.message()));
+    }
+  }
+  PublishMetrics();
+  if (!s.ok()) {
+    Failed(s);
+    return;
+  }
+  if (step_failures_ > 0) {
+    log_->info("event=step_recovered failures={}", step_failures_);
+    step_failures_ = 0;
+    step_backoff_ms_ = 0;
+    step_error_.clear();
+  }
+  ScheduleTurn(run_ ? std::min(config_.tick_ms, 50) : config_.tick_ms);
+}
+
+void Controller::Failed(const Status& s) {
+  StepFailed(s);
+  if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kCorrupt) conn_->Close();
+  ScheduleTurn(step_backoff_ms_);  // bounded
 }
 
 void Controller::StepFailed(const Status& s) {

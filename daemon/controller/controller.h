@@ -26,12 +26,21 @@
 // aside and probed again with backoff; a step that keeps failing backs off (bounded), is
 // logged once per distinct error, and the state is still saved every heartbeat.
 //
+// The loop is an event loop (Boost.Asio, on the thread that calls Run()): a turn timer (every
+// tick-ms, every 50 ms while a validation runs, or after the step or reconnect backoff) runs the
+// stages; the blocking read of the report streams (XREAD BLOCK tick-ms) runs on a worker thread
+// of its own ("redis-read") and its entries, parsed and validated there, come back as an event
+// that is dispatched to the stages and followed by a turn at once. One read is in flight at a
+// time; a read started before a reconnect (whose cursors may have been reset) is discarded.
 // Thread-safety: one thread runs Run(); `stop` may be set from any thread (signal handler
-// flag). The loop's only waits are XREAD BLOCK (tick_ms) and the reconnect backoff, both bounded.
+// flag), and is looked at every 50 ms. Every wait of the loop thread is a timer or a Redis write
+// bounded by its timeout.
 // Must never: act on a message that failed validation, pause without also resuming (the shims'
 // max_pause_s backs this up), or block longer than the Redis timeouts.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <spdlog/logger.h>
 
 #include <atomic>
@@ -50,6 +59,7 @@
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/redis/redis_connection.h"
+#include "daemon/redis/redis_worker.h"
 #include "falcon/protocol.h"
 
 namespace falcon::controller {
@@ -64,6 +74,8 @@ class Controller {
   int Run(const std::atomic<bool>& stop);
 
  private:
+  static std::int64_t WallNs();  // CLOCK_REALTIME, ns: what every message and entry carries
+
   // Redis side (controller_io.cc).
   bool EnsureConnected(std::int64_t now_ns);
   Status LoadState(std::int64_t now_ns);
@@ -71,8 +83,28 @@ class Controller {
   Status SaveState(std::int64_t now_ns);
   // A key Redis refuses (wrong type) is logged once, skipped, and logged again when it clears.
   Status RefreshView();
-  // Reads the report streams, except those set aside as unreadable (ProbeStreams).
-  Status ReadStreams(std::int64_t now_ns, int block_ms);
+  // One turn of the loop: connect (or wait for the backoff), refresh the view when due, start a
+  // read, advance every stage, save the state when due; schedules the next turn.
+  void Turn();
+  void ScheduleTurn(int after_ms);
+  // A failed step: logged (StepFailed), the connection dropped when Redis is away or garbled.
+  void Failed(const Status& s);
+  // The stream entries a read brought back, parsed and validated on the reader's thread.
+  struct StreamMessage {
+    const char* stream = "";  // cursor name
+    std::string id;
+    Result<nlohmann::json> message = Status::Unavailable("unread");
+  };
+  struct ReadOutcome {
+    Status status;
+    std::vector<StreamMessage> entries;
+  };
+  // Starts a read of the report streams on the reader (none in flight, connected, some stream
+  // readable: ProbeStreams sets aside the others).
+  void StartRead();
+  // The read's outcome, back on the loop: entries dispatched, cursors moved, then a turn.
+  void OnRead(ReadOutcome r, std::uint64_t generation);
+  void Dispatch(const StreamMessage& e, std::int64_t now_ns);
   // Checks with TYPE the streams set aside whose retry time has come (`all`: every stream):
   // a key that is neither a stream nor absent is set aside (logged once) and probed again with
   // bounded exponential backoff; one that reads again is taken back (logged once).
@@ -141,6 +173,13 @@ class Controller {
   const ControllerConfig config_;
   const std::shared_ptr<spdlog::logger> log_;
   const std::int64_t started_ns_;
+
+  boost::asio::io_context io_;
+  boost::asio::steady_timer turn_{io_};
+  boost::asio::steady_timer stop_poll_{io_};
+  std::unique_ptr<redis::RedisWorker> reader_;  // the blocking stream reads (Run() starts it)
+  bool read_in_flight_ = false;
+  std::uint64_t read_generation_ = 0;  // bumped at every (re)connect: older reads are stale
 
   std::unique_ptr<redis::RedisConnection> conn_;
   std::int64_t next_connect_ns_ = 0;

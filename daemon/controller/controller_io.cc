@@ -4,6 +4,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
+
 #include <algorithm>
 
 #include "daemon/common/log_escape.h"
@@ -79,6 +81,7 @@ bool Controller::EnsureConnected(std::int64_t now_ns) {
   log_->info("event=redis_connected server={}", daemon::LogQuoted(config_.redis.Describe()));
   run_.reset();  // a validation interrupted by the outage is released and redone by Advance()
   next_view_ns_ = 0;
+  ++read_generation_;  // CheckCursors may have moved the cursors a read in flight started from
   dirty_ = true;
   return true;
 }
@@ -255,54 +258,87 @@ Status Controller::ProbeStreams(std::int64_t now_ns, bool all) {
   return Status::Ok();
 }
 
-Status Controller::ReadStreams(std::int64_t now_ns, int block_ms) {
-  if (Status s = ProbeStreams(now_ns, false); !s.ok()) return s;
-  std::vector<std::pair<std::string, std::string>> streams;
+void Controller::StartRead() {
+  if (read_in_flight_ || !reader_) return;
+  std::vector<std::pair<std::string, std::string>> streams;  // key, cursor
+  std::vector<const StreamSpec*> specs;
   for (const StreamSpec& s : kStreams) {
-    if (!unreadable_.count(s.name)) streams.emplace_back(Key(*s.key), state_.cursors[s.name]);
+    if (unreadable_.count(s.name)) continue;
+    streams.emplace_back(Key(*s.key), state_.cursors[s.name]);
+    specs.push_back(&s);
   }
-  if (streams.empty()) {  // nothing readable: keep the loop's pace without Redis
-    timespec nap{block_ms / 1000, (block_ms % 1000) * 1'000'000L};
-    nanosleep(&nap, nullptr);
-    return Status::Ok();
-  }
-  Result<std::vector<redis::StreamRead>> r = redis::XRead(*conn_, streams, kReadCount, block_ms);
-  if (!r.ok() && r.status().code() == Status::Code::kInvalidArgument) {
-    // Redis refused the read (a key of the wrong type): find the culprits and set them aside.
-    const std::size_t before = unreadable_.size();
-    if (Status s = ProbeStreams(now_ns, true); !s.ok()) return s;
-    if (unreadable_.size() > before) return Status::Ok();
-  }
-  if (!r.ok()) return r.status();
-  for (const redis::StreamRead& read : r.value()) {
-    const StreamSpec* spec = nullptr;
-    for (const StreamSpec& s : kStreams) {
-      if (Key(*s.key) == read.stream) spec = &s;
-    }
-    if (spec == nullptr) continue;
-    for (const redis::StreamEntry& e : read.entries) {
-      state_.cursors[spec->name] = e.id;
-      dirty_ = true;
-      const std::string* text = e.Field(std::string(protocol::kPayloadField));
-      Result<json> m = text != nullptr ? protocol::ParseMessage(*text, *spec->message)
-                                       : Result<json>(Status::InvalidArgument("no msg field"));
-      if (!m.ok()) {
-        ++dropped_messages_;
-        log_->warn("event=bad_message stream={} id={} error={}", spec->name, daemon::LogValue(e.id),
-                   daemon::LogQuoted(m.status().message()));
-        continue;
+  if (streams.empty()) return;  // nothing readable: the turns keep the pace without Redis
+  const std::uint64_t generation = read_generation_;
+  auto job = [this, streams = std::move(streams), specs = std::move(specs), generation,
+              block_ms = config_.tick_ms](redis::RedisConnection& c) {
+    ReadOutcome out;
+    Result<std::vector<redis::StreamRead>> r = redis::XRead(c, streams, kReadCount, block_ms);
+    out.status = r.status();
+    if (r.ok()) {
+      for (const redis::StreamRead& read : r.value()) {
+        const StreamSpec* spec = nullptr;
+        for (std::size_t i = 0; i < streams.size(); ++i) {
+          if (streams[i].first == read.stream) spec = specs[i];
+        }
+        if (spec == nullptr) continue;
+        for (const redis::StreamEntry& e : read.entries) {
+          const std::string* text = e.Field(std::string(protocol::kPayloadField));
+          out.entries.push_back({spec->name, e.id,
+                                 text != nullptr ? protocol::ParseMessage(*text, *spec->message)
+                                                 : Result<json>(Status::InvalidArgument("no msg field"))});
+        }
       }
-      const std::string name = spec->name;
-      if (name == "alarms") OnAlarm(m.value());
-      else if (name == "profiles") OnProfile(m.value());
-      else if (name == "acks") OnAck(m.value());
-      else if (name == "requests") OnRequest(m.value());
-      else if (name == "stalls") hang_.OnStall(m.value());
-      else if (name == "signatures") mismatch_.OnSignatures(m.value(), now_ns);
-      else OnIterations(m.value());
     }
+    boost::asio::post(io_, [this, out = std::move(out), generation]() mutable { OnRead(std::move(out), generation); });
+  };
+  read_in_flight_ = reader_->Submit(std::move(job));
+}
+
+void Controller::OnRead(ReadOutcome r, std::uint64_t generation) {
+  read_in_flight_ = false;
+  if (generation != read_generation_) {  // read before a reconnect: its cursors may be stale
+    ScheduleTurn(0);
+    return;
   }
-  return Status::Ok();
+  if (!r.status.ok()) {
+    if (r.status.code() == Status::Code::kInvalidArgument && conn_ && conn_->connected()) {
+      // Redis refused the read (a key of the wrong type): find the culprits and set them aside.
+      const std::size_t before = unreadable_.size();
+      Status probed = ProbeStreams(WallNs(), true);
+      if (probed.ok() && unreadable_.size() > before) {
+        ScheduleTurn(0);
+        return;
+      }
+      if (!probed.ok()) r.status = probed;
+    }
+    Failed(r.status);
+    return;
+  }
+  const std::int64_t now = WallNs();
+  for (const StreamMessage& e : r.entries) {
+    state_.cursors[e.stream] = e.id;
+    dirty_ = true;
+    Dispatch(e, now);
+  }
+  if (step_failures_ == 0) Turn();  // at once; after failures the backoff's turn comes first
+}
+
+void Controller::Dispatch(const StreamMessage& e, std::int64_t now_ns) {
+  if (!e.message.ok()) {
+    ++dropped_messages_;
+    log_->warn("event=bad_message stream={} id={} error={}", e.stream, daemon::LogValue(e.id),
+               daemon::LogQuoted(e.message.status().message()));
+    return;
+  }
+  const json& m = e.message.value();
+  const std::string name = e.stream;
+  if (name == "alarms") OnAlarm(m);
+  else if (name == "profiles") OnProfile(m);
+  else if (name == "acks") OnAck(m);
+  else if (name == "requests") OnRequest(m);
+  else if (name == "stalls") hang_.OnStall(m);
+  else if (name == "signatures") mismatch_.OnSignatures(m, now_ns);
+  else OnIterations(m);
 }
 
 Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
