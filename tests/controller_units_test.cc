@@ -25,6 +25,7 @@
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
+#include "daemon/controller/tracking_stage.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/controller/validation_steps.h"
 #include "daemon/protocol/messages.h"
@@ -1781,6 +1782,87 @@ TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {
                 {"0-0", "0-1", true},    {"bad", "1-0", false},  {"1-0", "bad", false},
                 {"", "", false}};
   for (const Order& o : orders) EXPECT_EQ(StreamIdLess(o.a, o.b), o.less) << o.a << " < " << o.b;
+}
+
+}  // namespace
+}  // namespace falcon::controller
+
+// ---------------------------------------------------------------------------------------------
+// TrackingStage
+
+namespace falcon::controller {
+namespace {
+
+json Alarm(std::int64_t rank, const std::string& kind, double level_s, std::int64_t onset_ns) {
+  protocol::AlarmReport m;
+  m.header = {"job", HostOfRank(rank), onset_ns + kSec};
+  m.rank = rank;
+  m.pid = 1000 + rank;
+  m.kind = kind;
+  m.onset = 10;
+  m.at = 12;
+  m.onset_ns = onset_ns;
+  m.ratio = level_s / 0.1;
+  m.probability = 0.9;
+  m.level_s = level_s;
+  m.baseline_s = 0.1;
+  return Validated(protocol::ToJson(m), protocol::kAlarm);
+}
+
+json Iterations(std::int64_t rank, const std::vector<double>& seconds) {
+  protocol::IterationBatch m;
+  m.header = {"job", HostOfRank(rank), kT0};
+  m.rank = rank;
+  m.pid = 1000 + rank;
+  m.period = 9;
+  for (std::size_t i = 0; i < seconds.size(); ++i) m.start_ns.push_back(kT0 + static_cast<std::int64_t>(i) * kSec);
+  m.seconds = seconds;
+  return Validated(protocol::ToJson(m), protocol::kIterations);
+}
+
+TEST(TrackingStageTest, ARankIsSlowFromItsSlowAlarmUntilItRecoversAndItsLastReportWins) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob();
+  const std::optional<SlowRank> first = t.OnAlarm(Alarm(5, "slow", 0.2, kT0));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_DOUBLE_EQ(first->level_s, 0.2);
+  EXPECT_EQ(first->onset_ns, kT0);
+  const std::optional<SlowRank> again = t.OnAlarm(Alarm(5, "slow", 0.3, kT0 + 5 * kSec));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(t.LiveSlow(view), std::vector<std::int64_t>{5});
+  EXPECT_DOUBLE_EQ(slow.at(5).level_s, 0.3) << "the map the caller persists holds the last report";
+  EXPECT_DOUBLE_EQ(slow.at(5).ratio, 3.0);
+  EXPECT_FALSE(t.OnAlarm(Alarm(5, "recovered", 0.1, kT0 + 9 * kSec)).has_value());
+  EXPECT_TRUE(t.LiveSlow(view).empty());
+  EXPECT_TRUE(slow.empty());
+}
+
+TEST(TrackingStageTest, OnlyLiveRanksCountAndAnOutbreakNeedsTheMinimumFraction) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob({{7, "exited"}});  // 7 of 8 ranks live
+  for (std::int64_t r : {1, 2, 3, 7}) ASSERT_TRUE(t.OnAlarm(Alarm(r, "slow", 0.2, kT0)).has_value());
+  EXPECT_EQ(t.LiveSlow(view), (std::vector<std::int64_t>{1, 2, 3})) << "rank 7 exited";
+  EXPECT_EQ(t.Outbreak(view, 3.0 / 7.0), (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_TRUE(t.Outbreak(view, 0.5).empty()) << "3 of 7 live ranks is under half";
+  ASSERT_TRUE(t.OnAlarm(Alarm(4, "slow", 0.2, kT0)).has_value());
+  EXPECT_EQ(t.Outbreak(view, 0.5), (std::vector<std::int64_t>{1, 2, 3, 4}));
+}
+
+TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob({{6, "exited"}});
+  EXPECT_FALSE(t.CurrentIterationS(view).has_value());
+  t.OnIterations(Iterations(0, {0.1, 0.1, 0.1}));
+  t.OnIterations(Iterations(1, {0.2, 0.9, 0.2}));  // median 0.2: one outlier does not count
+  t.OnIterations(Iterations(6, {5.0, 5.0, 5.0}));  // not live
+  ASSERT_TRUE(t.CurrentIterationS(view).has_value());
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.2);
+  // Only the last kRecentIterations samples count: eight slow ones push the fast ones out.
+  t.OnIterations(Iterations(0, std::vector<double>(TrackingStage::kRecentIterations, 0.4)));
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.4);
 }
 
 }  // namespace

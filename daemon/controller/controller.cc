@@ -186,25 +186,9 @@ void Controller::PublishMetrics() {
   metrics_->Publish(RenderControllerMetrics(m), std::move(health));
 }
 
-std::vector<std::int64_t> Controller::LiveSlow() const {
-  std::vector<std::int64_t> out;
-  for (const auto& [rank, s] : state_.slow) {
-    if (view_.ranks().count(rank)) out.push_back(rank);
-  }
-  return out;
-}
+std::vector<std::int64_t> Controller::LiveSlow() const { return tracking_.LiveSlow(view_); }
 
-std::optional<double> Controller::CurrentIterationS() const {
-  std::optional<double> worst;
-  std::vector<double> scratch;
-  for (const auto& [rank, q] : recent_) {
-    if (q.empty() || !view_.ranks().count(rank)) continue;
-    const std::vector<double> v(q.begin(), q.end());
-    const double m = analyzer::Median(v, scratch);
-    if (!worst || m > *worst) worst = m;
-  }
-  return worst;
-}
+std::optional<double> Controller::CurrentIterationS() const { return tracking_.CurrentIterationS(view_); }
 
 void Controller::Enter(Phase p, std::int64_t now_ns) {
   log_->info("event=phase from={} to={} incident={}", PhaseName(state_.phase), PhaseName(p),
@@ -325,9 +309,9 @@ Status Controller::Track(std::int64_t now_ns) {
       if (const auto cur = CurrentIterationS()) state_.healthy_s = *cur;
       return Status::Ok();
     }
-    const double fraction = static_cast<double>(slow.size()) / static_cast<double>(view_.ranks().size());
-    if (fraction < config_.min_slow_fraction) return Status::Ok();
-    if (Status s = OpenIncident(now_ns, slow); !s.ok()) return s;
+    const std::vector<std::int64_t> outbreak = tracking_.Outbreak(view_, config_.min_slow_fraction);
+    if (outbreak.empty()) return Status::Ok();
+    if (Status s = OpenIncident(now_ns, outbreak); !s.ok()) return s;
     return StartProfiling(now_ns);
   }
   if (slow.empty() && !state_.incident->request.empty() && state_.incident->attempts > 0) {
@@ -382,7 +366,7 @@ void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns) const {
   inc.faster_since_ns = 0;
   const double iteration_s = CurrentIterationS().value_or(inc.healthy_s);
   inc.plan_level_after_ns = now_ns + Seconds(kPlanSettleSamples * config_.mitigation.sample_s +
-                                             2.0 * static_cast<double>(kRecentIterations) * iteration_s);
+                                             2.0 * static_cast<double>(TrackingStage::kRecentIterations) * iteration_s);
 }
 
 bool Controller::FasterUnderPlan(std::int64_t now_ns) {

@@ -56,6 +56,7 @@
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/hang_stage.h"
 #include "daemon/controller/mismatch_stage.h"
+#include "daemon/controller/tracking_stage.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/redis/redis_connection.h"
@@ -158,8 +159,6 @@ class Controller {
   // The wait before the incident's next re-check while S2 holds: recheck-s, doubled per round
   // that found the culprits still slow.
   [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
-  // Iteration times kept per rank; the job's current iteration time is their median's worst.
-  static constexpr std::size_t kRecentIterations = 8;
   // Plan level (controller_state.h): measure it again from kPlanSettleSamples samples on.
   void SettlePlanLevel(Incident& inc, std::int64_t now_ns) const;
   // The job has run faster than the plan level allows for two samples: re-check now.
@@ -196,6 +195,7 @@ class Controller {
   bool state_loaded_ = false;
 
   ControllerState state_;
+  TrackingStage tracking_{state_.slow};  // slow ranks and iteration times (tracking_stage.h)
   JobView view_;
   std::int64_t next_view_ns_ = 0;
   std::int64_t next_save_ns_ = 0;
@@ -204,7 +204,6 @@ class Controller {
   std::set<std::string> mode_commands_;  // set_mode ids awaiting acks
   int commands_ = 0;
   std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
-  std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
   MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
   HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang

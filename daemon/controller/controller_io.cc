@@ -422,11 +422,9 @@ Status Controller::Record(const std::string& stage, const std::string& summary, 
 }
 
 void Controller::OnAlarm(const json& m) {
-  const std::int64_t rank = m["rank"].get<std::int64_t>();
-  if (rank < 0) return;
-  if (m["kind"] == "slow") {
-    const std::int64_t onset = m.value("onset_ns", m["at_ns"].get<std::int64_t>());
-    state_.slow[rank] = {m["ratio"].get<double>(), m["level_s"].get<double>(), m["baseline_s"].get<double>(), onset};
+  if (const std::optional<SlowRank> slow = tracking_.OnAlarm(m)) {
+    const std::int64_t rank = m["rank"].get<std::int64_t>();
+    const std::int64_t onset = slow->onset_ns;
     // A slowdown that began after the incident's last round is news (the incident may have been
     // a false alarm, and a real fail-slow started since): it earns the incident fresh rounds.
     if (state_.incident && !state_.incident->localised && onset > state_.incident->last_round_ns &&
@@ -444,15 +442,13 @@ void Controller::OnAlarm(const json& m) {
       // change shift the ranks' series too, and an alarm about that is no news; nor is one about
       // a slowdown that the round under way measures (CoveredByTheRound).
       Incident& inc = *state_.incident;
-      const double level = m["level_s"].get<double>();
+      const double level = slow->level_s;
       const double best = inc.best_since_round_s;
       const bool slower = best <= 0 || level > config_.suspicious_ratio * best;
       log_->info("event=new_slowdown rank={} incident={} level_s={:.4f} best_since_round_s={:.4f} action={}", rank,
                  daemon::LogValue(inc.id), level, best, slower ? "revalidate" : "none");
       inc.revalidate = slower;
     }
-  } else {
-    state_.slow.erase(rank);
   }
 }
 
@@ -493,15 +489,6 @@ void Controller::OnRequest(const json& m) {
   requests_.push_back(m);
 }
 
-void Controller::OnIterations(const json& m) {
-  const std::int64_t rank = m["rank"].get<std::int64_t>();
-  if (rank < 0) return;
-  std::deque<double>& q = recent_[rank];
-  for (const json& s : m["seconds"]) {
-    if (!s.is_number()) continue;
-    q.push_back(s.get<double>());
-    if (q.size() > kRecentIterations) q.pop_front();
-  }
-}
+void Controller::OnIterations(const json& m) { tracking_.OnIterations(m); }
 
 }  // namespace falcon::controller

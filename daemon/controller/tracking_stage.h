@@ -1,0 +1,57 @@
+// TrackingStage: the controller's tracking stage (docs/controller.md "What it does", Tracking).
+// Which ranks are slow, by the last alarm each rank's agent sent, and how long the job's
+// iterations take now, from the iteration times the agents report.
+//
+//  - A rank is slow from its `slow` alarm until an `ok` one. The reports are persisted with the
+//    controller's state (ControllerState::slow), so the stage keeps them in the map it is given
+//    and a restarted controller replays the alarms stream into it.
+//  - Only live ranks count (the view's): a rank that exited or whose agent stopped reporting
+//    neither keeps an incident open nor opens one.
+//  - The job's iteration time is the worst over the live ranks of the median of each rank's
+//    last kRecentIterations reported iterations.
+//  - An outbreak is at least `min_fraction` of the live ranks slow at once: in synchronous
+//    training a real fail-slow slows every rank within a few iterations, a lone alarm is noise.
+// Thread-safety: a value type for one thread (the controller loop). Must never: do I/O, read a
+// clock, or trust a message it was not given validated.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "daemon/controller/controller_state.h"
+#include "daemon/controller/job_view.h"
+
+namespace falcon::controller {
+
+class TrackingStage {
+ public:
+  static constexpr std::size_t kRecentIterations = 8;  // kept per rank
+
+  // `slow`: where the slow-rank reports live (persisted by the caller); must outlive the stage.
+  explicit TrackingStage(std::map<std::int64_t, SlowRank>& slow) : slow_(slow) {}
+
+  // A validated `alarm`. A `slow` one is kept (the rank's last report wins) and returned, for
+  // the caller's incident; an `ok` one clears the rank and returns nothing.
+  std::optional<SlowRank> OnAlarm(const nlohmann::json& m);
+  // A validated `iterations` message: its samples, the last kRecentIterations kept.
+  void OnIterations(const nlohmann::json& m);
+
+  // The live ranks that are slow, ascending.
+  [[nodiscard]] std::vector<std::int64_t> LiveSlow(const JobView& view) const;
+  // The live slow ranks when they are at least `min_fraction` of the live ranks; else none.
+  [[nodiscard]] std::vector<std::int64_t> Outbreak(const JobView& view, double min_fraction) const;
+  // The job's iteration time now, s; none before any live rank reported one.
+  [[nodiscard]] std::optional<double> CurrentIterationS(const JobView& view) const;
+
+ private:
+  std::map<std::int64_t, SlowRank>& slow_;
+  std::map<std::int64_t, std::deque<double>> recent_;  // last iteration samples per rank
+};
+
+}  // namespace falcon::controller
