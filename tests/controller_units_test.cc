@@ -26,6 +26,7 @@
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/tracking_stage.h"
+#include "daemon/controller/validation_stage.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/controller/validation_steps.h"
 #include "daemon/protocol/messages.h"
@@ -1863,6 +1864,71 @@ TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) 
   // Only the last kRecentIterations samples count: eight slow ones push the fast ones out.
   t.OnIterations(Iterations(0, std::vector<double>(TrackingStage::kRecentIterations, 0.4)));
   EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ValidationStage
+
+TEST(ValidationStageTest, RoundIsPlannedFromTheSuspicionAndPausesBeforeItsSteps) {
+  const JobView view = RunningJob();
+  ValidationStage v(ValidationSettings{}, StepOptions{});
+  EXPECT_FALSE(v.running());
+  EXPECT_TRUE(v.Next(view, kT0).empty()) << "no round, nothing to send";
+  const json suspicion = {{"suspicious", {protocol::CommIdHex(DpId(0)), "not hex", 7}},
+                          {"peers", {protocol::CommIdHex(DpId(1))}}};
+  ASSERT_TRUE(v.Start(view, suspicion, "inc-1-v1", false).ok());
+  EXPECT_TRUE(v.running());
+  EXPECT_FALSE(v.done());
+  const std::vector<OutgoingCommand> first = v.Next(view, kT0 + 2 * kSec);
+  ASSERT_FALSE(first.empty());
+  std::set<std::string> hosts;
+  for (const OutgoingCommand& c : first) {
+    EXPECT_EQ(c.command.id.rfind("inc-1-v1-", 0), 0u) << c.command.id;
+    hosts.insert(c.host);
+  }
+  EXPECT_EQ(hosts, (std::set<std::string>{"node0", "node1"}));
+  v.Abandon();
+  EXPECT_FALSE(v.running());
+  const std::vector<OutgoingCommand> release = v.Release("ctl-stop", view, kT0);
+  ASSERT_EQ(release.size(), 2u) << "a resume to every agent";
+  for (const OutgoingCommand& c : release) EXPECT_EQ(c.command.type, "resume") << c.command.type;
+}
+
+TEST(ValidationStageTest, VerdictNamesCulpritsByHostInOrderAndRanksOnce) {
+  const JobView view = RunningJob();  // node0 = node index 0, node1 = 1
+  const ValidationRun run("r", {}, ValidationSettings{}, false);
+  analyzer::Localization l;
+  l.gpus.push_back({5, 1, {0.02, 0.01, 2.0, 0.001, 8}});
+  analyzer::SlowLink link;
+  link.sender = 5;
+  link.receiver = 1;
+  link.sender_node = 1;
+  link.receiver_node = 0;
+  link.evidence = {4e-9, 1e-9, 4.0, 1e-10, 6};
+  l.links.push_back(link);
+  l.gemms_unassessed = 1;
+  const RoundVerdict v = VerdictOf(l, run, view);
+  EXPECT_TRUE(v.localised);
+  EXPECT_EQ(v.cause, "compute") << "a slow GPU comes first";
+  EXPECT_EQ(v.ranks, (std::vector<std::int64_t>{1, 5}));
+  EXPECT_EQ(v.summary, "slow GPU: rank 5 on node1 (GEMM 2.00x median); slow link: node1 <-> node0 (ranks 5-1, 4.00x median)");
+  ASSERT_EQ(v.detail["gpus"].size(), 1u);
+  EXPECT_EQ(v.detail["gpus"][0]["host"], "node1");
+  EXPECT_DOUBLE_EQ(v.detail["gpus"][0]["evidence"]["ratio"].get<double>(), 2.0);
+  EXPECT_EQ(v.detail["links"][0]["hosts"], json({"node1", "node0"}));
+  EXPECT_EQ(v.detail["unassessed"]["gemms"], 1);
+  EXPECT_TRUE(v.detail.contains("validation"));
+  EXPECT_TRUE(v.failure.empty());
+
+  const RoundVerdict refused = VerdictOf(Status::InvalidArgument("no GEMM results"), run, view);
+  EXPECT_FALSE(refused.localised);
+  EXPECT_EQ(refused.cause, "unknown");
+  EXPECT_EQ(refused.detail["error"], "no GEMM results");
+  EXPECT_FALSE(refused.detail.contains("gpus"));
+  const RoundVerdict none = VerdictOf(analyzer::Localization{}, run, view);
+  EXPECT_FALSE(none.localised);
+  EXPECT_TRUE(none.summary.empty());
+  EXPECT_TRUE(none.ranks.empty());
 }
 
 }  // namespace

@@ -41,9 +41,20 @@ std::string Fixed(double v, int digits = 2) {
   return b;
 }
 
-json EvidenceJson(const analyzer::Evidence& e) {
-  return {{"measured", e.measured}, {"baseline", e.baseline}, {"ratio", e.ratio}, {"sigma", e.sigma},
-          {"baseline_count", e.baseline_count}};
+// The validation settings: what counts as a slow GPU or link (config ratios) for the round's
+// re-measuring and its verdict, with the rounds' own.
+ValidationSettings ValidationSettingsOf(const ControllerConfig& c) {
+  ValidationSettings s = c.validation;
+  s.localization.gemm_ratio = c.gemm_ratio;
+  s.localization.link_ratio = c.link_ratio;
+  return s;
+}
+
+StepOptions StepOptionsOf(const ControllerConfig& c) {
+  StepOptions so;
+  so.gemm_batch = static_cast<std::size_t>(c.gemm_batch);
+  so.tree = c.tree;
+  return so;
 }
 
 }  // namespace
@@ -58,6 +69,7 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
     : config_(std::move(config)),
       log_(std::move(log)),
       started_ns_(WallNs()),
+      validation_(ValidationSettingsOf(config_), StepOptionsOf(config_)),
       mismatch_(MismatchStageOptions{config_.mismatch_grace_s, 8}),
       hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}) {}
 
@@ -90,9 +102,8 @@ int Controller::Run(const std::atomic<bool>& stop) {
   io_.run();
   reader_->Stop();  // wakes a read blocked in XREAD; nothing it posts runs any more
   if (conn_ && conn_->connected()) {
-    if (run_ && !run_->done()) {  // never leave a job paused behind us
-      ValidationRun release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", {}, config_.validation, true);
-      (void)Send(release.Next(view_, WallNs()));
+    if (validation_.running() && !validation_.done()) {  // never leave a job paused behind us
+      (void)Send(validation_.Release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", view_, WallNs()));
     }
     if (mode_ != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
     (void)SaveState(WallNs());
@@ -142,7 +153,7 @@ void Controller::Turn() {
     step_backoff_ms_ = 0;
     step_error_.clear();
   }
-  ScheduleTurn(run_ ? std::min(config_.tick_ms, 50) : config_.tick_ms);
+  ScheduleTurn(validation_.running() ? std::min(config_.tick_ms, 50) : config_.tick_ms);
 }
 
 void Controller::Failed(const Status& s) {
@@ -263,9 +274,9 @@ Status Controller::Advance(std::int64_t now_ns) {
       if (ProfilesReady() || now_ns - state_.since_ns > Seconds(config_.profile_wait_s)) return FinishProfiling(now_ns);
       return Status::Ok();
     case Phase::kValidating:
-      if (!run_) return StartValidation(now_ns, /*release_first=*/true);
-      if (Status s = Send(run_->Next(view_, now_ns)); !s.ok()) return s;
-      return run_->done() ? FinishValidation(now_ns) : Status::Ok();
+      if (!validation_.running()) return StartValidation(now_ns, /*release_first=*/true);
+      if (Status s = Send(validation_.Next(view_, now_ns)); !s.ok()) return s;
+      return validation_.done() ? FinishValidation(now_ns) : Status::Ok();
   }
   return Status::Ok();
 }
@@ -689,89 +700,37 @@ Status Controller::FinishProfiling(std::int64_t now_ns) {
 }
 
 Status Controller::StartValidation(std::int64_t now_ns, bool release_first) {
-  std::vector<std::uint64_t> judged, peers;
-  for (const auto& [key, out] : {std::pair{"suspicious", &judged}, std::pair{"peers", &peers}}) {
-    for (const json& id : state_.suspicion.value(key, json::array())) {
-      if (!id.is_string()) continue;
-      if (const auto v = protocol::ParseCommIdHex(id.get<std::string>())) out->push_back(*v);
-    }
-  }
-  StepOptions so;
-  so.gemm_batch = static_cast<std::size_t>(config_.gemm_batch);
-  so.tree = config_.tree;
-  Result<std::vector<ValidationStep>> steps = PlanValidationSteps(view_, judged, peers, so);
-  if (!steps.ok()) return steps.status();
   Incident& inc = *state_.incident;
+  if (Status s = validation_.Start(view_, state_.suspicion, inc.id + "-v" + std::to_string(inc.attempts + 1), release_first);
+      !s.ok()) {
+    return s;
+  }
   ++inc.attempts;
-  ValidationSettings settings = config_.validation;
-  settings.localization = LocalizationOptions();
-  run_ = std::make_unique<ValidationRun>(inc.id + "-v" + std::to_string(inc.attempts), std::move(steps.value()),
-                                         settings, release_first);
   if (state_.phase != Phase::kValidating) Enter(Phase::kValidating, now_ns);
   dirty_ = true;
   return Status::Ok();
 }
 
-analyzer::LocalizationOptions Controller::LocalizationOptions() const {
-  analyzer::LocalizationOptions lo;
-  lo.gemm_ratio = config_.gemm_ratio;
-  lo.link_ratio = config_.link_ratio;
-  return lo;
-}
-
 Status Controller::FinishValidation(std::int64_t now_ns) {
-  std::unique_ptr<ValidationRun> run = std::move(run_);
   Incident& inc = *state_.incident;
   const Incident before_round = inc;
-  Result<analyzer::Localization> loc = analyzer::Localize(run->Input(), LocalizationOptions());
-  json detail = {{"validation", run->Summary()}, {"suspicion", state_.suspicion}, {"attempt", inc.attempts}};
+  RoundVerdict verdict = validation_.Finish(view_);
+  json detail = std::move(verdict.detail);
+  detail["suspicion"] = state_.suspicion;
+  detail["attempt"] = inc.attempts;
   if (!inc.request.empty()) detail["request"] = inc.request;
-  std::vector<std::int64_t> ranks;
-  std::string summary;
-  std::string cause = "unknown";
-  auto host = [&](std::int32_t node) {
-    return node >= 0 && static_cast<std::size_t>(node) < view_.hosts().size() ? view_.hosts()[static_cast<std::size_t>(node)] : std::string("?");
-  };
-  if (loc.ok()) {
-    const analyzer::Localization& l = loc.value();
-    json gpus = json::array(), links = json::array(), nics = json::array();
-    for (const analyzer::SlowGpu& g : l.gpus) {
-      gpus.push_back({{"rank", g.rank}, {"host", host(g.node)}, {"evidence", EvidenceJson(g.evidence)}});
-      ranks.push_back(g.rank);
-      summary += (summary.empty() ? "" : "; ") + std::string("slow GPU: rank ") + std::to_string(g.rank) + " on " +
-                 host(g.node) + " (GEMM " + Fixed(g.evidence.ratio) + "x median)";
-    }
-    for (const analyzer::SlowNic& n : l.nics) {
-      nics.push_back({{"host", host(n.node)}, {"slow_peer_nodes", n.slow_peer_nodes},
-                      {"tested_peer_nodes", n.tested_peer_nodes}, {"evidence", EvidenceJson(n.evidence)}});
-      summary += (summary.empty() ? "" : "; ") + std::string("slow NIC: ") + host(n.node) + " (" +
-                 Fixed(n.evidence.ratio) + "x median transfer time)";
-    }
-    for (const analyzer::SlowLink& k : l.links) {
-      links.push_back({{"ranks", {k.sender, k.receiver}}, {"hosts", {host(k.sender_node), host(k.receiver_node)}},
-                       {"evidence", EvidenceJson(k.evidence)}});
-      ranks.push_back(k.sender);
-      ranks.push_back(k.receiver);
-      summary += (summary.empty() ? "" : "; ") + std::string("slow link: ") + host(k.sender_node) + " <-> " +
-                 host(k.receiver_node) + " (ranks " + std::to_string(k.sender) + "-" + std::to_string(k.receiver) +
-                 ", " + Fixed(k.evidence.ratio) + "x median)";
-    }
-    cause = !l.gpus.empty() ? "compute" : !l.nics.empty() ? "nic" : !l.links.empty() ? "link" : "unknown";
-    detail["gpus"] = gpus;
-    detail["links"] = links;
-    detail["nics"] = nics;
-    detail["unassessed"] = {{"gemms", l.gemms_unassessed}, {"transfers", l.transfers_unassessed}};
-  } else {
-    detail["error"] = loc.status().message();
-  }
+  const std::vector<std::int64_t>& ranks = verdict.ranks;
+  const std::string& failure = verdict.failure;
+  std::string summary = verdict.summary;
+  const std::string cause = verdict.cause;
   const bool was_localised = inc.localised;
   const std::string was_cause = inc.cause;
   const json was_findings = inc.findings;
   const bool recheck = inc.recheck;
   inc.recheck = false;
-  inc.localised = loc.ok() && !loc.value().nothing_found();
+  inc.localised = verdict.localised;
   if (!inc.localised) {
-    summary = !run->failure().empty() ? "validation did not complete: " + run->failure()
+    summary = !failure.empty() ? "validation did not complete: " + failure
                                       : "validation found no slow GPU, link or NIC (attempt " +
                                             std::to_string(inc.attempts) + " of " + std::to_string(config_.max_attempts) + ")";
     inc.next_attempt_ns = now_ns + Seconds(config_.retry_after_s);
@@ -784,19 +743,17 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   inc.best_since_round_s = 0;
   if (inc.plan_level_after_ns != 0 || inc.plan_level_s > 0) SettlePlanLevel(inc, now_ns);
   log_->debug("event=localisation detail={}", detail.dump());
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   Enter(Phase::kTracking, now_ns);
   json fields = {{"at_ns", now_ns}, {"ranks", ranks}, {"cause", cause}, {"detail", detail}};
   if (detail.contains("suspicion")) fields["comms"] = state_.suspicion.value("suspicious", json::array());
   Mitigator* m = CurrentMitigator();
   const bool mitigating = m != nullptr && !m->stopped();
-  if (mitigating && !inc.localised && !run->failure().empty()) {
+  if (mitigating && !inc.localised && !failure.empty()) {
     // An incomplete round proves nothing: the mitigation and what it answers stay.
     inc.localised = was_localised;
     inc.cause = was_cause;
     inc.findings = was_findings;
-    summary = "re-check did not complete: " + run->failure() + "; " + m->current() + " stays in force";
+    summary = "re-check did not complete: " + failure + "; " + m->current() + " stays in force";
   }
   if (recheck && inc.localised) inc.recheck_interval_s = std::min(2 * RecheckIntervalS(inc), 3600.0);
   if (Status s = Record("localisation", (recheck ? "re-check: " : "") + summary, fields,
@@ -884,7 +841,7 @@ Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
   state_.incident.reset();
   mitigator_.reset();
   state_.suspicion = json::object();
-  run_.reset();
+  validation_.Abandon();
   Enter(Phase::kTracking, now_ns);
   return Status::Ok();
 }

@@ -58,7 +58,7 @@
 #include "daemon/controller/mismatch_stage.h"
 #include "daemon/controller/tracking_stage.h"
 #include "daemon/controller/job_view.h"
-#include "daemon/controller/validation_run.h"
+#include "daemon/controller/validation_stage.h"
 #include "daemon/redis/redis_connection.h"
 #include "daemon/redis/redis_worker.h"
 #include "falcon/protocol.h"
@@ -137,8 +137,6 @@ class Controller {
   Status FinishProfiling(std::int64_t now_ns);
   Status StartValidation(std::int64_t now_ns, bool release_first);
   Status FinishValidation(std::int64_t now_ns);
-  // What counts as a slow GPU or link (config ratios): for the round's re-measuring and its verdict.
-  [[nodiscard]] analyzer::LocalizationOptions LocalizationOptions() const;
   Status Resolve(std::int64_t now_ns, const std::string& why);
   Status SetMode(const std::string& mode, std::int64_t now_ns);
   Status StartMitigation(std::int64_t now_ns);
@@ -204,7 +202,7 @@ class Controller {
   std::set<std::string> mode_commands_;  // set_mode ids awaiting acks
   int commands_ = 0;
   std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
-  std::unique_ptr<ValidationRun> run_;
+  ValidationStage validation_;  // the round under way and its verdict (validation_stage.h)
   MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
   HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang
   Status AdvanceHang(std::int64_t now_ns);

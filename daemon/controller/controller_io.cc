@@ -79,7 +79,7 @@ bool Controller::EnsureConnected(std::int64_t now_ns) {
   }
   backoff_ms_ = 0;
   log_->info("event=redis_connected server={}", daemon::LogQuoted(config_.redis.Describe()));
-  run_.reset();  // a validation interrupted by the outage is released and redone by Advance()
+  validation_.Abandon();  // a validation interrupted by the outage is released and redone by Advance()
   next_view_ns_ = 0;
   ++read_generation_;  // CheckCursors may have moved the cursors a read in flight started from
   dirty_ = true;
@@ -480,7 +480,7 @@ void Controller::OnAck(const json& m) {
     state_.profile_from_ns = std::max(state_.profile_from_ns, m["at_ns"].get<std::int64_t>());
     return;
   }
-  if (run_) run_->OnAck(m);
+  validation_.OnAck(m);
 }
 
 void Controller::OnRequest(const json& m) {
