@@ -12,7 +12,6 @@
 #include "analyzer/robust.h"
 #include "daemon/common/prometheus_text.h"
 #include "daemon/common/log_escape.h"
-#include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/validation_steps.h"
 
 namespace falcon::controller {
@@ -56,6 +55,9 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
     : config_(std::move(config)),
       log_(std::move(log)),
       started_ns_(WallNs()),
+      profiling_(ProfilingStageOptions{"ctl-" + std::to_string(started_ns_ / 1'000'000), config_.validation.ack_timeout_s,
+                                       config_.suspicious_ratio},
+                 log_),
       mismatch_(MismatchStageOptions{config_.mismatch_grace_s, 8}),
       hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}) {}
 
@@ -112,7 +114,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
       ValidationRun release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", {}, config_.validation, true);
       (void)Send(release.Next(view_, WallNs()));
     }
-    if (mode_ != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
+    if (profiling_.mode() != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
     (void)SaveState(WallNs());
   }
   log_->info("event=stop");
@@ -244,7 +246,7 @@ Status Controller::Advance(std::int64_t now_ns) {
         if (Status s = SetMode("track", now_ns); !s.ok()) return s;
         return Resolve(now_ns, "recovered before validation");
       }
-      if (ProfilesReady() || now_ns - state_.since_ns > Seconds(config_.profile_wait_s)) return FinishProfiling(now_ns);
+      if (profiling_.Ready(view_, state_.profile_from_ns) || now_ns - state_.since_ns > Seconds(config_.profile_wait_s)) return FinishProfiling(now_ns);
       return Status::Ok();
     case Phase::kValidating:
       if (!run_) return StartValidation(now_ns, /*release_first=*/true);
@@ -600,21 +602,8 @@ Status Controller::OpenIncident(std::int64_t now_ns, const std::vector<std::int6
 }
 
 Status Controller::SetMode(const std::string& mode, std::int64_t now_ns) {
-  mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
-  std::vector<OutgoingCommand> out;
-  for (const std::string& host : view_.agent_hosts()) {
-    protocol::Command c;
-    c.type = "set_mode";
-    c.id = "ctl-" + std::to_string(started_ns_ / 1'000'000) + "-m" + std::to_string(++commands_);
-    c.issued_ns = now_ns;
-    c.deadline_ns = now_ns + Seconds(config_.validation.ack_timeout_s);
-    c.mode = mode;
-    mode_commands_.insert(c.id);
-    out.push_back({host, std::move(c)});
-  }
-  mode_ = mode;
-  dirty_ = true;
-  return Send(out);
+  dirty_ = true;  // the mode is part of the state written
+  return Send(profiling_.SetMode(mode, view_, now_ns));
 }
 
 Status Controller::StartProfiling(std::int64_t now_ns) {
@@ -624,51 +613,9 @@ Status Controller::StartProfiling(std::int64_t now_ns) {
   return SetMode("profile", now_ns);
 }
 
-bool Controller::ProfilesReady() const {
-  if (view_.ranks().empty() || !mode_commands_.empty()) return false;
-  for (const auto& [rank, info] : view_.ranks()) {
-    auto p = profiles_.find(rank);
-    if (p == profiles_.end() || p->second["mode"] != "profile" ||
-        p->second["since_ns"].get<std::int64_t>() < state_.profile_from_ns) {
-      return false;
-    }
-  }
-  return true;
-}
-
 Status Controller::FinishProfiling(std::int64_t now_ns) {
   if (Status s = SetMode("track", now_ns); !s.ok()) return s;
-  std::map<std::int64_t, json> current;
-  for (const auto& [rank, p] : profiles_) {
-    if (view_.ranks().count(rank) && p["since_ns"].get<std::int64_t>() >= state_.profile_from_ns) current[rank] = p;
-  }
-  analyzer::SuspicionOptions so;
-  so.suspicious_ratio = config_.suspicious_ratio;
-  Result<ProfileVerdict> v = AnalyzeProfiles(view_, current, so);
-  json suspicion = {{"profiles", current.size()}, {"suspicious", json::array()}, {"peers", json::array()},
-                    {"compute_suspects", json::array()}};
-  if (v.ok()) {
-    for (std::uint64_t id : v.value().suspicious) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
-    for (std::uint64_t id : v.value().peers) suspicion["peers"].push_back(protocol::CommIdHex(id));
-    for (const ComputeSuspectFinding& s : v.value().compute_suspects) {
-      suspicion["compute_suspects"].push_back({{"rank", s.rank}, {"comm", protocol::CommIdHex(s.comm)},
-                                               {"wait_gap", s.wait_gap}, {"confidence", s.confidence}});
-    }
-    suspicion["comms"] = v.value().evidence;
-  } else {
-    log_->warn("event=profile_analysis_failed error={}", daemon::LogQuoted(v.status().message()));
-    suspicion["error"] = v.status().message();
-  }
-  // Nothing suspicious (or no timings): every class is tested, each against its own members.
-  if (suspicion["suspicious"].empty()) {
-    suspicion["sweep"] = true;
-    for (const auto& [id, c] : view_.comms()) {
-      if (c.members.size() >= 2) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
-    }
-  }
-  state_.suspicion = suspicion;
-  log_->info("event=profiled profiles={} suspicious={} peers={} compute_suspects={}", current.size(),
-             suspicion["suspicious"].size(), suspicion["peers"].size(), suspicion["compute_suspects"].size());
+  state_.suspicion = profiling_.Analyze(view_, state_.profile_from_ns);
   return StartValidation(now_ns, /*release_first=*/false);
 }
 

@@ -48,6 +48,7 @@
 #include "daemon/controller/hang_stage.h"
 #include "daemon/controller/mismatch_stage.h"
 #include "daemon/controller/job_view.h"
+#include "daemon/controller/profiling_stage.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/redis/redis_connection.h"
 #include "falcon/protocol.h"
@@ -107,6 +108,7 @@ class Controller {
   // What counts as a slow GPU or link (config ratios): for the round's re-measuring and its verdict.
   [[nodiscard]] analyzer::LocalizationOptions LocalizationOptions() const;
   Status Resolve(std::int64_t now_ns, const std::string& why);
+  // The profiling stage's switch of the shims to `mode`, sent.
   Status SetMode(const std::string& mode, std::int64_t now_ns);
   Status StartMitigation(std::int64_t now_ns);
   Status FeedMitigation(std::int64_t now_ns);
@@ -135,7 +137,6 @@ class Controller {
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
   std::vector<std::int64_t> LiveSlow() const;
-  bool ProfilesReady() const;
   std::optional<double> CurrentIterationS() const;
 
   const ControllerConfig config_;
@@ -161,10 +162,8 @@ class Controller {
   std::int64_t next_view_ns_ = 0;
   std::int64_t next_save_ns_ = 0;
   bool dirty_ = true;
-  std::string mode_ = "track";
-  std::set<std::string> mode_commands_;  // set_mode ids awaiting acks
+  ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)
   int commands_ = 0;
-  std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
   std::map<std::int64_t, std::deque<double>> recent_;      // last iteration samples per rank
   std::unique_ptr<ValidationRun> run_;
   MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
