@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/controller/decision_stage.h"
 #include "daemon/controller/profiling_stage.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
@@ -226,6 +227,195 @@ TEST(ProfilingStageTest, NothingSuspiciousSweepsEveryCommunicatorOfTwoOrMore) {
   EXPECT_EQ(none["profiles"], 0);
   EXPECT_EQ(none["sweep"], true);
   EXPECT_EQ(Strings(none["suspicious"]), want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DecisionStage
+
+MitigationSettings Settings(const std::string& mode = "advise") {
+  MitigationSettings s;
+  s.mode = mode;
+  s.overheads = {10, 60, 300};
+  s.micro_batches = 8;
+  s.sample_s = 1;
+  return s;
+}
+
+// Its planning takes 250 ms by this clock.
+DecisionStage Stage(std::ostringstream& log, const std::string& mode = "advise") {
+  auto clock = [t = std::int64_t{0}]() mutable { return t += 250'000'000; };
+  return DecisionStage({Settings(mode), "job", "ctl-7", clock}, LogTo(log));
+}
+
+// Rank 5's GPU is slow; the job's healthy iteration is 1 s. Opened at kT0.
+Incident SlowGpuIncident() {
+  Incident inc;
+  inc.id = "inc-1";
+  inc.opened_ns = kT0;
+  inc.ranks = {5};
+  inc.healthy_s = 1.0;
+  inc.localised = true;
+  inc.cause = "compute";
+  inc.findings = {{"gpus", {{{"rank", 5}, {"host", Host(5)}, {"evidence", {{"ratio", 2.0}}}}}}};
+  return inc;
+}
+
+TEST(DecisionStageTest, StartIsAnS1DecisionNamingTheCandidates) {
+  std::ostringstream log;
+  DecisionStage d = Stage(log);
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  const std::optional<DecisionRecord> r = d.Start(inc, InferLayout(v, ""), v, 2.0, kT0 + 5 * kSec);
+  ASSERT_TRUE(r) << log.str();
+  EXPECT_EQ(r->summary.rfind("S1 ignore for now; candidates: S2 after 10 s of slowdown", 0), 0u) << r->summary;
+  EXPECT_STREQ(r->severity, "info");
+  EXPECT_EQ(r->fields["strategy"], "S1");
+  EXPECT_EQ(r->fields["cause"], "compute");
+  EXPECT_EQ(r->fields["ranks"], json({5}));
+  EXPECT_EQ(r->fields["at_ns"], kT0 + 5 * kSec);
+  const json& detail = r->fields["detail"];
+  EXPECT_EQ(detail["mode"], "advise");
+  EXPECT_DOUBLE_EQ(detail["planning_s"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(d.plan_s(), 0.25);
+  ASSERT_TRUE(detail["candidates"].contains("S2")) << detail.dump();
+  EXPECT_TRUE(detail["candidates"]["S2"].contains("plan")) << detail.dump();
+  EXPECT_EQ(inc.mitigation["candidates"], detail["candidates"]) << "the planner is persisted in the incident";
+  EXPECT_EQ(inc.last_feed_ns, 0);
+  EXPECT_TRUE(d.TakeChanged());
+  EXPECT_FALSE(d.TakeChanged());
+  ASSERT_NE(d.Current(inc), nullptr);
+  EXPECT_EQ(d.Current(inc)->current(), "S1");
+
+  Incident nothing = SlowGpuIncident();
+  nothing.findings = json::object();  // a cause without culprits: no mitigation
+  EXPECT_FALSE(d.Start(nothing, InferLayout(v, ""), v, 2.0, kT0));
+  EXPECT_TRUE(nothing.mitigation.is_null());
+  EXPECT_NE(log.str().find("event=mitigation_not_started incident=inc-1"), std::string::npos) << log.str();
+}
+
+TEST(DecisionStageTest, TheFeedWaitsForEachSampleAndSwitchesOnceTheSlowdownPaysForS2) {
+  std::ostringstream log;
+  DecisionStage d = Stage(log);
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0 + 3 * kSec));
+  EXPECT_FALSE(d.Feed(inc, v, std::nullopt, kT0 + 3 * kSec)) << "no iteration time yet";
+  EXPECT_EQ(inc.last_feed_ns, 0);
+  // The first sample covers the 4 s since detection: 2 iterations, 2 s of slowdown.
+  EXPECT_FALSE(d.Feed(inc, v, 2.0, kT0 + 4 * kSec));
+  EXPECT_EQ(inc.last_feed_ns, kT0 + 4 * kSec);
+  EXPECT_FALSE(d.Feed(inc, v, 2.0, kT0 + 4 * kSec + kSec / 2)) << "before sample_s";
+  EXPECT_EQ(inc.last_feed_ns, kT0 + 4 * kSec) << "a sample not due is not taken";
+  // Then 1 s of slowdown per sample: S2 (10 s) at the 8th.
+  std::optional<Decision> s2;
+  int samples = 0;
+  for (std::int64_t t = kT0 + 5 * kSec; !s2 && t <= kT0 + 30 * kSec; t += kSec, ++samples) s2 = d.Feed(inc, v, 2.0, t);
+  ASSERT_TRUE(s2);
+  EXPECT_EQ(samples, 8);
+  EXPECT_EQ(s2->strategy, "S2");
+  EXPECT_TRUE(s2->publish_plan);
+  EXPECT_EQ(d.Current(inc)->current(), "S2");
+}
+
+TEST(DecisionStageTest, AnUnpublishedDecisionRollsBackAndIsDecidedAgain) {
+  std::ostringstream log;
+  DecisionStage d = Stage(log);
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
+  std::optional<Decision> first;
+  std::int64_t t = kT0;
+  while (!first && t < kT0 + 30 * kSec) {
+    t += kSec;
+    first = d.Feed(inc, v, 2.0, t);
+  }
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->strategy, "S2");
+  const json decided = inc.mitigation;
+  d.TakeChanged();
+
+  d.Unpublished(inc, Status::Unavailable("redis away"));
+  EXPECT_TRUE(d.TakeChanged());
+  EXPECT_EQ(inc.last_feed_ns, t - kSec) << "the sample is taken again";
+  EXPECT_NE(inc.mitigation, decided);
+  ASSERT_NE(d.Current(inc), nullptr);
+  EXPECT_EQ(d.Current(inc)->current(), "S1") << "rebuilt from the state before the decision";
+  EXPECT_NE(log.str().find("event=decision_deferred incident=inc-1 error=\"redis away\""), std::string::npos)
+      << log.str();
+
+  const std::optional<Decision> again = d.Feed(inc, v, 2.0, t);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->strategy, "S2");
+  EXPECT_EQ(again->plan, first->plan);
+  EXPECT_EQ(inc.mitigation, decided);
+
+  // The stop: unpublished, it is decided again too (S2's undo with it).
+  const Result<Decision> end = d.End(inc, t + kSec);
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(end.value().strategy, "S1");
+  EXPECT_TRUE(end.value().publish_plan) << "S2 is undone";
+  EXPECT_TRUE(d.Current(inc)->stopped());
+  d.Unpublished(inc, Status::Unavailable("redis away"));
+  EXPECT_FALSE(d.Current(inc)->stopped());
+  EXPECT_EQ(inc.mitigation, decided);
+}
+
+TEST(DecisionStageTest, PublicationHasThePlanItsVersionAndInActModeOneCommandPerAgent) {
+  for (const std::string mode : {"advise", "act"}) {
+    SCOPED_TRACE(mode);
+    std::ostringstream log;
+    DecisionStage d = Stage(log, mode);
+    const JobView v = View();
+    Incident inc = SlowGpuIncident();
+    ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
+    std::optional<Decision> s2;
+    for (std::int64_t t = kT0 + kSec; !s2 && t < kT0 + 30 * kSec; t += kSec) s2 = d.Feed(inc, v, 2.0, t);
+    ASSERT_TRUE(s2);
+    const DecisionPublication p = d.Publish(*s2, inc, v, 4, kT0 + 40 * kSec);
+    EXPECT_EQ(p.record.summary, s2->summary);
+    EXPECT_STREQ(p.record.severity, "warning");
+    EXPECT_EQ(p.record.fields["strategy"], "S2");
+    EXPECT_EQ(p.record.fields["detail"]["plan"]["plan_version"], 4);
+    EXPECT_EQ(p.record.fields["detail"]["mode"], mode);
+    ASSERT_TRUE(p.plan.is_object());
+    EXPECT_TRUE(protocol::ValidateMessage(p.plan, protocol::kMitigationPlan).ok()) << p.plan.dump();
+    EXPECT_EQ(p.plan["plan_version"], 4);
+    EXPECT_EQ(p.plan["incident"], "inc-1");
+    EXPECT_EQ(p.plan["job"], "job");
+    EXPECT_EQ(p.plan["micro_batches"], s2->plan["micro_batches"]);
+    if (mode == "advise") {
+      EXPECT_TRUE(p.commands.empty());
+      continue;
+    }
+    ASSERT_EQ(p.commands.size(), 2u);
+    EXPECT_EQ(p.commands[0].host, "node0");
+    EXPECT_EQ(p.commands[1].host, "node1");
+    EXPECT_EQ(p.commands[0].command.id, "ctl-7-p1");
+    EXPECT_EQ(p.commands[1].command.type, "plan");
+    EXPECT_EQ(p.commands[1].command.plan_version, 4);
+    EXPECT_EQ(p.commands[1].command.strategy, "S2");
+  }
+}
+
+TEST(DecisionStageTest, APersistedPlannerIsRebuiltAndAnUnreadableOneDropped) {
+  std::ostringstream log;
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  {
+    DecisionStage first = Stage(log);
+    ASSERT_TRUE(first.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
+  }
+  DecisionStage restarted = Stage(log);
+  ASSERT_NE(restarted.Current(inc), nullptr);
+  EXPECT_EQ(restarted.Current(inc)->current(), "S1");
+  EXPECT_FALSE(restarted.TakeChanged());
+
+  DecisionStage other = Stage(log);
+  inc.mitigation = {{"not", "a planner"}};
+  EXPECT_EQ(other.Current(inc), nullptr);
+  EXPECT_TRUE(inc.mitigation.is_null());
+  EXPECT_TRUE(other.TakeChanged());
+  EXPECT_NE(log.str().find("event=mitigation_state_dropped incident=inc-1"), std::string::npos) << log.str();
 }
 
 }  // namespace
