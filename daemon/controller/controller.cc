@@ -14,7 +14,6 @@
 #include "analyzer/robust.h"
 #include "daemon/common/prometheus_text.h"
 #include "daemon/common/log_escape.h"
-#include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/validation_steps.h"
 
 namespace falcon::controller {
@@ -69,9 +68,15 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
     : config_(std::move(config)),
       log_(std::move(log)),
       started_ns_(WallNs()),
+      profiling_(ProfilingStageOptions{"ctl-" + std::to_string(started_ns_ / 1'000'000), config_.validation.ack_timeout_s,
+                                       config_.suspicious_ratio},
+                 log_),
       validation_(ValidationSettingsOf(config_), StepOptionsOf(config_)),
       mismatch_(MismatchStageOptions{config_.mismatch_grace_s, 8}),
-      hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}) {}
+      hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}),
+      decision_(DecisionStageOptions{config_.mitigation, config_.job, "ctl-" + std::to_string(started_ns_ / 1'000'000),
+                                     MonotonicNs},
+                log_) {}
 
 int Controller::Run(const std::atomic<bool>& stop) {
   log_->info("event=start job={} host={} version={} redis={}", daemon::LogValue(config_.job),
@@ -105,7 +110,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
     if (validation_.running() && !validation_.done()) {  // never leave a job paused behind us
       (void)Send(validation_.Release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", view_, WallNs()));
     }
-    if (mode_ != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
+    if (profiling_.mode() != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
     (void)SaveState(WallNs());
   }
   log_->info("event=stop");
@@ -259,6 +264,12 @@ Status Controller::AdvanceHang(std::int64_t now_ns) {
 }
 
 Status Controller::Advance(std::int64_t now_ns) {
+  Status s = AdvancePhase(now_ns);
+  if (decision_.TakeChanged()) dirty_ = true;  // the planner's state is part of the incident's
+  return s;
+}
+
+Status Controller::AdvancePhase(std::int64_t now_ns) {
   AdoptAppliedPlacement();
   if (!requests_.empty() && state_.phase != Phase::kTracking) {  // the round under way answers it
     state_.incident->request = requests_.back()["id"].get<std::string>();
@@ -271,7 +282,7 @@ Status Controller::Advance(std::int64_t now_ns) {
         if (Status s = SetMode("track", now_ns); !s.ok()) return s;
         return Resolve(now_ns, "recovered before validation");
       }
-      if (ProfilesReady() || now_ns - state_.since_ns > Seconds(config_.profile_wait_s)) return FinishProfiling(now_ns);
+      if (profiling_.Ready(view_, state_.profile_from_ns) || now_ns - state_.since_ns > Seconds(config_.profile_wait_s)) return FinishProfiling(now_ns);
       return Status::Ok();
     case Phase::kValidating:
       if (!validation_.running()) return StartValidation(now_ns, /*release_first=*/true);
@@ -329,7 +340,7 @@ Status Controller::Track(std::int64_t now_ns) {
     return Resolve(now_ns, "manual validation done");
   }
   Incident& inc = *state_.incident;
-  Mitigator* m = CurrentMitigator();
+  Mitigator* m = decision_.Current(inc);
   // While S2 (or adapted warm-up counts) holds, the iteration time cannot tell whether the culprits are still slow: S2 may be
   // what makes the job look healthy, and once the fault is gone the re-balanced split itself
   // keeps the job slower than its even split did. So the culprits are validated again now and
@@ -412,25 +423,6 @@ bool Controller::FasterUnderPlan(std::int64_t now_ns) {
 }
 
 
-Mitigator* Controller::CurrentMitigator() {
-  if (!state_.incident || state_.incident->mitigation.is_null()) {
-    mitigator_.reset();
-    return nullptr;
-  }
-  if (!mitigator_) {  // a restarted controller: carry on from the persisted planner
-    Result<Mitigator> m = Mitigator::FromJson(config_.mitigation, state_.incident->mitigation);
-    if (!m.ok()) {
-      log_->warn("event=mitigation_state_dropped incident={} error={}", daemon::LogValue(state_.incident->id),
-                 daemon::LogQuoted(m.status().message()));
-      state_.incident->mitigation = json();
-      dirty_ = true;
-      return nullptr;
-    }
-    mitigator_ = std::move(m.value());
-  }
-  return &*mitigator_;
-}
-
 Status Controller::StartMitigation(std::int64_t now_ns) {
   Incident& inc = *state_.incident;
   if (state_.node_hosts.empty() && !view_.hosts().empty()) {  // plans name nodes: fix their numbering
@@ -439,165 +431,51 @@ Status Controller::StartMitigation(std::int64_t now_ns) {
     view_.SetNodes(state_.node_hosts, state_.placement);
   }
   const Result<JobLayout> layout = InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes);
-  const std::int64_t planning_from = MonotonicNs();
-  const JobTiming timing{inc.healthy_s, CurrentIterationS().value_or(0)};
-  Result<Mitigator> m = Mitigator::Start(config_.mitigation, inc.cause, inc.findings, layout, Measured(), timing);
-  plan_s_ = static_cast<double>(MonotonicNs() - planning_from) / kNsPerS;  // counts towards S2's from now on
-  if (!m.ok()) {
-    log_->warn("event=mitigation_not_started incident={} error={}", daemon::LogValue(inc.id),
-               daemon::LogQuoted(m.status().message()));
-    return Status::Ok();
-  }
-  mitigator_ = std::move(m.value());
-  inc.mitigation = mitigator_->ToJson();
-  inc.last_feed_ns = 0;
-  dirty_ = true;
-  std::string options;
-  for (const auto& [code, c] : mitigator_->candidates().items()) {
-    const bool measured = c.value("overhead_source", "") == "measured";
-    options += (options.empty() ? "" : ", ") + code +
-               (c.contains("unavailable") ? std::string(" unavailable")
-                                          : " after " + Fixed(c.value("overhead_s", 0.0), measured ? 1 : 0) +
-                                                " s of slowdown" + (measured ? " (measured)" : ""));
-  }
-  return Record("decision", "S1 ignore for now; candidates: " + options,
-                {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause}, {"strategy", "S1"},
-                 {"detail",
-                  {{"mode", config_.mitigation.mode}, {"candidates", mitigator_->candidates()}, {"planning_s", plan_s_}}}},
-                "info");
+  const std::optional<DecisionRecord> r = decision_.Start(inc, layout, view_, CurrentIterationS(), now_ns);
+  if (!r) return Status::Ok();
+  return Record("decision", r->summary, r->fields, r->severity);
 }
 
 Status Controller::FeedMitigation(std::int64_t now_ns) {
-  Mitigator* m = CurrentMitigator();
-  if (m == nullptr || m->stopped()) return Status::Ok();
   Incident& inc = *state_.incident;
-  if (inc.last_feed_ns > 0 && now_ns - inc.last_feed_ns < Seconds(config_.mitigation.sample_s)) return Status::Ok();
-  const std::optional<double> cur = CurrentIterationS();
-  if (!cur || *cur <= 0 || inc.healthy_s <= 0) return Status::Ok();
-  // The first sample covers the time since detection: the slowdown before the localisation
-  // counts towards the switch budget too.
-  TakeMeasuredOverheads(*m);
-  const json before = inc.mitigation;
-  const std::int64_t fed_before = inc.last_feed_ns;
-  const std::int64_t from = inc.last_feed_ns > 0 ? inc.last_feed_ns : inc.opened_ns;
-  const double dt = static_cast<double>(std::max<std::int64_t>(0, now_ns - from)) / kNsPerS;
-  const auto iterations = std::max<std::int64_t>(1, std::llround(dt / *cur));
-  inc.last_feed_ns = now_ns;
-  Result<std::optional<Decision>> d =
-      m->Observe(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS, *cur, inc.healthy_s, iterations);
-  inc.mitigation = m->ToJson();
-  dirty_ = true;
-  if (!d.ok()) {
-    log_->warn("event=mitigation_sample_refused incident={} error={}", daemon::LogValue(inc.id),
-               daemon::LogQuoted(d.status().message()));
-    return Status::Ok();
-  }
-  if (!d.value()) return Status::Ok();
-  if (Status s = PublishDecision(*d.value(), now_ns); !s.ok()) {
-    // Not published: the planner takes this step again on the next sample.
-    Unpublished(before, s);
-    inc.last_feed_ns = fed_before;
+  const std::optional<Decision> d = decision_.Feed(inc, view_, CurrentIterationS(), now_ns);
+  if (!d) return Status::Ok();
+  if (Status s = PublishDecision(*d, now_ns); !s.ok()) {
+    decision_.Unpublished(inc, s);  // the planner takes this step again on the next sample
     return s;
   }
   return Status::Ok();
 }
 
-MeasuredOverheads Controller::Measured() const {
-  MeasuredOverheads m = MeasuredFrom(view_);
-  if (m.rebalance_s) *m.rebalance_s += plan_s_;
-  return m;
-}
-
-// What the frameworks report about their plans' costs replaces the configured guesses for the
-// strategies the planner may still choose (FALCON §5: overheads measured where possible).
-void Controller::TakeMeasuredOverheads(Mitigator& m) {
-  Result<std::vector<std::string>> changes = m.UseMeasured(Measured());
-  if (!changes.ok()) {
-    log_->warn("event=overhead_refused incident={} error={}", daemon::LogValue(state_.incident->id),
-               daemon::LogQuoted(changes.status().message()));
-    return;
-  }
-  if (changes.value().empty()) return;
-  for (const std::string& c : changes.value()) {
-    log_->info("event=overhead_measured incident={} change={}", daemon::LogValue(state_.incident->id),
-               daemon::LogQuoted(c));
-  }
-  state_.incident->mitigation = m.ToJson();
-  dirty_ = true;
-}
-
-void Controller::Unpublished(const json& mitigation_before, const Status& why) {
-  log_->warn("event=decision_deferred incident={} error={}", daemon::LogValue(state_.incident->id),
-             daemon::LogQuoted(why.message()));
-  state_.incident->mitigation = mitigation_before;
-  mitigator_.reset();  // rebuilt from the state before the decision
-  dirty_ = true;
-}
-
+// The plan goes out first (written, then in act mode sent to every agent), the entry last.
 Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
   Incident& inc = *state_.incident;
-  const std::string& mode = config_.mitigation.mode;
-  json detail = {{"mode", mode},
-                 {"expected_gain", d.expected_gain},
-                 {"planner",
-                  {{"from", d.from},
-                   {"accumulated_slowdown_s", d.planner.accumulated_slowdown_s},
-                   {"overheads_paid_s", d.planner.overheads_paid_s},
-                   {"overhead_s", d.planner.overhead_s},
-                   {"reason", d.planner.reason}}}};
+  const DecisionPublication p = decision_.Publish(d, inc, view_, state_.plan_version + 1, now_ns);
   // The entry must be recordable before anything goes out: a plan sent for a decision that cannot
   // be recorded would be sent again, as a new version, at every later sample.
-  if (Result<json> probe = IncidentEntry("decision", d.summary,
-                                         {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause},
-                                          {"strategy", d.strategy}, {"detail", detail}});
-      !probe.ok()) {
+  if (Result<json> probe = IncidentEntry("decision", p.record.summary, p.record.fields); !probe.ok()) {
     return probe.status();
   }
-  if (d.publish_plan) {
-    json plan = d.plan;
-    plan["plan_version"] = ++state_.plan_version;
-    detail["plan"] = plan;
-    json m = plan;
-    m["v"] = protocol::kSchemaVersion;
-    m["type"] = protocol::kMitigationPlan.type;
-    m["job"] = config_.job;
-    m["at_ns"] = now_ns;
-    m["incident"] = inc.id;
-    m["mode"] = mode;
-    m["expected_gain"] = std::clamp(d.expected_gain, -1.0, 1.0);
-    m["reason"] = d.summary.substr(0, 1000);
-    m["detail"] = {{"candidates", inc.mitigation.value("candidates", json::object())}, {"node_hosts", view_.hosts()}};
-    if (Status s = WritePlan(m, d.strategy); !s.ok()) return s;
-    if (mode == "act" && plan.contains("placement")) {  // in force once every rank applied it
-      state_.pending_version = state_.plan_version;
-      state_.pending_placement = plan["placement"].get<std::vector<std::int32_t>>();
-      state_.pending_excluded = plan.value("exclude_nodes", std::vector<std::int32_t>{});
-    }
-    if (mode == "act") {
+  if (p.plan.is_object()) {
+    state_.plan_version = p.plan["plan_version"].get<std::int32_t>();
+    if (Status s = WritePlan(p.plan, d.strategy); !s.ok()) return s;
+    if (config_.mitigation.mode == "act") {
+      if (p.plan.contains("placement")) {  // in force once every rank applied it
+        state_.pending_version = state_.plan_version;
+        state_.pending_placement = p.plan["placement"].get<std::vector<std::int32_t>>();
+        state_.pending_excluded = p.plan.value("exclude_nodes", std::vector<std::int32_t>{});
+      }
       if (d.strategy == "S1") {
         inc.plan_level_after_ns = 0;
         inc.plan_level_s = 0;
       } else {
         SettlePlanLevel(inc, now_ns);
       }
-      std::vector<OutgoingCommand> out;
-      for (const std::string& host : view_.agents()) {
-        protocol::Command c;
-        c.type = protocol::kPlanCommand.type;
-        c.id = "ctl-" + std::to_string(started_ns_ / 1'000'000) + "-p" + std::to_string(++commands_);
-        c.issued_ns = now_ns;
-        c.plan_version = state_.plan_version;
-        c.strategy = d.strategy;
-        protocol::CopyPlanFields(plan, &c);
-        out.push_back({host, std::move(c)});
-      }
-      if (Status s = Send(out); !s.ok()) return s;
+      if (Status s = Send(p.commands); !s.ok()) return s;
     }
   }
   dirty_ = true;
-  return Record("decision", d.summary,
-                {{"at_ns", now_ns}, {"ranks", inc.ranks}, {"cause", inc.cause}, {"strategy", d.strategy}, {"detail", detail}},
-                d.strategy == "S1" ? "info" : "warning");
+  return Record("decision", p.record.summary, p.record.fields, p.record.severity);
 }
 
 Status Controller::OpenIncident(std::int64_t now_ns, const std::vector<std::int64_t>& slow) {
@@ -627,21 +505,8 @@ Status Controller::OpenIncident(std::int64_t now_ns, const std::vector<std::int6
 }
 
 Status Controller::SetMode(const std::string& mode, std::int64_t now_ns) {
-  mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
-  std::vector<OutgoingCommand> out;
-  for (const std::string& host : view_.agent_hosts()) {
-    protocol::Command c;
-    c.type = "set_mode";
-    c.id = "ctl-" + std::to_string(started_ns_ / 1'000'000) + "-m" + std::to_string(++commands_);
-    c.issued_ns = now_ns;
-    c.deadline_ns = now_ns + Seconds(config_.validation.ack_timeout_s);
-    c.mode = mode;
-    mode_commands_.insert(c.id);
-    out.push_back({host, std::move(c)});
-  }
-  mode_ = mode;
-  dirty_ = true;
-  return Send(out);
+  dirty_ = true;  // the mode is part of the state written
+  return Send(profiling_.SetMode(mode, view_, now_ns));
 }
 
 Status Controller::StartProfiling(std::int64_t now_ns) {
@@ -651,51 +516,9 @@ Status Controller::StartProfiling(std::int64_t now_ns) {
   return SetMode("profile", now_ns);
 }
 
-bool Controller::ProfilesReady() const {
-  if (view_.ranks().empty() || !mode_commands_.empty()) return false;
-  for (const auto& [rank, info] : view_.ranks()) {
-    auto p = profiles_.find(rank);
-    if (p == profiles_.end() || p->second["mode"] != "profile" ||
-        p->second["since_ns"].get<std::int64_t>() < state_.profile_from_ns) {
-      return false;
-    }
-  }
-  return true;
-}
-
 Status Controller::FinishProfiling(std::int64_t now_ns) {
   if (Status s = SetMode("track", now_ns); !s.ok()) return s;
-  std::map<std::int64_t, json> current;
-  for (const auto& [rank, p] : profiles_) {
-    if (view_.ranks().count(rank) && p["since_ns"].get<std::int64_t>() >= state_.profile_from_ns) current[rank] = p;
-  }
-  analyzer::SuspicionOptions so;
-  so.suspicious_ratio = config_.suspicious_ratio;
-  Result<ProfileVerdict> v = AnalyzeProfiles(view_, current, so);
-  json suspicion = {{"profiles", current.size()}, {"suspicious", json::array()}, {"peers", json::array()},
-                    {"compute_suspects", json::array()}};
-  if (v.ok()) {
-    for (std::uint64_t id : v.value().suspicious) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
-    for (std::uint64_t id : v.value().peers) suspicion["peers"].push_back(protocol::CommIdHex(id));
-    for (const ComputeSuspectFinding& s : v.value().compute_suspects) {
-      suspicion["compute_suspects"].push_back({{"rank", s.rank}, {"comm", protocol::CommIdHex(s.comm)},
-                                               {"wait_gap", s.wait_gap}, {"confidence", s.confidence}});
-    }
-    suspicion["comms"] = v.value().evidence;
-  } else {
-    log_->warn("event=profile_analysis_failed error={}", daemon::LogQuoted(v.status().message()));
-    suspicion["error"] = v.status().message();
-  }
-  // Nothing suspicious (or no timings): every class is tested, each against its own members.
-  if (suspicion["suspicious"].empty()) {
-    suspicion["sweep"] = true;
-    for (const auto& [id, c] : view_.comms()) {
-      if (c.members.size() >= 2) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
-    }
-  }
-  state_.suspicion = suspicion;
-  log_->info("event=profiled profiles={} suspicious={} peers={} compute_suspects={}", current.size(),
-             suspicion["suspicious"].size(), suspicion["peers"].size(), suspicion["compute_suspects"].size());
+  state_.suspicion = profiling_.Analyze(view_, state_.profile_from_ns);
   return StartValidation(now_ns, /*release_first=*/false);
 }
 
@@ -746,7 +569,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   Enter(Phase::kTracking, now_ns);
   json fields = {{"at_ns", now_ns}, {"ranks", ranks}, {"cause", cause}, {"detail", detail}};
   if (detail.contains("suspicion")) fields["comms"] = state_.suspicion.value("suspicious", json::array());
-  Mitigator* m = CurrentMitigator();
+  Mitigator* m = decision_.Current(inc);
   const bool mitigating = m != nullptr && !m->stopped();
   if (mitigating && !inc.localised && !failure.empty()) {
     // An incomplete round proves nothing: the mitigation and what it answers stay.
@@ -773,12 +596,12 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
       return Status::Ok();
     }
     if (CulpritsChanged(was_findings, inc.findings, m->current())) {
-      Result<Decision> d = m->End(static_cast<double>(now_ns - inc.opened_ns) / kNsPerS);
+      Result<Decision> d = decision_.End(inc, now_ns);
       if (d.ok()) {
         d.value().summary = "the culprits changed: " + d.value().summary;
         if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
       }
-      mitigator_.reset();
+      decision_.Forget();
       inc.mitigation = json();
       inc.recheck_interval_s = 0;
       if (Status s = StartMitigation(now_ns); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
@@ -805,7 +628,7 @@ Status Controller::RoundUnpublished(Incident before, std::int64_t now_ns, const 
   log_->warn("event=round_deferred incident={} redo_in_s={} error={}", daemon::LogValue(before.id), Fixed(wait_s, 0),
              daemon::LogQuoted(why.message()));
   state_.incident = std::move(before);
-  mitigator_.reset();  // rebuilt from the state before the round
+  decision_.Forget();  // rebuilt from the state before the round
   dirty_ = true;
   return why;
 }
@@ -815,13 +638,11 @@ double Controller::RecheckIntervalS(const Incident& inc) const {
 }
 
 Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
-  if (Mitigator* m = CurrentMitigator(); m != nullptr && !m->stopped()) {
-    const json before = state_.incident->mitigation;
-    Result<Decision> d = m->End(static_cast<double>(now_ns - state_.incident->opened_ns) / kNsPerS);
-    state_.incident->mitigation = m->ToJson();
+  if (Mitigator* m = decision_.Current(*state_.incident); m != nullptr && !m->stopped()) {
+    Result<Decision> d = decision_.End(*state_.incident, now_ns);
     if (d.ok()) {
       if (Status s = PublishDecision(d.value(), now_ns); !s.ok()) {
-        Unpublished(before, s);  // the stop (and S2's undo) is decided again on the next try
+        decision_.Unpublished(*state_.incident, s);  // the stop (and S2's undo) is decided again on the next try
         return s;
       }
     } else {
@@ -839,7 +660,7 @@ Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
                     "info");
   if (!s.ok()) return s;
   state_.incident.reset();
-  mitigator_.reset();
+  decision_.Forget();
   state_.suspicion = json::object();
   validation_.Abandon();
   Enter(Phase::kTracking, now_ns);

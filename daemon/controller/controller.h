@@ -3,17 +3,26 @@
 //   tracking ──slow alarm──▶ profiling ──profiles in──▶ validating ──done──▶ tracking
 //      ▲  (incident opened:        (event timing on,        (pause at a cut, GEMM on every rank,
 //      │   "detection")             classes, suspicion)       P2P passes, resume, Localize:
-//      │                                                      "localisation")
+//      │                           ProfilingStage            "localisation")
+//      │                                                     ValidationRun
 //      └── every slow rank recovered: "resolution", incident closed
+//   while an incident is localised: DecisionStage (S1 → S2 → S3 → S4, "decision")
+//   beside them, whatever the phase: HangStage (stalls, hangs), MismatchStage (call signatures)
 //
-// Mitigation (mitigation.h), unless config mitigation = off: a localisation starts a ski-rental
-// Mitigator for the incident ("decision" S1: tolerate for now, with the candidates). While the
-// incident is open it is fed the job's iteration time every plan-sample-s; each switch is a
-// "decision" entry with its plan and expected gain, the plan goes to falcon:{job}:plan (with a
-// new plan_version) and, in act mode, to every agent as a plan command. Resolution ends it
-// (undoing S2 when it is in effect). With S2 in effect the job may look healthy while the fault
-// persists: every recheck-s a validation round looks again, and only a round that finds the
-// culprits healthy resolves the incident.
+// The stages are their own units (profiling_stage.h, validation_run.h, decision_stage.h,
+// hang_stage.h, mismatch_stage.h): value types that never talk to Redis or read the wall clock;
+// Controller feeds them validated messages and the time, and sends and writes the commands,
+// plans and incident entries they return. Controller keeps the phase transitions, the incident
+// and the persisted state.
+//
+// Mitigation (DecisionStage over mitigation.h), unless config mitigation = off: a localisation
+// starts a ski-rental Mitigator for the incident ("decision" S1: tolerate for now, with the
+// candidates). While the incident is open it is fed the job's iteration time every
+// plan-sample-s; each switch is a "decision" entry with its plan and expected gain, the plan goes
+// to falcon:{job}:plan (with a new plan_version) and, in act mode, to every agent as a plan
+// command. Resolution ends it (undoing S2 when it is in effect). With S2 in effect the job may
+// look healthy while the fault persists: every recheck-s a validation round looks again, and only
+// a round that finds the culprits healthy resolves the incident.
 //
 // A validation that names nobody (or cannot complete) is retried after retry_after_s, at most
 // max_attempts rounds per incident. Incidents go to the incidents stream and, live, to the
@@ -54,10 +63,12 @@
 #include "daemon/controller/controller_config.h"
 #include "daemon/controller/controller_metrics.h"
 #include "daemon/controller/controller_state.h"
+#include "daemon/controller/decision_stage.h"
 #include "daemon/controller/hang_stage.h"
 #include "daemon/controller/mismatch_stage.h"
 #include "daemon/controller/tracking_stage.h"
 #include "daemon/controller/job_view.h"
+#include "daemon/controller/profiling_stage.h"
 #include "daemon/controller/validation_stage.h"
 #include "daemon/redis/redis_connection.h"
 #include "daemon/redis/redis_worker.h"
@@ -129,7 +140,10 @@ class Controller {
   void OnRequest(const nlohmann::json& m);
 
   // The state machine (controller.cc).
+  // One turn of the state machine (AdvancePhase); what it changed in the decision stage's
+  // planner state (persisted in the incident) marks the state to be saved.
   Status Advance(std::int64_t now_ns);
+  Status AdvancePhase(std::int64_t now_ns);
   Status Track(std::int64_t now_ns);
   Status ServeRequests(std::int64_t now_ns);
   Status OpenIncident(std::int64_t now_ns, const std::vector<std::int64_t>& slow);
@@ -138,22 +152,19 @@ class Controller {
   Status StartValidation(std::int64_t now_ns, bool release_first);
   Status FinishValidation(std::int64_t now_ns);
   Status Resolve(std::int64_t now_ns, const std::string& why);
+  // The profiling stage's switch of the shims to `mode`, sent.
   Status SetMode(const std::string& mode, std::int64_t now_ns);
+  // The decision stage's start, feed and publication, carried out. A decision that could not be
+  // published is rolled back in the stage (DecisionStage::Unpublished), so the planner decides it
+  // again (and it is published) once Redis answers.
   Status StartMitigation(std::int64_t now_ns);
   Status FeedMitigation(std::int64_t now_ns);
   Status PublishDecision(const Decision& d, std::int64_t now_ns);
-  // A decision that could not be published: the mitigation goes back to `mitigation_before`,
-  // so the planner decides it again (and it is published) once Redis answers.
-  void Unpublished(const nlohmann::json& mitigation_before, const Status& why);
   [[nodiscard]] bool CoveredByTheRound(std::int64_t onset_ns) const;
   // Part of a round's outcome (its localisation entry, a mitigation it started, stopped or
   // switched) could not be written: the incident goes back to `before` the round, which is then
   // done again, so no localisation or decision is lost to an outage. Returns `why`.
   Status RoundUnpublished(Incident before, std::int64_t now_ns, const Status& why);
-  Mitigator* CurrentMitigator();
-  // The overheads the job measured (MeasuredFrom the view; S2 plus plan_s_).
-  [[nodiscard]] MeasuredOverheads Measured() const;
-  void TakeMeasuredOverheads(Mitigator& m);
   // The wait before the incident's next re-check while S2 holds: recheck-s, doubled per round
   // that found the culprits still slow.
   [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
@@ -164,7 +175,6 @@ class Controller {
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
   std::vector<std::int64_t> LiveSlow() const;
-  bool ProfilesReady() const;
   std::optional<double> CurrentIterationS() const;
 
   const ControllerConfig config_;
@@ -198,16 +208,12 @@ class Controller {
   std::int64_t next_view_ns_ = 0;
   std::int64_t next_save_ns_ = 0;
   bool dirty_ = true;
-  std::string mode_ = "track";
-  std::set<std::string> mode_commands_;  // set_mode ids awaiting acks
-  int commands_ = 0;
-  std::map<std::int64_t, nlohmann::json> profiles_;        // newest per rank
+  ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)
   ValidationStage validation_;  // the round under way and its verdict (validation_stage.h)
   MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
   HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang
   Status AdvanceHang(std::int64_t now_ns);
-  std::optional<Mitigator> mitigator_;  // the open incident's; mirrors state_.incident->mitigation
-  double plan_s_ = 0;  // how long preparing the last mitigation's plans took (S2's solve among them), s
+  DecisionStage decision_;  // the open incident's ski-rental planner (decision_stage.h)
   std::vector<nlohmann::json> requests_;  // validated controller_request messages not yet served
   std::uint64_t dropped_messages_ = 0;
   std::uint64_t step_failures_total_ = 0;

@@ -119,7 +119,7 @@ Status Controller::LoadState(std::int64_t now_ns) {
   }
   // A validation our predecessor left is redone by Advance() (release first, then a new cut)
   // once the view is read.
-  if (state_.phase == Phase::kProfiling) mode_ = "profile";
+  if (state_.phase == Phase::kProfiling) profiling_.AssumeMode("profile");
   state_loaded_ = true;
   return Status::Ok();
 }
@@ -149,7 +149,7 @@ Status Controller::SaveState(std::int64_t now_ns) {
             {"host", config_.host},          {"version", kControllerVersion},
             {"started_ns", started_ns_},      {"state", PhaseName(state_.phase)},
             {"since_ns", state_.since_ns},   {"ranks", view_.ranks().size()},
-            {"agents", view_.agents().size()}, {"mode", mode_},
+            {"agents", view_.agents().size()}, {"mode", profiling_.mode()},
             {"slow_ranks", LiveSlow()},      {"incidents", state_.incidents},
             {"state_doc", ToJson(state_)}};
   if (const std::optional<double> cur = CurrentIterationS()) m["current_s"] = *cur;
@@ -464,22 +464,11 @@ bool Controller::CoveredByTheRound(std::int64_t onset_ns) const {
   return false;
 }
 
-void Controller::OnProfile(const json& m) {
-  const std::int64_t rank = m["rank"].get<std::int64_t>();
-  if (rank >= 0) profiles_[rank] = m;
-}
+void Controller::OnProfile(const json& m) { profiling_.OnProfile(m); }
 
 void Controller::OnAck(const json& m) {
   if (hang_.OnAck(m)) return;
-  if (mode_commands_.erase(m["command"].get<std::string>()) > 0) {
-    if (m["status"] != "ok") {
-      log_->warn("event=set_mode_not_ok host={} status={} detail={}", daemon::LogValue(m["host"].get<std::string>()),
-                 daemon::LogValue(m["status"].get<std::string>()), daemon::LogQuoted(m.value("detail", "")));
-    }
-    // Profiles must cover only time after the last agent switched its shims.
-    state_.profile_from_ns = std::max(state_.profile_from_ns, m["at_ns"].get<std::int64_t>());
-    return;
-  }
+  if (profiling_.OnAck(m, &state_.profile_from_ns)) return;
   validation_.OnAck(m);
 }
 

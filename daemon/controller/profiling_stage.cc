@@ -1,0 +1,102 @@
+// ProfilingStage. See profiling_stage.h for the contract.
+#include "daemon/controller/profiling_stage.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "daemon/common/log_escape.h"
+#include "daemon/controller/profile_analysis.h"
+#include "daemon/protocol/messages.h"
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::int64_t kNsPerS = 1'000'000'000;
+
+}  // namespace
+
+ProfilingStage::ProfilingStage(ProfilingStageOptions options, std::shared_ptr<spdlog::logger> log)
+    : options_(std::move(options)), log_(std::move(log)) {}
+
+std::vector<OutgoingCommand> ProfilingStage::SetMode(const std::string& mode, const JobView& view,
+                                                     std::int64_t now_ns) {
+  mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
+  std::vector<OutgoingCommand> out;
+  for (const std::string& host : view.agent_hosts()) {
+    protocol::Command c;
+    c.type = "set_mode";
+    c.id = options_.command_prefix + "-m" + std::to_string(++commands_);
+    c.issued_ns = now_ns;
+    c.deadline_ns = now_ns + static_cast<std::int64_t>(options_.ack_timeout_s * static_cast<double>(kNsPerS));
+    c.mode = mode;
+    mode_commands_.insert(c.id);
+    out.push_back({host, std::move(c)});
+  }
+  mode_ = mode;
+  return out;
+}
+
+void ProfilingStage::OnProfile(const json& m) {
+  const std::int64_t rank = m["rank"].get<std::int64_t>();
+  if (rank >= 0) profiles_[rank] = m;
+}
+
+bool ProfilingStage::OnAck(const json& m, std::int64_t* from_ns) {
+  if (mode_commands_.erase(m["command"].get<std::string>()) == 0) return false;
+  if (m["status"] != "ok") {
+    log_->warn("event=set_mode_not_ok host={} status={} detail={}", daemon::LogValue(m["host"].get<std::string>()),
+               daemon::LogValue(m["status"].get<std::string>()), daemon::LogQuoted(m.value("detail", "")));
+  }
+  // Profiles must cover only time after the last agent switched its shims.
+  *from_ns = std::max(*from_ns, m["at_ns"].get<std::int64_t>());
+  return true;
+}
+
+bool ProfilingStage::Ready(const JobView& view, std::int64_t from_ns) const {
+  if (view.ranks().empty() || !mode_commands_.empty()) return false;
+  for (const auto& [rank, info] : view.ranks()) {
+    auto p = profiles_.find(rank);
+    if (p == profiles_.end() || p->second["mode"] != "profile" || p->second["since_ns"].get<std::int64_t>() < from_ns) {
+      return false;
+    }
+  }
+  return true;
+}
+
+json ProfilingStage::Analyze(const JobView& view, std::int64_t from_ns) const {
+  std::map<std::int64_t, json> current;
+  for (const auto& [rank, p] : profiles_) {
+    if (view.ranks().count(rank) && p["since_ns"].get<std::int64_t>() >= from_ns) current[rank] = p;
+  }
+  analyzer::SuspicionOptions so;
+  so.suspicious_ratio = options_.suspicious_ratio;
+  Result<ProfileVerdict> v = AnalyzeProfiles(view, current, so);
+  json suspicion = {{"profiles", current.size()}, {"suspicious", json::array()}, {"peers", json::array()},
+                    {"compute_suspects", json::array()}};
+  if (v.ok()) {
+    for (std::uint64_t id : v.value().suspicious) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
+    for (std::uint64_t id : v.value().peers) suspicion["peers"].push_back(protocol::CommIdHex(id));
+    for (const ComputeSuspectFinding& s : v.value().compute_suspects) {
+      suspicion["compute_suspects"].push_back({{"rank", s.rank}, {"comm", protocol::CommIdHex(s.comm)},
+                                               {"wait_gap", s.wait_gap}, {"confidence", s.confidence}});
+    }
+    suspicion["comms"] = v.value().evidence;
+  } else {
+    log_->warn("event=profile_analysis_failed error={}", daemon::LogQuoted(v.status().message()));
+    suspicion["error"] = v.status().message();
+  }
+  // Nothing suspicious (or no timings): every class is tested, each against its own members.
+  if (suspicion["suspicious"].empty()) {
+    suspicion["sweep"] = true;
+    for (const auto& [id, c] : view.comms()) {
+      if (c.members.size() >= 2) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
+    }
+  }
+  log_->info("event=profiled profiles={} suspicious={} peers={} compute_suspects={}", current.size(),
+             suspicion["suspicious"].size(), suspicion["peers"].size(), suspicion["compute_suspects"].size());
+  return suspicion;
+}
+
+}  // namespace falcon::controller

@@ -1,0 +1,76 @@
+// ProfilingStage: the controller's profiling phase (DESIGN.md "The controller", FALCON §4.3). Its
+// own unit with its own state and log events (event=profiled, profile_analysis_failed,
+// set_mode_not_ok); Controller keeps the phase transitions, feeds it messages and sends the
+// commands it returns.
+//  - Mode: the shims' timing mode, track (cheap) or profile (event timing on). A switch is one
+//    set_mode command per agent host of the view; its acks are awaited, and acks still missing
+//    from an earlier switch no longer count.
+//  - Window: profiles must cover only the time after the last agent switched its shims, so
+//    every set_mode ack moves the window's start (`from_ns`, persisted by the caller in
+//    ControllerState::profile_from_ns) up to the ack's time.
+//  - Ready: every set_mode ack is in and every live rank's newest profile was taken in profile
+//    mode from `from_ns` on.
+//  - Analyze: AnalyzeProfiles over the live ranks' profiles of the window, as the `suspicion`
+//    document (ControllerState::suspicion): suspicious communicators, their class mates (peers),
+//    compute suspects, the evidence. When nothing is suspicious (or nothing could be timed), every
+//    communicator of two or more members is, each against its own members (`sweep`).
+// Thread-safety: a value type for one thread (the controller loop). Must never: send or write
+// anything (commands go out through SetMode's return value), read a clock (times are the
+// caller's), or use a message it was not given validated. Its only side effect is its log lines.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <spdlog/logger.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/controller/job_view.h"
+#include "daemon/controller/validation_run.h"
+
+namespace falcon::controller {
+
+struct ProfilingStageOptions {
+  std::string command_prefix = "ctl";  // set_mode command ids are <prefix>-m<n>
+  double ack_timeout_s = 5;            // a set_mode command's deadline, from its issue
+  double suspicious_ratio = 1.1;       // slower than this x its class median: suspicious
+};
+
+class ProfilingStage {
+ public:
+  // `log` must not be null.
+  ProfilingStage(ProfilingStageOptions options, std::shared_ptr<spdlog::logger> log);
+
+  // Switches the shims to `mode` (track | profile): the set_mode commands to send, one per
+  // agent host of `view`. mode() is `mode` from now on, whether or not they could be sent.
+  std::vector<OutgoingCommand> SetMode(const std::string& mode, const JobView& view, std::int64_t now_ns);
+  // The shims are in `mode` already (a predecessor switched them): nothing is sent.
+  void AssumeMode(const std::string& mode) { mode_ = mode; }
+  // A validated comm_profile message: the newest per rank is kept.
+  void OnProfile(const nlohmann::json& m);
+  // A validated ack: true when it answers one of this stage's set_mode commands (then taken,
+  // and *from_ns is raised to the ack's at_ns).
+  bool OnAck(const nlohmann::json& m, std::int64_t* from_ns);
+  // Whether every set_mode ack is in and every live rank of `view` (at least one) has a profile
+  // taken in profile mode since `from_ns`.
+  [[nodiscard]] bool Ready(const JobView& view, std::int64_t from_ns) const;
+  // The suspicion document of the live ranks' profiles taken since `from_ns` (see above).
+  [[nodiscard]] nlohmann::json Analyze(const JobView& view, std::int64_t from_ns) const;
+
+  [[nodiscard]] const std::string& mode() const { return mode_; }
+  [[nodiscard]] std::size_t awaiting_acks() const { return mode_commands_.size(); }
+
+ private:
+  const ProfilingStageOptions options_;
+  const std::shared_ptr<spdlog::logger> log_;
+  std::string mode_ = "track";
+  std::set<std::string> mode_commands_;              // set_mode ids awaiting acks
+  std::uint64_t commands_ = 0;                       // set_mode commands issued
+  std::map<std::int64_t, nlohmann::json> profiles_;  // newest per rank
+};
+
+}  // namespace falcon::controller

@@ -1,0 +1,422 @@
+// The controller's stages on their own, without Redis: the profiling stage
+// (daemon/controller/profiling_stage.h: set_mode commands and their acks, the profile window, the
+// suspicion document) and the decision stage (decision_stage.h: the S1 decision, the planner fed
+// at most once per sample, publication, the rollback of a decision that could not be published).
+// Messages are built with the protocol's ToJson and validated as the controller gets them; the
+// stages' log lines are captured and their event names checked.
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "daemon/controller/decision_stage.h"
+#include "daemon/controller/profiling_stage.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/protocol/validate.h"
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::int64_t kT0 = 1'795'264'878'000'000'000;  // wall ns
+constexpr std::int64_t kSec = 1'000'000'000;
+
+// 8 ranks, ranks 0-3 on node0 and 4-7 on node1: TP pairs {0,1} {2,3} {4,5} {6,7}, DP groups
+// {0,2,4,6} {1,3,5,7}, and the world.
+constexpr std::int64_t kRanks = 8;
+constexpr std::uint64_t kWorld = 0xabcdeULL;
+std::uint64_t TpId(std::int64_t group) { return 0x7b0b0000ULL + static_cast<std::uint64_t>(group); }
+std::uint64_t DpId(std::int64_t group) { return 0x0dae0000ULL + static_cast<std::uint64_t>(group); }
+std::string Host(std::int64_t r) { return r < 4 ? "node0" : "node1"; }
+
+json Validated(const json& m, const protocol::MessageSpec& spec) {
+  Result<json> r = protocol::ParseMessage(m.dump(), spec);
+  EXPECT_TRUE(r.ok()) << r.status().ToString() << ": " << m.dump();
+  return r.ok() ? std::move(r).value() : json::object();
+}
+
+// The job seen twice, one second apart (call rates known), with an agent on each node.
+JobView View() {
+  JobView v;
+  for (std::uint64_t calls : {1000, 1100}) {
+    std::vector<json> ranks, agents;
+    for (std::int64_t r = 0; r < kRanks; ++r) {
+      protocol::RankRegistration m;
+      m.header = {"job", Host(r), kT0 + static_cast<std::int64_t>(calls - 1000) / 100 * kSec};
+      m.rank = r;
+      m.pid = 1000 + r;
+      m.started_ns = kT0 - 60 * kSec;
+      const auto rank = static_cast<std::int32_t>(r);
+      m.comms = {{kWorld, rank, kRanks, "world", calls},
+                 {TpId(r / 2), rank % 2, 2, "tp", calls},
+                 {DpId(r % 2), rank / 2, 4, "dp", calls}};
+      ranks.push_back(Validated(protocol::ToJson(m), protocol::kRankRegister));
+    }
+    for (const char* h : {"node0", "node1"}) {
+      protocol::AgentHeartbeat a;
+      a.header = {"job", h, kT0};
+      a.pid = 42;
+      a.version = "0.1.0";
+      agents.push_back(Validated(protocol::ToJson(a), protocol::kAgentHeartbeat));
+    }
+    v.Update(ranks, agents);
+  }
+  return v;
+}
+
+// Rank r's profile window from since_ns, in `mode`; communicator `slow` takes twice as long.
+json Profile(std::int64_t r, std::int64_t since_ns, const std::string& mode = "profile", std::uint64_t slow = 0) {
+  protocol::CommProfileReport m;
+  m.header = {"job", Host(r), since_ns + 10 * kSec};
+  m.rank = r;
+  m.pid = 1000 + r;
+  m.since_ns = since_ns;
+  m.mode = mode;
+  const auto rank = static_cast<std::int32_t>(r);
+  auto comm = [&](std::uint64_t id, std::int32_t comm_rank, std::int32_t nranks, const char* op, double us) {
+    protocol::SignatureProfile p{op, 1 << 20, -1, 100 + static_cast<std::uint64_t>(r % 3), {}, {}, {}};
+    if (mode != "track") p.mean_us = p.median_us = id == slow ? 2 * us : us;
+    return protocol::CommProfile{id, comm_rank, nranks, {p}};
+  };
+  m.comms = {comm(TpId(r / 2), rank % 2, 2, "AllReduce", 400), comm(DpId(r % 2), rank / 2, 4, "ReduceScatter", 2000)};
+  return Validated(protocol::ToJson(m), protocol::kCommProfile);
+}
+
+json Ack(const protocol::Command& c, const std::string& host, std::int64_t at_ns, const char* status = "ok") {
+  protocol::Ack a;
+  a.header = {"job", host, at_ns};
+  a.command = c.id;
+  a.command_type = c.type;
+  a.status = status;
+  return Validated(protocol::ToJson(a), protocol::kAck);
+}
+
+// A logger whose lines land in `out`.
+std::shared_ptr<spdlog::logger> LogTo(std::ostringstream& out) {
+  auto log = std::make_shared<spdlog::logger>("stage", std::make_shared<spdlog::sinks::ostream_sink_st>(out));
+  log->set_level(spdlog::level::debug);
+  return log;
+}
+
+std::vector<std::string> Strings(const json& a) { return a.get<std::vector<std::string>>(); }
+
+// ---------------------------------------------------------------------------------------------
+// ProfilingStage
+
+TEST(ProfilingStageTest, ASwitchIsOneSetModeCommandPerAgentHostWithItsDeadline) {
+  std::ostringstream log;
+  ProfilingStage p({"ctl-7", 5, 1.1}, LogTo(log));
+  EXPECT_EQ(p.mode(), "track");
+  const JobView v = View();
+  const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
+  ASSERT_EQ(out.size(), 2u);
+  std::set<std::string> hosts, ids;
+  for (const OutgoingCommand& c : out) {
+    hosts.insert(c.host);
+    ids.insert(c.command.id);
+    EXPECT_EQ(c.command.type, "set_mode");
+    EXPECT_EQ(c.command.mode, "profile");
+    EXPECT_EQ(c.command.issued_ns, kT0);
+    EXPECT_EQ(c.command.deadline_ns.value_or(0), kT0 + 5 * kSec);
+  }
+  EXPECT_EQ(hosts, (std::set<std::string>{"node0", "node1"}));
+  EXPECT_EQ(ids, (std::set<std::string>{"ctl-7-m1", "ctl-7-m2"}));
+  EXPECT_EQ(p.mode(), "profile");
+  EXPECT_EQ(p.awaiting_acks(), 2u);
+
+  // A second switch: the first one's acks no longer count, and its ids are new.
+  const std::vector<OutgoingCommand> back = p.SetMode("track", v, kT0 + kSec);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].command.id, "ctl-7-m3");
+  EXPECT_EQ(p.mode(), "track");
+  std::int64_t from = kT0;
+  EXPECT_FALSE(p.OnAck(Ack(out[0].command, out[0].host, kT0 + 2 * kSec), &from)) << "an earlier switch's ack";
+  EXPECT_EQ(from, kT0);
+  EXPECT_EQ(p.awaiting_acks(), 2u);
+
+  p.AssumeMode("profile");  // a predecessor switched the shims: nothing goes out
+  EXPECT_EQ(p.mode(), "profile");
+}
+
+TEST(ProfilingStageTest, AcksAreTakenAndMoveTheWindowToTheLastSwitch) {
+  std::ostringstream log;
+  ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
+  const JobView v = View();
+  const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
+  ASSERT_EQ(out.size(), 2u);
+  std::int64_t from = kT0;
+  EXPECT_TRUE(p.OnAck(Ack(out[1].command, out[1].host, kT0 + 3 * kSec), &from));
+  EXPECT_EQ(from, kT0 + 3 * kSec);
+  EXPECT_EQ(p.awaiting_acks(), 1u);
+  EXPECT_FALSE(p.OnAck(Ack(out[1].command, out[1].host, kT0 + 4 * kSec), &from)) << "taken already";
+  EXPECT_TRUE(p.OnAck(Ack(out[0].command, out[0].host, kT0 + 2 * kSec, "failed"), &from));
+  EXPECT_EQ(from, kT0 + 3 * kSec) << "an earlier ack does not move the window back";
+  EXPECT_EQ(p.awaiting_acks(), 0u);
+  EXPECT_NE(log.str().find("event=set_mode_not_ok host=node0 status=failed"), std::string::npos) << log.str();
+
+  protocol::Command other;
+  other.type = "pause";
+  other.id = "inc-1-v1-1";
+  EXPECT_FALSE(p.OnAck(Ack(other, "node0", kT0 + 9 * kSec), &from)) << "not a set_mode of this stage";
+  EXPECT_EQ(from, kT0 + 3 * kSec);
+}
+
+TEST(ProfilingStageTest, ReadyOnlyWhenEveryLiveRankHasAProfileModeWindowSinceFrom) {
+  std::ostringstream log;
+  ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
+  const JobView v = View();
+  const std::int64_t from = kT0 + 3 * kSec;
+  EXPECT_FALSE(p.Ready(JobView(), from)) << "no live rank";
+  const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
+  for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, from));
+  EXPECT_FALSE(p.Ready(v, from)) << "set_mode acks outstanding";
+  std::int64_t acked = kT0;
+  for (const OutgoingCommand& c : out) ASSERT_TRUE(p.OnAck(Ack(c.command, c.host, kT0 + kSec), &acked));
+  EXPECT_TRUE(p.Ready(v, from));
+
+  p.OnProfile(Profile(5, from - 1));  // the newest of rank 5 began before the window
+  EXPECT_FALSE(p.Ready(v, from));
+  p.OnProfile(Profile(5, from, "track"));  // in the window, but untimed
+  EXPECT_FALSE(p.Ready(v, from));
+  p.OnProfile(Profile(5, from + kSec));
+  EXPECT_TRUE(p.Ready(v, from));
+  EXPECT_FALSE(p.Ready(v, from + 2 * kSec)) << "every window is older than that";
+}
+
+TEST(ProfilingStageTest, ASlowGroupIsSuspiciousAndItsClassMatesArePeers) {
+  std::ostringstream log;
+  ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
+  const JobView v = View();
+  for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, kT0, "profile", TpId(2)));
+  const json s = p.Analyze(v, kT0);
+  EXPECT_EQ(s["profiles"], kRanks);
+  EXPECT_EQ(Strings(s["suspicious"]), std::vector<std::string>{protocol::CommIdHex(TpId(2))});
+  const std::vector<std::string> peers = Strings(s["peers"]);
+  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.end()),
+            (std::set<std::string>{protocol::CommIdHex(TpId(0)), protocol::CommIdHex(TpId(1)),
+                                   protocol::CommIdHex(TpId(3))}));
+  EXPECT_TRUE(s["compute_suspects"].empty());
+  EXPECT_EQ(s["comms"].size(), 6u) << s.dump();
+  EXPECT_FALSE(s.contains("sweep"));
+  EXPECT_NE(log.str().find("event=profiled profiles=8 suspicious=1 peers=3 compute_suspects=0"), std::string::npos)
+      << log.str();
+}
+
+TEST(ProfilingStageTest, NothingSuspiciousSweepsEveryCommunicatorOfTwoOrMore) {
+  std::ostringstream log;
+  ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
+  const JobView v = View();
+  for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, kT0));
+  p.OnProfile(Profile(3, kT0 - kSec, "profile", TpId(1)));  // rank 3's newest counts; this one is older
+  p.OnProfile(Profile(3, kT0));
+  const json s = p.Analyze(v, kT0);
+  EXPECT_EQ(s["sweep"], true);
+  std::vector<std::string> want;
+  for (const auto& [id, c] : v.comms()) want.push_back(protocol::CommIdHex(id));
+  EXPECT_EQ(want.size(), 7u) << "world, 4 TP, 2 DP";
+  EXPECT_EQ(Strings(s["suspicious"]), want);
+  EXPECT_TRUE(s["peers"].empty());
+
+  // Windows from before `from` do not count: no profiles, nothing timed, still a sweep.
+  const json none = p.Analyze(v, kT0 + kSec);
+  EXPECT_EQ(none["profiles"], 0);
+  EXPECT_EQ(none["sweep"], true);
+  EXPECT_EQ(Strings(none["suspicious"]), want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DecisionStage
+
+MitigationSettings Settings(const std::string& mode = "advise") {
+  MitigationSettings s;
+  s.mode = mode;
+  s.overheads = {10, 60, 300};
+  s.micro_batches = 8;
+  s.sample_s = 1;
+  return s;
+}
+
+// Its planning takes 250 ms by this clock.
+DecisionStage Stage(std::ostringstream& log, const std::string& mode = "advise") {
+  auto clock = [t = std::int64_t{0}]() mutable { return t += 250'000'000; };
+  return DecisionStage({Settings(mode), "job", "ctl-7", clock}, LogTo(log));
+}
+
+// Rank 5's GPU is slow; the job's healthy iteration is 1 s. Opened at kT0.
+Incident SlowGpuIncident() {
+  Incident inc;
+  inc.id = "inc-1";
+  inc.opened_ns = kT0;
+  inc.ranks = {5};
+  inc.healthy_s = 1.0;
+  inc.localised = true;
+  inc.cause = "compute";
+  inc.findings = {{"gpus", {{{"rank", 5}, {"host", Host(5)}, {"evidence", {{"ratio", 2.0}}}}}}};
+  return inc;
+}
+
+TEST(DecisionStageTest, StartIsAnS1DecisionNamingTheCandidates) {
+  std::ostringstream log;
+  DecisionStage d = Stage(log);
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  const std::optional<DecisionRecord> r = d.Start(inc, InferLayout(v, ""), v, 2.0, kT0 + 5 * kSec);
+  ASSERT_TRUE(r) << log.str();
+  EXPECT_EQ(r->summary.rfind("S1 ignore for now; candidates: S2 after 10 s of slowdown", 0), 0u) << r->summary;
+  EXPECT_STREQ(r->severity, "info");
+  EXPECT_EQ(r->fields["strategy"], "S1");
+  EXPECT_EQ(r->fields["cause"], "compute");
+  EXPECT_EQ(r->fields["ranks"], json({5}));
+  EXPECT_EQ(r->fields["at_ns"], kT0 + 5 * kSec);
+  const json& detail = r->fields["detail"];
+  EXPECT_EQ(detail["mode"], "advise");
+  EXPECT_DOUBLE_EQ(detail["planning_s"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(d.plan_s(), 0.25);
+  ASSERT_TRUE(detail["candidates"].contains("S2")) << detail.dump();
+  EXPECT_TRUE(detail["candidates"]["S2"].contains("plan")) << detail.dump();
+  EXPECT_EQ(inc.mitigation["candidates"], detail["candidates"]) << "the planner is persisted in the incident";
+  EXPECT_EQ(inc.last_feed_ns, 0);
+  EXPECT_TRUE(d.TakeChanged());
+  EXPECT_FALSE(d.TakeChanged());
+  ASSERT_NE(d.Current(inc), nullptr);
+  EXPECT_EQ(d.Current(inc)->current(), "S1");
+
+  Incident nothing = SlowGpuIncident();
+  nothing.findings = json::object();  // a cause without culprits: no mitigation
+  EXPECT_FALSE(d.Start(nothing, InferLayout(v, ""), v, 2.0, kT0));
+  EXPECT_TRUE(nothing.mitigation.is_null());
+  EXPECT_NE(log.str().find("event=mitigation_not_started incident=inc-1"), std::string::npos) << log.str();
+}
+
+TEST(DecisionStageTest, TheFeedWaitsForEachSampleAndSwitchesOnceTheSlowdownPaysForS2) {
+  std::ostringstream log;
+  DecisionStage d = Stage(log);
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0 + 3 * kSec));
+  EXPECT_FALSE(d.Feed(inc, v, std::nullopt, kT0 + 3 * kSec)) << "no iteration time yet";
+  EXPECT_EQ(inc.last_feed_ns, 0);
+  // The first sample covers the 4 s since detection: 2 iterations, 2 s of slowdown.
+  EXPECT_FALSE(d.Feed(inc, v, 2.0, kT0 + 4 * kSec));
+  EXPECT_EQ(inc.last_feed_ns, kT0 + 4 * kSec);
+  EXPECT_FALSE(d.Feed(inc, v, 2.0, kT0 + 4 * kSec + kSec / 2)) << "before sample_s";
+  EXPECT_EQ(inc.last_feed_ns, kT0 + 4 * kSec) << "a sample not due is not taken";
+  // Then 1 s of slowdown per sample: S2 (10 s) at the 8th.
+  std::optional<Decision> s2;
+  int samples = 0;
+  for (std::int64_t t = kT0 + 5 * kSec; !s2 && t <= kT0 + 30 * kSec; t += kSec, ++samples) s2 = d.Feed(inc, v, 2.0, t);
+  ASSERT_TRUE(s2);
+  EXPECT_EQ(samples, 8);
+  EXPECT_EQ(s2->strategy, "S2");
+  EXPECT_TRUE(s2->publish_plan);
+  EXPECT_EQ(d.Current(inc)->current(), "S2");
+}
+
+TEST(DecisionStageTest, AnUnpublishedDecisionRollsBackAndIsDecidedAgain) {
+  std::ostringstream log;
+  DecisionStage d = Stage(log);
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
+  std::optional<Decision> first;
+  std::int64_t t = kT0;
+  while (!first && t < kT0 + 30 * kSec) {
+    t += kSec;
+    first = d.Feed(inc, v, 2.0, t);
+  }
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->strategy, "S2");
+  const json decided = inc.mitigation;
+  d.TakeChanged();
+
+  d.Unpublished(inc, Status::Unavailable("redis away"));
+  EXPECT_TRUE(d.TakeChanged());
+  EXPECT_EQ(inc.last_feed_ns, t - kSec) << "the sample is taken again";
+  EXPECT_NE(inc.mitigation, decided);
+  ASSERT_NE(d.Current(inc), nullptr);
+  EXPECT_EQ(d.Current(inc)->current(), "S1") << "rebuilt from the state before the decision";
+  EXPECT_NE(log.str().find("event=decision_deferred incident=inc-1 error=\"redis away\""), std::string::npos)
+      << log.str();
+
+  const std::optional<Decision> again = d.Feed(inc, v, 2.0, t);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->strategy, "S2");
+  EXPECT_EQ(again->plan, first->plan);
+  EXPECT_EQ(inc.mitigation, decided);
+
+  // The stop: unpublished, it is decided again too (S2's undo with it).
+  const Result<Decision> end = d.End(inc, t + kSec);
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(end.value().strategy, "S1");
+  EXPECT_TRUE(end.value().publish_plan) << "S2 is undone";
+  EXPECT_TRUE(d.Current(inc)->stopped());
+  d.Unpublished(inc, Status::Unavailable("redis away"));
+  EXPECT_FALSE(d.Current(inc)->stopped());
+  EXPECT_EQ(inc.mitigation, decided);
+}
+
+TEST(DecisionStageTest, PublicationHasThePlanItsVersionAndInActModeOneCommandPerAgent) {
+  for (const std::string mode : {"advise", "act"}) {
+    SCOPED_TRACE(mode);
+    std::ostringstream log;
+    DecisionStage d = Stage(log, mode);
+    const JobView v = View();
+    Incident inc = SlowGpuIncident();
+    ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
+    std::optional<Decision> s2;
+    for (std::int64_t t = kT0 + kSec; !s2 && t < kT0 + 30 * kSec; t += kSec) s2 = d.Feed(inc, v, 2.0, t);
+    ASSERT_TRUE(s2);
+    const DecisionPublication p = d.Publish(*s2, inc, v, 4, kT0 + 40 * kSec);
+    EXPECT_EQ(p.record.summary, s2->summary);
+    EXPECT_STREQ(p.record.severity, "warning");
+    EXPECT_EQ(p.record.fields["strategy"], "S2");
+    EXPECT_EQ(p.record.fields["detail"]["plan"]["plan_version"], 4);
+    EXPECT_EQ(p.record.fields["detail"]["mode"], mode);
+    ASSERT_TRUE(p.plan.is_object());
+    EXPECT_TRUE(protocol::ValidateMessage(p.plan, protocol::kMitigationPlan).ok()) << p.plan.dump();
+    EXPECT_EQ(p.plan["plan_version"], 4);
+    EXPECT_EQ(p.plan["incident"], "inc-1");
+    EXPECT_EQ(p.plan["job"], "job");
+    EXPECT_EQ(p.plan["micro_batches"], s2->plan["micro_batches"]);
+    if (mode == "advise") {
+      EXPECT_TRUE(p.commands.empty());
+      continue;
+    }
+    ASSERT_EQ(p.commands.size(), 2u);
+    EXPECT_EQ(p.commands[0].host, "node0");
+    EXPECT_EQ(p.commands[1].host, "node1");
+    EXPECT_EQ(p.commands[0].command.id, "ctl-7-p1");
+    EXPECT_EQ(p.commands[1].command.type, "plan");
+    EXPECT_EQ(p.commands[1].command.plan_version, 4);
+    EXPECT_EQ(p.commands[1].command.strategy, "S2");
+  }
+}
+
+TEST(DecisionStageTest, APersistedPlannerIsRebuiltAndAnUnreadableOneDropped) {
+  std::ostringstream log;
+  const JobView v = View();
+  Incident inc = SlowGpuIncident();
+  {
+    DecisionStage first = Stage(log);
+    ASSERT_TRUE(first.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
+  }
+  DecisionStage restarted = Stage(log);
+  ASSERT_NE(restarted.Current(inc), nullptr);
+  EXPECT_EQ(restarted.Current(inc)->current(), "S1");
+  EXPECT_FALSE(restarted.TakeChanged());
+
+  DecisionStage other = Stage(log);
+  inc.mitigation = {{"not", "a planner"}};
+  EXPECT_EQ(other.Current(inc), nullptr);
+  EXPECT_TRUE(inc.mitigation.is_null());
+  EXPECT_TRUE(other.TakeChanged());
+  EXPECT_NE(log.str().find("event=mitigation_state_dropped incident=inc-1"), std::string::npos) << log.str();
+}
+
+}  // namespace
+}  // namespace falcon::controller
