@@ -3,17 +3,17 @@
 //   tracking ──slow alarm──▶ profiling ──profiles in──▶ validating ──done──▶ tracking
 //      ▲  (incident opened:        (event timing on,        (pause at a cut, GEMM on every rank,
 //      │   "detection")             classes, suspicion)       P2P passes, resume, Localize:
-//      │                           ProfilingStage            "localisation")
-//      │                                                     ValidationRun
+//      │  TrackingStage            ProfilingStage            "localisation")
+//      │                                                     ValidationStage (ValidationRun)
 //      └── every slow rank recovered: "resolution", incident closed
 //   while an incident is localised: DecisionStage (S1 → S2 → S3 → S4, "decision")
 //   beside them, whatever the phase: HangStage (stalls, hangs), MismatchStage (call signatures)
 //
-// The stages are their own units (profiling_stage.h, validation_run.h, decision_stage.h,
-// hang_stage.h, mismatch_stage.h): value types that never talk to Redis or read the wall clock;
-// Controller feeds them validated messages and the time, and sends and writes the commands,
-// plans and incident entries they return. Controller keeps the phase transitions, the incident
-// and the persisted state.
+// The stages are their own units (tracking_stage.h, profiling_stage.h, validation_stage.h,
+// decision_stage.h, hang_stage.h, mismatch_stage.h): value types that never talk to Redis or read
+// the wall clock; Controller feeds them validated messages and the time, and sends and writes
+// the commands, plans and incident entries they return. Controller keeps the phase transitions,
+// the incident and the persisted state.
 //
 // Mitigation (DecisionStage over mitigation.h), unless config mitigation = off: a localisation
 // starts a ski-rental Mitigator for the incident ("decision" S1: tolerate for now, with the
