@@ -1,4 +1,6 @@
-// The controller's stages on their own, without Redis: the profiling stage
+// The controller's stages on their own, without Redis: the tracking stage (tracking_stage.h:
+// slow ranks, outbreaks, the job's iteration time), the validation stage (validation_stage.h: a
+// round planned from the suspicion, the verdict worded by host), the profiling stage
 // (daemon/controller/profiling_stage.h: set_mode commands and their acks, the profile window, the
 // suspicion document) and the decision stage (decision_stage.h: the S1 decision, the planner fed
 // at most once per sample, publication, the rollback of a decision that could not be published).
@@ -7,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -15,64 +19,22 @@
 
 #include "daemon/controller/decision_stage.h"
 #include "daemon/controller/profiling_stage.h"
+#include "daemon/controller/tracking_stage.h"
+#include "daemon/controller/validation_stage.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
+#include "tests/support/controller_job.h"
 
 namespace falcon::controller {
 namespace {
 
 using nlohmann::json;
-
-constexpr std::int64_t kT0 = 1'795'264'878'000'000'000;  // wall ns
-constexpr std::int64_t kSec = 1'000'000'000;
-
-// 8 ranks, ranks 0-3 on node0 and 4-7 on node1: TP pairs {0,1} {2,3} {4,5} {6,7}, DP groups
-// {0,2,4,6} {1,3,5,7}, and the world.
-constexpr std::int64_t kRanks = 8;
-constexpr std::uint64_t kWorld = 0xabcdeULL;
-std::uint64_t TpId(std::int64_t group) { return 0x7b0b0000ULL + static_cast<std::uint64_t>(group); }
-std::uint64_t DpId(std::int64_t group) { return 0x0dae0000ULL + static_cast<std::uint64_t>(group); }
-std::string Host(std::int64_t r) { return r < 4 ? "node0" : "node1"; }
-
-json Validated(const json& m, const protocol::MessageSpec& spec) {
-  Result<json> r = protocol::ParseMessage(m.dump(), spec);
-  EXPECT_TRUE(r.ok()) << r.status().ToString() << ": " << m.dump();
-  return r.ok() ? std::move(r).value() : json::object();
-}
-
-// The job seen twice, one second apart (call rates known), with an agent on each node.
-JobView View() {
-  JobView v;
-  for (std::uint64_t calls : {1000, 1100}) {
-    std::vector<json> ranks, agents;
-    for (std::int64_t r = 0; r < kRanks; ++r) {
-      protocol::RankRegistration m;
-      m.header = {"job", Host(r), kT0 + static_cast<std::int64_t>(calls - 1000) / 100 * kSec};
-      m.rank = r;
-      m.pid = 1000 + r;
-      m.started_ns = kT0 - 60 * kSec;
-      const auto rank = static_cast<std::int32_t>(r);
-      m.comms = {{kWorld, rank, kRanks, "world", calls},
-                 {TpId(r / 2), rank % 2, 2, "tp", calls},
-                 {DpId(r % 2), rank / 2, 4, "dp", calls}};
-      ranks.push_back(Validated(protocol::ToJson(m), protocol::kRankRegister));
-    }
-    for (const char* h : {"node0", "node1"}) {
-      protocol::AgentHeartbeat a;
-      a.header = {"job", h, kT0};
-      a.pid = 42;
-      a.version = "0.1.0";
-      agents.push_back(Validated(protocol::ToJson(a), protocol::kAgentHeartbeat));
-    }
-    v.Update(ranks, agents);
-  }
-  return v;
-}
+using namespace testjob;  // the test job (tests/support/controller_job.h)
 
 // Rank r's profile window from since_ns, in `mode`; communicator `slow` takes twice as long.
 json Profile(std::int64_t r, std::int64_t since_ns, const std::string& mode = "profile", std::uint64_t slow = 0) {
   protocol::CommProfileReport m;
-  m.header = {"job", Host(r), since_ns + 10 * kSec};
+  m.header = {"job", HostOfRank(r), since_ns + 10 * kSec};
   m.rank = r;
   m.pid = 1000 + r;
   m.since_ns = since_ns;
@@ -112,7 +74,7 @@ TEST(ProfilingStageTest, ASwitchIsOneSetModeCommandPerAgentHostWithItsDeadline) 
   std::ostringstream log;
   ProfilingStage p({"ctl-7", 5, 1.1}, LogTo(log));
   EXPECT_EQ(p.mode(), "track");
-  const JobView v = View();
+  const JobView v = RunningJob();
   const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
   ASSERT_EQ(out.size(), 2u);
   std::set<std::string> hosts, ids;
@@ -146,7 +108,7 @@ TEST(ProfilingStageTest, ASwitchIsOneSetModeCommandPerAgentHostWithItsDeadline) 
 TEST(ProfilingStageTest, AcksAreTakenAndMoveTheWindowToTheLastSwitch) {
   std::ostringstream log;
   ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
-  const JobView v = View();
+  const JobView v = RunningJob();
   const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
   ASSERT_EQ(out.size(), 2u);
   std::int64_t from = kT0;
@@ -169,7 +131,7 @@ TEST(ProfilingStageTest, AcksAreTakenAndMoveTheWindowToTheLastSwitch) {
 TEST(ProfilingStageTest, ReadyOnlyWhenEveryLiveRankHasAProfileModeWindowSinceFrom) {
   std::ostringstream log;
   ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
-  const JobView v = View();
+  const JobView v = RunningJob();
   const std::int64_t from = kT0 + 3 * kSec;
   EXPECT_FALSE(p.Ready(JobView(), from)) << "no live rank";
   const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
@@ -191,7 +153,7 @@ TEST(ProfilingStageTest, ReadyOnlyWhenEveryLiveRankHasAProfileModeWindowSinceFro
 TEST(ProfilingStageTest, ASlowGroupIsSuspiciousAndItsClassMatesArePeers) {
   std::ostringstream log;
   ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
-  const JobView v = View();
+  const JobView v = RunningJob();
   for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, kT0, "profile", TpId(2)));
   const json s = p.Analyze(v, kT0);
   EXPECT_EQ(s["profiles"], kRanks);
@@ -210,7 +172,7 @@ TEST(ProfilingStageTest, ASlowGroupIsSuspiciousAndItsClassMatesArePeers) {
 TEST(ProfilingStageTest, NothingSuspiciousSweepsEveryCommunicatorOfTwoOrMore) {
   std::ostringstream log;
   ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
-  const JobView v = View();
+  const JobView v = RunningJob();
   for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, kT0));
   p.OnProfile(Profile(3, kT0 - kSec, "profile", TpId(1)));  // rank 3's newest counts; this one is older
   p.OnProfile(Profile(3, kT0));
@@ -256,14 +218,14 @@ Incident SlowGpuIncident() {
   inc.healthy_s = 1.0;
   inc.localised = true;
   inc.cause = "compute";
-  inc.findings = {{"gpus", {{{"rank", 5}, {"host", Host(5)}, {"evidence", {{"ratio", 2.0}}}}}}};
+  inc.findings = {{"gpus", {{{"rank", 5}, {"host", HostOfRank(5)}, {"evidence", {{"ratio", 2.0}}}}}}};
   return inc;
 }
 
 TEST(DecisionStageTest, StartIsAnS1DecisionNamingTheCandidates) {
   std::ostringstream log;
   DecisionStage d = Stage(log);
-  const JobView v = View();
+  const JobView v = RunningJob();
   Incident inc = SlowGpuIncident();
   const std::optional<DecisionRecord> r = d.Start(inc, InferLayout(v, ""), v, 2.0, kT0 + 5 * kSec);
   ASSERT_TRUE(r) << log.str();
@@ -296,7 +258,7 @@ TEST(DecisionStageTest, StartIsAnS1DecisionNamingTheCandidates) {
 TEST(DecisionStageTest, TheFeedWaitsForEachSampleAndSwitchesOnceTheSlowdownPaysForS2) {
   std::ostringstream log;
   DecisionStage d = Stage(log);
-  const JobView v = View();
+  const JobView v = RunningJob();
   Incident inc = SlowGpuIncident();
   ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0 + 3 * kSec));
   EXPECT_FALSE(d.Feed(inc, v, std::nullopt, kT0 + 3 * kSec)) << "no iteration time yet";
@@ -320,7 +282,7 @@ TEST(DecisionStageTest, TheFeedWaitsForEachSampleAndSwitchesOnceTheSlowdownPaysF
 TEST(DecisionStageTest, AnUnpublishedDecisionRollsBackAndIsDecidedAgain) {
   std::ostringstream log;
   DecisionStage d = Stage(log);
-  const JobView v = View();
+  const JobView v = RunningJob();
   Incident inc = SlowGpuIncident();
   ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
   std::optional<Decision> first;
@@ -365,7 +327,7 @@ TEST(DecisionStageTest, PublicationHasThePlanItsVersionAndInActModeOneCommandPer
     SCOPED_TRACE(mode);
     std::ostringstream log;
     DecisionStage d = Stage(log, mode);
-    const JobView v = View();
+    const JobView v = RunningJob();
     Incident inc = SlowGpuIncident();
     ASSERT_TRUE(d.Start(inc, InferLayout(v, ""), v, 2.0, kT0));
     std::optional<Decision> s2;
@@ -399,7 +361,7 @@ TEST(DecisionStageTest, PublicationHasThePlanItsVersionAndInActModeOneCommandPer
 
 TEST(DecisionStageTest, APersistedPlannerIsRebuiltAndAnUnreadableOneDropped) {
   std::ostringstream log;
-  const JobView v = View();
+  const JobView v = RunningJob();
   Incident inc = SlowGpuIncident();
   {
     DecisionStage first = Stage(log);
@@ -416,6 +378,146 @@ TEST(DecisionStageTest, APersistedPlannerIsRebuiltAndAnUnreadableOneDropped) {
   EXPECT_TRUE(inc.mitigation.is_null());
   EXPECT_TRUE(other.TakeChanged());
   EXPECT_NE(log.str().find("event=mitigation_state_dropped incident=inc-1"), std::string::npos) << log.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// TrackingStage
+
+json Alarm(std::int64_t rank, const std::string& kind, double level_s, std::int64_t onset_ns) {
+  protocol::AlarmReport m;
+  m.header = {"job", HostOfRank(rank), onset_ns + kSec};
+  m.rank = rank;
+  m.pid = 1000 + rank;
+  m.kind = kind;
+  m.onset = 10;
+  m.at = 12;
+  m.onset_ns = onset_ns;
+  m.ratio = level_s / 0.1;
+  m.probability = 0.9;
+  m.level_s = level_s;
+  m.baseline_s = 0.1;
+  return Validated(protocol::ToJson(m), protocol::kAlarm);
+}
+
+json Iterations(std::int64_t rank, const std::vector<double>& seconds) {
+  protocol::IterationBatch m;
+  m.header = {"job", HostOfRank(rank), kT0};
+  m.rank = rank;
+  m.pid = 1000 + rank;
+  m.period = 9;
+  for (std::size_t i = 0; i < seconds.size(); ++i) m.start_ns.push_back(kT0 + static_cast<std::int64_t>(i) * kSec);
+  m.seconds = seconds;
+  return Validated(protocol::ToJson(m), protocol::kIterations);
+}
+
+TEST(TrackingStageTest, ARankIsSlowFromItsSlowAlarmUntilItRecoversAndItsLastReportWins) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob();
+  const std::optional<SlowRank> first = t.OnAlarm(Alarm(5, "slow", 0.2, kT0));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_DOUBLE_EQ(first->level_s, 0.2);
+  EXPECT_EQ(first->onset_ns, kT0);
+  const std::optional<SlowRank> again = t.OnAlarm(Alarm(5, "slow", 0.3, kT0 + 5 * kSec));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(t.LiveSlow(view), std::vector<std::int64_t>{5});
+  EXPECT_DOUBLE_EQ(slow.at(5).level_s, 0.3) << "the map the caller persists holds the last report";
+  EXPECT_DOUBLE_EQ(slow.at(5).ratio, 3.0);
+  EXPECT_FALSE(t.OnAlarm(Alarm(5, "recovered", 0.1, kT0 + 9 * kSec)).has_value());
+  EXPECT_TRUE(t.LiveSlow(view).empty());
+  EXPECT_TRUE(slow.empty());
+}
+
+TEST(TrackingStageTest, OnlyLiveRanksCountAndAnOutbreakNeedsTheMinimumFraction) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob({{7, "exited"}});  // 7 of 8 ranks live
+  for (std::int64_t r : {1, 2, 3, 7}) ASSERT_TRUE(t.OnAlarm(Alarm(r, "slow", 0.2, kT0)).has_value());
+  EXPECT_EQ(t.LiveSlow(view), (std::vector<std::int64_t>{1, 2, 3})) << "rank 7 exited";
+  EXPECT_EQ(t.Outbreak(view, 3.0 / 7.0), (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_TRUE(t.Outbreak(view, 0.5).empty()) << "3 of 7 live ranks is under half";
+  ASSERT_TRUE(t.OnAlarm(Alarm(4, "slow", 0.2, kT0)).has_value());
+  EXPECT_EQ(t.Outbreak(view, 0.5), (std::vector<std::int64_t>{1, 2, 3, 4}));
+}
+
+TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob({{6, "exited"}});
+  EXPECT_FALSE(t.CurrentIterationS(view).has_value());
+  t.OnIterations(Iterations(0, {0.1, 0.1, 0.1}));
+  t.OnIterations(Iterations(1, {0.2, 0.9, 0.2}));  // median 0.2: one outlier does not count
+  t.OnIterations(Iterations(6, {5.0, 5.0, 5.0}));  // not live
+  ASSERT_TRUE(t.CurrentIterationS(view).has_value());
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.2);
+  // Only the last kRecentIterations samples count: eight slow ones push the fast ones out.
+  t.OnIterations(Iterations(0, std::vector<double>(TrackingStage::kRecentIterations, 0.4)));
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ValidationStage
+
+TEST(ValidationStageTest, RoundIsPlannedFromTheSuspicionAndPausesBeforeItsSteps) {
+  const JobView view = RunningJob();
+  ValidationStage v(ValidationSettings{}, StepOptions{});
+  EXPECT_FALSE(v.running());
+  EXPECT_TRUE(v.Next(view, kT0).empty()) << "no round, nothing to send";
+  const json suspicion = {{"suspicious", {protocol::CommIdHex(DpId(0)), "not hex", 7}},
+                          {"peers", {protocol::CommIdHex(DpId(1))}}};
+  ASSERT_TRUE(v.Start(view, suspicion, "inc-1-v1", false).ok());
+  EXPECT_TRUE(v.running());
+  EXPECT_FALSE(v.done());
+  const std::vector<OutgoingCommand> first = v.Next(view, kT0 + 2 * kSec);
+  ASSERT_FALSE(first.empty());
+  std::set<std::string> hosts;
+  for (const OutgoingCommand& c : first) {
+    EXPECT_EQ(c.command.id.rfind("inc-1-v1-", 0), 0u) << c.command.id;
+    hosts.insert(c.host);
+  }
+  EXPECT_EQ(hosts, (std::set<std::string>{"node0", "node1"}));
+  v.Abandon();
+  EXPECT_FALSE(v.running());
+  const std::vector<OutgoingCommand> release = v.Release("ctl-stop", view, kT0);
+  ASSERT_EQ(release.size(), 2u) << "a resume to every agent";
+  for (const OutgoingCommand& c : release) EXPECT_EQ(c.command.type, "resume") << c.command.type;
+}
+
+TEST(ValidationStageTest, VerdictNamesCulpritsByHostInOrderAndRanksOnce) {
+  const JobView view = RunningJob();  // node0 = node index 0, node1 = 1
+  const ValidationRun run("r", {}, ValidationSettings{}, false);
+  analyzer::Localization l;
+  l.gpus.push_back({5, 1, {0.02, 0.01, 2.0, 0.001, 8}});
+  analyzer::SlowLink link;
+  link.sender = 5;
+  link.receiver = 1;
+  link.sender_node = 1;
+  link.receiver_node = 0;
+  link.evidence = {4e-9, 1e-9, 4.0, 1e-10, 6};
+  l.links.push_back(link);
+  l.gemms_unassessed = 1;
+  const RoundVerdict v = VerdictOf(l, run, view);
+  EXPECT_TRUE(v.localised);
+  EXPECT_EQ(v.cause, "compute") << "a slow GPU comes first";
+  EXPECT_EQ(v.ranks, (std::vector<std::int64_t>{1, 5}));
+  EXPECT_EQ(v.summary, "slow GPU: rank 5 on node1 (GEMM 2.00x median); slow link: node1 <-> node0 (ranks 5-1, 4.00x median)");
+  ASSERT_EQ(v.detail["gpus"].size(), 1u);
+  EXPECT_EQ(v.detail["gpus"][0]["host"], "node1");
+  EXPECT_DOUBLE_EQ(v.detail["gpus"][0]["evidence"]["ratio"].get<double>(), 2.0);
+  EXPECT_EQ(v.detail["links"][0]["hosts"], json({"node1", "node0"}));
+  EXPECT_EQ(v.detail["unassessed"]["gemms"], 1);
+  EXPECT_TRUE(v.detail.contains("validation"));
+  EXPECT_TRUE(v.failure.empty());
+
+  const RoundVerdict refused = VerdictOf(Status::InvalidArgument("no GEMM results"), run, view);
+  EXPECT_FALSE(refused.localised);
+  EXPECT_EQ(refused.cause, "unknown");
+  EXPECT_EQ(refused.detail["error"], "no GEMM results");
+  EXPECT_FALSE(refused.detail.contains("gpus"));
+  const RoundVerdict none = VerdictOf(analyzer::Localization{}, run, view);
+  EXPECT_FALSE(none.localised);
+  EXPECT_TRUE(none.summary.empty());
+  EXPECT_TRUE(none.ranks.empty());
 }
 
 }  // namespace

@@ -25,94 +25,17 @@
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
-#include "daemon/controller/tracking_stage.h"
-#include "daemon/controller/validation_stage.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/controller/validation_steps.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
+#include "tests/support/controller_job.h"
 
 namespace falcon::controller {
 namespace {
 
 using nlohmann::json;
-
-constexpr std::int64_t kT0 = 1'795'264'878'000'000'000;  // wall ns
-constexpr std::int64_t kSec = 1'000'000'000;
-
-// The test job: 8 ranks, TP = 2 (groups {0,1} {2,3} {4,5} {6,7}), DP = 4 (groups {0,2,4,6} and
-// {1,3,5,7}) and a world communicator; ranks 0-3 run on node0, 4-7 on node1.
-constexpr std::int64_t kRanks = 8;
-constexpr std::uint64_t kWorld = 0x00000000000abcdeULL;
-std::uint64_t TpId(std::int64_t group) { return 0x7b0b545ea07b0000ULL + static_cast<std::uint64_t>(group); }
-std::uint64_t DpId(std::int64_t group) { return 0x0dae3e2e976b0000ULL + static_cast<std::uint64_t>(group); }
-std::string HostOfRank(std::int64_t r) { return r < 4 ? "node0" : "node1"; }
-
-// As the controller gets it: serialised, parsed and validated against `spec`.
-json Validated(const json& m, const protocol::MessageSpec& spec) {
-  Result<json> r = protocol::ParseMessage(m.dump(), spec);
-  EXPECT_TRUE(r.ok()) << r.status().ToString() << ": " << m.dump();
-  return r.ok() ? std::move(r).value() : json::object();
-}
-
-struct RankSpec {
-  std::int64_t rank = 0;
-  std::string host = "node0";
-  std::vector<protocol::CommSummary> comms;
-  std::int64_t at_ns = kT0;
-  std::string state = "live";
-  std::optional<std::uint64_t> period = std::nullopt;
-  std::int64_t pid = 0;  // 0: 1000 + rank
-};
-
-json RankMsg(const RankSpec& s) {
-  protocol::RankRegistration m;
-  m.header = {"job", s.host, s.at_ns};
-  m.rank = s.rank;
-  m.pid = s.pid != 0 ? s.pid : 1000 + (s.rank < 0 ? 99 : s.rank);
-  m.state = s.state;
-  m.started_ns = kT0 - 60 * kSec;
-  m.comms = s.comms;
-  m.period = s.period;
-  return Validated(protocol::ToJson(m), protocol::kRankRegister);
-}
-
-json AgentMsg(const std::string& host) {
-  protocol::AgentHeartbeat m;
-  m.header = {"job", host, kT0};
-  m.pid = 42;
-  m.version = "0.1.0";
-  return Validated(protocol::ToJson(m), protocol::kAgentHeartbeat);
-}
-
-std::vector<protocol::CommSummary> JobCommsOf(std::int64_t r, std::uint64_t calls) {
-  const auto rank = static_cast<std::int32_t>(r);
-  return {{kWorld, rank, kRanks, "world", calls},
-          {TpId(r / 2), rank % 2, 2, "tp", calls},
-          {DpId(r % 2), rank / 2, 4, "dp", calls}};
-}
-
-// Registrations of the test job; `state_of` overrides a rank's state.
-std::vector<json> JobRanks(std::uint64_t calls, std::int64_t at_ns,
-                           const std::map<std::int64_t, std::string>& state_of = {}) {
-  std::vector<json> out;
-  for (std::int64_t r = 0; r < kRanks; ++r) {
-    auto s = state_of.find(r);
-    out.push_back(RankMsg({r, HostOfRank(r), JobCommsOf(r, calls), at_ns,
-                           s == state_of.end() ? "live" : s->second, 9}));
-  }
-  return out;
-}
-
-std::vector<json> JobAgents() { return {AgentMsg("node0"), AgentMsg("node1")}; }
-
-// The test job seen twice, one second apart: every communicator at 100 calls/s, 1100 calls in.
-JobView RunningJob(const std::map<std::int64_t, std::string>& state_of = {}) {
-  JobView v;
-  v.Update(JobRanks(1000, kT0, state_of), JobAgents());
-  v.Update(JobRanks(1100, kT0 + kSec, state_of), JobAgents());
-  return v;
-}
+using namespace testjob;  // the test job (tests/support/controller_job.h)
 
 // ---------------------------------------------------------------------------------------------
 // JobView
@@ -1783,152 +1706,6 @@ TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {
                 {"0-0", "0-1", true},    {"bad", "1-0", false},  {"1-0", "bad", false},
                 {"", "", false}};
   for (const Order& o : orders) EXPECT_EQ(StreamIdLess(o.a, o.b), o.less) << o.a << " < " << o.b;
-}
-
-}  // namespace
-}  // namespace falcon::controller
-
-// ---------------------------------------------------------------------------------------------
-// TrackingStage
-
-namespace falcon::controller {
-namespace {
-
-json Alarm(std::int64_t rank, const std::string& kind, double level_s, std::int64_t onset_ns) {
-  protocol::AlarmReport m;
-  m.header = {"job", HostOfRank(rank), onset_ns + kSec};
-  m.rank = rank;
-  m.pid = 1000 + rank;
-  m.kind = kind;
-  m.onset = 10;
-  m.at = 12;
-  m.onset_ns = onset_ns;
-  m.ratio = level_s / 0.1;
-  m.probability = 0.9;
-  m.level_s = level_s;
-  m.baseline_s = 0.1;
-  return Validated(protocol::ToJson(m), protocol::kAlarm);
-}
-
-json Iterations(std::int64_t rank, const std::vector<double>& seconds) {
-  protocol::IterationBatch m;
-  m.header = {"job", HostOfRank(rank), kT0};
-  m.rank = rank;
-  m.pid = 1000 + rank;
-  m.period = 9;
-  for (std::size_t i = 0; i < seconds.size(); ++i) m.start_ns.push_back(kT0 + static_cast<std::int64_t>(i) * kSec);
-  m.seconds = seconds;
-  return Validated(protocol::ToJson(m), protocol::kIterations);
-}
-
-TEST(TrackingStageTest, ARankIsSlowFromItsSlowAlarmUntilItRecoversAndItsLastReportWins) {
-  std::map<std::int64_t, SlowRank> slow;
-  TrackingStage t(slow);
-  const JobView view = RunningJob();
-  const std::optional<SlowRank> first = t.OnAlarm(Alarm(5, "slow", 0.2, kT0));
-  ASSERT_TRUE(first.has_value());
-  EXPECT_DOUBLE_EQ(first->level_s, 0.2);
-  EXPECT_EQ(first->onset_ns, kT0);
-  const std::optional<SlowRank> again = t.OnAlarm(Alarm(5, "slow", 0.3, kT0 + 5 * kSec));
-  ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(t.LiveSlow(view), std::vector<std::int64_t>{5});
-  EXPECT_DOUBLE_EQ(slow.at(5).level_s, 0.3) << "the map the caller persists holds the last report";
-  EXPECT_DOUBLE_EQ(slow.at(5).ratio, 3.0);
-  EXPECT_FALSE(t.OnAlarm(Alarm(5, "recovered", 0.1, kT0 + 9 * kSec)).has_value());
-  EXPECT_TRUE(t.LiveSlow(view).empty());
-  EXPECT_TRUE(slow.empty());
-}
-
-TEST(TrackingStageTest, OnlyLiveRanksCountAndAnOutbreakNeedsTheMinimumFraction) {
-  std::map<std::int64_t, SlowRank> slow;
-  TrackingStage t(slow);
-  const JobView view = RunningJob({{7, "exited"}});  // 7 of 8 ranks live
-  for (std::int64_t r : {1, 2, 3, 7}) ASSERT_TRUE(t.OnAlarm(Alarm(r, "slow", 0.2, kT0)).has_value());
-  EXPECT_EQ(t.LiveSlow(view), (std::vector<std::int64_t>{1, 2, 3})) << "rank 7 exited";
-  EXPECT_EQ(t.Outbreak(view, 3.0 / 7.0), (std::vector<std::int64_t>{1, 2, 3}));
-  EXPECT_TRUE(t.Outbreak(view, 0.5).empty()) << "3 of 7 live ranks is under half";
-  ASSERT_TRUE(t.OnAlarm(Alarm(4, "slow", 0.2, kT0)).has_value());
-  EXPECT_EQ(t.Outbreak(view, 0.5), (std::vector<std::int64_t>{1, 2, 3, 4}));
-}
-
-TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) {
-  std::map<std::int64_t, SlowRank> slow;
-  TrackingStage t(slow);
-  const JobView view = RunningJob({{6, "exited"}});
-  EXPECT_FALSE(t.CurrentIterationS(view).has_value());
-  t.OnIterations(Iterations(0, {0.1, 0.1, 0.1}));
-  t.OnIterations(Iterations(1, {0.2, 0.9, 0.2}));  // median 0.2: one outlier does not count
-  t.OnIterations(Iterations(6, {5.0, 5.0, 5.0}));  // not live
-  ASSERT_TRUE(t.CurrentIterationS(view).has_value());
-  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.2);
-  // Only the last kRecentIterations samples count: eight slow ones push the fast ones out.
-  t.OnIterations(Iterations(0, std::vector<double>(TrackingStage::kRecentIterations, 0.4)));
-  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.4);
-}
-
-// ---------------------------------------------------------------------------------------------
-// ValidationStage
-
-TEST(ValidationStageTest, RoundIsPlannedFromTheSuspicionAndPausesBeforeItsSteps) {
-  const JobView view = RunningJob();
-  ValidationStage v(ValidationSettings{}, StepOptions{});
-  EXPECT_FALSE(v.running());
-  EXPECT_TRUE(v.Next(view, kT0).empty()) << "no round, nothing to send";
-  const json suspicion = {{"suspicious", {protocol::CommIdHex(DpId(0)), "not hex", 7}},
-                          {"peers", {protocol::CommIdHex(DpId(1))}}};
-  ASSERT_TRUE(v.Start(view, suspicion, "inc-1-v1", false).ok());
-  EXPECT_TRUE(v.running());
-  EXPECT_FALSE(v.done());
-  const std::vector<OutgoingCommand> first = v.Next(view, kT0 + 2 * kSec);
-  ASSERT_FALSE(first.empty());
-  std::set<std::string> hosts;
-  for (const OutgoingCommand& c : first) {
-    EXPECT_EQ(c.command.id.rfind("inc-1-v1-", 0), 0u) << c.command.id;
-    hosts.insert(c.host);
-  }
-  EXPECT_EQ(hosts, (std::set<std::string>{"node0", "node1"}));
-  v.Abandon();
-  EXPECT_FALSE(v.running());
-  const std::vector<OutgoingCommand> release = v.Release("ctl-stop", view, kT0);
-  ASSERT_EQ(release.size(), 2u) << "a resume to every agent";
-  for (const OutgoingCommand& c : release) EXPECT_EQ(c.command.type, "resume") << c.command.type;
-}
-
-TEST(ValidationStageTest, VerdictNamesCulpritsByHostInOrderAndRanksOnce) {
-  const JobView view = RunningJob();  // node0 = node index 0, node1 = 1
-  const ValidationRun run("r", {}, ValidationSettings{}, false);
-  analyzer::Localization l;
-  l.gpus.push_back({5, 1, {0.02, 0.01, 2.0, 0.001, 8}});
-  analyzer::SlowLink link;
-  link.sender = 5;
-  link.receiver = 1;
-  link.sender_node = 1;
-  link.receiver_node = 0;
-  link.evidence = {4e-9, 1e-9, 4.0, 1e-10, 6};
-  l.links.push_back(link);
-  l.gemms_unassessed = 1;
-  const RoundVerdict v = VerdictOf(l, run, view);
-  EXPECT_TRUE(v.localised);
-  EXPECT_EQ(v.cause, "compute") << "a slow GPU comes first";
-  EXPECT_EQ(v.ranks, (std::vector<std::int64_t>{1, 5}));
-  EXPECT_EQ(v.summary, "slow GPU: rank 5 on node1 (GEMM 2.00x median); slow link: node1 <-> node0 (ranks 5-1, 4.00x median)");
-  ASSERT_EQ(v.detail["gpus"].size(), 1u);
-  EXPECT_EQ(v.detail["gpus"][0]["host"], "node1");
-  EXPECT_DOUBLE_EQ(v.detail["gpus"][0]["evidence"]["ratio"].get<double>(), 2.0);
-  EXPECT_EQ(v.detail["links"][0]["hosts"], json({"node1", "node0"}));
-  EXPECT_EQ(v.detail["unassessed"]["gemms"], 1);
-  EXPECT_TRUE(v.detail.contains("validation"));
-  EXPECT_TRUE(v.failure.empty());
-
-  const RoundVerdict refused = VerdictOf(Status::InvalidArgument("no GEMM results"), run, view);
-  EXPECT_FALSE(refused.localised);
-  EXPECT_EQ(refused.cause, "unknown");
-  EXPECT_EQ(refused.detail["error"], "no GEMM results");
-  EXPECT_FALSE(refused.detail.contains("gpus"));
-  const RoundVerdict none = VerdictOf(analyzer::Localization{}, run, view);
-  EXPECT_FALSE(none.localised);
-  EXPECT_TRUE(none.summary.empty());
-  EXPECT_TRUE(none.ranks.empty());
 }
 
 }  // namespace
