@@ -135,8 +135,6 @@ void Controller::Turn() {
     s = RefreshView();
     next_view_ns_ = now + std::int64_t{config_.view_ms} * 1'000'000;
   }
-  if (s.ok()) s = ProbeStreams(WallNs(), false);
-  if (s.ok()) StartRead();
   if (s.ok()) s = Advance(WallNs());
   if (s.ok()) s = AdvanceHang(WallNs());
   if (s.ok() && (dirty_ || WallNs() >= next_save_ns_)) {
@@ -147,6 +145,10 @@ void Controller::Turn() {
       log_->debug("event=state_save_failed error={}", daemon::LogQuoted(saved.message()));
     }
   }
+  // The next read starts when the turn is done, so it takes in everything that arrived during
+  // the turn at once, as the blocking loop did: a read per turn, not a turn per entry.
+  if (s.ok()) s = ProbeStreams(WallNs(), false);
+  if (s.ok()) StartRead();
   PublishMetrics();
   if (!s.ok()) {
     Failed(s);
