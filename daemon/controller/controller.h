@@ -40,7 +40,8 @@
 // stages; the blocking read of the report streams (XREAD BLOCK tick-ms) runs on a worker thread
 // of its own ("redis-read") and its entries, parsed and validated there, come back as an event
 // that is dispatched to the stages and followed by a turn at once. One read is in flight at a
-// time; a read started before a reconnect (whose cursors may have been reset) is discarded.
+// time, started when a turn is done (so it takes in what arrived during the turn); a read
+// started before a reconnect (whose cursors may have been reset) is discarded.
 // Thread-safety: one thread runs Run(); `stop` may be set from any thread (signal handler
 // flag), and is looked at every 50 ms. Every wait of the loop thread is a timer or a Redis write
 // bounded by its timeout.
