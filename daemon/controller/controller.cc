@@ -68,13 +68,14 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
     : config_(std::move(config)),
       log_(std::move(log)),
       started_ns_(WallNs()),
-      profiling_(ProfilingStageOptions{"ctl-" + std::to_string(started_ns_ / 1'000'000), config_.validation.ack_timeout_s,
+      command_prefix_("ctl-" + std::to_string(started_ns_ / 1'000'000)),
+      profiling_(ProfilingStageOptions{command_prefix_, config_.validation.ack_timeout_s,
                                        config_.suspicious_ratio},
                  log_),
       validation_(ValidationSettingsOf(config_), StepOptionsOf(config_)),
       mismatch_(MismatchStageOptions{config_.mismatch_grace_s, 8}),
       hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}),
-      decision_(DecisionStageOptions{config_.mitigation, config_.job, "ctl-" + std::to_string(started_ns_ / 1'000'000),
+      decision_(DecisionStageOptions{config_.mitigation, config_.job, command_prefix_,
                                      MonotonicNs},
                 log_) {}
 
@@ -108,7 +109,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
   reader_->Stop();  // wakes a read blocked in XREAD; nothing it posts runs any more
   if (conn_ && conn_->connected()) {
     if (validation_.running() && !validation_.done()) {  // never leave a job paused behind us
-      (void)Send(validation_.Release("ctl-" + std::to_string(started_ns_ / 1'000'000) + "-stop", view_, WallNs()));
+      (void)Send(validation_.Release(command_prefix_ + "-stop", view_, WallNs()));
     }
     if (profiling_.mode() != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
     (void)SaveState(WallNs());

@@ -54,7 +54,6 @@
 #include <spdlog/logger.h>
 
 #include <atomic>
-#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -181,6 +180,7 @@ class Controller {
   const ControllerConfig config_;
   const std::shared_ptr<spdlog::logger> log_;
   const std::int64_t started_ns_;
+  const std::string command_prefix_;  // "ctl-<start ms>": every command id this controller issues
 
   boost::asio::io_context io_;
   boost::asio::steady_timer turn_{io_};

@@ -110,7 +110,7 @@ Status Controller::LoadState(std::int64_t now_ns) {
     for (const StreamSpec& s : kStreams) {
       if (state_.cursors.count(s.name)) continue;
       Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
-      if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ReadStreams probes it
+      if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ProbeStreams sets it aside
       if (!last.ok()) return last.status();
       // Requests made before this controller ever ran are stale: they start at the end too.
       const std::string name = s.name;
@@ -131,7 +131,7 @@ Status Controller::CheckCursors() {
     std::string& cursor = state_.cursors[s.name];
     if (cursor.empty()) cursor = "0-0";
     Result<std::string> last = LastEntryId(*conn_, Key(*s.key));
-    if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ReadStreams probes it
+    if (!last.ok() && last.status().code() == Status::Code::kInvalidArgument) continue;  // ProbeStreams sets it aside
     if (!last.ok()) return last.status();
     if (cursor != "0-0" && (last.value().empty() || StreamIdLess(last.value(), cursor))) {
       log_->warn("event=cursor_reset stream={} cursor={} newest={}", s.name, daemon::LogValue(cursor),
