@@ -1211,15 +1211,16 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
 }
 
 // Every GEMM takes 10 ms except the ranks in `slow_first` the first time each host's GEMM is run
-// and those in `slow_always` every time (2x); P2P as P2pMin.
-Responder GemmTimes(std::set<std::int64_t> slow_first, std::set<std::int64_t> slow_always, int& gemm_commands) {
+// and those in `slow_always` every time (`factor`x); P2P as P2pMin.
+Responder GemmTimes(std::set<std::int64_t> slow_first, std::set<std::int64_t> slow_always, int& gemm_commands,
+                    double factor = 2) {
   return [=, &gemm_commands](const OutgoingCommand& c) -> std::optional<json> {
     if (c.command.type != "validate" || c.command.task != "gemm") return AckTo(c, "ok");
     const bool first = gemm_commands++ < static_cast<int>(kHosts.size());
     std::vector<protocol::AckRankResult> results;
     for (std::int64_t r : *c.command.ranks) {
       const bool slow = slow_always.count(r) > 0 || (first && slow_first.count(r) > 0);
-      const double m = slow ? 0.020 : 0.010;
+      const double m = slow ? 0.010 * factor : 0.010;
       results.push_back({r, "ok", "ok", m, m, m, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
     }
     return AckTo(c, "ok", results);
@@ -1231,14 +1232,18 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
     const char* name;
     bool remeasure;
     std::set<std::int64_t> slow_first, slow_always;
+    double factor;                         // how slow a slow GEMM is
     std::size_t gemm_commands;            // GEMM commands sent: 2 hosts per GEMM step run
     std::set<std::int32_t> slow_in_input;  // what Localize finds in the final measurements
+    const char* why;                       // in the remeasure note
   } cases[] = {
-      {"a transient second culprit is taken back", true, {5}, {2}, 4, {2}},
-      {"two real culprits stay", true, {}, {2, 5}, 4, {2, 5}},
-      {"one culprit is clean: no second run", true, {}, {2}, 2, {2}},
-      {"nothing found: no second run", true, {}, {}, 2, {}},
-      {"remeasure off", false, {5}, {2}, 2, {2, 5}},
+      {"a transient second culprit is taken back", true, {5}, {2}, 2, 4, {2}, "2 culprits"},
+      {"two real culprits stay", true, {}, {2, 5}, 2, 4, {2, 5}, "2 culprits"},
+      {"one culprit is clean: no second run", true, {}, {2}, 2, 2, {2}, ""},
+      {"nothing found: no second run", true, {}, {}, 2, 2, {}, ""},
+      {"remeasure off", false, {5}, {2}, 2, 2, {2, 5}, ""},
+      {"a lone culprit just past the threshold, transient, is taken back", true, {5}, {}, 1.3, 4, {}, "only 1.30x"},
+      {"a lone culprit just past the threshold that stays is named", true, {}, {5}, 1.3, 4, {5}, "only 1.30x"},
   };
   const JobView view = RunningJob();
   for (const Case& c : cases) {
@@ -1247,7 +1252,7 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
     s.remeasure = c.remeasure;
     ValidationRun run("v3", GemmThenP2p(), s, false);
     int gemm_commands = 0;
-    const Responder respond = GemmTimes(c.slow_first, c.slow_always, gemm_commands);
+    const Responder respond = GemmTimes(c.slow_first, c.slow_always, gemm_commands, c.factor);
     std::int64_t now = kReportedNs;
     std::vector<std::string> types;
     for (int i = 0; i < 20 && !run.done(); ++i) {
@@ -1275,7 +1280,7 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
     ASSERT_EQ(note != nullptr, again);
     if (again) {
       EXPECT_EQ((*note)["steps"], json::array({"gemm 1/1"}));
-      EXPECT_NE((*note)["why"].get<std::string>().find("2 culprits"), std::string::npos) << *note;
+      EXPECT_NE((*note)["why"].get<std::string>().find(c.why), std::string::npos) << *note;
     }
     const analyzer::LocalizationInput in = run.Input();
     EXPECT_EQ(in.gemms.size(), static_cast<std::size_t>(kRanks)) << "one measurement per rank, merged";
@@ -1412,6 +1417,48 @@ TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairPartialNicsAndLon
   for (const Case& c : cases) {
     EXPECT_EQ(!RemeasureReason(c.findings).empty(), c.ambiguous) << c.name << ": " << RemeasureReason(c.findings);
   }
+}
+
+TEST(ValidationRunTest, RemeasureReasonTakesALoneFindingJustPastTheThresholdAsAmbiguous) {
+  auto evidence = [](double ratio) {
+    analyzer::Evidence e;
+    e.ratio = ratio;
+    return e;
+  };
+  auto gpu = [&](double ratio) { return analyzer::Localization{{{15, 7, evidence(ratio)}}, {}, {}}; };
+  auto link = [&](double ratio) {
+    analyzer::SlowLink k;
+    k.sender = 0;
+    k.receiver = 2;
+    k.sender_node = 0;
+    k.receiver_node = 1;
+    k.measurements = 2;  // clean but for its ratio
+    k.evidence = evidence(ratio);
+    return analyzer::Localization{{}, {k}, {}};
+  };
+  auto nic = [&](double ratio) {
+    analyzer::SlowNic n;
+    n.node = 2;
+    n.slow_peer_nodes = n.tested_peer_nodes = 3;
+    n.evidence = evidence(ratio);
+    return analyzer::Localization{{}, {}, {n}};
+  };
+  struct Case {
+    const char* name;
+    analyzer::Localization findings;
+    double below;
+    const char* reason;  // "" when clean
+  } cases[] = {
+      {"GPU at 1.25x", gpu(1.25), 1.5, "rank 15's GEMM only 1.25x the median (< 1.50x)"},
+      {"GPU at 1.25x, rule off", gpu(1.25), 0, ""},
+      {"GPU at 1.5x", gpu(1.5), 1.5, ""},
+      {"GPU at 3x", gpu(3), 1.5, ""},
+      {"link at 1.3x", link(1.3), 1.5, "link 0->2 only 1.30x its baseline (< 1.50x)"},
+      {"link at 2x", link(2), 1.5, ""},
+      {"NIC at 1.4x", nic(1.4), 1.5, "NIC of node 2 only 1.40x its baseline (< 1.50x)"},
+      {"NIC at 1.6x", nic(1.6), 1.5, ""},
+  };
+  for (const Case& c : cases) EXPECT_EQ(RemeasureReason(c.findings, c.below), c.reason) << c.name;
 }
 
 TEST(ValidationRunTest, MissedCutIsReleasedThenRetriedWithADoubledLead) {

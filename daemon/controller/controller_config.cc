@@ -113,8 +113,11 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
       ->default_str(v.statistic == Statistic::kMin ? "min" : "median");
   Entry(app, "p2p-repeats", v.p2p_repeats, "timed P2P repetitions")->check(daemon::FiniteRange(1, 1000));
   Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
-        "(several culprits, a NIC slow to only some peers, a link slow in one transfer only) and keep each "
-        "measurement's lower value");
+        "(several culprits, a NIC slow to only some peers, a link slow in one transfer only, a finding below "
+        "remeasure-below) and keep each measurement's lower value");
+  Entry(app, "remeasure-below", v.remeasure_below, "a slow GPU, link or NIC less than this x its baseline is "
+        "measured again before it is named (0: only the ambiguous cases of remeasure)")
+      ->check(daemon::FiniteRange(0.0, 100.0));
   MitigationSettings& m = c.mitigation;
   Entry(app, "mitigation", m.mode, "decisions: off (none), advise (publish plans), act (also hand them to the "
         "frameworks through the agents and shims)")

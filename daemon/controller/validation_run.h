@@ -15,7 +15,8 @@
 //    failed or was never acked leaves its measurement out; the round goes on.
 //  - Re-measuring (`remeasure`): when the steps are done and the findings are ambiguous (more than
 //    one culprit, a NIC only some of whose links were slow, or a slow link that rests on a single
-//    slow transfer across its node pair), the steps that produced a finding
+//    slow transfer across its node pair, or a finding less than `remeasure_below` x its
+//    baseline), the steps that produced a finding
 //    run once more before the resume and each measurement keeps the lower of its two values.
 //    Interference (a starved host, a co-scheduled process) only ever adds time and rarely hits
 //    the same transfers twice, whereas a fail-slow slows both runs: what noise made of a slow link
@@ -61,6 +62,9 @@ struct ValidationSettings {
   std::int64_t p2p_bytes = std::int64_t{64} << 20;
   std::int64_t p2p_repeats = 5;
   bool remeasure = true;                   // re-measure ambiguous findings (see above)
+  // A finding below this x its baseline is ambiguous too: close enough to the threshold
+  // (gemm_ratio, link_ratio) for one interfered-with measurement to have made it.
+  double remeasure_below = 1.5;
   analyzer::LocalizationOptions localization;  // what counts as a finding, as the controller's
 };
 
@@ -72,8 +76,9 @@ struct OutgoingCommand {
 // Why findings call for a second measurement ("" when they are clean): more than one culprit, or
 // a NIC that only some of its peers found slow (a slow NIC slows every link it carries, so the
 // rest of its slow links may be noise, or a slow link's neighbour). Slow exchanges between the
-// same two nodes are one link: a congested node pair slows every rank pair across it.
-[[nodiscard]] std::string RemeasureReason(const analyzer::Localization& findings);
+// same two nodes are one link: a congested node pair slows every rank pair across it. A finding
+// less than `marginal_ratio` x its baseline is ambiguous whatever else was found (0: none is).
+[[nodiscard]] std::string RemeasureReason(const analyzer::Localization& findings, double marginal_ratio = 0);
 
 class ValidationRun {
  public:
