@@ -136,6 +136,40 @@ TEST(MitigationLayoutTest, UnusedGroupsAndQuietPipelinesAreNotDataParallel) {
   }
 }
 
+// Pipeline traffic on stage-pair communicators of their own (falcon-train-emu --pp-comm
+// per-direction; PyTorch's communicators for unbatched send/recv): the pipeline group carries no
+// calls, and with TP 1 the model-parallel group has the pipeline's members and one call an
+// iteration (the gradient norm), the quietest partition of all. The chained pairs give the
+// stage stride, TP x DP, and so the data-parallel family.
+TEST(MitigationLayoutTest, ChainedStagePairsTellThePipelineFromDataParallelism) {
+  for (auto [tp, dp, pp] : {std::tuple{1, 4, 4}, std::tuple{1, 2, 8}, std::tuple{2, 2, 4}, std::tuple{1, 8, 2}}) {
+    SCOPED_TRACE(std::to_string(tp) + "x" + std::to_string(dp) + "x" + std::to_string(pp));
+    auto per_direction = [tp, dp, pp](protocol::RankRegistration& m) {
+      const auto r = static_cast<std::int32_t>(m.rank);
+      const std::int32_t stage = r / (tp * dp), stride = tp * dp;
+      for (protocol::CommSummary& c : m.comms) {
+        if (c.name == "pp") {
+          c.calls = tp == 1 ? 1 : 0;  // with TP 1, the model-parallel group: the gradient norm
+        }
+      }
+      // Forward and backward groups to each neighbour, one id per (pair, direction).
+      for (std::int32_t next : {stage - 1, stage + 1}) {
+        if (next < 0 || next >= pp) continue;
+        const std::int32_t low = std::min(stage, next);
+        const auto pair = static_cast<std::uint64_t>(low * stride + r % stride);
+        for (std::uint64_t dir : {0ULL, 1ULL}) {
+          m.comms.push_back({0x5000ULL + pair * 2 + dir, stage == low ? 0 : 1, 2, dir ? "pp-bwd" : "pp-fwd", 400});
+        }
+      }
+    };
+    Result<JobLayout> l = InferLayout(View(tp, dp, pp, 2, per_direction), "");
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l.value().placement.shape.tp, tp);
+    EXPECT_EQ(l.value().placement.shape.dp, dp);
+    EXPECT_EQ(l.value().placement.shape.pp, pp);
+  }
+}
+
 TEST(MitigationLayoutTest, PlacementInForceAndExcludedNodesAreHonoured) {
   JobView v = View(2, 4, 2);
   // An S4 plan moved node 2's ranks (4, 5) onto spare0 (node 8) in place.

@@ -452,13 +452,42 @@ Result<JobLayout> InferLayout(const JobView& view, const std::string& job_shape,
       const auto it = families.find({stride, size});
       return it != families.end() && it->second.covered == world && it->second.calls > 0;
     };
+    // Pipeline neighbours, where the job shows them: two-rank communicators with calls that chain
+    // (a rank paired with two different ranks at one stride) carry the traffic between stages
+    // (per-direction stage-pair groups; PyTorch's own communicators for unbatched send/recv).
+    // Their stride is TP x DP. It matters when the pipeline group itself carries no calls: then
+    // the model-parallel group (the pipeline's members when TP is 1, one call an iteration for
+    // the gradient norm) is the quietest partition and would pass for data parallelism.
+    std::int64_t stage_stride = 0;
+    {
+      std::map<std::int64_t, std::map<std::int64_t, std::set<std::int64_t>>> partners;  // stride -> rank -> peers
+      for (const auto& [id, c] : view.comms()) {
+        const std::int64_t stride = Stride(c);
+        if (c.nranks != 2 || stride == 0 || c.max_calls == 0) continue;
+        partners[stride][c.members[0]].insert(c.members[1]);
+        partners[stride][c.members[1]].insert(c.members[0]);
+      }
+      std::set<std::int64_t> chains;
+      for (const auto& [stride, peers] : partners) {
+        if (std::any_of(peers.begin(), peers.end(), [](const auto& p) { return p.second.size() > 1; })) {
+          chains.insert(stride);
+        }
+      }
+      if (chains.size() == 1) stage_stride = *chains.begin();
+    }
+    auto quieter = [](const Family& a, const Family* b) {
+      return b == nullptr || a.calls / static_cast<double>(a.comms) < b->calls / static_cast<double>(b->comms);
+    };
     const Family* dp = nullptr;
+    const Family* dp_fits_stages = nullptr;
     for (const auto& [key, f] : families) {
       if (!used(f.stride, f.size)) continue;  // not a partition (pipeline pairs of a deep pipeline, ...)
       if (f.stride > 1 && !used(1, f.stride)) continue;
       if (world % (f.stride * f.size) != 0) continue;
-      if (dp == nullptr || f.calls / static_cast<double>(f.comms) < dp->calls / static_cast<double>(dp->comms)) dp = &f;
+      if (quieter(f, dp)) dp = &f;
+      if (f.stride * f.size == stage_stride && quieter(f, dp_fits_stages)) dp_fits_stages = &f;
     }
+    if (dp_fits_stages != nullptr) dp = dp_fits_stages;
     if (dp == nullptr) {
       return Status::InvalidArgument(
           "no family of communicators with calls partitions the job into tensor x data parallel groups: "
