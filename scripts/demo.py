@@ -92,12 +92,10 @@ SCENARIOS = {
         # room for 8 micro-batches' activations per stage, let adapted warm-up counts hide it.
         "train": ["--compute-ms", "5", "--hidden", "512", "--grad-bytes", "262144", "--pp-comm", "per-direction",
                   "--activation-limit", "8"],
-        # The shape is given: with the pipeline traffic on pair communicators, the 4-rank PP
-        # group's communicator carries no calls and the grad-norm group (same members) one per
-        # iteration, which the inference would take for the data-parallel family.
+        # The shape is inferred: the stage-pair communicators give the stage stride.
         # The overheads are the controller's defaults for a large job (S3 120 s: moving ranks'
         # state and rebuilding communicators; S4 900 s; the pipeline switch 2 s, no pause).
-        "controller": ["--pipeline-activation-limit", "8", "--job-shape", "1x2x4"],
+        "controller": ["--pipeline-activation-limit", "8"],
         "faults": pp_link_faults,
     },
 }

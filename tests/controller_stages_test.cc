@@ -453,6 +453,12 @@ TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) 
   // Only the last kRecentIterations samples count: eight slow ones push the fast ones out.
   t.OnIterations(Iterations(0, std::vector<double>(TrackingStage::kRecentIterations, 0.4)));
   EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.4);
+  // Fewer of the last samples follow a change sooner: two fast iterations of the last three.
+  t.OnIterations(Iterations(0, {0.1, 0.1}));
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view), 0.4) << "six of eight are still slow";
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view, 3), 0.2) << "rank 1's 0.2 is now the worst";
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view, 0), *t.CurrentIterationS(view, 1)) << "at least one";
+  EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view, 100), 0.4) << "at most kRecentIterations";
 }
 
 // ---------------------------------------------------------------------------------------------

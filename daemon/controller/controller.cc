@@ -351,7 +351,13 @@ Status Controller::Track(std::int64_t now_ns) {
   const bool rebalancing = m != nullptr && !m->stopped() && (m->rebalance_in_effect() || m->pipeline_in_effect()) &&
                            inc.localised && config_.mitigation.mode == "act";
   auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
-  const bool faster_due = rebalancing && FasterUnderPlan(now_ns);
+  const UnderPlan under = rebalancing ? FasterUnderPlan(now_ns) : UnderPlan::kNothing;
+  if (under == UnderPlan::kUndo) {
+    return Resolve(now_ns, "the job runs faster than its fault allows under the pipeline plan (" +
+                               Fixed(inc.plan_level_s, 3) + " s an iteration with it, " + Fixed(inc.healthy_s, 3) +
+                               " s healthy): the slow link recovered");
+  }
+  const bool faster_due = under == UnderPlan::kRecheck;
   if (inc.localised && m != nullptr && !m->stopped()) {
     if (const auto cur = CurrentIterationS(); cur && *cur > 0 && (inc.best_since_round_s <= 0 || *cur < inc.best_since_round_s)) {
       inc.best_since_round_s = *cur;
@@ -383,6 +389,9 @@ Status Controller::Track(std::int64_t now_ns) {
 
 // The settle of the plan level: this many planner samples after a plan or a round.
 constexpr int kPlanSettleSamples = 5;
+// The fault's end under a plan is read from each rank's last few iterations, and must hold for
+// as many iterations: the job's pace a few iterations after the fault ended.
+constexpr std::size_t kQuickIterations = 3;
 
 // The job's iteration time is the median of each rank's last kRecentIterations: it shows a plan
 // once the plan is in force (the next boundary) and twice that many iterations have run under it.
@@ -394,35 +403,45 @@ void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns) const {
                                              2.0 * static_cast<double>(TrackingStage::kRecentIterations) * iteration_s);
 }
 
-bool Controller::FasterUnderPlan(std::int64_t now_ns) {
+Controller::UnderPlan Controller::FasterUnderPlan(std::int64_t now_ns) {
   Incident& inc = *state_.incident;
   const std::optional<double> cur = CurrentIterationS();
-  if (!cur || *cur <= 0 || inc.plan_level_after_ns == 0 || now_ns < inc.plan_level_after_ns) return false;
+  if (!cur || *cur <= 0 || inc.plan_level_after_ns == 0 || now_ns < inc.plan_level_after_ns) return UnderPlan::kNothing;
   if (inc.plan_level_s <= 0) {
     inc.plan_level_s = *cur;
     dirty_ = true;
-    return false;
+    return UnderPlan::kNothing;
   }
-  // Without its fault the plan should give the healthy time at worst (adapted warm-up counts
-  // without the link's delay run at 1F1B's time or better). A plan that leaves the job clearly
-  // slower than healthy (by half the suspicious margin) can show the fault's end: the job then
-  // falls below the midpoint of the two levels. One that hides the fault entirely cannot; the
-  // recheck-s timer alone tells then.
+  // Without its fault the plan should give the healthy time at worst. A plan that leaves the job
+  // clearly slower than healthy (by half the suspicious margin) can show the fault's end: the
+  // job's last kQuickIterations then fall below the midpoint of the two levels, for as many
+  // iterations. One that hides the fault entirely cannot; the recheck-s timer alone tells then.
+  // Adapted warm-up counts are the one plan whose fault-free pace is known without a round: they
+  // only add slack, so without the link's delay the job runs at 1F1B's healthy time or better.
+  // A pipeline plan alone in force, whose level is above healthy by the full suspicious ratio,
+  // is undone at once; anything else is re-checked by a round. (An S2 plan keeps the job as slow
+  // as its re-balanced split after the GPU recovers, so it rarely shows.)
   const double healthy = inc.healthy_s;
   const bool visible = healthy > 0 && inc.plan_level_s >= healthy * (1 + (config_.suspicious_ratio - 1) / 2);
-  if (!visible || *cur >= (inc.plan_level_s + healthy) / 2) {
+  const std::optional<double> quick = tracking_.CurrentIterationS(view_, kQuickIterations);
+  if (!visible || !quick || *quick >= (inc.plan_level_s + healthy) / 2) {
     inc.faster_since_ns = 0;
-    return false;
+    return UnderPlan::kNothing;
   }
   if (inc.faster_since_ns == 0) {
     inc.faster_since_ns = now_ns;
     dirty_ = true;
   }
-  if (now_ns - inc.faster_since_ns < Seconds(2 * config_.mitigation.sample_s)) return false;
-  log_->info("event=faster_under_plan incident={} level_s={:.4f} plan_level_s={:.4f} action=recheck",
-             daemon::LogValue(inc.id), *cur, inc.plan_level_s);
+  if (now_ns - inc.faster_since_ns < Seconds(static_cast<double>(kQuickIterations) * inc.plan_level_s)) {
+    return UnderPlan::kNothing;
+  }
+  const Mitigator* m = decision_.Current(inc);
+  const bool undo = m != nullptr && m->pipeline_in_effect() && !m->rebalance_in_effect() &&
+                    inc.plan_level_s >= healthy * config_.suspicious_ratio;
+  log_->info("event=faster_under_plan incident={} level_s={:.4f} plan_level_s={:.4f} healthy_s={:.4f} action={}",
+             daemon::LogValue(inc.id), *quick, inc.plan_level_s, healthy, undo ? "undo" : "recheck");
   inc.plan_level_after_ns = 0;  // measured again after the round
-  return true;
+  return undo ? UnderPlan::kUndo : UnderPlan::kRecheck;
 }
 
 

@@ -170,8 +170,13 @@ class Controller {
   [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
   // Plan level (controller_state.h): measure it again from kPlanSettleSamples samples on.
   void SettlePlanLevel(Incident& inc, std::int64_t now_ns) const;
-  // The job has run faster than the plan level allows for two samples: re-check now.
-  bool FasterUnderPlan(std::int64_t now_ns);
+  // What the job's pace under a plan in force says of its fault (controller_state.h, plan level).
+  enum class UnderPlan {
+    kNothing,
+    kRecheck,  // faster than the plan's level allows: re-check the culprits now
+    kUndo,     // a pipeline plan, and the job back at its fault-free pace: the link recovered
+  };
+  UnderPlan FasterUnderPlan(std::int64_t now_ns);
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
   std::vector<std::int64_t> LiveSlow() const;

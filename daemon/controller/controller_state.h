@@ -57,7 +57,8 @@ struct Incident {
   // and iterations: Controller::SettlePlanLevel); 0 = not yet. A plan hides its fault's end from the detector, but one that leaves the job slower than
   // healthy (by half the suspicious-ratio margin) shows it: without the fault the job runs at
   // healthy speed or better, so iterations below the midpoint of this level and the healthy one
-  // for two samples in a row re-check the culprits at once instead of at the next recheck-s.
+  // (Controller::FasterUnderPlan) re-check the culprits at once instead of at the next
+  // recheck-s, or undo a pipeline plan at once.
   double plan_level_s = 0;
   std::int64_t plan_level_after_ns = 0;  // when to measure plan_level_s
   std::int64_t faster_since_ns = 0;      // since when the job runs faster than plan_level_s allows

@@ -1,6 +1,8 @@
 // TrackingStage. See tracking_stage.h for the contract.
 #include "daemon/controller/tracking_stage.h"
 
+#include <algorithm>
+#include <cstddef>
 
 #include "analyzer/robust.h"
 
@@ -46,12 +48,13 @@ std::vector<std::int64_t> TrackingStage::Outbreak(const JobView& view, double mi
   return slow;
 }
 
-std::optional<double> TrackingStage::CurrentIterationS(const JobView& view) const {
+std::optional<double> TrackingStage::CurrentIterationS(const JobView& view, std::size_t last) const {
   std::optional<double> worst;
   std::vector<double> scratch;
+  last = std::clamp<std::size_t>(last, 1, kRecentIterations);
   for (const auto& [rank, q] : recent_) {
     if (q.empty() || !view.ranks().count(rank)) continue;
-    const std::vector<double> v(q.begin(), q.end());
+    const std::vector<double> v(q.end() - static_cast<std::ptrdiff_t>(std::min(last, q.size())), q.end());
     const double m = analyzer::Median(v, scratch);
     if (!worst || m > *worst) worst = m;
   }

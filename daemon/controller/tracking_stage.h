@@ -46,8 +46,10 @@ class TrackingStage {
   [[nodiscard]] std::vector<std::int64_t> LiveSlow(const JobView& view) const;
   // The live slow ranks when they are at least `min_fraction` of the live ranks; else none.
   [[nodiscard]] std::vector<std::int64_t> Outbreak(const JobView& view, double min_fraction) const;
-  // The job's iteration time now, s; none before any live rank reported one.
-  [[nodiscard]] std::optional<double> CurrentIterationS(const JobView& view) const;
+  // The job's iteration time now, s, from each rank's `last` (1..kRecentIterations) iterations:
+  // the default is steady, fewer follow a change sooner. None before any live rank reported one.
+  [[nodiscard]] std::optional<double> CurrentIterationS(const JobView& view,
+                                                        std::size_t last = kRecentIterations) const;
 
  private:
   std::map<std::int64_t, SlowRank>& slow_;
