@@ -22,7 +22,12 @@ run inside falcon.phase("checkpoint").
 Fault injection for tests: --slow-rank R --slow-after-s S makes rank R slow from S seconds on:
 --slow-factor F computes every layer F times (extra matrix products, as a throttled GPU takes
 longer), --slow-ms M keeps its device busy M ms more per micro-batch forward (a spin kernel: the
-same extra device time whatever the model's size).
+same extra device time whatever the model's size). Hangs: --inject-stall R:S makes rank R stop
+issuing NCCL calls before its first iteration after S seconds (a host stuck in Python or a data
+loader; every other rank then waits in NCCL); --inject-mismatch R:S:count|dtype makes rank R
+all-reduce its loss of that iteration with another count (2 elements) or datatype (fp64) on the
+data-parallel group (DP > 1), as a bug in one rank's code would. Each
+prints "rank R: --inject-...: ... (from <unix ns> ns)" when it strikes.
 
   torchrun --nproc-per-node 8 examples/megatron_style.py --tp 2 --pp 2 --dp 2 --iters 100
   (several ranks on one GPU: give each process its own NCCL_HOSTID, see scripts/gpu_check.sh)
@@ -65,10 +70,39 @@ def parse_args(argv=None):
     ap.add_argument("--slow-factor", type=float, default=1.0, help="the slow rank computes each layer this many times")
     ap.add_argument("--slow-ms", type=float, default=0.0,
                     help="the slow rank's device also stays busy this long per micro-batch forward (a spin kernel)")
+    ap.add_argument("--inject-stall", default="", metavar="RANK:SECONDS",
+                    help="rank RANK stops issuing NCCL calls before its first iteration after SECONDS")
+    ap.add_argument("--inject-mismatch", default="", metavar="RANK:SECONDS:count|dtype",
+                    help="rank RANK all-reduces its loss with another count or datatype, once, after SECONDS")
     ap.add_argument("--report", default="", help="write this rank's iteration times to REPORT.rank<R> (JSON)")
     ap.add_argument("--no-falcon", action="store_true", help="do not use the falcon package even if importable")
     ap.add_argument("--progress-every", type=int, default=0)
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    a.stall = parse_injection(ap, "--inject-stall", a.inject_stall, None)
+    a.mismatch = parse_injection(ap, "--inject-mismatch", a.inject_mismatch, ("count", "dtype"))
+    return a
+
+
+def parse_injection(ap, option, value, kinds):
+    """RANK:SECONDS[:KIND] -> (rank, seconds, kind) or None when not given."""
+    if not value:
+        return None
+    f = value.split(":")
+    try:
+        if len(f) != (3 if kinds else 2):
+            raise ValueError
+        rank, seconds = int(f[0]), float(f[1])
+        if rank < 0 or not 0 <= seconds < 1e6:
+            raise ValueError
+    except ValueError:
+        ap.error(f"{option} {value!r}: expected RANK:SECONDS" + (":" + "|".join(kinds) if kinds else ""))
+    if kinds and f[2] not in kinds:
+        ap.error(f"{option} {value!r}: the kind must be one of {', '.join(kinds)}")
+    return rank, seconds, f[2] if kinds else None
+
+
+def announce(rank, option, what):
+    print(f"rank {rank}: {option}: {what} (from {time.time_ns()} ns)", flush=True)
 
 
 class Layout:
@@ -308,7 +342,7 @@ class Trainer:
             g.copy_(flat[off:off + g.numel()].view_as(g))
             off += g.numel()
 
-    def iteration(self, it):
+    def iteration(self, it, mismatch=None):
         self.opt.zero_grad(set_to_none=True)
         losses = self.one_f_one_b()
         self.reduce_gradients()
@@ -316,9 +350,13 @@ class Trainer:
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=self.dev)
         loss = loss.float().reshape(1)
         dp_group, dp_ranks = self.groups["dp"]
+        if mismatch:  # this rank's loss all-reduce disagrees with its peers' (count or datatype)
+            loss = loss.repeat(2) if mismatch == "count" else loss.double()
+            announce(self.rank, "--inject-mismatch", f"all-reduces its loss as {loss.numel()} x {loss.dtype} "
+                     f"on ranks {dp_ranks} in iteration {it}")
         if len(dp_ranks) > 1:
             dist.all_reduce(loss, group=dp_group)  # averaged loss, as Megatron logs it
-        return loss.item() / max(len(dp_ranks), 1)  # host synchronisation, as a logging step does
+        return loss[0].item() / max(len(dp_ranks), 1)  # host synchronisation, as a logging step does
 
     def checkpoint(self, it):
         path = os.path.join(self.a.checkpoint_dir, f"megatron_style.rank{self.rank}.pt")
@@ -359,6 +397,11 @@ def main(argv=None):
         device = torch.device("cpu")
         dist.init_process_group("gloo", rank=rank, world_size=world)
     tr = Trainer(args, rank, world, device)
+    for option, inj in (("--inject-stall", args.stall), ("--inject-mismatch", args.mismatch)):
+        if inj and inj[0] >= world:
+            raise SystemExit(f"{option}: rank {inj[0]} is not in this job of {world} ranks")
+    if args.mismatch and tr.lay.dp < 2:
+        raise SystemExit("--inject-mismatch needs data parallelism (--dp 2 or more): the loss all-reduce it changes")
     if rank == args.slow_rank and args.slow_ms > 0 and device.type == "cuda":
         tr.model.cycles_per_ms = calibrate_spin(device)
     times, t_start = [], time.time()
@@ -373,8 +416,15 @@ def main(argv=None):
         slow = rank == args.slow_rank and time.time() - t_start >= args.slow_after_s
         tr.model.extra = args.slow_factor - 1.0 if slow else 0.0
         tr.model.busy_ms = args.slow_ms if slow else 0.0
+        if args.stall and rank == args.stall[0] and time.time() - t_start >= args.stall[1]:
+            announce(rank, "--inject-stall", f"stops issuing NCCL calls before iteration {it}")
+            while True:  # stuck on the host, as a hung data loader is; the others wait in NCCL
+                time.sleep(1)
+        mismatch = None
+        if args.mismatch and rank == args.mismatch[0] and time.time() - t_start >= args.mismatch[1]:
+            mismatch, args.mismatch = args.mismatch[2], None  # once
         t0 = time.time()
-        loss = tr.iteration(it)
+        loss = tr.iteration(it, mismatch)
         t1 = time.time()
         times.append({"iter": it, "start_s": t0 - t_start, "duration_s": t1 - t0, "slow": slow,
                       "micro_batches": tr.micro_batches, "loss": loss})

@@ -12,6 +12,9 @@ What differs from the GPU mode, and why:
   timing  skipped: the emulator has no timer independent of the CUDA events the shim uses;
   live    the slow GPU is a compute fault of the emulator's fault plan (a factor on that rank's
           modelled kernels, GEMMs included), starting at --slow-after-s.
+  hang    falcon-train-emu's own injections (--inject-mismatch RANK:ITER:count:dp, --inject-stall
+          RANK:ITER) at iteration --hang-iteration instead of a time: under the strict emulator,
+          as under NCCL, the mismatched all-reduce never completes.
 """
 import json
 import os
@@ -167,6 +170,23 @@ def step_live(kit, rec):
     rec["verdict"] = "PASS" if code == 0 and locked == world and exact and healthy_first and pause_ok else "FAIL"
     if not exact:
         rec["notes"].append(f"expected the GPU of rank {slow_rank} named, got {named}")
+
+
+def step_hang(kit, rec):
+    world = kit.a.ranks
+    it = kit.a.hang_iteration
+
+    def start_job(kind, rank, after_s, shm, job):
+        inject = (["--inject-mismatch", f"{rank}:{it}:count:dp"] if kind == "mismatch"
+                  else ["--inject-stall", f"{rank}:{it}"])
+        argv = emu_argv(kit, world, layout_args(kit, kit.a.layout) + [
+            "--iters", "100000", "--compute-ms", "2", "--progress-every", "0", *inject], shim=True,
+            job_timeout=after_s + kit.a.hang_wait_s + 60)
+        proc = kit.spawn(argv, f"{kind}.log", job_env(kit, shm, job))
+        rec["notes"].append(f"{kind} job: falcon-train-emu {world} ranks TP x PP x DP {kit.a.layout}, {' '.join(inject)}")
+        return lambda: [proc.poll()], [f"{kind}.log"]
+
+    kit.hang_cases(rec, start_job)
 
 
 def step_overhead(kit, rec):

@@ -14,6 +14,11 @@ Steps (each bounded in time; a failed step does not stop the others):
             detection, a pause at a consistent cut, GEMM (fp32 and bf16) and P2P validation,
             resume, a slow rank made real (MPS SM share where MPS runs, else extra work on that
             rank), the incident the controller wrote
+  hang      two more jobs of the example, with their own services: one rank all-reduces its loss
+            with another count (a collective mismatch), then one rank stops issuing NCCL calls
+            (a stuck host, every other rank waiting in NCCL); the controller's mismatch and hang
+            incidents must name that rank (within --mismatch-bound-s and --hang-bound-s of the
+            onset), and falcon-ctl hang --agents and falcon-ctl dump are run on the hung job
   overhead  iteration time of the example job without the shim, with track and with profile
             (medians of --overhead-runs runs each, interleaved)
 
@@ -37,6 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = 1
+STEPS = ("env", "calls", "timing", "live", "hang", "overhead")
 
 
 def free_port():
@@ -510,10 +516,10 @@ class Kit:
         rec["verdict"] = "PASS" if pairs and worst <= self.a.timing_tolerance else "FAIL"
 
     # ---- the live system ----
-    def start_services(self, shm, job):
+    def start_services(self, shm, job, controller_args=()):
         port = free_port()
         self.spawn([self.bins.redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--dir", self.out], "redis.log")
+                    "--appendonly", "no", "--dir", self.out], f"redis-{job}.log")
         deadline = time.time() + 15
         while True:
             r = subprocess.run([self.bins.redis_cli, "-p", str(port), "PING"], capture_output=True, text=True)
@@ -524,10 +530,11 @@ class Kit:
             time.sleep(0.1)
         self.spawn([self.bins.agent, "--job", job, "--host", "gpu-node0", "--shm-dir", shm, "--redis-port", str(port),
                     "--metrics-port", "0", "--poll-ms", "100", "--flush-ms", "250", "--heartbeat-ms", "500",
-                    "--key-ttl-s", "3", "--profile-ms", "2000", "--command-block-ms", "200"], "agent.log")
+                    "--key-ttl-s", "3", "--profile-ms", "2000", "--command-block-ms", "200"], f"agent-{job}.log")
         self.spawn([self.bins.controller, "--job", job, "--redis-port", str(port), "--view-ms", "500",
                     "--heartbeat-ms", "1000", "--p2p-bytes", str(4 << 20), "--retry-after-s", "10",
-                    "--gemm-dtype", "bf16", "--gemm-size", "4096", "--gemm-batch", "1"], "controller.log")
+                    "--gemm-dtype", "bf16", "--gemm-size", "4096", "--gemm-batch", "1", *controller_args],
+                   f"controller-{job}.log")
         return port
 
     def wait_status(self, port, job, pred, timeout_s):
@@ -650,6 +657,111 @@ class Kit:
         if loc and named and named.get("ranks") and slow_rank not in named["ranks"]:
             rec["notes"].append(f"the controller named {named}, not rank {slow_rank}: see incidents "
                                 "(one GPU shared by every rank: a rank's extra work slows its neighbours' kernels)")
+
+    def step_hang(self, rec):
+        tp, pp, dp = self.a.layout
+
+        def start_job(kind, rank, after_s, shm, job):
+            inject = (["--inject-mismatch", f"{rank}:{after_s:g}:count"] if kind == "mismatch"
+                      else ["--inject-stall", f"{rank}:{after_s:g}"])
+            argv = lambda r: [self.python, self.example, "--backend", self.a.backend, "--tp", str(tp), "--pp", str(pp),
+                              "--dp", str(dp), "--iters", "0", "--duration-s", "600", "--hidden", str(self.a.hidden),
+                              "--checkpoint-every", "0", *inject]
+            jport = free_port()
+            logs = []
+            for r in range(self.a.ranks):
+                env = self.rank_env(r, self.a.ranks, jport, shim=True, shm_dir=shm, job=job)
+                logs.append(f"{kind}.rank{r}.log")
+                self.spawn(argv(r), logs[-1], env)
+            rec["notes"].append(f"{kind} job: the example, {self.a.ranks} ranks TP {tp} x DP {dp} x PP {pp}, "
+                                f"{' '.join(inject)}")
+            return lambda: [self.procs[-self.a.ranks + r].poll() for r in range(self.a.ranks)], logs
+
+        self.hang_cases(rec, start_job)
+
+    # The hang step of both modes: start_job(kind, rank, after_s, shm, job) starts the job with the
+    # injection and returns (a function giving its processes' exit codes, None while running;
+    # the logs, relative to --out, where the onset is announced).
+    def hang_cases(self, rec, start_job):
+        rank = self.a.ranks - 1
+        results = []
+        for kind in ("mismatch", "stall"):
+            job = f"kit-{kind}"
+            shm = os.path.join(self.out, f"{kind}-shm")
+            shutil.rmtree(shm, ignore_errors=True)
+            os.makedirs(shm, exist_ok=True)
+            # The fail-slow path held back (every rank slow first, no mitigation): the hang path is checked.
+            port = self.start_services(shm, job, ("--min-slow-fraction", "1", "--mitigation", "off"))
+            codes, logs = start_job(kind, rank, self.a.hang_after_s, shm, job)
+            stage = "mismatch" if kind == "mismatch" else "hang"
+            option = f"--inject-{kind}"
+            deadline = time.time() + self.a.hang_after_s + self.a.hang_wait_s
+            onset, found, exited = None, [], None
+            while time.time() < deadline:
+                time.sleep(0.5)
+                if onset is None:
+                    onset = self.onset(logs, rank, option)
+                found = [i for i in self.incidents(port, job) if i.get("stage") == stage]
+                if found:
+                    time.sleep(2)  # entries of the same diagnosis
+                    found = [i for i in self.incidents(port, job) if i.get("stage") == stage]
+                    break
+                done = [c for c in codes() if c is not None]
+                if done:
+                    exited = done
+                    break
+            if onset is None:
+                onset = self.onset(logs, rank, option)
+            # The live picture of the job as it is now, through the agent and from the shm segments.
+            rc_h, out_h, err_h = self.ctl("hang", "--agents", "--redis", f"redis://127.0.0.1:{port}", "--job", job,
+                                          "--json", timeout=60)
+            rc_d, out_d, err_d = self.ctl("dump", "--dir", shm, "--job", job, "--json", timeout=60)
+            for name, text in ((f"{kind}-hang.json", out_h + err_h), (f"{kind}-dump.json", out_d + err_d),
+                               (f"{kind}-incidents.json", json.dumps(self.incidents(port, job), indent=1))):
+                with open(os.path.join(self.out, name), "w") as f:
+                    f.write(text)
+            named = sorted({tuple(i.get("ranks") or []) for i in found})
+            kinds = sorted({str((i.get("detail") or {}).get("kind")) for i in found})
+            diagnosed = (min(i["at_ns"] for i in found) / 1e9 - onset) if found and onset else None
+            bound = self.a.mismatch_bound_s if kind == "mismatch" else self.a.hang_bound_s
+            exact = bool(found) and named == [(rank,)] and (kind == "mismatch" or kinds == ["not_issued"])
+            ok = exact and diagnosed is not None and diagnosed <= bound
+            try:
+                dumped = len(json.loads(out_d).get("ranks", []))
+            except (ValueError, AttributeError):
+                dumped = None
+            try:
+                picture = json.loads(out_h)
+                culprits = sorted({r for f in picture.get("findings", []) for r in f.get("culprits", [])})
+                counts = picture.get("counts")
+            except (ValueError, AttributeError, TypeError):
+                culprits, counts = None, None
+            detail = (f"{len(found)} {stage} entr{'y' if len(found) == 1 else 'ies'} {kinds}; falcon-ctl hang "
+                      f"--agents exit {rc_h}, findings {json.dumps(counts)}, culprits {json.dumps(culprits)}; "
+                      f"falcon-ctl dump exit {rc_d}, {dumped} ranks")
+            if onset is None:
+                detail += "; the onset was never announced"
+            if exited:
+                detail += f"; the job exited ({exited}) before a {stage} incident"
+            rec["rows"].append([f"{kind} injected on rank {rank}", f"named {json.dumps([list(n) for n in named])}",
+                                f"{fmt(diagnosed, 2)} s after the onset (bound {bound:g} s)",
+                                "correct" if ok else "WRONG", detail])
+            results.append(ok)
+            self.stop_all()
+        rec["verdict"] = "PASS" if results and all(results) else "FAIL"
+
+    def onset(self, logs, rank, option):
+        """The wall time a rank announced its injection: "rank R: OPTION: ... (from NS ns)"."""
+        mark = f"rank {rank}: {option}:"
+        for name in logs:
+            try:
+                with open(os.path.join(self.out, name), errors="replace") as f:
+                    for line in f:
+                        if mark in line and "(from " in line:
+                            return int(line.rsplit("(from ", 1)[1].split()[0]) / 1e9
+            except (OSError, ValueError):
+                pass
+        return None
 
     def direct_gemms(self, rec, port, job):
         """Pause every rank at an iteration start a few seconds ahead, run a 4096^3 GEMM in fp32
@@ -819,7 +931,7 @@ def parse_args(argv=None):
     ap.add_argument("--emulated", action="store_true", help="run the steps over the NCCL and CUDA emulators")
     ap.add_argument("--ranks", type=int, default=8, help="ranks sharing the GPU")
     ap.add_argument("--layout", default="2,2,2", help="TP,PP,DP of the example job (product = --ranks)")
-    ap.add_argument("--steps", default="", help="comma-separated subset of env,calls,timing,live,overhead")
+    ap.add_argument("--steps", default="", help="comma-separated subset of env,calls,timing,live,hang,overhead")
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting steps after this long")
     ap.add_argument("--step-timeout-s", type=float, default=100, help="longest a job of one step may run")
     ap.add_argument("--timing-reps", type=int, default=8)
@@ -832,6 +944,13 @@ def parse_args(argv=None):
     ap.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
                     help="make the slow rank's GPU really slow with MPS (an SM share) where MPS works")
     ap.add_argument("--mps-share", type=int, default=25, help="the slow rank's share of the SMs under MPS, %%")
+    ap.add_argument("--hang-after-s", type=float, default=25,
+                    help="hang step: seconds into each job before the injection (the agent needs the period)")
+    ap.add_argument("--hang-wait-s", type=float, default=40, help="hang step: longest wait for the incident")
+    ap.add_argument("--hang-iteration", type=int, default=80,
+                    help="hang step, --emulated: the iteration the injection strikes at (instead of a time)")
+    ap.add_argument("--hang-bound-s", type=float, default=10, help="hang step: a stuck rank named within this")
+    ap.add_argument("--mismatch-bound-s", type=float, default=1, help="hang step: a mismatch raised within this")
     ap.add_argument("--overhead-layout", default="2,1,2", help="TP,PP,DP of the overhead runs")
     ap.add_argument("--overhead-runs", type=int, default=5)
     ap.add_argument("--overhead-iters", type=int, default=40)
@@ -842,7 +961,7 @@ def parse_args(argv=None):
                     help="gloo: a dry run of the kit's own logic on CPUs (nothing for the shim to record)")
     a = ap.parse_args(argv)
     a.steps = [s for s in a.steps.split(",") if s]
-    bad = [s for s in a.steps if s not in ("env", "calls", "timing", "live", "overhead")]
+    bad = [s for s in a.steps if s not in STEPS]
     if bad:
         ap.error(f"unknown steps: {bad}")
     try:
@@ -865,14 +984,15 @@ def main(argv=None):
     if a.emulated:
         import emulated
         steps = {n: (lambda rec, f=getattr(emulated, f"step_{n}"): f(kit, rec))
-                 for n in ("env", "calls", "timing", "live", "overhead")}
+                 for n in STEPS}
     else:
-        steps = {n: getattr(kit, f"step_{n}") for n in ("env", "calls", "timing", "live", "overhead")}
+        steps = {n: getattr(kit, f"step_{n}") for n in STEPS}
     try:
         kit.step("env", steps["env"], 0)
         kit.step("calls", steps["calls"], 60)
         kit.step("timing", steps["timing"], 0)
         kit.step("live", steps["live"], a.live_s + 30)
+        kit.step("hang", steps["hang"], 2 * (a.hang_after_s + 20))
         kit.step("overhead", steps["overhead"], 40)
     except KeyboardInterrupt:
         kit.stop_all()
