@@ -395,8 +395,8 @@ constexpr std::size_t kQuickIterations = 3;
 
 // The job's iteration time is the median of each rank's last kRecentIterations: it shows a plan
 // once the plan is in force (the next boundary) and twice that many iterations have run under it.
-void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns) const {
-  inc.plan_level_s = 0;
+void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns, bool keep_level) const {
+  if (!keep_level) inc.plan_level_s = 0;
   inc.faster_since_ns = 0;
   const double iteration_s = CurrentIterationS().value_or(inc.healthy_s);
   inc.plan_level_after_ns = now_ns + Seconds(kPlanSettleSamples * config_.mitigation.sample_s +
@@ -406,12 +406,17 @@ void Controller::SettlePlanLevel(Incident& inc, std::int64_t now_ns) const {
 Controller::UnderPlan Controller::FasterUnderPlan(std::int64_t now_ns) {
   Incident& inc = *state_.incident;
   const std::optional<double> cur = CurrentIterationS();
-  if (!cur || *cur <= 0 || inc.plan_level_after_ns == 0 || now_ns < inc.plan_level_after_ns) return UnderPlan::kNothing;
-  if (inc.plan_level_s <= 0) {
+  if (!cur || *cur <= 0) return UnderPlan::kNothing;
+  if (inc.plan_level_after_ns != 0 && now_ns >= inc.plan_level_after_ns) {  // (re)measured
     inc.plan_level_s = *cur;
+    inc.plan_level_after_ns = 0;
+    inc.faster_since_ns = 0;
     dirty_ = true;
     return UnderPlan::kNothing;
   }
+  // Until then the level measured before the last round holds: a round confirms its fault, and
+  // its pause only slows the iterations it falls into.
+  if (inc.plan_level_s <= 0) return UnderPlan::kNothing;
   // Without its fault the plan should give the healthy time at worst. A plan that leaves the job
   // clearly slower than healthy (by half the suspicious margin) can show the fault's end: the
   // job's last kQuickIterations then fall below the midpoint of the two levels, for as many
@@ -440,8 +445,12 @@ Controller::UnderPlan Controller::FasterUnderPlan(std::int64_t now_ns) {
                     inc.plan_level_s >= healthy * config_.suspicious_ratio;
   log_->info("event=faster_under_plan incident={} level_s={:.4f} plan_level_s={:.4f} healthy_s={:.4f} action={}",
              daemon::LogValue(inc.id), *quick, inc.plan_level_s, healthy, undo ? "undo" : "recheck");
-  inc.plan_level_after_ns = 0;  // measured again after the round
-  return undo ? UnderPlan::kUndo : UnderPlan::kRecheck;
+  if (undo) return UnderPlan::kUndo;  // kept for the resolution, and for a retry if it is not published
+  // Not the job's level any more: measured afresh once the round is done (the round's end
+  // settles it again; the job is not tracked in between).
+  inc.plan_level_s = 0;
+  inc.plan_level_after_ns = now_ns;
+  return UnderPlan::kRecheck;
 }
 
 
@@ -491,7 +500,7 @@ Status Controller::PublishDecision(const Decision& d, std::int64_t now_ns) {
         inc.plan_level_after_ns = 0;
         inc.plan_level_s = 0;
       } else {
-        SettlePlanLevel(inc, now_ns);
+        SettlePlanLevel(inc, now_ns, false);
       }
       if (Status s = Send(p.commands); !s.ok()) return s;
     }
@@ -586,7 +595,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   inc.findings = detail;
   inc.last_round_ns = now_ns;
   inc.best_since_round_s = 0;
-  if (inc.plan_level_after_ns != 0 || inc.plan_level_s > 0) SettlePlanLevel(inc, now_ns);
+  if (inc.plan_level_after_ns != 0 || inc.plan_level_s > 0) SettlePlanLevel(inc, now_ns, true);
   log_->debug("event=localisation detail={}", detail.dump());
   Enter(Phase::kTracking, now_ns);
   json fields = {{"at_ns", now_ns}, {"ranks", ranks}, {"cause", cause}, {"detail", detail}};

@@ -168,8 +168,9 @@ class Controller {
   // The wait before the incident's next re-check while S2 holds: recheck-s, doubled per round
   // that found the culprits still slow.
   [[nodiscard]] double RecheckIntervalS(const Incident& inc) const;
-  // Plan level (controller_state.h): measure it again from kPlanSettleSamples samples on.
-  void SettlePlanLevel(Incident& inc, std::int64_t now_ns) const;
+  // Plan level (controller_state.h): measure it again from kPlanSettleSamples samples on; a new
+  // plan forgets the old level, a round keeps it until then.
+  void SettlePlanLevel(Incident& inc, std::int64_t now_ns, bool keep_level) const;
   // What the job's pace under a plan in force says of its fault (controller_state.h, plan level).
   enum class UnderPlan {
     kNothing,

@@ -60,7 +60,7 @@ struct Incident {
   // (Controller::FasterUnderPlan) re-check the culprits at once instead of at the next
   // recheck-s, or undo a pipeline plan at once.
   double plan_level_s = 0;
-  std::int64_t plan_level_after_ns = 0;  // when to measure plan_level_s
+  std::int64_t plan_level_after_ns = 0;  // when to (re)measure plan_level_s; 0 = nothing to measure
   std::int64_t faster_since_ns = 0;      // since when the job runs faster than plan_level_s allows
 };
 
