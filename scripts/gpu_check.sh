@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Falcon's GPU acceptance kit: one command on a machine with an NVIDIA GPU and PyTorch (no
 # network, nothing to install) that checks the shim over the real NCCL, its GPU timings, the
-# live agent + controller on a real job with a slow rank, and the shim's overhead, and prints one
-# report. With --emulated it runs the same steps over Falcon's NCCL and CUDA emulators (CI).
+# live agent + controller on a real job with a slow rank, a mismatch and a stuck rank diagnosed,
+# and the shim's overhead, and prints one report. With --emulated it runs the same steps over Falcon's NCCL and CUDA emulators (CI).
 #
 #   scripts/gpu_check.sh [--bundle DIR] [--out DIR] [--json FILE] [--steps env,calls,...] [...]
 #
