@@ -944,7 +944,7 @@ def parse_args(argv=None):
     ap.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
                     help="make the slow rank's GPU really slow with MPS (an SM share) where MPS works")
     ap.add_argument("--mps-share", type=int, default=25, help="the slow rank's share of the SMs under MPS, %%")
-    ap.add_argument("--hang-after-s", type=float, default=25,
+    ap.add_argument("--hang-after-s", type=float, default=30,
                     help="hang step: seconds into each job before the injection (the agent needs the period)")
     ap.add_argument("--hang-wait-s", type=float, default=40, help="hang step: longest wait for the incident")
     ap.add_argument("--hang-iteration", type=int, default=80,
