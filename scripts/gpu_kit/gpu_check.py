@@ -668,14 +668,13 @@ class Kit:
                               "--dp", str(dp), "--iters", "0", "--duration-s", "600", "--hidden", str(self.a.hidden),
                               "--checkpoint-every", "0", *inject]
             jport = free_port()
-            logs = []
-            for r in range(self.a.ranks):
-                env = self.rank_env(r, self.a.ranks, jport, shim=True, shm_dir=shm, job=job)
-                logs.append(f"{kind}.rank{r}.log")
-                self.spawn(argv(r), logs[-1], env)
+            logs = [f"{kind}.rank{r}.log" for r in range(self.a.ranks)]
+            procs = [self.spawn(argv(r), logs[r], self.rank_env(r, self.a.ranks, jport, shim=True, shm_dir=shm,
+                                                                job=job))
+                     for r in range(self.a.ranks)]
             rec["notes"].append(f"{kind} job: the example, {self.a.ranks} ranks TP {tp} x DP {dp} x PP {pp}, "
                                 f"{' '.join(inject)}")
-            return lambda: [self.procs[-self.a.ranks + r].poll() for r in range(self.a.ranks)], logs
+            return lambda: [p.poll() for p in procs], logs
 
         self.hang_cases(rec, start_job)
 
