@@ -1,0 +1,270 @@
+// SimAgents: see sim_agents.h.
+#include "bench/sim/sim_agents.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <unistd.h>
+
+#include "daemon/protocol/keys.h"
+#include "daemon/redis/redis_commands.h"
+#include "falcon/protocol.h"
+
+namespace falcon::sim {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::size_t kPipelineChunk = 1024;       // commands per round trip
+constexpr std::int32_t kBf16 = 9;                  // ncclBfloat16
+constexpr const char* kVersion = "sim-0.1";
+
+}  // namespace
+
+std::string SimAgents::Key(const protocol::KeySpec& spec, const std::string& host, std::optional<std::int64_t> rank) const {
+  Result<std::string> k = protocol::FormatKey(spec, {job_name_, host, rank});
+  return k.ok() ? k.value() : std::string();  // the job name is checked in main, host names are ours
+}
+
+SimAgents::SimAgents(SimJob job, std::string job_name, std::int64_t first_node, std::int64_t end_node, int worker,
+                     AgentCadence cadence, DeviceModel device, std::unique_ptr<redis::RedisConnection> conn)
+    : job_(std::move(job)),
+      job_name_(std::move(job_name)),
+      first_node_(first_node),
+      end_node_(end_node),
+      consumer_("sim-worker-" + std::to_string(worker)),
+      cadence_(cadence),
+      device_(device),
+      conn_(std::move(conn)) {
+  const std::int64_t n = job_.shape().ranks();
+  for (std::int64_t node = first_node_; node < end_node_; ++node) {
+    node_of_host_[job_.Host(node)] = node;
+    for (std::int64_t r = node * job_.shape().gpus_per_node; r < std::min(n, (node + 1) * job_.shape().gpus_per_node);
+         ++r) {
+      RankState s;
+      s.rank = r;
+      s.pid = 1000 + r % 4000000;
+      s.comms = job_.Comms(r);
+      ranks_.emplace(r, std::move(s));
+    }
+  }
+}
+
+protocol::ReportHeader SimAgents::Header(std::int64_t node, std::int64_t now_ns) const {
+  return {job_name_, job_.Host(node), now_ns};
+}
+
+void SimAgents::Queue(std::vector<std::string> argv) { queue_.push_back(std::move(argv)); }
+
+void SimAgents::QueueReport(const protocol::KeySpec& stream, const json& msg, const std::string& type) {
+  Queue(redis::XAddArgs(Key(stream), cadence_.stream_maxlen,
+                        {{std::string(protocol::kPayloadField), msg.dump()}}));
+  ++counters_.messages[type];
+}
+
+Status SimAgents::Flush() {
+  for (std::size_t i = 0; i < queue_.size(); i += kPipelineChunk) {
+    const std::size_t end = std::min(queue_.size(), i + kPipelineChunk);
+    std::vector<std::vector<std::string>> chunk(std::make_move_iterator(queue_.begin() + static_cast<long>(i)),
+                                                std::make_move_iterator(queue_.begin() + static_cast<long>(end)));
+    counters_.redis_commands += chunk.size();
+    Result<std::vector<redis::RedisReply>> r = conn_->Pipeline(chunk);
+    if (!r.ok()) {
+      queue_.clear();
+      return r.status();
+    }
+    for (const redis::RedisReply& x : r.value()) counters_.redis_errors += x.type == redis::RedisReply::Type::kError;
+  }
+  queue_.clear();
+  return Status::Ok();
+}
+
+Status SimAgents::Tick(std::int64_t now_ns) {
+  if (!groups_made_) {
+    for (const auto& [host, node] : node_of_host_) {
+      std::vector<std::string> argv = {"XGROUP", "CREATE", Key(protocol::kCommandsStream, host),
+                                       std::string(protocol::kCommandGroup), "$", "MKSTREAM"};
+      Queue(std::move(argv));  // BUSYGROUP from an earlier run is an error reply, harmless
+    }
+    if (Status s = Flush(); !s.ok()) return s;
+    counters_.redis_errors = 0;
+    groups_made_ = true;
+  }
+  if (now_ns >= next_heartbeat_ns_) {
+    Register(now_ns);
+    next_heartbeat_ns_ = now_ns + std::int64_t{cadence_.heartbeat_ms} * 1'000'000;
+  }
+  if (now_ns >= next_flush_ns_) {
+    PublishIterations(now_ns);
+    PublishProfiles(now_ns);
+    next_flush_ns_ = now_ns + std::int64_t{cadence_.flush_ms} * 1'000'000;
+  }
+  if (cadence_.signature_ms > 0 && now_ns >= next_signature_ns_) {
+    PublishSignatures(now_ns);
+    next_signature_ns_ = now_ns + std::int64_t{cadence_.signature_ms} * 1'000'000;
+  }
+  SendDueAcks(now_ns);
+  if (Status s = Flush(); !s.ok()) return s;
+  if (Status s = ReadCommands(now_ns); !s.ok()) return s;
+  SendDueAcks(now_ns);
+  if (Status s = Flush(); !s.ok()) return s;
+  registered_ = true;
+  return Status::Ok();
+}
+
+std::uint64_t SimAgents::IssuedCalls(const SimComm& c, std::int64_t rank, std::int64_t t_ns) {
+  const std::int64_t t = t_ns - job_.Skew(rank);
+  const std::uint64_t k = job_.IterationsBefore(t);  // iteration k-1 is running at t
+  if (k == 0) return 0;
+  const SimJob::Iteration it = job_.IterationAt(k - 1);
+  const double frac = std::clamp(static_cast<double>(t - it.start_ns) / (it.seconds * 1e9), 0.0, 1.0);
+  // The DP bucket calls come at the end of the iteration; the rest spread evenly over it.
+  const double done = c.kind == "dp" ? (frac > 0.95 ? 1.0 : 0.0) : frac;
+  return (k - 1) * c.calls_per_iteration +
+         static_cast<std::uint64_t>(std::floor(done * static_cast<double>(c.calls_per_iteration)));
+}
+
+void SimAgents::Register(std::int64_t now_ns) {
+  std::map<std::int64_t, std::vector<std::int64_t>> by_node;
+  for (auto& [rank, s] : ranks_) {
+    const std::int64_t node = job_.Node(rank);
+    by_node[node].push_back(rank);
+    protocol::RankRegistration m;
+    m.header = Header(node, now_ns);
+    m.rank = rank;
+    m.pid = s.pid;
+    m.local_rank = rank % job_.shape().gpus_per_node;
+    m.exe = "falcon-sim";
+    m.started_ns = job_.start_ns();
+    m.mode = s.mode;
+    std::uint64_t records = 0;
+    for (const SimComm& c : s.comms) {
+      const std::uint64_t calls = IssuedCalls(c, rank, now_ns);
+      records += calls;
+      m.comms.push_back({c.id, c.rank, c.nranks, c.kind, calls});
+    }
+    m.records = records;
+    if (s.next_sample > 0) m.period = job_.Period(rank);
+    m.iterations = s.next_sample;
+    m.slow = s.slow;
+    if (s.plan_delivered) m.plan_delivered = static_cast<std::uint32_t>(*s.plan_delivered);
+    if (s.plan_applied) m.plan_applied = static_cast<std::uint32_t>(*s.plan_applied);
+    const std::string key = Key(protocol::kRankKey, {}, rank);
+    Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(m).dump()},
+                                {"host", job_.Host(node)},
+                                {"pid", std::to_string(s.pid)},
+                                {"state", "live"}}));
+    Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
+    ++counters_.messages["rank_register"];
+  }
+  for (const auto& [node, ranks] : by_node) {
+    protocol::AgentHeartbeat h;
+    h.header = Header(node, now_ns);
+    h.pid = 100000 + node % 4000000;
+    h.version = kVersion;
+    h.started_ns = job_.start_ns();
+    h.ranks = ranks;
+    const std::string key = Key(protocol::kAgentKey, job_.Host(node));
+    Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
+                                {"pid", std::to_string(h.pid)}}));
+    Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
+    ++counters_.messages["agent_heartbeat"];
+  }
+}
+
+void SimAgents::PublishIterations(std::int64_t now_ns) {
+  for (auto& [rank, s] : ranks_) {
+    protocol::IterationBatch b;
+    b.header = Header(job_.Node(rank), now_ns);
+    b.rank = rank;
+    b.pid = s.pid;
+    b.period = job_.Period(rank);
+    b.first = s.next_sample;
+    const std::int64_t skew = job_.Skew(rank);
+    // Sample k is done once iteration k+1 has started on this rank.
+    while (job_.IterationAt(s.next_sample + 1).start_ns + skew <= now_ns && b.seconds.size() < 4096) {
+      const SimJob::Iteration it = job_.IterationAt(s.next_sample);
+      const double jitter = 1.0 + 0.002 * (static_cast<double>(Mix(static_cast<std::uint64_t>(rank) * 1000003u +
+                                                                   s.next_sample) % 1000) / 500.0 - 1.0);
+      b.start_ns.push_back(it.start_ns + skew);
+      b.seconds.push_back(it.seconds * jitter);
+      Detect(s, s.next_sample, now_ns);
+      ++s.next_sample;
+    }
+    if (!b.seconds.empty()) QueueReport(protocol::kIterationsStream, protocol::ToJson(b), "iterations");
+  }
+}
+
+// The agent's detector, modelled: the job's level (its noise-free slowdown) crossing the alarm
+// threshold for detect_samples samples in a row raises `slow`; back below it, `recovered`.
+void SimAgents::Detect(RankState& r, std::uint64_t sample, std::int64_t now_ns) {
+  const SimJob::Iteration it = job_.IterationAt(sample);
+  const double level = job_.Slowdown(it.start_ns);
+  const bool slow_now = level >= cadence_.alarm_threshold;
+  if (slow_now == r.slow) {
+    r.level_run = 0;
+    r.level_onset.reset();
+    return;
+  }
+  if (!r.level_onset) r.level_onset = sample;
+  if (++r.level_run < static_cast<std::uint64_t>(cadence_.detect_samples)) return;
+  r.slow = slow_now;
+  protocol::AlarmReport a;
+  a.header = Header(job_.Node(r.rank), now_ns);
+  a.rank = r.rank;
+  a.pid = r.pid;
+  a.kind = slow_now ? "slow" : "recovered";
+  a.onset = *r.level_onset;
+  a.at = sample;
+  a.onset_ns = job_.IterationAt(*r.level_onset).start_ns + job_.Skew(r.rank);
+  a.ratio = level;
+  a.probability = 0.99;
+  a.baseline_s = job_.shape().iteration_s;
+  a.level_s = job_.shape().iteration_s * level;
+  QueueReport(protocol::kAlarmsStream, protocol::ToJson(a), "alarm");
+  protocol::Alert alert;
+  alert.job = job_name_;
+  alert.at_ns = now_ns;
+  alert.severity = slow_now ? "warning" : "info";
+  alert.source = "agent";
+  alert.host = job_.Host(job_.Node(r.rank));
+  alert.rank = r.rank;
+  char summary[160];
+  std::snprintf(summary, sizeof summary, "rank %lld on %s is %s: %.2fx its healthy iteration time",
+                static_cast<long long>(r.rank), alert.host->c_str(), slow_now ? "slow" : "back", level);
+  alert.summary = summary;
+  Queue(redis::PublishArgs(Key(protocol::kAlertsChannel), protocol::ToJson(alert).dump()));
+  ++counters_.messages["alert"];
+  r.level_run = 0;
+  r.level_onset.reset();
+}
+
+void SimAgents::PublishSignatures(std::int64_t now_ns) {
+  for (auto& [rank, s] : ranks_) {
+    protocol::CallSignatures m;
+    m.header = Header(job_.Node(rank), now_ns);
+    m.rank = rank;
+    m.pid = s.pid;
+    for (const SimComm& c : s.comms) {
+      if (c.kind == "pp") continue;  // sends and receives are left out
+      std::uint64_t& signed_calls = c.kind == "tp" ? s.signed_tp : s.signed_dp;
+      const std::uint64_t issued = IssuedCalls(c, rank, now_ns);
+      if (issued <= signed_calls) continue;
+      protocol::CommSignatures cs{c.id, c.nranks, {}};
+      if (c.kind == "tp") {
+        cs.runs.push_back({signed_calls, issued - signed_calls, "AllReduce", kBf16, kTpBytes / 2, 0, -1});
+      } else {
+        for (std::uint64_t seq = signed_calls; seq < issued; ++seq) {  // reduce-scatter, all-gather
+          const bool rs = seq % 2 == 0;
+          cs.runs.push_back({seq, 1, rs ? "ReduceScatter" : "AllGather", kBf16,
+                             kDpBytes / 2 / static_cast<std::uint64_t>(c.nranks), rs ? 0 : -1, -1});
+        }
+      }
+      signed_calls = issued;
+      m.comms.push_back(std::move(cs));
+    }
+    if (!m.comms.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures");
+  }
+}
+
+}  // namespace falcon::sim

@@ -1,0 +1,147 @@
+// SimAgents: the agents of a range of a simulated job's nodes, in one process, over one Redis
+// connection — what `falcon-agent` would publish for their ranks and how it would answer the
+// controller's commands, at the real agent's cadences and in the real protocol (docs/protocol.md).
+//
+// Per node and rank, on the agent's schedule (AgentCadence): the rank and agent hashes with TTL
+// every heartbeat, an `iterations` batch per rank per flush, `call_signatures` per rank per
+// signature interval, `comm_profile` per rank per profile window while the controller asked for
+// profile/sample mode, and an `alarm` (plus its `alert`) when the modelled detector sees the job's
+// level change. Commands are read from every owned node's stream in one XREADGROUP per tick and
+// answered with modelled timings: a pause acks once each rank reaches its cut, a GEMM or P2P
+// task after the time it would take on the modelled (possibly faulty) GPU or link.
+// Thread-safety: one thread. Must never: block past a Redis call's timeout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/sim/sim_job.h"
+#include "daemon/protocol/messages.h"
+#include "daemon/redis/redis_connection.h"
+
+namespace falcon::sim {
+
+struct AgentCadence {
+  int heartbeat_ms = 2000;
+  int key_ttl_s = 10;
+  int flush_ms = 500;
+  int signature_ms = 200;  // 0: no call_signatures
+  int profile_ms = 10000;
+  int detect_samples = 6;     // samples at a new level before the modelled detector alarms
+  double alarm_threshold = 1.1;
+  std::uint64_t stream_maxlen = 100000;
+};
+
+// Modelled validation hardware.
+struct DeviceModel {
+  double gemm_tflops = 400;         // healthy dense throughput
+  double intra_node_gbps = 150;     // NVLink, per direction
+  double inter_node_gbps = 25;      // one NIC
+  double latency_s = 20e-6;
+};
+
+struct SimCounters {
+  std::map<std::string, std::uint64_t> messages;   // by type, what the agents wrote
+  std::map<std::string, std::uint64_t> commands;   // by type, what they read
+  std::uint64_t acks = 0;
+  std::uint64_t redis_commands = 0;                // sent by this process (pipelined included)
+  std::uint64_t redis_errors = 0;
+};
+
+class SimAgents {
+ public:
+  // Owns nodes [first_node, end_node) of `job`. `worker` names the consumer.
+  SimAgents(SimJob job, std::string job_name, std::int64_t first_node, std::int64_t end_node, int worker,
+            AgentCadence cadence, DeviceModel device, std::unique_ptr<redis::RedisConnection> conn);
+
+  // One tick at wall time now: publishes what is due, reads and answers commands. Unavailable
+  // when Redis failed (the caller reconnects and goes on: nothing is lost but that tick's writes).
+  [[nodiscard]] Status Tick(std::int64_t now_ns);
+  // True once every owned rank has been registered at least once.
+  bool registered() const { return registered_; }
+  const SimCounters& counters() const { return counters_; }
+  redis::RedisConnection& conn() { return *conn_; }
+
+ private:
+  struct RankState {
+    std::int64_t rank = 0;
+    std::int64_t pid = 0;
+    std::vector<SimComm> comms;
+    std::string mode = "track";
+    std::uint64_t next_sample = 0;        // first iteration sample not yet published
+    std::uint64_t signed_tp = 0, signed_dp = 0;  // calls already in call_signatures
+    std::int64_t profile_since_ns = 0;
+    bool slow = false;
+    std::uint64_t level_run = 0;          // samples in a row on the other side of the verdict
+    std::optional<std::uint64_t> level_onset;
+    std::optional<std::int32_t> plan_delivered, plan_applied;
+  };
+  struct Pending {                        // an ack due at a modelled time
+    std::int64_t due_ns = 0;
+    protocol::Ack ack;
+  };
+
+  std::string Key(const protocol::KeySpec& spec, const std::string& host = {},
+                  std::optional<std::int64_t> rank = std::nullopt) const;
+  void Queue(std::vector<std::string> argv);
+  void QueueReport(const protocol::KeySpec& stream, const nlohmann::json& msg, const std::string& type);
+  [[nodiscard]] Status Flush();
+  void Register(std::int64_t now_ns);
+  void PublishIterations(std::int64_t now_ns);
+  void Detect(RankState& r, std::uint64_t sample, std::int64_t now_ns);
+  void PublishSignatures(std::int64_t now_ns);
+  void PublishProfiles(std::int64_t now_ns);
+  [[nodiscard]] Status ReadCommands(std::int64_t now_ns);
+  void Handle(const std::string& host, const protocol::Command& c, std::int64_t now_ns);
+  void SendDueAcks(std::int64_t now_ns);
+  std::vector<RankState*> Targets(const std::string& host, const protocol::Command& c);
+  protocol::ReportHeader Header(std::int64_t node, std::int64_t now_ns) const;
+  // Calls issued on a communicator of kind tp/dp by wall time t (fraction of the iteration).
+  std::uint64_t IssuedCalls(const SimComm& c, std::int64_t rank, std::int64_t t_ns);
+  double GemmSeconds(std::int64_t rank, std::int64_t size, std::int64_t now_ns) const;
+  double P2pSeconds(std::int64_t rank, std::int64_t peer, std::int64_t bytes, std::int64_t now_ns) const;
+  std::optional<std::int64_t> VcommPeer(const std::string& blob, std::int64_t vrank);
+  // A communicator's call signatures in a profile window: (op, bytes, peer).
+  struct Signature {
+    std::string op;
+    std::uint64_t bytes = 0;
+    std::int32_t peer = -1;
+  };
+  static std::vector<Signature> ProfileSignatures(const SimComm& c);
+  // Device time of one call as the rank's CUDA events would see it: the transfer, plus the time
+  // spent waiting for the slowest member (a compute straggler's peers wait; it waits least).
+  double CallMicros(std::int64_t rank, const SimComm& c, const Signature& sig, std::int64_t now_ns) const;
+
+  SimJob job_;
+  const std::string job_name_;
+  const std::int64_t first_node_, end_node_;
+  const std::string consumer_;
+  const AgentCadence cadence_;
+  const DeviceModel device_;
+  std::unique_ptr<redis::RedisConnection> conn_;
+
+  std::map<std::int64_t, RankState> ranks_;              // by global rank
+  std::map<std::string, std::int64_t> node_of_host_;
+  std::vector<std::vector<std::string>> queue_;          // commands to pipeline
+  std::vector<Pending> pending_;
+  struct Vcomm {  // a rank's validation communicator, from vcomm_join
+    std::string blob;
+    std::int64_t vrank = 0, vranks = 0;
+  };
+  std::map<std::int64_t, Vcomm> vcomm_;  // by rank
+  std::map<std::string, std::map<std::int64_t, std::int64_t>> vcomm_members_;  // blob -> vrank -> rank
+  std::int64_t next_heartbeat_ns_ = 0, next_flush_ns_ = 0, next_signature_ns_ = 0;
+  bool groups_made_ = false;
+  bool registered_ = false;
+  std::uint64_t acks_made_ = 0;
+  SimCounters counters_;
+};
+
+}  // namespace falcon::sim
