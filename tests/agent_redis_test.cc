@@ -91,6 +91,39 @@ TEST_F(RedisClientTest, HashesExpiryAndSelect) {
   EXPECT_EQ(Ttl(c, "h").value(), -2);
 }
 
+TEST_F(RedisClientTest, ManyHashesComeBackInOrderAcrossPipelineChunks) {
+  RedisConnection c(server_.ClientOptions());
+  ASSERT_TRUE(c.Connect().ok());
+  // More keys than one round trip takes, a key that is no hash and a key that is gone.
+  const std::size_t n = kPipelineKeys * 2 + 7;
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i < n; ++i) {
+    keys.push_back("h" + std::to_string(i));
+    ASSERT_TRUE(HSet(c, keys.back(), {{"msg", "m" + std::to_string(i)}}).ok());
+  }
+  ASSERT_TRUE(Del(c, keys[kPipelineKeys]).ok());
+  ASSERT_TRUE(XAdd(c, keys[kPipelineKeys], 0, {{"msg", "a stream"}}).ok());
+  ASSERT_TRUE(Del(c, keys[3]).ok());
+  const auto many = HGetAllMany(c, keys);
+  ASSERT_TRUE(many.ok()) << many.status().ToString();
+  ASSERT_EQ(many.value().size(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& h = many.value()[i];
+    if (i == kPipelineKeys) {
+      ASSERT_FALSE(h.ok());
+      EXPECT_EQ(h.status().code(), Status::Code::kInvalidArgument) << h.status().ToString();
+    } else if (i == 3) {
+      ASSERT_TRUE(h.ok());
+      EXPECT_TRUE(h.value().empty());
+    } else {
+      ASSERT_TRUE(h.ok()) << i;
+      EXPECT_EQ(h.value().at("msg"), "m" + std::to_string(i));
+    }
+  }
+  EXPECT_TRUE(HGetAllMany(c, {}).value().empty());
+  EXPECT_TRUE(c.connected());
+}
+
 TEST_F(RedisClientTest, PerCallTimeoutClosesTheConnection) {
   RedisConnection c(server_.ClientOptions());
   ASSERT_TRUE(c.Connect().ok());

@@ -324,7 +324,8 @@ class Point:
                                       "--gpus-per-node", str(a.gpus_per_node), "--iteration-s", str(a.iteration_s),
                                       "--duration-s", str(a.duration_s), "--fault-plan", plan,
                                       "--processes", str(a.processes), "--seed", str(a.seed + j),
-                                      "--summary", os.path.join(self.dir, f"sim-summary-{job}.json")])
+                                      "--summary", os.path.join(self.dir, f"sim-summary-{job}.json")] +
+                       [x for arg in a.sim_arg for x in shlex.split(arg)])
 
     def read_sim_logs(self):
         """Notes each sim's ready and fault lines (the ready time is when this poll first saw it)."""
@@ -686,6 +687,8 @@ def parse_args():
     ap.add_argument("--settle-s", type=float, default=10, help="the steady window opens this long after ready, s (default 10)")
     ap.add_argument("--grace-s", type=float, default=120, help="SIGTERM a sim this long past --duration-s, s (default 120)")
     ap.add_argument("--controller-arg", action="append", default=[], help="extra falcon-controller flags (repeatable)")
+    ap.add_argument("--sim-arg", action="append", default=[],
+                    help="extra falcon-sim flags (repeatable), e.g. \"--signature-ms 0\"")
     ap.add_argument("--json", action="store_true", help="print the JSON summary (no raw samples) instead of the table")
     args = ap.parse_args()
     try:

@@ -185,8 +185,12 @@ Status Controller::RefreshView() {
     if (!pattern.ok()) return pattern.status();
     Result<std::vector<std::string>> keys = redis::ScanKeys(*conn_, pattern.value());
     if (!keys.ok()) return keys.status();
-    for (const std::string& key : keys.value()) {
-      Result<std::map<std::string, std::string>> h = redis::HGetAll(*conn_, key);
+    // One round trip per kPipelineKeys keys: at 16,384 ranks a key at a time took the turn.
+    Result<std::vector<Result<std::map<std::string, std::string>>>> hashes = redis::HGetAllMany(*conn_, keys.value());
+    if (!hashes.ok()) return hashes.status();
+    for (std::size_t k = 0; k < keys.value().size(); ++k) {
+      const std::string& key = keys.value()[k];
+      Result<std::map<std::string, std::string>>& h = hashes.value()[k];
       if (!h.ok() && h.status().code() != Status::Code::kInvalidArgument) return h.status();
       if (!h.ok()) {  // Redis refused this key (not a hash): skip it, the others still count
         seen_bad.insert(key);

@@ -168,6 +168,29 @@ Result<std::map<std::string, std::string>> HGetAll(RedisConnection& c, const std
   return out;
 }
 
+Result<std::vector<Result<std::map<std::string, std::string>>>> HGetAllMany(RedisConnection& c,
+                                                                           const std::vector<std::string>& keys) {
+  std::vector<Result<std::map<std::string, std::string>>> out;
+  out.reserve(keys.size());
+  for (std::size_t first = 0; first < keys.size(); first += kPipelineKeys) {
+    std::vector<std::vector<std::string>> cmds;
+    for (std::size_t i = first; i < std::min(keys.size(), first + kPipelineKeys); ++i) cmds.push_back({"HGETALL", keys[i]});
+    Result<std::vector<RedisReply>> r = c.Pipeline(cmds);
+    if (!r.ok()) return r.status();
+    for (const RedisReply& rep : r.value()) {
+      if (rep.type == Type::kError) {
+        out.emplace_back(ErrorReplyStatus(rep.str));
+        continue;
+      }
+      if (rep.type != Type::kArray || rep.elements.size() % 2 != 0) return Shape("HGETALL");
+      std::map<std::string, std::string> h;
+      for (std::size_t i = 0; i + 1 < rep.elements.size(); i += 2) h[rep.elements[i].str] = rep.elements[i + 1].str;
+      out.emplace_back(std::move(h));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> ExpireArgs(const std::string& key, std::int64_t seconds) {
   return {"EXPIRE", key, std::to_string(seconds)};
 }

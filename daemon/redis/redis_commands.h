@@ -66,6 +66,12 @@ std::vector<std::string> HSetArgs(const std::string& key, const FieldList& field
 [[nodiscard]] Status HSet(RedisConnection& c, const std::string& key, const FieldList& fields);
 [[nodiscard]] Result<std::map<std::string, std::string>> HGetAll(RedisConnection& c,
                                                                  const std::string& key);
+// HGETALL of every key, pipelined (kPipelineKeys a round trip): one result per key, in order —
+// the hash (empty: no such key), or the key's error reply as a Status (InvalidArgument: e.g. not
+// a hash). The outer status fails only when the connection does.
+inline constexpr std::size_t kPipelineKeys = 1000;
+[[nodiscard]] Result<std::vector<Result<std::map<std::string, std::string>>>> HGetAllMany(
+    RedisConnection& c, const std::vector<std::string>& keys);
 std::vector<std::string> ExpireArgs(const std::string& key, std::int64_t seconds);
 [[nodiscard]] Status Expire(RedisConnection& c, const std::string& key, std::int64_t seconds);
 // Remaining TTL in seconds (-1 none, -2 no key).
