@@ -148,6 +148,39 @@ TEST_F(ControllerRedisTest, WrongTypeRankOrAgentKeyIsSkippedAndLoggedOnce) {
                                      std::string::npos; }, 20));
 }
 
+TEST_F(ControllerRedisTest, AnEntryPackingSeveralMessagesIsReadMessageByMessage) {
+  RegisterRank0();
+  protocol::RankRegistration r1;
+  r1.header = {kJob, "node0", NowNs()};
+  r1.rank = 1;
+  r1.pid = 101;
+  r1.started_ns = 1;
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 1), {{"msg", protocol::ToJson(r1).dump()}}).ok());
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
+      << ReadFile(log_);
+  // One entry as an agent packs a flush: rank 0's alarm, a message that fails validation, rank
+  // 1's alarm. The bad one is dropped alone; the others count.
+  redis::FieldList fields;
+  for (std::int64_t rank : {0, -7, 1}) {
+    protocol::AlarmReport a;
+    a.header = {kJob, "node0", NowNs()};
+    a.rank = rank < 0 ? 0 : rank;
+    a.pid = 100 + a.rank;
+    a.kind = "slow";
+    a.ratio = 2;
+    a.probability = 0.99;
+    a.level_s = 1;
+    a.baseline_s = 0.5;
+    json m = protocol::ToJson(a);
+    if (rank < 0) m["ratio"] = "fast";
+    fields.emplace_back("msg", m.dump());
+  }
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAlarmsStream), 0, fields).ok());
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["slow_ranks"] == json({0, 1}); }, 20))
+      << State().dump() << "\n" << ReadFile(log_);
+}
+
 TEST_F(ControllerRedisTest, WrongTypeStreamIsSetAsideWithBackoffAndTheRestGoesOn) {
   struct Case {
     const protocol::KeySpec* stream;

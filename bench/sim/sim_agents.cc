@@ -56,13 +56,35 @@ protocol::ReportHeader SimAgents::Header(std::int64_t node, std::int64_t now_ns)
 
 void SimAgents::Queue(std::vector<std::string> argv) { queue_.push_back(std::move(argv)); }
 
-void SimAgents::QueueReport(const protocol::KeySpec& stream, const json& msg, const std::string& type) {
-  Queue(redis::XAddArgs(Key(stream), cadence_.stream_maxlen,
-                        {{std::string(protocol::kPayloadField), msg.dump()}}));
+void SimAgents::QueueReport(const protocol::KeySpec& stream, const json& msg, const std::string& type,
+                            std::int64_t node) {
   ++counters_.messages[type];
+  std::string text = msg.dump();
+  const std::string key = Key(stream);
+  // As the agent packs its outbox: consecutive reports of one node for one stream share an entry.
+  if (node < 0 || node != pack_node_ || key != pack_key_ || pack_.size() >= protocol::kPackMessages ||
+      pack_bytes_ + text.size() > protocol::kPackBytes) {
+    ClosePack();
+  }
+  if (node < 0) {
+    Queue(redis::XAddArgs(key, cadence_.stream_maxlen, {{std::string(protocol::kPayloadField), std::move(text)}}));
+    return;
+  }
+  pack_node_ = node;
+  pack_key_ = key;
+  pack_bytes_ += text.size();
+  pack_.emplace_back(std::string(protocol::kPayloadField), std::move(text));
+}
+
+void SimAgents::ClosePack() {
+  if (!pack_.empty()) Queue(redis::XAddArgs(pack_key_, cadence_.stream_maxlen, pack_));
+  pack_.clear();
+  pack_bytes_ = 0;
+  pack_node_ = -1;
 }
 
 Status SimAgents::Flush() {
+  ClosePack();
   for (std::size_t i = 0; i < queue_.size(); i += kPipelineChunk) {
     const std::size_t end = std::min(queue_.size(), i + kPipelineChunk);
     std::vector<std::vector<std::string>> chunk(std::make_move_iterator(queue_.begin() + static_cast<long>(i)),
@@ -191,7 +213,7 @@ void SimAgents::PublishIterations(std::int64_t now_ns) {
       Detect(s, s.next_sample, now_ns);
       ++s.next_sample;
     }
-    if (!b.seconds.empty()) QueueReport(protocol::kIterationsStream, protocol::ToJson(b), "iterations");
+    if (!b.seconds.empty()) QueueReport(protocol::kIterationsStream, protocol::ToJson(b), "iterations", job_.Node(rank));
   }
 }
 
@@ -221,7 +243,7 @@ void SimAgents::Detect(RankState& r, std::uint64_t sample, std::int64_t now_ns) 
   a.probability = 0.99;
   a.baseline_s = job_.shape().iteration_s;
   a.level_s = job_.shape().iteration_s * level;
-  QueueReport(protocol::kAlarmsStream, protocol::ToJson(a), "alarm");
+  QueueReport(protocol::kAlarmsStream, protocol::ToJson(a), "alarm", job_.Node(r.rank));
   protocol::Alert alert;
   alert.job = job_name_;
   alert.at_ns = now_ns;
@@ -263,7 +285,7 @@ void SimAgents::PublishSignatures(std::int64_t now_ns) {
       signed_calls = issued;
       m.comms.push_back(std::move(cs));
     }
-    if (!m.comms.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures");
+    if (!m.comms.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures", job_.Node(rank));
   }
 }
 

@@ -24,6 +24,7 @@
 
 #include "bench/sim/sim_job.h"
 #include "daemon/protocol/messages.h"
+#include "daemon/redis/redis_commands.h"
 #include "daemon/redis/redis_connection.h"
 
 namespace falcon::sim {
@@ -91,7 +92,10 @@ class SimAgents {
   std::string Key(const protocol::KeySpec& spec, const std::string& host = {},
                   std::optional<std::int64_t> rank = std::nullopt) const;
   void Queue(std::vector<std::string> argv);
-  void QueueReport(const protocol::KeySpec& stream, const nlohmann::json& msg, const std::string& type);
+  // A report of `node`'s agent (node < 0: an entry of its own, as acks are).
+  void QueueReport(const protocol::KeySpec& stream, const nlohmann::json& msg, const std::string& type,
+                   std::int64_t node);
+  void ClosePack();
   [[nodiscard]] Status Flush();
   void Register(std::int64_t now_ns);
   void PublishIterations(std::int64_t now_ns);
@@ -130,6 +134,10 @@ class SimAgents {
   std::map<std::int64_t, RankState> ranks_;              // by global rank
   std::map<std::string, std::int64_t> node_of_host_;
   std::vector<std::vector<std::string>> queue_;          // commands to pipeline
+  redis::FieldList pack_;                                // the open packed entry
+  std::string pack_key_;
+  std::int64_t pack_node_ = -1;
+  std::size_t pack_bytes_ = 0;
   std::vector<Pending> pending_;
   struct Vcomm {  // a rank's validation communicator, from vcomm_join
     std::string blob;

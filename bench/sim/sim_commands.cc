@@ -250,7 +250,7 @@ void SimAgents::SendDueAcks(std::int64_t now_ns) {
   auto due = std::stable_partition(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.due_ns > now_ns; });
   for (auto it = due; it != pending_.end(); ++it) {
     it->ack.header.at_ns = now_ns;
-    QueueReport(protocol::kAcksStream, protocol::ToJson(it->ack), "ack");
+    QueueReport(protocol::kAcksStream, protocol::ToJson(it->ack), "ack", -1);  // acks go alone
     ++counters_.acks;
     ++acks_made_;
   }
@@ -286,7 +286,7 @@ void SimAgents::PublishProfiles(std::int64_t now_ns) {
       }
       m.comms.push_back(std::move(cp));
     }
-    QueueReport(protocol::kProfilesStream, protocol::ToJson(m), "comm_profile");
+    QueueReport(protocol::kProfilesStream, protocol::ToJson(m), "comm_profile", job_.Node(rank));
     s.profile_since_ns = now_ns;
   }
 }

@@ -36,7 +36,7 @@ void Agent::QueueBatch(Followed& f) {
       b.start_ns.push_back(f.batch[i].start_ns + offset);
       b.seconds.push_back(f.batch[i].seconds);
     }
-    publisher_->Queue(Key(protocol::kIterationsStream), protocol::ToJson(b));
+    publisher_->Queue(Key(protocol::kIterationsStream), protocol::ToJson(b), /*packable=*/true);
   }
   f.batch.clear();
 }
@@ -56,7 +56,7 @@ void Agent::QueueAlarm(const RankFollower& r, const RankAlarm& a) {
   m.probability = std::isfinite(a.alarm.probability) ? std::clamp(a.alarm.probability, 0.0, 1.0) : 0;
   m.level_s = a.alarm.level_seconds;
   m.baseline_s = a.baseline_seconds;
-  publisher_->Queue(Key(protocol::kAlarmsStream), protocol::ToJson(m));
+  publisher_->Queue(Key(protocol::kAlarmsStream), protocol::ToJson(m), /*packable=*/true);
   log_->warn("event=alarm kind={} pid={} rank={} onset={} at={} ratio={:.3f} level_s={:.6f} "
              "baseline_s={:.6f}", m.kind, m.pid, m.rank, m.onset, m.at, m.ratio, m.level_s,
              m.baseline_s);
@@ -130,7 +130,7 @@ void Agent::QueueProfiles() {
       }
       m.comms.push_back(std::move(p));
     }
-    publisher_->Queue(Key(protocol::kProfilesStream), protocol::ToJson(m));
+    publisher_->Queue(Key(protocol::kProfilesStream), protocol::ToJson(m), /*packable=*/true);
   }
   profile_since_ns_ = now;
 }
@@ -234,7 +234,7 @@ void Agent::QueueSignatures(RankFollower& r) {
   std::uint64_t dropped = 0;
   m.comms = r.TakeSignatures(&dropped);
   if (dropped > 0) m.dropped = dropped;
-  publisher_->Queue(Key(protocol::kSignaturesStream), protocol::ToJson(m));
+  publisher_->Queue(Key(protocol::kSignaturesStream), protocol::ToJson(m), /*packable=*/true);
   publisher_->FlushSoon();  // a mismatch is news: it may be the last call before a hang
   ++signature_messages_;
 }

@@ -3,7 +3,7 @@
 
 namespace falcon::agent {
 
-void Outbox::Push(std::string stream, std::string payload) {
+void Outbox::Push(std::string stream, std::string payload, bool packable) {
   if (capacity_ == 0) {
     ++dropped_;
     return;
@@ -12,7 +12,7 @@ void Outbox::Push(std::string stream, std::string payload) {
     q_.pop_front();
     ++dropped_;
   }
-  q_.push_back({next_seq_++, std::move(stream), std::move(payload)});
+  q_.push_back({next_seq_++, std::move(stream), std::move(payload), packable});
 }
 
 std::vector<OutEntry> Outbox::Peek(std::size_t max) const {

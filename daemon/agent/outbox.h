@@ -18,13 +18,16 @@ struct OutEntry {
   std::uint64_t seq = 0;
   std::string stream;   // key
   std::string payload;  // JSON text
+  // May share a stream entry with the messages queued next to it for the same stream (see
+  // ReportPublisher::Queue).
+  bool packable = false;
 };
 
 class Outbox {
  public:
   explicit Outbox(std::size_t capacity) : capacity_(capacity) {}
 
-  void Push(std::string stream, std::string payload);
+  void Push(std::string stream, std::string payload, bool packable = false);
   // Copies of up to `max` oldest entries (for a flush).
   std::vector<OutEntry> Peek(std::size_t max) const;
   // Removes entries with seq <= `seq` (written to Redis).

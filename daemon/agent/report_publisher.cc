@@ -50,8 +50,8 @@ void ReportPublisher::OnState(bool up, const Status& why) {
   connected_ = up;
 }
 
-void ReportPublisher::Queue(const std::string& stream, const nlohmann::json& message) {
-  outbox_.Push(stream, message.dump());
+void ReportPublisher::Queue(const std::string& stream, const nlohmann::json& message, bool packable) {
+  outbox_.Push(stream, message.dump(), packable);
 }
 
 void ReportPublisher::SetHash(const std::string& key, redis::FieldList fields, std::int64_t ttl_s) {
@@ -69,9 +69,21 @@ ReportPublisher::FlushResult ReportPublisher::Write(redis::RedisConnection& c, c
     cmds.push_back(redis::ExpireArgs(key, h.ttl_s));
   }
   for (const auto& [channel, payload] : b.pubs) cmds.push_back(redis::PublishArgs(channel, payload));
-  for (const OutEntry& e : b.entries) {
-    cmds.push_back(redis::XAddArgs(e.stream, b.maxlen,
-                                   {{std::string(protocol::kPayloadField), e.payload}}));
+  // Entries [first, end): consecutive packable messages of one stream share an entry.
+  std::vector<std::pair<std::size_t, std::size_t>> groups;
+  for (std::size_t i = 0; i < b.entries.size();) {
+    std::size_t j = i + 1, bytes = b.entries[i].payload.size();
+    while (b.entries[i].packable && j < b.entries.size() && j - i < protocol::kPackMessages && b.entries[j].packable &&
+           b.entries[j].stream == b.entries[i].stream && bytes + b.entries[j].payload.size() <= protocol::kPackBytes) {
+      bytes += b.entries[j++].payload.size();
+    }
+    groups.emplace_back(i, j);
+    i = j;
+  }
+  for (const auto& [first, end] : groups) {
+    redis::FieldList fields;
+    for (std::size_t k = first; k < end; ++k) fields.emplace_back(std::string(protocol::kPayloadField), b.entries[k].payload);
+    cmds.push_back(redis::XAddArgs(b.entries[first].stream, b.maxlen, fields));
   }
   FlushResult r;
   Result<std::vector<redis::RedisReply>> replies = c.Pipeline(cmds);
@@ -93,12 +105,12 @@ ReportPublisher::FlushResult ReportPublisher::Write(redis::RedisConnection& c, c
     i += 2;
   }
   for (const auto& [channel, payload] : b.pubs) (void)refused(i++, "PUBLISH", channel);  // live only
-  for (const OutEntry& e : b.entries) {
-    if (refused(i++, "XADD", e.stream)) {
+  for (const auto& [first, end] : groups) {
+    if (refused(i++, "XADD", b.entries[first].stream)) {
       r.status = redis::ErrorReplyStatus(rep[i - 1].str);
       break;  // keep order: later entries wait for the next flush
     }
-    r.confirmed_seq = e.seq;
+    r.confirmed_seq = b.entries[end - 1].seq;
   }
   r.remaining_hint = b.backlog > b.entries.size() ? b.backlog - b.entries.size() : 0;
   return r;

@@ -54,7 +54,10 @@ class ReportPublisher {
   void Start();
   void Stop();  // joins the worker; queued data is dropped
 
-  void Queue(const std::string& stream, const nlohmann::json& message);
+  // `packable`: the message may share one stream entry (one `msg` field each) with the packable
+  // messages queued next to it for the same stream — a node's ranks' reports of one flush in one
+  // XADD, up to protocol::kPackMessages messages and kPackBytes bytes an entry (docs/protocol.md).
+  void Queue(const std::string& stream, const nlohmann::json& message, bool packable = false);
   void SetHash(const std::string& key, redis::FieldList fields, std::int64_t ttl_s);
   void Publish(const std::string& channel, const nlohmann::json& message);
   void Flush();

@@ -286,10 +286,12 @@ void Controller::StartRead() {
         }
         if (spec == nullptr) continue;
         for (const redis::StreamEntry& e : read.entries) {
-          const std::string* text = e.Field(std::string(protocol::kPayloadField));
-          out.entries.push_back({spec->name, e.id,
-                                 text != nullptr ? protocol::ParseMessage(*text, *spec->message)
-                                                 : Result<json>(Status::InvalidArgument("no msg field"))});
+          // An agent packs the messages of one flush into one entry: one msg field each.
+          const std::vector<const std::string*> texts = e.Values(std::string(protocol::kPayloadField));
+          if (texts.empty()) out.entries.push_back({spec->name, e.id, Status::InvalidArgument("no msg field")});
+          for (const std::string* text : texts) {
+            out.entries.push_back({spec->name, e.id, protocol::ParseMessage(*text, *spec->message)});
+          }
         }
       }
     }

@@ -173,9 +173,12 @@ Result<std::vector<ValidMessage>> ReadStreamTail(redis::RedisConnection& c,
   std::vector<ValidMessage> out;
   for (const redis::StreamRead& read : reads.value()) {
     for (auto it = read.entries.rbegin(); it != read.entries.rend(); ++it) {
-      const std::string* text = it->Field(std::string(protocol::kPayloadField));
-      std::optional<nlohmann::json> msg = ValidateOrWarn(stream + " " + it->id, text, spec);
-      if (msg) out.push_back({it->id, std::move(*msg)});
+      std::vector<const std::string*> texts = it->Values(std::string(protocol::kPayloadField));
+      if (texts.empty()) texts.push_back(nullptr);  // warned about as an entry without a message
+      for (const std::string* text : texts) {       // an agent's entry may hold several
+        std::optional<nlohmann::json> msg = ValidateOrWarn(stream + " " + it->id, text, spec);
+        if (msg) out.push_back({it->id, std::move(*msg)});
+      }
     }
   }
   return out;

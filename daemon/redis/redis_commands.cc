@@ -49,6 +49,14 @@ const std::string* StreamEntry::Field(const std::string& name) const {
   return nullptr;
 }
 
+std::vector<const std::string*> StreamEntry::Values(const std::string& name) const {
+  std::vector<const std::string*> out;
+  for (const auto& [k, v] : fields) {
+    if (k == name) out.push_back(&v);
+  }
+  return out;
+}
+
 std::vector<std::string> XAddArgs(const std::string& stream, std::uint64_t maxlen,
                                   const FieldList& fields) {
   std::vector<std::string> a{"XADD", stream};

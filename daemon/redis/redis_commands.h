@@ -23,8 +23,10 @@ using FieldList = std::vector<std::pair<std::string, std::string>>;
 struct StreamEntry {
   std::string id;
   FieldList fields;
-  // Value of field `name`, or nullptr.
+  // Value of field `name`, or nullptr (the first, when the entry repeats the name).
   const std::string* Field(const std::string& name) const;
+  // Every value of field `name`, in order (an agent's entry holds several messages).
+  std::vector<const std::string*> Values(const std::string& name) const;
 };
 
 struct StreamRead {

@@ -20,6 +20,7 @@
 // Must never: hold mutable state, or change a name or field meaning without bumping kSchemaVersion.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -29,6 +30,11 @@ namespace falcon::protocol {
 
 inline constexpr int kSchemaVersion = 1;
 inline constexpr std::string_view kPayloadField = "msg";  // stream entry / hash field with JSON
+// An agent packs the reports of one flush for one stream (iterations, alarms, profiles,
+// signatures) into one entry, one kPayloadField each, at most this many and this large
+// together; readers take every kPayloadField of an entry, in order.
+inline constexpr std::size_t kPackMessages = 64;
+inline constexpr std::size_t kPackBytes = 512 * 1024;
 inline constexpr std::string_view kCommandGroup = "falcon-agent";  // consumer group on commands
 
 // ---- Keys, streams, channels ------------------------------------------------------------------
