@@ -124,6 +124,7 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
     }
   }
   hosts_.assign(hosts.begin(), hosts.end());
+  IndexNodes();
   agent_hosts_ = hosts_;
   ApplyNodes();
   std::set<std::string> live;
@@ -167,6 +168,7 @@ void JobView::ApplyNodes() {
     if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   }
   hosts_ = std::move(hosts);
+  IndexNodes();
   for (auto& [rank, r] : ranks_) {
     if (rank >= 0 && static_cast<std::size_t>(rank) < placement_.size() && placement_[static_cast<std::size_t>(rank)] >= 0 &&
         static_cast<std::size_t>(placement_[static_cast<std::size_t>(rank)]) < hosts_.size()) {
@@ -175,11 +177,16 @@ void JobView::ApplyNodes() {
   }
 }
 
+void JobView::IndexNodes() {
+  node_of_host_.clear();
+  for (std::size_t i = 0; i < hosts_.size(); ++i) node_of_host_.emplace(hosts_[i], static_cast<std::int32_t>(i));
+}
+
 std::int32_t JobView::NodeOf(std::int64_t rank) const {
   const std::string* h = HostOf(rank);
   if (h == nullptr) return -1;
-  const auto it = std::find(hosts_.begin(), hosts_.end(), *h);
-  return it == hosts_.end() ? -1 : static_cast<std::int32_t>(it - hosts_.begin());
+  const auto it = node_of_host_.find(*h);
+  return it == node_of_host_.end() ? -1 : it->second;
 }
 
 const std::string* JobView::AgentOf(std::int64_t rank) const {

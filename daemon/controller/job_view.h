@@ -116,6 +116,8 @@ class JobView {
   std::vector<RankClaimEvent> TakeClaimEvents();
 
  private:
+  void IndexNodes();  // after hosts_ changes
+
   std::map<std::int64_t, RankInfo> ranks_;
   std::map<std::uint64_t, CommInfo> comms_;
   std::vector<std::string> agents_;
@@ -123,6 +125,7 @@ class JobView {
   std::vector<std::string> agent_hosts_;
   std::vector<std::string> node_hosts_;    // SetNodes
   std::vector<std::int32_t> placement_;    // SetNodes
+  std::map<std::string, std::int32_t> node_of_host_;  // hosts_ indexed: NodeOf is a lookup
   struct Claim {
     std::string host;  // the agent that reports it
     std::int64_t pid = 0;

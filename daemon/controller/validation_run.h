@@ -36,6 +36,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "analyzer/localize.h"
@@ -156,6 +157,9 @@ class ValidationRun {
   nlohmann::json log_ = nlohmann::json::array();
   std::vector<analyzer::TransferMeasurement> transfers_, peer_transfers_;
   std::vector<analyzer::GemmMeasurement> gemms_;
+  // Where each measured exchange (pass, sender, receiver) and GEMM (rank) sits in its list.
+  std::map<std::tuple<std::uint32_t, std::int32_t, std::int32_t>, std::size_t> transfer_at_, peer_transfer_at_;
+  std::map<std::int32_t, std::size_t> gemm_at_;
 };
 
 }  // namespace falcon::controller
