@@ -348,6 +348,9 @@ void Controller::Dispatch(const StreamMessage& e, std::int64_t now_ns) {
 }
 
 Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
+  // Every command is checked before any is sent; then they go in pipelined rounds (a validation
+  // step at 16,384 ranks is 16,384 commands: one round trip each took seconds).
+  std::vector<std::vector<std::string>> xadds;
   for (const OutgoingCommand& c : commands) {
     const json j = protocol::ToJson(c.command);
     const protocol::MessageSpec* spec = protocol::FindCommand(c.command.type);
@@ -355,11 +358,21 @@ Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
     if (Status s = protocol::ValidateMessage(j, *spec); !s.ok()) {
       return Status::Internal("the " + c.command.type + " command would be invalid: " + s.message());
     }
-    Result<std::string> id = redis::XAdd(*conn_, Key(protocol::kCommandsStream, c.host), kCommandsMaxLen,
-                                         {{std::string(protocol::kPayloadField), j.dump()}});
-    if (!id.ok()) return id.status();
-    log_->debug("event=command id={} type={} host={}", daemon::LogValue(c.command.id),
-                daemon::LogValue(c.command.type), daemon::LogValue(c.host));
+    xadds.push_back(redis::XAddArgs(Key(protocol::kCommandsStream, c.host), kCommandsMaxLen,
+                                    {{std::string(protocol::kPayloadField), j.dump()}}));
+  }
+  for (std::size_t first = 0; first < xadds.size(); first += redis::kPipelineKeys) {
+    const std::size_t end = std::min(xadds.size(), first + redis::kPipelineKeys);
+    Result<std::vector<redis::RedisReply>> replies = conn_->Pipeline(
+        std::vector<std::vector<std::string>>(xadds.begin() + static_cast<std::ptrdiff_t>(first),
+                                              xadds.begin() + static_cast<std::ptrdiff_t>(end)));
+    if (!replies.ok()) return replies.status();
+    for (std::size_t i = first; i < end; ++i) {
+      const redis::RedisReply& r = replies.value()[i - first];
+      if (r.type == redis::RedisReply::Type::kError) return redis::ErrorReplyStatus(r.str);
+      log_->debug("event=command id={} type={} host={}", daemon::LogValue(commands[i].command.id),
+                  daemon::LogValue(commands[i].command.type), daemon::LogValue(commands[i].host));
+    }
   }
   return Status::Ok();
 }
