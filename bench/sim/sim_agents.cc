@@ -15,7 +15,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::size_t kPipelineChunk = 1024;       // commands per round trip
 constexpr std::int32_t kBf16 = 9;                  // ncclBfloat16
 constexpr const char* kVersion = "sim-0.1";
 
@@ -85,19 +84,11 @@ void SimAgents::ClosePack() {
 
 Status SimAgents::Flush() {
   ClosePack();
-  for (std::size_t i = 0; i < queue_.size(); i += kPipelineChunk) {
-    const std::size_t end = std::min(queue_.size(), i + kPipelineChunk);
-    std::vector<std::vector<std::string>> chunk(std::make_move_iterator(queue_.begin() + static_cast<long>(i)),
-                                                std::make_move_iterator(queue_.begin() + static_cast<long>(end)));
-    counters_.redis_commands += chunk.size();
-    Result<std::vector<redis::RedisReply>> r = conn_->Pipeline(chunk);
-    if (!r.ok()) {
-      queue_.clear();
-      return r.status();
-    }
-    for (const redis::RedisReply& x : r.value()) counters_.redis_errors += x.type == redis::RedisReply::Type::kError;
-  }
+  counters_.redis_commands += queue_.size();
+  Result<std::vector<redis::RedisReply>> r = redis::PipelineInRounds(*conn_, queue_);
   queue_.clear();
+  if (!r.ok()) return r.status();
+  for (const redis::RedisReply& x : r.value()) counters_.redis_errors += x.type == redis::RedisReply::Type::kError;
   return Status::Ok();
 }
 

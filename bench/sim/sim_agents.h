@@ -52,7 +52,8 @@ struct SimCounters {
   std::map<std::string, std::uint64_t> messages;   // by type, what the agents wrote
   std::map<std::string, std::uint64_t> commands;   // by type, what they read
   std::uint64_t acks = 0;
-  std::uint64_t redis_commands = 0;                // sent by this process (pipelined included)
+  std::uint64_t redis_commands = 0;                // sent by this process (pipelined included; a failed
+                                                   // flush counts all it tried)
   std::uint64_t redis_errors = 0;
 };
 
@@ -112,6 +113,7 @@ class SimAgents {
   double GemmSeconds(std::int64_t rank, std::int64_t size, std::int64_t now_ns) const;
   double P2pSeconds(std::int64_t rank, std::int64_t peer, std::int64_t bytes, std::int64_t now_ns) const;
   std::optional<std::int64_t> VcommPeer(const std::string& blob, std::int64_t vrank);
+  std::string VcommKey() const;
   // A communicator's call signatures in a profile window: (op, bytes, peer).
   struct Signature {
     std::string op;
@@ -148,7 +150,6 @@ class SimAgents {
   std::int64_t next_heartbeat_ns_ = 0, next_flush_ns_ = 0, next_signature_ns_ = 0;
   bool groups_made_ = false;
   bool registered_ = false;
-  std::uint64_t acks_made_ = 0;
   SimCounters counters_;
 };
 

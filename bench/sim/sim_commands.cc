@@ -15,11 +15,14 @@ using json = nlohmann::json;
 
 constexpr std::uint64_t kReadCount = 256;   // command entries per stream per read
 constexpr double kTrapLeadS = 0.002;        // a trapped rank's ack after it reaches its cut
-constexpr const char* kVcommKey = "falcon-sim:{%s}:vcomm";  // the sim's own: vrank -> rank
 
 std::string Hex16(std::uint64_t x) { return protocol::CommIdHex(x); }
 
 }  // namespace
+
+// The sim's own hash (not the protocol's): each validation communicator's members, vrank -> rank,
+// shared by the worker processes.
+std::string SimAgents::VcommKey() const { return "falcon-sim:{" + job_name_ + "}:vcomm"; }
 
 std::vector<SimAgents::RankState*> SimAgents::Targets(const std::string& host, const protocol::Command& c) {
   std::vector<RankState*> out;
@@ -106,10 +109,8 @@ double SimAgents::P2pSeconds(std::int64_t rank, std::int64_t peer, std::int64_t 
 std::optional<std::int64_t> SimAgents::VcommPeer(const std::string& blob, std::int64_t vrank) {
   auto it = vcomm_members_.find(blob);
   if (it == vcomm_members_.end()) {  // every member has joined before any transfer: read them once
-    char key[200];
-    std::snprintf(key, sizeof key, kVcommKey, job_name_.c_str());
     ++counters_.redis_commands;
-    Result<std::map<std::string, std::string>> h = redis::HGetAll(*conn_, key);
+    Result<std::map<std::string, std::string>> h = redis::HGetAll(*conn_, VcommKey());
     if (!h.ok()) return std::nullopt;
     std::map<std::int64_t, std::int64_t> members;
     const std::string prefix = blob.substr(0, 32) + ":";
@@ -194,13 +195,11 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
         res.rate = 2.0 * std::pow(static_cast<double>(c.size.value_or(8192)), 3) / s / 1e9;
       } else if (c.task == "vcomm_id") {
         std::string blob;
-        for (int i = 0; i < 16; ++i) blob += Hex16(Mix(static_cast<std::uint64_t>(now_ns) ^ (static_cast<std::uint64_t>(i) << 40) ^ acks_made_));
+        for (int i = 0; i < 16; ++i) blob += Hex16(Mix(static_cast<std::uint64_t>(now_ns) ^ (static_cast<std::uint64_t>(i) << 40) ^ counters_.acks));
         res.blob = blob;
       } else if (c.task == "vcomm_join" && c.blob && c.vrank) {
-        char key[200];
-        std::snprintf(key, sizeof key, kVcommKey, job_name_.c_str());
-        Queue({"HSET", key, c.blob->substr(0, 32) + ":" + std::to_string(*c.vrank), std::to_string(r->rank)});
-        Queue({"EXPIRE", key, "600"});
+        Queue({"HSET", VcommKey(), c.blob->substr(0, 32) + ":" + std::to_string(*c.vrank), std::to_string(r->rank)});
+        Queue({"EXPIRE", VcommKey(), "600"});
         vcomm_[r->rank] = {*c.blob, *c.vrank, c.vranks.value_or(0)};
         s = 0.05;
       } else if (c.task == "p2p") {
@@ -252,7 +251,6 @@ void SimAgents::SendDueAcks(std::int64_t now_ns) {
     it->ack.header.at_ns = now_ns;
     QueueReport(protocol::kAcksStream, protocol::ToJson(it->ack), "ack", -1);  // acks go alone
     ++counters_.acks;
-    ++acks_made_;
   }
   pending_.erase(due, pending_.end());
 }
@@ -269,8 +267,8 @@ void SimAgents::PublishProfiles(std::int64_t now_ns) {
     m.mode = s.mode;
     for (const SimComm& c : s.comms) {
       protocol::CommProfile cp{c.id, c.rank, c.nranks, {}};
-      const std::uint64_t calls = IssuedCalls(c, rank, now_ns) - std::min(IssuedCalls(c, rank, now_ns),
-                                                                           IssuedCalls(c, rank, s.profile_since_ns));
+      const std::uint64_t now_calls = IssuedCalls(c, rank, now_ns);
+      const std::uint64_t calls = now_calls - std::min(now_calls, IssuedCalls(c, rank, s.profile_since_ns));
       const std::vector<Signature> sigs = ProfileSignatures(c);
       for (const Signature& sig : sigs) {
         protocol::SignatureProfile sp;

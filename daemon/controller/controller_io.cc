@@ -361,18 +361,13 @@ Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
     xadds.push_back(redis::XAddArgs(Key(protocol::kCommandsStream, c.host), kCommandsMaxLen,
                                     {{std::string(protocol::kPayloadField), j.dump()}}));
   }
-  for (std::size_t first = 0; first < xadds.size(); first += redis::kPipelineKeys) {
-    const std::size_t end = std::min(xadds.size(), first + redis::kPipelineKeys);
-    Result<std::vector<redis::RedisReply>> replies = conn_->Pipeline(
-        std::vector<std::vector<std::string>>(xadds.begin() + static_cast<std::ptrdiff_t>(first),
-                                              xadds.begin() + static_cast<std::ptrdiff_t>(end)));
-    if (!replies.ok()) return replies.status();
-    for (std::size_t i = first; i < end; ++i) {
-      const redis::RedisReply& r = replies.value()[i - first];
-      if (r.type == redis::RedisReply::Type::kError) return redis::ErrorReplyStatus(r.str);
-      log_->debug("event=command id={} type={} host={}", daemon::LogValue(commands[i].command.id),
-                  daemon::LogValue(commands[i].command.type), daemon::LogValue(commands[i].host));
-    }
+  Result<std::vector<redis::RedisReply>> replies = redis::PipelineInRounds(*conn_, xadds);
+  if (!replies.ok()) return replies.status();
+  for (std::size_t i = 0; i < commands.size(); ++i) {
+    const redis::RedisReply& r = replies.value()[i];
+    if (r.type == redis::RedisReply::Type::kError) return redis::ErrorReplyStatus(r.str);
+    log_->debug("event=command id={} type={} host={}", daemon::LogValue(commands[i].command.id),
+                daemon::LogValue(commands[i].command.type), daemon::LogValue(commands[i].host));
   }
   return Status::Ok();
 }

@@ -176,25 +176,38 @@ Result<std::map<std::string, std::string>> HGetAll(RedisConnection& c, const std
   return out;
 }
 
+Result<std::vector<RedisReply>> PipelineInRounds(RedisConnection& c,
+                                                 const std::vector<std::vector<std::string>>& commands) {
+  std::vector<RedisReply> out;
+  out.reserve(commands.size());
+  for (std::size_t first = 0; first < commands.size(); first += kPipelineKeys) {
+    const auto begin = commands.begin() + static_cast<std::ptrdiff_t>(first);
+    const auto end = commands.begin() + static_cast<std::ptrdiff_t>(std::min(commands.size(), first + kPipelineKeys));
+    Result<std::vector<RedisReply>> r = c.Pipeline(std::vector<std::vector<std::string>>(begin, end));
+    if (!r.ok()) return r.status();
+    for (RedisReply& rep : r.value()) out.push_back(std::move(rep));
+  }
+  return out;
+}
+
 Result<std::vector<Result<std::map<std::string, std::string>>>> HGetAllMany(RedisConnection& c,
                                                                            const std::vector<std::string>& keys) {
+  std::vector<std::vector<std::string>> cmds;
+  cmds.reserve(keys.size());
+  for (const std::string& key : keys) cmds.push_back({"HGETALL", key});
+  Result<std::vector<RedisReply>> replies = PipelineInRounds(c, cmds);
+  if (!replies.ok()) return replies.status();
   std::vector<Result<std::map<std::string, std::string>>> out;
   out.reserve(keys.size());
-  for (std::size_t first = 0; first < keys.size(); first += kPipelineKeys) {
-    std::vector<std::vector<std::string>> cmds;
-    for (std::size_t i = first; i < std::min(keys.size(), first + kPipelineKeys); ++i) cmds.push_back({"HGETALL", keys[i]});
-    Result<std::vector<RedisReply>> r = c.Pipeline(cmds);
-    if (!r.ok()) return r.status();
-    for (const RedisReply& rep : r.value()) {
-      if (rep.type == Type::kError) {
-        out.emplace_back(ErrorReplyStatus(rep.str));
-        continue;
-      }
-      if (rep.type != Type::kArray || rep.elements.size() % 2 != 0) return Shape("HGETALL");
-      std::map<std::string, std::string> h;
-      for (std::size_t i = 0; i + 1 < rep.elements.size(); i += 2) h[rep.elements[i].str] = rep.elements[i + 1].str;
-      out.emplace_back(std::move(h));
+  for (const RedisReply& rep : replies.value()) {
+    if (rep.type == Type::kError) {
+      out.emplace_back(ErrorReplyStatus(rep.str));
+      continue;
     }
+    if (rep.type != Type::kArray || rep.elements.size() % 2 != 0) return Shape("HGETALL");
+    std::map<std::string, std::string> h;
+    for (std::size_t i = 0; i + 1 < rep.elements.size(); i += 2) h[rep.elements[i].str] = rep.elements[i + 1].str;
+    out.emplace_back(std::move(h));
   }
   return out;
 }

@@ -68,10 +68,16 @@ std::vector<std::string> HSetArgs(const std::string& key, const FieldList& field
 [[nodiscard]] Status HSet(RedisConnection& c, const std::string& key, const FieldList& fields);
 [[nodiscard]] Result<std::map<std::string, std::string>> HGetAll(RedisConnection& c,
                                                                  const std::string& key);
-// HGETALL of every key, pipelined (kPipelineKeys a round trip): one result per key, in order —
-// the hash (empty: no such key), or the key's error reply as a Status (InvalidArgument: e.g. not
-// a hash). The outer status fails only when the connection does.
+// Sends `commands` in pipelined rounds of kPipelineKeys (one round trip each): the replies, one
+// per command, in order, error replies as kError elements. Fails (with the rounds before sent)
+// only when the connection does.
 inline constexpr std::size_t kPipelineKeys = 1000;
+[[nodiscard]] Result<std::vector<RedisReply>> PipelineInRounds(RedisConnection& c,
+                                                               const std::vector<std::vector<std::string>>& commands);
+
+// HGETALL of every key, pipelined in rounds: one result per key, in order — the hash (empty: no
+// such key), or the key's error reply as a Status (InvalidArgument: e.g. not a hash). The outer
+// status fails only when the connection does.
 [[nodiscard]] Result<std::vector<Result<std::map<std::string, std::string>>>> HGetAllMany(
     RedisConnection& c, const std::vector<std::string>& keys);
 std::vector<std::string> ExpireArgs(const std::string& key, std::int64_t seconds);
