@@ -120,7 +120,7 @@ void FindGpus(const LocalizationInput& in, const LocalizationOptions& o, Localiz
       continue;
     }
     if (Slow(g.median_s, b, o.gemm_ratio, 1.0, o)) {
-      out.gpus.push_back({g.rank, g.node, MakeEvidence(g.median_s, b)});
+      out.gpus.push_back({g.rank, g.node, MakeEvidence(g.median_s, b), {}});
     }
   }
   std::sort(out.gpus.begin(), out.gpus.end(),
@@ -174,6 +174,28 @@ std::map<RankPair, SlowLink> FindSlowLinks(
     }
   }
   return slow;
+}
+
+// A throttled GPU runs NCCL's copy kernels slowly too, so its own transfers measure slow. A slow
+// link with a slow GPU at one end, and no slower than that GPU's GEMM, is the GPU's doing: it is
+// moved under the GPU (the slower one when both ends are slow) before NICs are judged. A link
+// slower than the GPU at its end stays a link: something besides the GPU slows it.
+void ExplainByGpus(std::map<RankPair, SlowLink>& slow, Localization& out) {
+  std::map<std::int32_t, SlowGpu*> gpu_of;
+  for (SlowGpu& g : out.gpus) gpu_of[g.rank] = &g;
+  for (auto it = slow.begin(); it != slow.end();) {
+    SlowGpu* by = nullptr;
+    for (const std::int32_t rank : {it->first.first, it->first.second}) {
+      const auto g = gpu_of.find(rank);
+      if (g != gpu_of.end() && (by == nullptr || g->second->evidence.ratio > by->evidence.ratio)) by = g->second;
+    }
+    if (by != nullptr && it->second.evidence.ratio <= by->evidence.ratio) {
+      by->links.push_back(it->second);
+      it = slow.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 Evidence Summarise(const std::vector<SlowLink>& links) {
@@ -247,7 +269,9 @@ Result<Localization> Localize(const LocalizationInput& input, const Localization
   if (Status s = Validate(input, options); !s.ok()) return s;
   Localization out;
   FindGpus(input, options, out);
-  FindNics(input, options, FindSlowLinks(input, options, out), out);
+  std::map<RankPair, SlowLink> slow = FindSlowLinks(input, options, out);
+  ExplainByGpus(slow, out);
+  FindNics(input, options, std::move(slow), out);
   return out;
 }
 

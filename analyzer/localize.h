@@ -13,6 +13,9 @@
 //  - NIC: a node whose slow inter-node links reach at least nic_min_links distinct peer nodes
 //    and at least nic_min_fraction of the peer nodes it was tested with. The links it explains
 //    are reported under the NIC, not as links.
+//  - A slow link with a slow GPU at one end, no slower than that GPU's GEMM, is explained by the
+//    GPU: NCCL moves P2P data with kernels on the GPU's SMs, so a throttled GPU sends and
+//    receives slowly too. It is reported under the GPU, not as a link (nor counted for a NIC).
 //  Peers' results (the same plan or GEMM on healthy groups of the class) widen the baselines:
 //  that is how a 2-rank group gets a baseline. Their transfers are judged too: a link the
 //  profile did not single out (its group waited on other things) is still slow when measured
@@ -86,12 +89,6 @@ struct Evidence {
   std::size_t baseline_count = 0;  // values behind the median (from >= min_baseline sources)
 };
 
-struct SlowGpu {
-  std::int32_t rank = -1;
-  std::int32_t node = -1;
-  Evidence evidence;
-};
-
 struct SlowLink {
   std::int32_t sender = -1, receiver = -1;  // of the worst measurement
   std::int32_t sender_node = -1, receiver_node = -1;
@@ -99,6 +96,13 @@ struct SlowLink {
   std::size_t measurements = 0;  // slow measurements of this rank pair merged here
   Evidence evidence;             // against all passes (worst measurement)
   Evidence pass_evidence;        // against its pass; baseline_count 0 when the pass was too small
+};
+
+struct SlowGpu {
+  std::int32_t rank = -1;
+  std::int32_t node = -1;
+  Evidence evidence;
+  std::vector<SlowLink> links;  // slow links it explains (it is at one end, they are no slower)
 };
 
 struct SlowNic {
@@ -111,7 +115,7 @@ struct SlowNic {
 
 struct Localization {
   std::vector<SlowGpu> gpus;    // by rank
-  std::vector<SlowLink> links;  // links not explained by a NIC, by (sender, receiver)
+  std::vector<SlowLink> links;  // links not explained by a GPU or NIC, by (sender, receiver)
   std::vector<SlowNic> nics;    // by node
   std::size_t gemms_unassessed = 0;      // too few GEMM results for a baseline
   std::size_t transfers_unassessed = 0;  // too few transfers of their kind for a baseline

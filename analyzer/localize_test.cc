@@ -332,5 +332,54 @@ TEST(LocalizeTest, ASlowNicsNeighboursAreExplainedAway) {
   EXPECT_EQ(std::minmax(loc.value().links[0].sender_node, loc.value().links[0].receiver_node), std::minmax(1, 2));
 }
 
+// A throttled GPU sends and receives slowly too (NCCL's copy kernels run on its SMs): its links
+// measure slow, by less than its GEMM. Those links are the GPU's doing and are listed under it;
+// a link slower than the GPU at its end is something else and is named on its own. Both ends
+// slow: the link goes to the slower GPU.
+TEST(LocalizeTest, ASlowGpusOwnLinksAreExplainedByIt) {
+  struct Case {
+    const char* what;
+    double gpu7, gpu2;  // GEMM slowdowns of ranks 7 and 2 (1 = healthy)
+    double link;        // slowdown of the 2-7 transfers
+    std::size_t want_gpus, want_links;
+    std::int32_t explained_by;  // rank whose GPU lists the link; -1: none
+  };
+  const Case cases[] = {
+      {"link slowed by its GPU", 2.4, 1.0, 1.65, 1, 0, 7},
+      {"link as slow as its GPU", 2.0, 1.0, 2.0, 1, 0, 7},
+      {"link slower than its GPU", 1.5, 1.0, 3.0, 1, 1, -1},
+      {"both ends slow, the slower explains", 1.6, 2.5, 2.0, 2, 0, 2},
+      {"no slow GPU", 1.0, 1.0, 2.0, 0, 1, -1},
+  };
+  for (const Case& c : cases) {
+    std::vector<TransferMeasurement> transfers;
+    std::vector<GemmMeasurement> gemms;
+    for (std::int32_t r = 0; r < 8; ++r) {
+      const double jitter = 1.0 + 0.01 * static_cast<double>(r % 3);
+      const std::int32_t next = (r + 1) % 8;
+      transfers.push_back({0, r, next, 0, 0, 1e-3 * jitter, 1 << 20});
+      const double gpu = r == 7 ? c.gpu7 : r == 2 ? c.gpu2 : 1.0;
+      gemms.push_back({r, 0, 0.05 * jitter * gpu});
+    }
+    transfers.push_back({1, 2, 7, 0, 0, 1e-3 * c.link, 1 << 20});
+    transfers.push_back({1, 7, 2, 0, 0, 1e-3 * c.link, 1 << 20});
+    const Result<Localization> loc = Localize({transfers, {}, gemms, {}});
+    ASSERT_TRUE(loc.ok()) << loc.status().ToString();
+    const Localization& l = loc.value();
+    EXPECT_EQ(l.gpus.size(), c.want_gpus) << c.what;
+    EXPECT_EQ(l.links.size(), c.want_links) << c.what;
+    EXPECT_TRUE(l.nics.empty()) << c.what;
+    for (const SlowGpu& g : l.gpus) {
+      if (g.rank != c.explained_by) {
+        EXPECT_TRUE(g.links.empty()) << c.what << ": rank " << g.rank;
+        continue;
+      }
+      ASSERT_EQ(g.links.size(), 1u) << c.what;
+      EXPECT_EQ(std::minmax(g.links[0].sender, g.links[0].receiver), std::minmax(2, 7)) << c.what;
+      EXPECT_EQ(g.links[0].measurements, 2u) << c.what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace falcon::analyzer

@@ -493,7 +493,12 @@ TEST(ValidationStageTest, VerdictNamesCulpritsByHostInOrderAndRanksOnce) {
   const JobView view = RunningJob();  // node0 = node index 0, node1 = 1
   const ValidationRun run("r", {}, ValidationSettings{}, false);
   analyzer::Localization l;
-  l.gpus.push_back({5, 1, {0.02, 0.01, 2.0, 0.001, 8}});
+  analyzer::SlowLink own;  // rank 5's own transfer, slowed by its GPU: not a culprit of its own
+  own.sender = 4;
+  own.receiver = 5;
+  own.sender_node = own.receiver_node = 1;
+  own.evidence = {1.5e-9, 1e-9, 1.5, 1e-10, 6};
+  l.gpus.push_back({5, 1, {0.02, 0.01, 2.0, 0.001, 8}, {own}});
   analyzer::SlowLink link;
   link.sender = 5;
   link.receiver = 1;
@@ -510,6 +515,9 @@ TEST(ValidationStageTest, VerdictNamesCulpritsByHostInOrderAndRanksOnce) {
   ASSERT_EQ(v.detail["gpus"].size(), 1u);
   EXPECT_EQ(v.detail["gpus"][0]["host"], "node1");
   EXPECT_DOUBLE_EQ(v.detail["gpus"][0]["evidence"]["ratio"].get<double>(), 2.0);
+  ASSERT_EQ(v.detail["gpus"][0]["explains_links"].size(), 1u);
+  EXPECT_EQ(v.detail["gpus"][0]["explains_links"][0]["ranks"], json({4, 5}));
+  EXPECT_EQ(v.detail["links"].size(), 1u) << "an explained link is listed under its GPU only";
   EXPECT_EQ(v.detail["links"][0]["hosts"], json({"node1", "node0"}));
   EXPECT_EQ(v.detail["unassessed"]["gemms"], 1);
   EXPECT_TRUE(v.detail.contains("validation"));

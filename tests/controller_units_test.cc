@@ -1399,8 +1399,8 @@ TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairPartialNicsAndLon
     bool ambiguous;
   } cases[] = {
       {"nothing", {}, false},
-      {"one GPU", {{{3, 1, {}}}, {}, {}}, false},
-      {"two GPUs", {{{3, 1, {}}, {9, 4, {}}}, {}, {}}, true},
+      {"one GPU", {{{3, 1, {}, {}}}, {}, {}}, false},
+      {"two GPUs", {{{3, 1, {}, {}}, {9, 4, {}, {}}}, {}, {}}, true},
       {"two rank pairs across one node pair", {{}, {link(0, 2, 0, 1), link(3, 1, 1, 0)}, {}}, false},
       {"one link slow in two passes", {{}, {link(0, 2, 0, 1, 2)}, {}}, false},
       {"one link slow in one transfer", {{}, {link(0, 2, 0, 1, 1)}, {}}, true},
@@ -1409,7 +1409,7 @@ TEST(ValidationRunTest, RemeasureReasonCountsCulpritsByNodePairPartialNicsAndLon
       {"two rank pairs, nodes unknown", {{}, {link(0, 2, -1, -1), link(1, 3, -1, -1)}, {}}, true},
       {"two rank pairs inside one node", {{}, {link(0, 2, 0, 0, 2), link(3, 6, 0, 0, 2)}, {}}, true},
       {"one rank pair inside a node, two passes", {{}, {link(0, 2, 0, 0, 2)}, {}}, false},
-      {"a GPU and a link", {{{3, 1, {}}}, {link(0, 2, 0, 1)}, {}}, true},
+      {"a GPU and a link", {{{3, 1, {}, {}}}, {link(0, 2, 0, 1)}, {}}, true},
       {"a NIC slow to every peer", {{}, {}, {nic(2, 3, 3)}}, false},
       {"a NIC slow to some peers", {{}, {}, {nic(2, 2, 3)}}, true},
       {"two NICs", {{}, {}, {nic(0, 2, 2), nic(2, 2, 2)}}, true},
@@ -1425,7 +1425,7 @@ TEST(ValidationRunTest, RemeasureReasonTakesALoneFindingJustPastTheThresholdAsAm
     e.ratio = ratio;
     return e;
   };
-  auto gpu = [&](double ratio) { return analyzer::Localization{{{15, 7, evidence(ratio)}}, {}, {}}; };
+  auto gpu = [&](double ratio) { return analyzer::Localization{{{15, 7, evidence(ratio), {}}}, {}, {}}; };
   auto link = [&](double ratio) {
     analyzer::SlowLink k;
     k.sender = 0;

@@ -68,8 +68,15 @@ RoundVerdict VerdictOf(const Result<analyzer::Localization>& loc, const Validati
   auto add = [&](const std::string& what) { v.summary += (v.summary.empty() ? "" : "; ") + what; };
   const analyzer::Localization& l = loc.value();
   json gpus = json::array(), links = json::array(), nics = json::array();
+  auto link_json = [&](const analyzer::SlowLink& k) {
+    return json{{"ranks", {k.sender, k.receiver}}, {"hosts", {host(k.sender_node), host(k.receiver_node)}},
+                {"evidence", EvidenceJson(k.evidence)}};
+  };
   for (const analyzer::SlowGpu& g : l.gpus) {
-    gpus.push_back({{"rank", g.rank}, {"host", host(g.node)}, {"evidence", EvidenceJson(g.evidence)}});
+    json explained = json::array();  // its own slow transfers, no slower than its GEMM
+    for (const analyzer::SlowLink& k : g.links) explained.push_back(link_json(k));
+    gpus.push_back({{"rank", g.rank}, {"host", host(g.node)}, {"evidence", EvidenceJson(g.evidence)},
+                    {"explains_links", explained}});
     v.ranks.push_back(g.rank);
     add(fmt::format("slow GPU: rank {} on {} (GEMM {:.2f}x median)", g.rank, host(g.node), g.evidence.ratio));
   }
@@ -79,8 +86,7 @@ RoundVerdict VerdictOf(const Result<analyzer::Localization>& loc, const Validati
     add(fmt::format("slow NIC: {} ({:.2f}x median transfer time)", host(n.node), n.evidence.ratio));
   }
   for (const analyzer::SlowLink& k : l.links) {
-    links.push_back({{"ranks", {k.sender, k.receiver}}, {"hosts", {host(k.sender_node), host(k.receiver_node)}},
-                     {"evidence", EvidenceJson(k.evidence)}});
+    links.push_back(link_json(k));
     v.ranks.push_back(k.sender);
     v.ranks.push_back(k.receiver);
     add(fmt::format("slow link: {} <-> {} (ranks {}-{}, {:.2f}x median)", host(k.sender_node), host(k.receiver_node),
