@@ -453,6 +453,61 @@ TEST(ProtocolCommandTest, PlanElementsAreRangeChecked) {
   }
 }
 
+// One validate command may carry a host's ranks, each with its own p2p peer (`peers`) or
+// validation rank (`vrank_each`), paired with `ranks` by position; the lists replace the
+// single-rank fields, and a list that cannot be paired is refused with the reason.
+TEST(ProtocolCommandTest, PerRankPeersAndValidationRanksPairWithRanks) {
+  json p2p = Example("validate");
+  p2p.erase("peer");
+  p2p["ranks"] = {4, 5, 6};
+  p2p["peers"] = {9, 0, 3};
+  const Result<Command> ok = ParseCommand(p2p.dump());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok.value().peers, (std::vector<std::int64_t>{9, 0, 3}));
+  EXPECT_EQ(ToJson(ok.value())["peers"], p2p["peers"]) << "round trip";
+  EXPECT_FALSE(ToJson(ok.value()).contains("peer"));
+
+  json join = p2p;
+  join.erase("peers");
+  join["task"] = "vcomm_join";
+  join["blob"] = std::string(256, 'a');
+  join["vranks"] = 8;
+  join["bytes"] = 1024;
+  join["vrank_each"] = {7, 0, 2};
+  const Result<Command> joined = ParseCommand(join.dump());
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(joined.value().vrank_each, (std::vector<std::int64_t>{7, 0, 2}));
+
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* why;  // in the error
+  } cases[] = {
+      {"peers shorter than ranks", [](json& j) { j["peers"] = {1, 2}; }, "one entry per rank"},
+      {"peers without ranks", [](json& j) { j.erase("ranks"); }, "one entry per rank"},
+      {"peers and peer", [](json& j) { j["peer"] = 1; }, "replaces peer and shift"},
+      {"peers and shift", [](json& j) { j["shift"] = 1; }, "replaces peer and shift"},
+      {"a rank twice", [](json& j) { j["ranks"] = {4, 5, 4}; }, "names a rank twice"},
+      {"a negative peer", [](json& j) { j["peers"] = {1, -1, 2}; }, "peers"},
+      {"vrank_each and vrank", [](json& j) { j["vrank_each"] = {1, 2, 3}; j["vrank"] = 1; }, "replaces vrank"},
+      {"vrank_each past vranks", [](json& j) {
+         j.erase("peers");
+         j["task"] = "vcomm_join";
+         j["blob"] = std::string(256, 'a');
+         j["vranks"] = 8;
+         j["bytes"] = 1024;
+         j["vrank_each"] = {7, 8, 2};
+       }, "vrank (or vrank_each) < vranks"},
+  };
+  for (const Case& c : cases) {
+    json bad = p2p;
+    c.edit(bad);
+    const Result<Command> r = ParseCommand(bad.dump());
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_NE(r.status().message().find(c.why), std::string::npos) << c.what << ": " << r.status().message();
+  }
+}
+
 // Every strategy a plan can carry is one an incident entry and the controller's state may name:
 // a decision for the pipeline plan must be recordable (the controller checks the entry before it
 // sends the plan, or it would send it again at every sample).

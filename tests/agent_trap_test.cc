@@ -217,16 +217,22 @@ TEST_F(AgentTrapTest, PauseValidateResumeThroughRedisLosesNoTrainingData) {
   ASSERT_EQ(made["status"], "ok") << made.dump();
   const std::string blob = made["results"][0].value("blob", "");
   ASSERT_EQ(blob.size(), 2u * FALCON_TASK_BLOB_LEN) << made.dump();
-  std::vector<protocol::Command> joins;
-  for (std::int64_t r = 0; r < kRanks; ++r) {
-    protocol::Command j = NewCommand("validate");
+  // Validation ranks in reverse order: rank 0 joins alone (`vrank`), the others in one command
+  // with a validation rank each (`vrank_each`), as the controller sends a host's ranks.
+  auto vrank_of = [](std::int64_t r) { return std::int64_t{kRanks} - 1 - r; };
+  std::vector<protocol::Command> joins = {NewCommand("validate"), NewCommand("validate")};
+  for (protocol::Command& j : joins) {
     j.task = "vcomm_join";
-    j.ranks = std::vector<std::int64_t>{r};
     j.blob = blob;
     j.vranks = kRanks;
-    j.vrank = r;
     j.bytes = 32768;
-    joins.push_back(j);
+  }
+  joins[0].ranks = std::vector<std::int64_t>{0};
+  joins[0].vrank = vrank_of(0);
+  joins[1].ranks = std::vector<std::int64_t>{};
+  for (std::int64_t r = 1; r < kRanks; ++r) {
+    joins[1].ranks->push_back(r);
+    joins[1].vrank_each.push_back(vrank_of(r));
   }
   for (const json& ack : SendAll(joins, 30)) ASSERT_EQ(ack["status"], "ok") << ack.dump();
   protocol::Command ring = NewCommand("validate");
@@ -235,7 +241,17 @@ TEST_F(AgentTrapTest, PauseValidateResumeThroughRedisLosesNoTrainingData) {
   ring.shift = 1;
   ring.bytes = 32768;
   ring.repeats = 20;
-  for (const protocol::Command& v : {gemm, ring}) {
+  // Pairs of validation ranks (0-1, 2-3, ...) exchange, each rank told its own peer (`peers`).
+  protocol::Command pairs = NewCommand("validate");
+  pairs.task = "p2p";
+  pairs.bytes = 32768;
+  pairs.repeats = 5;
+  pairs.ranks = std::vector<std::int64_t>{};
+  for (std::int64_t r = 0; r < kRanks; ++r) {
+    pairs.ranks->push_back(r);
+    pairs.peers.push_back(vrank_of(r) ^ 1);
+  }
+  for (const protocol::Command& v : {gemm, ring, pairs}) {
     const json ack = Send(v, 30);
     ASSERT_EQ(ack["status"], "ok") << ack.dump();
     ASSERT_EQ(ack["results"].size(), size_t{kRanks});
@@ -358,6 +374,11 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
       {ctl, "pause", "--iteration", "5", "--ranks", "0", "--port", port, "--job", kJob}, {}, 60);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("drop --ranks"), std::string::npos) << bad.err;
+  testing::ProcessResult unpaired = testing::Run(
+      {ctl, "validate", "--task", "p2p", "--ranks", "0,1", "--peers", "1", "--bytes", "1024", "--port", port, "--job", kJob},
+      {}, 60);
+  EXPECT_EQ(unpaired.exit_code, 2) << unpaired.err;
+  EXPECT_NE(unpaired.err.find("--peers needs one entry per --ranks entry"), std::string::npos) << unpaired.err;
   // Rank 0's iteration now and its pace, fresh: aim a few seconds ahead. On a loaded machine the
   // aim can still fall short ("too soon", naming the rank): then aim again, as a user would.
   testing::ProcessResult r;

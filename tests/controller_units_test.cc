@@ -719,6 +719,23 @@ protocol::AckRankResult Trap(std::int64_t rank, const char* state) {
 
 std::optional<json> AllOk(const OutgoingCommand& c) { return AckTo(c, "ok"); }
 
+// A validate command's ranks, each with its own peer (p2p) or validation rank (vcomm_join),
+// whether the command used the single-rank form (`peer`, `vrank`) or the per-rank lists.
+std::vector<std::pair<std::int64_t, std::int64_t>> PerRank(const protocol::Command& c) {
+  const std::vector<std::int64_t>& each = c.task == "p2p" ? c.peers : c.vrank_each;
+  const std::optional<std::int64_t> single = c.task == "p2p" ? c.peer : c.vrank;
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::size_t i = 0; i < c.ranks->size(); ++i) {
+    out.emplace_back((*c.ranks)[i], each.empty() ? single.value_or(-1) : each.at(i));
+  }
+  if (each.empty()) {
+    EXPECT_EQ(c.ranks->size(), 1u) << "the single-rank form names one rank";
+  } else {
+    EXPECT_FALSE(single.has_value()) << "both forms in one command";
+  }
+  return out;
+}
+
 void Answer(ValidationRun& run, const std::vector<OutgoingCommand>& cmds, const Responder& respond = AllOk) {
   for (const OutgoingCommand& c : cmds) {
     if (std::optional<json> a = respond(c)) run.OnAck(*a);
@@ -1057,19 +1074,22 @@ TEST(ValidationRunTest, TransfersWaitForEveryRankToJoinTheValidationCommunicator
       return std::optional<json>(AckTo(c, "ok", std::vector<protocol::AckRankResult>{r}));
     });
     cmds = Next(run, view, now += kSec);
-    ASSERT_EQ(cmds.size(), 4u) << "one join per rank";
+    ASSERT_EQ(cmds.size(), 1u) << "one join command per host: ranks 0-3 are node0's";
+    std::map<std::int64_t, std::int64_t> vrank_of;
     for (const OutgoingCommand& c : cmds) {
       EXPECT_EQ(c.command.task, "vcomm_join");
       EXPECT_EQ(c.command.blob.value_or(""), blob);
       EXPECT_EQ(c.command.vranks.value_or(0), 4);
-      EXPECT_EQ(c.command.vrank.value_or(-1), c.command.ranks->front());
+      for (const auto& [rank, vrank] : PerRank(c.command)) vrank_of[rank] = vrank;
     }
+    EXPECT_EQ(vrank_of, (std::map<std::int64_t, std::int64_t>{{0, 0}, {1, 1}, {2, 2}, {3, 3}}));
     Answer(run, cmds, [&](const OutgoingCommand& c) {
-      const std::int64_t r = c.command.ranks->front();
-      const char* status = join_fails && r == 2 ? "failed" : "ok";
-      protocol::AckRankResult res{r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
-      return std::optional<json>(AckTo(c, join_fails && r == 2 ? "failed" : "ok",
-                                       std::vector<protocol::AckRankResult>{res}));
+      std::vector<protocol::AckRankResult> results;
+      for (const std::int64_t r : *c.command.ranks) {
+        const char* status = join_fails && r == 2 ? "failed" : "ok";
+        results.push_back({r, "done", status, 0.0, 0.0, 0.0, 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+      }
+      return std::optional<json>(AckTo(c, join_fails ? "failed" : "ok", results));
     });
     cmds = Next(run, view, now += kSec);
     ASSERT_FALSE(cmds.empty());
@@ -1115,17 +1135,18 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     Answer(run, cmds);
     now += kSec;
 
-    cmds = Next(run, view, now);  // the P2P step: one command per rank, towards its peer
-    ASSERT_EQ(cmds.size(), 4u);
+    cmds = Next(run, view, now);  // the P2P step: one command per host, each rank towards its peer
+    ASSERT_EQ(cmds.size(), 1u) << "ranks 0-3 are node0's";
     std::map<std::int64_t, std::int64_t> peer_of;
     for (const OutgoingCommand& cmd : cmds) {
       EXPECT_EQ(cmd.command.task, "p2p");
-      ASSERT_TRUE(cmd.command.ranks.has_value() && cmd.command.ranks->size() == 1u);
-      ASSERT_TRUE(cmd.command.peer.has_value());
-      const std::int64_t rank = cmd.command.ranks->front();
-      EXPECT_EQ(cmd.host, HostOfRank(rank));
-      EXPECT_EQ(cmd.command.comm, protocol::CommIdHex(TpId(rank / 2)));
-      peer_of[rank] = *cmd.command.peer;
+      ASSERT_TRUE(cmd.command.ranks.has_value());
+      for (const auto& [rank, peer] : PerRank(cmd.command)) {
+        EXPECT_EQ(cmd.host, HostOfRank(rank));
+        peer_of[rank] = peer;
+      }
+      EXPECT_FALSE(cmd.command.comm.has_value()) << "two TP groups' exchanges: no one communicator to record";
+      EXPECT_EQ(cmd.command.repeats, s.p2p_repeats);
     }
     EXPECT_EQ(peer_of, (std::map<std::int64_t, std::int64_t>{{0, 1}, {1, 0}, {2, 1}, {3, 0}}));
     Answer(run, cmds);
@@ -1184,10 +1205,14 @@ TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {
          return AckTo(c, "ok");
        },
        4, 1, 1},
-      {"rank 3's p2p unacked",
+      {"rank 3's p2p result missing from its host's ack",
        [](const OutgoingCommand& c) -> std::optional<json> {
-         if (c.command.task == "p2p" && c.command.ranks->front() == 3) return std::nullopt;
-         return AckTo(c, "ok");
+         if (c.command.task != "p2p") return AckTo(c, "ok");
+         std::vector<protocol::AckRankResult> results;
+         for (std::int64_t r : *c.command.ranks) {
+           if (r != 3) results.push_back({r, "ok", "ok", 1.5 * P2pMin(r), P2pMin(r), 2 * P2pMin(r), std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+         }
+         return AckTo(c, "failed", results);
        },
        8, 1, 0},
   };
@@ -1337,20 +1362,21 @@ TEST(ValidationRunTest, ASlowLinkSeenByOneNodePairIsProbedAgainstOtherNodes) {
     std::vector<std::pair<std::int64_t, std::int64_t>> probes;
     const Responder respond = [&](const OutgoingCommand& cmd) -> std::optional<json> {
       if (cmd.command.type != "validate") return AckTo(cmd, "ok");
-      const std::int64_t r = cmd.command.ranks->front();
       if (cmd.command.task == "vcomm_id") {
-        protocol::AckRankResult res{r, "done", "ok", 0.0, 0.0, 0.0, 0.0, std::string(2 * FALCON_TASK_BLOB_LEN, 'a'),
-                                    std::nullopt, std::nullopt, std::nullopt};
+        protocol::AckRankResult res{cmd.command.ranks->front(), "done", "ok", 0.0, 0.0, 0.0, 0.0,
+                                    std::string(2 * FALCON_TASK_BLOB_LEN, 'a'), std::nullopt, std::nullopt, std::nullopt};
         return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
       }
       if (cmd.command.task != "p2p") return AckTo(cmd, "ok");
-      const std::int64_t peer = *cmd.command.peer;  // validation rank = global rank here
-      if (!cmd.command.comm) probes.push_back({std::min(r, peer), std::max(r, peer)});
-      const std::set<std::int64_t> nodes = {r / 2, peer / 2};
-      const bool slow = nodes == std::set<std::int64_t>{0, 1} || (c.nic && nodes.count(0) && nodes.size() == 2);
-      const double t = slow ? 0.05 : 0.02;
-      protocol::AckRankResult res{r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
-      return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
+      std::vector<protocol::AckRankResult> results;
+      for (const auto& [r, peer] : PerRank(cmd.command)) {  // validation rank = global rank here
+        if (!cmd.command.comm) probes.push_back({std::min(r, peer), std::max(r, peer)});  // a probe: no job comm
+        const std::set<std::int64_t> nodes = {r / 2, peer / 2};
+        const bool slow = nodes == std::set<std::int64_t>{0, 1} || (c.nic && nodes.count(0) && nodes.size() == 2);
+        const double t = slow ? 0.05 : 0.02;
+        results.push_back({r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+      }
+      return AckTo(cmd, "ok", results);
     };
     std::int64_t now = kReportedNs;
     for (int i = 0; i < 30 && !run.done(); ++i) {

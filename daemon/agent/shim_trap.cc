@@ -71,6 +71,13 @@ std::array<std::uint8_t, FALCON_TASK_BLOB_LEN> Unhex(const std::string& hex) {
 
 // The task one rank runs for `c`, or a reason it cannot.
 std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, RankFollower& f, std::string* why) const {
+  // `peers` / `vrank_each` pair up with `ranks` by position (ParseCommand checked the lengths).
+  auto own = [&](const std::vector<std::int64_t>& each) -> std::optional<std::int64_t> {
+    if (each.empty() || !c.ranks) return std::nullopt;
+    const auto at = std::find(c.ranks->begin(), c.ranks->end(), f.rank());
+    if (at == c.ranks->end()) return std::nullopt;
+    return each[static_cast<std::size_t>(at - c.ranks->begin())];
+  };
   Task out;
   FalconTask& t = out.task;
   t.repeats = static_cast<std::uint32_t>(c.repeats.value_or(5));
@@ -99,8 +106,9 @@ std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, Ran
     return out;
   }
   if (c.task == "vcomm_join") {
-    if (!c.blob || !c.vranks || !c.vrank || !c.bytes) {
-      *why = "vcomm_join needs blob, vranks, vrank and bytes";
+    const std::optional<std::int64_t> vrank = c.vrank_each.empty() ? c.vrank : own(c.vrank_each);
+    if (!c.blob || !c.vranks || !vrank || !c.bytes) {
+      *why = "vcomm_join needs blob, vranks, vrank (or vrank_each) and bytes";
       return std::nullopt;
     }
     if (*c.bytes > (std::int64_t{1} << 30)) {
@@ -110,13 +118,14 @@ std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, Ran
     t.kind = kFalconTaskCommJoin;
     t.repeats = 1;
     t.m = static_cast<std::uint32_t>(*c.vranks);
-    t.n = static_cast<std::uint32_t>(*c.vrank);
+    t.n = static_cast<std::uint32_t>(*vrank);
     t.bytes = static_cast<std::uint64_t>(*c.bytes);
     out.blob = Unhex(*c.blob);
     return out;
   }
-  if (!c.bytes || c.peer.has_value() == c.shift.has_value()) {
-    *why = "p2p needs bytes and exactly one of peer / shift";
+  const std::optional<std::int64_t> peer = c.peers.empty() ? c.peer : own(c.peers);
+  if (!c.bytes || peer.has_value() == c.shift.has_value()) {
+    *why = "p2p needs bytes and exactly one of peer / peers / shift";
     return std::nullopt;
   }
   if (*c.bytes > (std::int64_t{1} << 30)) {
@@ -133,12 +142,13 @@ std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, Ran
   t.kind = kFalconTaskP2p;
   t.comm_slot = FALCON_VALIDATION_COMM;
   t.bytes = static_cast<std::uint64_t>(*c.bytes);
-  if (c.peer) {
-    if (*c.peer >= n || *c.peer == me) {
-      *why = "peer " + std::to_string(*c.peer) + " is not another rank of the validation communicator";
+  if (peer) {
+    if (*peer >= n || *peer == me) {
+      *why = "rank " + std::to_string(f.rank()) + ": peer " + std::to_string(*peer) +
+             " is not another rank of the validation communicator";
       return std::nullopt;
     }
-    t.send_peer = t.recv_peer = static_cast<std::int32_t>(*c.peer);
+    t.send_peer = t.recv_peer = static_cast<std::int32_t>(*peer);
   } else {
     if (*c.shift % n == 0) {
       *why = "shift is a multiple of the validation communicator's size";

@@ -343,39 +343,46 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
 std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   const ValidationStep& step = steps_[order_[cursor_]];
-  std::vector<OutgoingCommand> out;
-  std::map<std::string, std::vector<std::int64_t>> gemm_hosts;
+  // One command per host and task: a step of a sweep at 16,384 ranks is 2,048 commands, not
+  // 16,384. A host's ranks each get their own peer (`peers`) or validation rank (`vrank_each`);
+  // a host with one rank in the step gets the single-rank form (`peer`, `vrank`).
+  std::map<std::pair<std::string, std::string>, std::vector<const RankTaskSpec*>> by_host;  // (host, task)
   for (const RankTaskSpec& t : step.tasks) {
     const std::string* host = view.AgentOf(t.rank);
     if (host == nullptr) continue;  // the rank is gone: its measurement is missing
-    if (t.task == "gemm") {
-      gemm_hosts[*host].push_back(t.rank);
-      continue;
-    }
+    by_host[{*host, t.task}].push_back(&t);
+  }
+  std::vector<OutgoingCommand> out;
+  for (const auto& [key, tasks] : by_host) {
+    const auto& [host, task] = key;
     protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
-    cmd.task = t.task;
-    cmd.ranks = std::vector<std::int64_t>{t.rank};
-    if (t.task == "vcomm_join") {
+    cmd.task = task;
+    std::vector<std::int64_t> ranks, each;
+    for (const RankTaskSpec* t : tasks) {
+      ranks.push_back(t->rank);
+      each.push_back(task == "vcomm_join" ? t->vrank : t->peer);
+    }
+    const bool one = tasks.size() == 1;
+    cmd.ranks = ranks;
+    if (task == "gemm") {
+      cmd.size = settings_.gemm_size;
+      if (settings_.gemm_dtype != "fp32") cmd.dtype = settings_.gemm_dtype;  // absent: fp32, for older agents
+      cmd.repeats = settings_.gemm_repeats;
+    } else if (task == "vcomm_join") {
       cmd.blob = vcomm_blob_;
-      cmd.vranks = t.vranks;
-      cmd.vrank = t.vrank;
+      cmd.vranks = tasks.front()->vranks;
+      if (one) cmd.vrank = each.front(); else cmd.vrank_each = each;
       cmd.bytes = settings_.p2p_bytes;
-    } else if (t.task == "p2p") {
-      if (t.comm != 0) cmd.comm = protocol::CommIdHex(t.comm);  // a probe measures no job communicator
-      cmd.peer = t.peer;
+    } else if (task == "p2p") {
+      // The job's communicator is for the record; a probe measures none, and one command may
+      // measure several (a DP pass: each of a host's ranks in another DP group).
+      const std::uint64_t comm = tasks.front()->comm;
+      const bool shared = std::all_of(tasks.begin(), tasks.end(), [&](const RankTaskSpec* t) { return t->comm == comm; });
+      if (comm != 0 && shared) cmd.comm = protocol::CommIdHex(comm);
+      if (one) cmd.peer = each.front(); else cmd.peers = each;
       cmd.bytes = settings_.p2p_bytes;
       cmd.repeats = settings_.p2p_repeats;
     }
-    pending_[cmd.id] = {*host, "validate", std::nullopt};
-    out.push_back({*host, std::move(cmd)});
-  }
-  for (auto& [host, ranks] : gemm_hosts) {
-    protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
-    cmd.task = "gemm";
-    cmd.ranks = ranks;
-    cmd.size = settings_.gemm_size;
-    if (settings_.gemm_dtype != "fp32") cmd.dtype = settings_.gemm_dtype;  // absent: fp32, for older agents
-    cmd.repeats = settings_.gemm_repeats;
     pending_[cmd.id] = {host, "validate", std::nullopt};
     out.push_back({host, std::move(cmd)});
   }

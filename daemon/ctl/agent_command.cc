@@ -459,10 +459,25 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   v->add_option("--peer", val->command.peer, "p2p: peer rank in the validation communicator");
   v->add_option("--shift", val->command.shift,
                 "p2p instead of --peer: validation rank r sends to r+shift");
+  v->add_option("--peers", val->command.peers,
+                "p2p instead of --peer: each of --ranks' peer in the validation communicator, in order")
+      ->delimiter(',');
   v->add_option("--bytes", val->command.bytes, "p2p: message size in bytes; vcomm_join: buffer size");
   v->add_option("--blob", val->command.blob, "vcomm_join: the id vcomm_id printed (256 hex digits)");
   v->add_option("--vranks", val->command.vranks, "vcomm_join: members of the validation communicator");
   v->add_option("--vrank", val->command.vrank, "vcomm_join: the rank's rank in it");
+  v->add_option("--vrank-each", val->command.vrank_each,
+                "vcomm_join instead of --vrank: each of --ranks' rank in it, in order")
+      ->delimiter(',');
+  val->check = [o = val.get()]() -> std::string {  // raw: val owns the check
+    for (const auto& [flag, list] : {std::pair{"--peers", &o->command.peers}, std::pair{"--vrank-each", &o->command.vrank_each}}) {
+      if (!list->empty() && list->size() != o->ranks.size()) {
+        return std::string(flag) + " needs one entry per --ranks entry (" + std::to_string(list->size()) + " for " +
+               std::to_string(o->ranks.size()) + ")";
+      }
+    }
+    return "";
+  };
   v->add_option("--size", val->command.size, "gemm: matrix dimension");
   v->add_option("--dtype", val->command.dtype, "gemm: element type (fp32, bf16, fp16; default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));

@@ -1,7 +1,10 @@
 // Protocol messages to and from JSON. See messages.h for the contract.
 #include "daemon/protocol/messages.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "daemon/protocol/validate.h"
@@ -220,6 +223,8 @@ json ToJson(const Command& m) {
     SetIf(j, "blob", m.blob);
     SetIf(j, "vranks", m.vranks);
     SetIf(j, "vrank", m.vrank);
+    if (!m.peers.empty()) j["peers"] = m.peers;
+    if (!m.vrank_each.empty()) j["vrank_each"] = m.vrank_each;
   } else if (m.type == kPlanCommand.type) {
     j["plan_version"] = m.plan_version;
     j["strategy"] = m.strategy;
@@ -333,8 +338,33 @@ Result<Command> ParseCommand(std::string_view text) {
       }
       if (j.contains("vranks")) c.vranks = j["vranks"].get<std::int64_t>();
       if (j.contains("vrank")) c.vrank = j["vrank"].get<std::int64_t>();
-      if (c.task == "vcomm_join" && (!c.blob || !c.vranks || !c.vrank || !c.bytes || *c.vrank >= *c.vranks)) {
-        return Status::InvalidArgument("validate vcomm_join needs blob, vranks, vrank < vranks and bytes");
+      if (j.contains("peers")) c.peers = j["peers"].get<std::vector<std::int64_t>>();
+      if (j.contains("vrank_each")) c.vrank_each = j["vrank_each"].get<std::vector<std::int64_t>>();
+      // Per-rank lists pair up with `ranks` by position, and replace their single-rank fields.
+      for (const auto& [name, list, single] : {std::tuple{"peers", &c.peers, c.peer.has_value() || c.shift.has_value()},
+                                               std::tuple{"vrank_each", &c.vrank_each, c.vrank.has_value()}}) {
+        if (list->empty()) continue;
+        if (!c.ranks || c.ranks->size() != list->size()) {
+          return Status::InvalidArgument(std::string("validate.") + name + ": one entry per rank of `ranks`");
+        }
+        if (single) {
+          return Status::InvalidArgument(std::string("validate.") + name + " replaces " +
+                                         (list == &c.peers ? "peer and shift" : "vrank") + ": give one of them");
+        }
+        std::vector<std::int64_t> sorted = *c.ranks;
+        std::sort(sorted.begin(), sorted.end());
+        if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+          return Status::InvalidArgument(std::string("validate.") + name + ": `ranks` names a rank twice");
+        }
+      }
+      if (c.task == "vcomm_join") {
+        const bool placed = c.vrank_each.empty()
+                                ? c.vrank && c.vranks && *c.vrank < *c.vranks
+                                : c.vranks && std::all_of(c.vrank_each.begin(), c.vrank_each.end(),
+                                                          [&](std::int64_t v) { return v < *c.vranks; });
+        if (!c.blob || !c.vranks || !c.bytes || !placed) {
+          return Status::InvalidArgument("validate vcomm_join needs blob, vranks, vrank (or vrank_each) < vranks and bytes");
+        }
       }
     } else if (c.type == kPlanCommand.type) {
       c.plan_version = j.at("plan_version").get<std::int32_t>();

@@ -193,6 +193,9 @@ struct Command {
   std::optional<std::string> dtype;            // gemm: fp32 | bf16 | fp16 (absent: fp32)
   std::optional<std::string> blob;             // vcomm_join: 256 hex digits
   std::optional<std::int64_t> vranks, vrank;   // vcomm_join
+  // Per target rank, in the order of `ranks` (empty: absent): p2p peers instead of `peer`,
+  // vcomm_join validation ranks instead of `vrank`.
+  std::vector<std::int64_t> peers, vrank_each;
   // plan (elements range-checked by ParseCommand)
   std::int32_t plan_version = 0;
   std::string strategy;                      // S1 | S2 | S3 | S4 | pipeline

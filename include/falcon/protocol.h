@@ -440,6 +440,8 @@ inline constexpr MessageSpec kResume{"resume", kResumeFields, "release a pause"}
 // Validation traffic runs on a communicator Falcon owns, never on the job's: vcomm_id on one
 // rank makes its unique id (ack result `blob`), vcomm_join on every member joins it (ok once all
 // have joined and hold their buffers), then p2p transfers run on it. It lasts until the resume.
+// One command may carry several ranks of a host, each with its own peer (`peers`) or validation
+// rank (`vrank_each`), so that a step costs one command per host, not one per rank.
 inline constexpr FieldSpec kValidateFields[] = {
     FALCON_PROTOCOL_COMMAND_FIELDS,
     {"task", JsonType::kString, true, "benchmark kind", "gemm|p2p|vcomm_id|vcomm_join"},
@@ -449,10 +451,16 @@ inline constexpr FieldSpec kValidateFields[] = {
     {"shift", JsonType::kInteger, false,
      "p2p instead of peer: validation rank r sends to r+shift and receives from r-shift (mod vranks)",
      "", 1, kMaxRank},
+    {"peers", JsonType::kArray, false,
+     "p2p instead of peer: each target rank's peer in the validation communicator, in the order of ranks", "", 1,
+     kMaxRank, JsonType::kInteger, 0, kMaxRank},
     {"bytes", JsonType::kInteger, false, "p2p message size; vcomm_join: transfer buffer size", "", 1, 1e10},
     {"blob", JsonType::kString, false, "vcomm_join: the unique id from vcomm_id, 256 hex digits", "", 256, 256},
     {"vranks", JsonType::kInteger, false, "vcomm_join: members of the validation communicator", "", 2, kMaxRank},
     {"vrank", JsonType::kInteger, false, "vcomm_join: the target rank's rank in it", "", 0, kMaxRank},
+    {"vrank_each", JsonType::kArray, false,
+     "vcomm_join instead of vrank: each target rank's rank in it, in the order of ranks", "", 1, kMaxRank,
+     JsonType::kInteger, 0, kMaxRank},
     {"size", JsonType::kInteger, false, "gemm: matrix dimension", "", 1, 65536},
     {"dtype", JsonType::kString, false,
      "gemm: element type (default fp32, cuBLAS SGEMM; bf16 / fp16: GemmEx, fp32 accumulation, tensor cores)",
