@@ -453,6 +453,16 @@ TEST(ProtocolCommandTest, PlanElementsAreRangeChecked) {
   }
 }
 
+// A stream keeps about stream_maxlen messages however they are packed: an entry's MAXLEN is the
+// message budget divided by its messages, rounded up, never 0 (that would mean unbounded).
+TEST(ProtocolPackTest, EntryCapCountsMessagesNotEntries) {
+  EXPECT_EQ(EntryCap(100000, 1), 100000u);
+  EXPECT_EQ(EntryCap(100000, 64), 1563u);
+  EXPECT_EQ(EntryCap(100000, 0), 100000u);
+  EXPECT_EQ(EntryCap(10, 64), 1u) << "a budget below one entry still keeps the entry";
+  EXPECT_EQ(EntryCap(0, 64), 0u) << "0 stays unbounded";
+}
+
 // One validate command may carry a host's ranks, each with its own p2p peer (`peers`) or
 // validation rank (`vrank_each`), paired with `ranks` by position; the lists replace the
 // single-rank fields, and a list that cannot be paired is refused with the reason.

@@ -76,7 +76,7 @@ void SimAgents::QueueReport(const protocol::KeySpec& stream, const json& msg, co
 }
 
 void SimAgents::ClosePack() {
-  if (!pack_.empty()) Queue(redis::XAddArgs(pack_key_, cadence_.stream_maxlen, pack_));
+  if (!pack_.empty()) Queue(redis::XAddArgs(pack_key_, protocol::EntryCap(cadence_.stream_maxlen, pack_.size()), pack_));
   pack_.clear();
   pack_bytes_ = 0;
   pack_node_ = -1;

@@ -46,8 +46,8 @@ const ConfigEntry kTable[] = {
      &C::flush_batch},
     {"profile_ms", T::kInt, 0, 3600000, "per-communicator profile period, ms (0: off)",
      &C::profile_ms},
-    {"stream_maxlen", T::kInt, 0, 1e9, "XADD MAXLEN ~ for report streams (0: unbounded)",
-     &C::stream_maxlen},
+    {"stream_maxlen", T::kInt, 0, 1e9, "messages kept per report stream, about (MAXLEN ~ of each packed entry: "
+     "this / its messages; 0: unbounded)", &C::stream_maxlen},
     {"outbox_max", T::kInt, 16, 1e7, "reports held while Redis is unreachable; the oldest are "
      "dropped (and counted) beyond this", &C::outbox_max},
     {"command_block_ms", T::kInt, 10, 60000, "XREADGROUP BLOCK on the command stream, ms",

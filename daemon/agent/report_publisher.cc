@@ -83,7 +83,7 @@ ReportPublisher::FlushResult ReportPublisher::Write(redis::RedisConnection& c, c
   for (const auto& [first, end] : groups) {
     redis::FieldList fields;
     for (std::size_t k = first; k < end; ++k) fields.emplace_back(std::string(protocol::kPayloadField), b.entries[k].payload);
-    cmds.push_back(redis::XAddArgs(b.entries[first].stream, b.maxlen, fields));
+    cmds.push_back(redis::XAddArgs(b.entries[first].stream, protocol::EntryCap(b.maxlen, end - first), fields));
   }
   FlushResult r;
   Result<std::vector<redis::RedisReply>> replies = c.Pipeline(cmds);

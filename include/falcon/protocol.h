@@ -35,6 +35,14 @@ inline constexpr std::string_view kPayloadField = "msg";  // stream entry / hash
 // together; readers take every kPayloadField of an entry, in order.
 inline constexpr std::size_t kPackMessages = 64;
 inline constexpr std::size_t kPackBytes = 512 * 1024;
+// A report stream keeps about `max_messages` messages (0: unbounded): an entry of `messages`
+// messages is added with MAXLEN ~ max_messages / messages (at least 1), so packing does not
+// multiply what a stream holds.
+constexpr std::uint64_t EntryCap(std::uint64_t max_messages, std::size_t messages) {
+  if (max_messages == 0) return 0;
+  const std::uint64_t per = messages == 0 ? 1 : messages;
+  return (max_messages + per - 1) / per;
+}
 inline constexpr std::string_view kCommandGroup = "falcon-agent";  // consumer group on commands
 
 // ---- Keys, streams, channels ------------------------------------------------------------------
