@@ -1317,6 +1317,57 @@ TEST(ValidationRunTest, AmbiguousFindingsAreMeasuredAgainBeforeTheResume) {
   }
 }
 
+// A sweep (the profile singled out no communicator) is what a compute fault profiles as: once its
+// GEMM step names one GPU cleanly the transfers are skipped and the job resumes. GEMM naming
+// nobody, an ambiguous finding (two GPUs, one just past the threshold) or a round that is not a
+// sweep run the transfers as planned.
+TEST(ValidationRunTest, ASweepSkipsItsTransfersOnceGemmNamesAGpuCleanly) {
+  struct Case {
+    const char* name;
+    bool sweep;
+    std::set<std::int64_t> slow;
+    double factor;
+    std::vector<std::string> sent;  // command type:task, in order
+  } cases[] = {
+      {"sweep, one GPU 3x", true, {5}, 3, {"pause:", "validate:gemm", "resume:"}},
+      {"sweep, nobody slow", true, {}, 3, {"pause:", "validate:gemm", "validate:p2p", "resume:"}},
+      {"not a sweep, one GPU 3x", false, {5}, 3, {"pause:", "validate:gemm", "validate:p2p", "resume:"}},
+      {"sweep, one GPU 1.3x (ambiguous)", true, {5}, 1.3,
+       {"pause:", "validate:gemm", "validate:p2p", "validate:gemm", "resume:"}},
+      {"sweep, two GPUs (ambiguous)", true, {2, 5}, 3,
+       {"pause:", "validate:gemm", "validate:p2p", "validate:gemm", "resume:"}},
+  };
+  const JobView view = RunningJob();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ValidationRun run("v10", GemmThenP2p(), ValidationSettings{}, false);
+    if (c.sweep) run.SkipSweepAfterCleanGemm();
+    int gemm_commands = 0;
+    const Responder respond = GemmTimes({}, c.slow, gemm_commands, c.factor);
+    std::int64_t now = kReportedNs;
+    std::vector<std::string> sent;
+    for (int i = 0; i < 20 && !run.done(); ++i) {
+      const std::vector<OutgoingCommand> cmds = Next(run, view, now);
+      if (!cmds.empty()) sent.push_back(cmds.front().command.type + ":" + cmds.front().command.task);
+      Answer(run, cmds, respond);
+      now += kSec;
+    }
+    ASSERT_TRUE(run.completed()) << run.failure();
+    EXPECT_EQ(sent, c.sent);
+    const json summary = run.Summary();
+    const bool skipped = c.sent.size() == 3;
+    EXPECT_EQ(summary.contains("p2p_skipped"), skipped) << summary.dump();
+    if (skipped) {
+      EXPECT_NE(summary["p2p_skipped"].get<std::string>().find("rank 5"), std::string::npos);
+      EXPECT_EQ(summary["transfers"], 0);
+      const Result<analyzer::Localization> loc = analyzer::Localize(run.Input());
+      ASSERT_TRUE(loc.ok());
+      ASSERT_EQ(loc.value().gpus.size(), 1u);
+      EXPECT_EQ(loc.value().gpus[0].rank, 5);
+    }
+  }
+}
+
 // A slow node pair measured by one rank pair only is what a slow NIC on either node looks like:
 // a probe step measures each of the two nodes against another node, and Localize tells them
 // apart. Four nodes of two ranks; the planned transfers: 0-2 (node0-node1), 4-6, 5-7 (healthy).

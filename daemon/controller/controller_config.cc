@@ -115,6 +115,8 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
         "(several culprits, a NIC slow to only some peers, a link slow in one transfer only, a finding below "
         "remeasure-below) and keep each measurement's lower value");
+  Entry(app, "gemm-first", v.gemm_first, "a round that sweeps every communicator (the profile singled none out) "
+        "skips its transfers once GEMM names a slow GPU cleanly, keeping the pause short");
   Entry(app, "remeasure-below", v.remeasure_below, "a slow GPU, link or NIC less than this x its baseline is "
         "measured again before it is named (0: only the ambiguous cases of remeasure)")
       ->check(daemon::FiniteRange(0.0, 100.0));

@@ -477,8 +477,28 @@ void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
                   {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()},
                   {"ms", MsSince(sent_ns_, now_ns)}});
   ++cursor_;
+  if (!again && step.tasks.front().task == "gemm") SkipSweepIfGemmNamed();
   if (cursor_ == order_.size() && !PlanProbe(view)) PlanRemeasure();
   phase_ = cursor_ < order_.size() ? Phase::kStep : Phase::kResume;
+}
+
+void ValidationRun::SkipSweepIfGemmNamed() {
+  if (!gemm_first_ || cursor_ >= order_.size()) return;
+  const ValidationStep& next = steps_[order_[cursor_]];
+  if (next.tasks.empty() || next.tasks.front().task == "gemm") return;  // GEMM steps still to come
+  const Result<analyzer::Localization> loc = analyzer::Localize(Input(), settings_.localization);
+  if (!loc.ok() || loc.value().gpus.empty()) return;
+  if (const std::string why = RemeasureReason(loc.value(), settings_.remeasure ? settings_.remeasure_below : 0);
+      !why.empty()) {
+    return;  // an ambiguous finding: the sweep may still show what else is slow
+  }
+  std::string ranks;
+  for (const analyzer::SlowGpu& g : loc.value().gpus) ranks += (ranks.empty() ? "" : ", ") + std::to_string(g.rank);
+  const std::size_t skipped = order_.size() - cursor_;
+  p2p_skipped_ = "GEMM named rank " + ranks + " in a sweep: its " + std::to_string(skipped) + " transfer steps were skipped";
+  log_.push_back({{"step", "skip transfers"}, {"why", p2p_skipped_}, {"steps", skipped}});
+  order_.resize(cursor_);
+  probe_planned_ = true;  // no transfer ran: nothing to tell a NIC from a link by
 }
 
 bool ValidationRun::RunBefore() const {
@@ -636,6 +656,7 @@ json ValidationRun::Summary() const {
   if (paused_ && resumed_ns_ > paused_ns_) s["pause_s"] = static_cast<double>(resumed_ns_ - paused_ns_) / kNsPerS;
   if (!failure_.empty()) s["failure"] = failure_;
   if (!p2p_failure_.empty()) s["p2p_failure"] = p2p_failure_;
+  if (!p2p_skipped_.empty()) s["p2p_skipped"] = p2p_skipped_;
   return s;
 }
 

@@ -63,6 +63,7 @@ struct ValidationSettings {
   std::int64_t p2p_bytes = std::int64_t{64} << 20;
   std::int64_t p2p_repeats = 5;
   bool remeasure = true;                   // re-measure ambiguous findings (see above)
+  bool gemm_first = true;                  // a sweep round skips its transfers once GEMM names a GPU
   // A finding below this x its baseline is ambiguous too: close enough to the threshold
   // (gemm_ratio, link_ratio) for one interfered-with measurement to have made it.
   double remeasure_below = 1.5;
@@ -88,6 +89,13 @@ class ValidationRun {
   // may have left), then pause.
   ValidationRun(std::string id, std::vector<ValidationStep> steps, ValidationSettings settings,
                 bool release_first);
+
+  // A sweep (the profile singled out no communicator, so every one is planned): once the GEMM
+  // steps name a slow GPU cleanly (no RemeasureReason), the transfers are skipped — the profile
+  // found every communicator alike, which is what a compute fault looks like, and a sweep's
+  // dozen-odd steps would only lengthen the pause. GEMM naming nobody (or an ambiguous finding)
+  // runs the sweep as planned. Call before the first Next().
+  void SkipSweepAfterCleanGemm() { gemm_first_ = true; }
 
   // Advances on deadlines and on acks received; returns the commands to send now.
   std::vector<OutgoingCommand> Next(const JobView& view, std::int64_t now_ns);
@@ -125,6 +133,7 @@ class ValidationRun {
   void PlanRemeasure();  // after the last step: append the steps to run again, if any
   bool PlanProbe(const JobView& view);  // after the last step: one step telling NICs from links
   bool RunBefore() const;  // the step at cursor_ ran earlier in this round (a re-measurement)
+  void SkipSweepIfGemmNamed();  // after a GEMM step: see SkipSweepAfterCleanGemm
   bool AllAcked() const;
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
 
@@ -149,6 +158,8 @@ class ValidationRun {
   std::size_t cursor_ = 0;          // into order_: the step under way or next
   bool remeasure_planned_ = false;
   bool probe_planned_ = false;
+  bool gemm_first_ = false;  // SkipSweepAfterCleanGemm
+  std::string p2p_skipped_;  // why the planned transfers did not run, if GEMM made them moot
   std::size_t steps_done_ = 0, steps_again_ = 0;
   std::int64_t paused_ns_ = 0, resumed_ns_ = 0;
   std::string failure_;

@@ -30,6 +30,7 @@ Status ValidationStage::Start(const JobView& view, const json& suspicion, const 
   Result<std::vector<ValidationStep>> steps = PlanValidationSteps(view, judged, peers, steps_);
   if (!steps.ok()) return steps.status();
   run_ = std::make_unique<ValidationRun>(id, std::move(steps.value()), settings_, release_first);
+  if (suspicion.value("sweep", false) && settings_.gemm_first) run_->SkipSweepAfterCleanGemm();
   return Status::Ok();
 }
 
