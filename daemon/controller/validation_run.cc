@@ -477,7 +477,7 @@ void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
                   {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()},
                   {"ms", MsSince(sent_ns_, now_ns)}});
   ++cursor_;
-  if (!again && step.tasks.front().task == "gemm") SkipSweepIfGemmNamed();
+  if (!again && !step.tasks.empty() && step.tasks.front().task == "gemm") SkipSweepIfGemmNamed();
   if (cursor_ == order_.size() && !PlanProbe(view)) PlanRemeasure();
   phase_ = cursor_ < order_.size() ? Phase::kStep : Phase::kResume;
 }
@@ -495,7 +495,11 @@ void ValidationRun::SkipSweepIfGemmNamed() {
   std::string ranks;
   for (const analyzer::SlowGpu& g : loc.value().gpus) ranks += (ranks.empty() ? "" : ", ") + std::to_string(g.rank);
   const std::size_t skipped = order_.size() - cursor_;
-  p2p_skipped_ = "GEMM named rank " + ranks + " in a sweep: its " + std::to_string(skipped) + " transfer steps were skipped";
+  const auto transfers = std::count_if(order_.begin() + static_cast<std::ptrdiff_t>(cursor_), order_.end(), [&](std::size_t i) {
+    return !steps_[i].tasks.empty() && steps_[i].tasks.front().task == "p2p";
+  });
+  p2p_skipped_ = "GEMM named rank " + ranks + " in a sweep: its " + std::to_string(transfers) +
+                 " transfer steps (and the validation communicator's) were skipped";
   log_.push_back({{"step", "skip transfers"}, {"why", p2p_skipped_}, {"steps", skipped}});
   order_.resize(cursor_);
   probe_planned_ = true;  // no transfer ran: nothing to tell a NIC from a link by
