@@ -476,6 +476,9 @@ TEST(ProtocolCommandTest, PerRankPeersAndValidationRanksPairWithRanks) {
   EXPECT_EQ(ok.value().peers, (std::vector<std::int64_t>{9, 0, 3}));
   EXPECT_EQ(ToJson(ok.value())["peers"], p2p["peers"]) << "round trip";
   EXPECT_FALSE(ToJson(ok.value()).contains("peer"));
+  EXPECT_EQ(PeerOf(ok.value(), 5), 0) << "rank 5's own entry";
+  EXPECT_EQ(PeerOf(ok.value(), 7), std::nullopt) << "not one of ranks";
+  EXPECT_EQ(PeerOf(ParseCommand(Example("validate").dump()).value(), 1), 1) << "the single-rank form";
 
   json join = p2p;
   join.erase("peers");
@@ -487,6 +490,8 @@ TEST(ProtocolCommandTest, PerRankPeersAndValidationRanksPairWithRanks) {
   const Result<Command> joined = ParseCommand(join.dump());
   ASSERT_TRUE(joined.ok()) << joined.status().ToString();
   EXPECT_EQ(joined.value().vrank_each, (std::vector<std::int64_t>{7, 0, 2}));
+  EXPECT_EQ(VrankOf(joined.value(), 4), 7);
+  EXPECT_EQ(VrankOf(joined.value(), 6), 2);
 
   struct Case {
     const char* what;

@@ -140,14 +140,6 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
   }
   std::vector<RankState*> targets = Targets(host, c);
   double longest_s = 0;
-  // A rank's own entry of a per-rank list (`peers`, `vrank_each`: by position in `ranks`), else the
-  // command's single value.
-  auto own = [&](const std::vector<std::int64_t>& each, std::optional<std::int64_t> single, std::int64_t rank) {
-    if (each.empty() || !c.ranks) return single;
-    const auto at = std::find(c.ranks->begin(), c.ranks->end(), rank);
-    return at == c.ranks->end() ? std::nullopt
-                                : std::optional<std::int64_t>(each[static_cast<std::size_t>(at - c.ranks->begin())]);
-  };
   for (RankState* r : targets) {
     protocol::AckRankResult res;
     res.rank = r->rank;
@@ -205,13 +197,15 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
         std::string blob;
         for (int i = 0; i < 16; ++i) blob += Hex16(Mix(static_cast<std::uint64_t>(now_ns) ^ (static_cast<std::uint64_t>(i) << 40) ^ counters_.acks));
         res.blob = blob;
-      } else if (const auto vrank = own(c.vrank_each, c.vrank, r->rank); c.task == "vcomm_join" && c.blob && vrank) {
-        Queue({"HSET", VcommKey(), c.blob->substr(0, 32) + ":" + std::to_string(*vrank), std::to_string(r->rank)});
-        Queue({"EXPIRE", VcommKey(), "600"});
-        vcomm_[r->rank] = {*c.blob, *vrank, c.vranks.value_or(0)};
-        s = 0.05;
+      } else if (c.task == "vcomm_join") {
+        if (const std::optional<std::int64_t> vrank = protocol::VrankOf(c, r->rank); c.blob && vrank) {
+          Queue({"HSET", VcommKey(), c.blob->substr(0, 32) + ":" + std::to_string(*vrank), std::to_string(r->rank)});
+          Queue({"EXPIRE", VcommKey(), "600"});
+          vcomm_[r->rank] = {*c.blob, *vrank, c.vranks.value_or(0)};
+          s = 0.05;
+        }
       } else if (c.task == "p2p") {
-        const std::optional<std::int64_t> peer = own(c.peers, c.peer, r->rank);
+        const std::optional<std::int64_t> peer = protocol::PeerOf(c, r->rank);
         // Validation rank v sends to v + shift and receives from v - shift (mod vranks), or
         // exchanges with `peer`; the rank's time is its slower direction.
         auto v = vcomm_.find(r->rank);

@@ -71,13 +71,6 @@ std::array<std::uint8_t, FALCON_TASK_BLOB_LEN> Unhex(const std::string& hex) {
 
 // The task one rank runs for `c`, or a reason it cannot.
 std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, RankFollower& f, std::string* why) const {
-  // `peers` / `vrank_each` pair up with `ranks` by position (ParseCommand checked the lengths).
-  auto own = [&](const std::vector<std::int64_t>& each) -> std::optional<std::int64_t> {
-    if (each.empty() || !c.ranks) return std::nullopt;
-    const auto at = std::find(c.ranks->begin(), c.ranks->end(), f.rank());
-    if (at == c.ranks->end()) return std::nullopt;
-    return each[static_cast<std::size_t>(at - c.ranks->begin())];
-  };
   Task out;
   FalconTask& t = out.task;
   t.repeats = static_cast<std::uint32_t>(c.repeats.value_or(5));
@@ -106,7 +99,7 @@ std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, Ran
     return out;
   }
   if (c.task == "vcomm_join") {
-    const std::optional<std::int64_t> vrank = c.vrank_each.empty() ? c.vrank : own(c.vrank_each);
+    const std::optional<std::int64_t> vrank = protocol::VrankOf(c, f.rank());
     if (!c.blob || !c.vranks || !vrank || !c.bytes) {
       *why = "vcomm_join needs blob, vranks, vrank (or vrank_each) and bytes";
       return std::nullopt;
@@ -123,7 +116,7 @@ std::optional<ShimTrap::Task> ShimTrap::MakeTask(const protocol::Command& c, Ran
     out.blob = Unhex(*c.blob);
     return out;
   }
-  const std::optional<std::int64_t> peer = c.peers.empty() ? c.peer : own(c.peers);
+  const std::optional<std::int64_t> peer = protocol::PeerOf(c, f.rank());
   if (!c.bytes || peer.has_value() == c.shift.has_value()) {
     *why = "p2p needs bytes and exactly one of peer / peers / shift";
     return std::nullopt;

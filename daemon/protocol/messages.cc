@@ -279,6 +279,24 @@ json ToJson(const Alert& m) {
   return j;
 }
 
+namespace {
+
+std::optional<std::int64_t> OwnEntry(const Command& c, const std::vector<std::int64_t>& each,
+                                     std::optional<std::int64_t> single, std::int64_t rank) {
+  if (each.empty()) return single;
+  if (!c.ranks) return std::nullopt;
+  const auto at = std::find(c.ranks->begin(), c.ranks->end(), rank);
+  if (at == c.ranks->end()) return std::nullopt;
+  return each[static_cast<std::size_t>(at - c.ranks->begin())];
+}
+
+}  // namespace
+
+std::optional<std::int64_t> PeerOf(const Command& c, std::int64_t rank) { return OwnEntry(c, c.peers, c.peer, rank); }
+std::optional<std::int64_t> VrankOf(const Command& c, std::int64_t rank) {
+  return OwnEntry(c, c.vrank_each, c.vrank, rank);
+}
+
 Result<Command> ParseCommand(std::string_view text) {
   const MessageSpec* spec = nullptr;
   Result<json> parsed = ParseAnyOf(text, kCommands, &spec);

@@ -275,6 +275,12 @@ void CopyPlanFields(const nlohmann::json& plan, Command* c);
 // Validates `text` as any command type and extracts it.
 [[nodiscard]] Result<Command> ParseCommand(std::string_view text);
 
+// A validate command's p2p peer and vcomm_join validation rank for `rank`: its entry of `peers` /
+// `vrank_each` (paired with `ranks` by position, as ParseCommand checked), else the single-rank
+// `peer` / `vrank`; nullopt when neither names one for it.
+[[nodiscard]] std::optional<std::int64_t> PeerOf(const Command& c, std::int64_t rank);
+[[nodiscard]] std::optional<std::int64_t> VrankOf(const Command& c, std::int64_t rank);
+
 // What can still be told about a command that failed ParseCommand, so that its sender gets a
 // "rejected" ack instead of silence: its id and type, when `text` is a JSON object whose "id" is
 // a string of 1..64 characters and whose "type" is a known command type. nullopt otherwise.
