@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
 #include <map>
 #include <optional>
 #include <set>
@@ -1368,6 +1369,177 @@ TEST(ValidationRunTest, ASweepSkipsItsTransfersOnceGemmNamesAGpuCleanly) {
   }
 }
 
+// The validation communicator's steps (id, every rank joins as its global rank), then one P2P
+// step of `exchanges` (rank pair, communicator), exchange i in pass i.
+std::vector<ValidationStep> JoinThenExchanges(const std::vector<std::tuple<std::int64_t, std::int64_t, std::uint64_t>>& exchanges) {
+  ValidationStep id{"vcomm id", {RankTaskSpec{0, "vcomm_id"}}};
+  ValidationStep join{"vcomm join", {}};
+  for (std::int64_t r = 0; r < kRanks; ++r) {
+    RankTaskSpec t{r, "vcomm_join"};
+    t.vrank = r;
+    t.vranks = kRanks;
+    join.tasks.push_back(t);
+  }
+  ValidationStep p2p{"p2p 1/1", {}};
+  std::uint32_t pass = 0;
+  for (const auto& [a, b, comm] : exchanges) {
+    p2p.tasks.push_back({a, "p2p", comm, static_cast<std::int32_t>(b), b, pass, true});
+    p2p.tasks.push_back({b, "p2p", comm, static_cast<std::int32_t>(a), a, pass, true});
+    ++pass;
+  }
+  return {id, join, p2p};
+}
+
+// Agents answering JoinThenExchanges' steps: the communicator's id, joins, and each P2P rank's
+// time `seconds(command, rank, peer)`.
+Responder P2pTimes(std::function<double(const OutgoingCommand&, std::int64_t, std::int64_t)> seconds) {
+  return [seconds = std::move(seconds)](const OutgoingCommand& cmd) -> std::optional<json> {
+    if (cmd.command.type != "validate") return AckTo(cmd, "ok");
+    if (cmd.command.task == "vcomm_id") {
+      protocol::AckRankResult res{cmd.command.ranks->front(), "done", "ok", 0.0, 0.0, 0.0, 0.0,
+                                  std::string(2 * FALCON_TASK_BLOB_LEN, 'a'), std::nullopt, std::nullopt, std::nullopt};
+      return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
+    }
+    if (cmd.command.task != "p2p") return AckTo(cmd, "ok");
+    std::vector<protocol::AckRankResult> results;
+    for (const auto& [r, peer] : PerRank(cmd.command)) {  // validation rank = global rank here
+      const double t = seconds(cmd, r, peer);
+      results.push_back({r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+    }
+    return AckTo(cmd, "ok", results);
+  };
+}
+
+// Four intra-node exchanges 0-1, 2-3 (node0), 4-5, 6-7 (node1), each on its TP group.
+std::vector<ValidationStep> FourTpExchanges() {
+  return JoinThenExchanges({{0, 1, TpId(0)}, {2, 3, TpId(1)}, {4, 5, TpId(2)}, {6, 7, TpId(3)}});
+}
+
+// An exchange slowed by its step-mates measures slow again when its step runs again; alone it
+// does not. The remeasure runs a suspect exchange alone, after a reference exchange (the median
+// one of its kind) alone, and scales the suspect's alone time by the reference's. One P2P step
+// of four intra-node exchanges: 0-1 20 ms, 2-3 `side` ms, 4-5 21 ms, 6-7 22 ms; alone, each
+// healthy exchange takes `alone` ms and 2-3 `suspect_alone` ms.
+TEST(ValidationRunTest, ASuspectExchangeIsMeasuredAloneAgainstAReferenceAlone) {
+  struct Case {
+    const char* name;
+    bool alone_on;
+    double side, alone, suspect_alone;  // ms
+    bool named;                         // 2-3 is a slow link in the end
+  } cases[] = {
+      {"slowed by its step-mates: taken back", true, 40, 10, 10, false},
+      {"slow alone too: named", true, 40, 10, 20, true},
+      {"alone slower than side by side, healthy: taken back", true, 40, 30, 30, false},
+      {"alone slower than side by side, slow: named", true, 40, 30, 60, true},
+      {"remeasure-alone off: the step runs again, as slow", false, 40, 10, 10, true},
+  };
+  const JobView view = RunningJob();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ValidationSettings settings;
+    settings.remeasure_alone = c.alone_on;
+    ValidationRun run("v11", FourTpExchanges(), settings, false);
+    std::vector<std::set<std::int64_t>> p2p_steps;  // the ranks of each P2P step
+    // Each P2P step reaches the hosts of its ranks; an exchange alone names its two ranks.
+    const Responder respond = P2pTimes([&](const OutgoingCommand& cmd, std::int64_t r, std::int64_t) {
+      const bool alone = cmd.command.ranks->size() == 2;
+      const std::int64_t x = r / 2;  // the exchange
+      const double side[] = {20, c.side, 21, 22};
+      return (alone ? (x == 1 ? c.suspect_alone : c.alone) : side[x]) / 1e3;
+    });
+    std::int64_t now = kReportedNs;
+    std::vector<std::string> p2p_sent;
+    for (int i = 0; i < 30 && !run.done(); ++i) {
+      const std::vector<OutgoingCommand> cmds = Next(run, view, now);
+      std::set<std::int64_t> ranks;
+      for (const OutgoingCommand& cmd : cmds) {
+        if (cmd.command.type == "validate" && cmd.command.task == "p2p") ranks.insert(cmd.command.ranks->begin(), cmd.command.ranks->end());
+      }
+      if (!ranks.empty()) p2p_steps.push_back(ranks);
+      Answer(run, cmds, respond);
+      now += kSec;
+    }
+    ASSERT_TRUE(run.completed()) << run.failure();
+    const json summary = run.Summary();
+    const std::set<std::int64_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+    if (c.alone_on) {
+      // The step, then the reference (4-5: the median of 20, 21, 22 ms) and the suspect alone.
+      EXPECT_EQ(p2p_steps, (std::vector<std::set<std::int64_t>>{all, {4, 5}, {2, 3}})) << summary.dump();
+      EXPECT_EQ(summary["steps_remeasured"], 2);
+      const json& log = summary["log"];
+      const auto note = std::find_if(log.begin(), log.end(), [](const json& e) { return e["step"] == "remeasure"; });
+      ASSERT_NE(note, log.end());
+      EXPECT_EQ((*note)["steps"], json::array({"p2p 4-5 alone (reference)", "p2p 2-3 alone"}));
+      const json& last = log[log.size() - 2];  // before the resume
+      EXPECT_EQ(last["step"], "p2p 2-3 alone");
+      EXPECT_NEAR(last["as_s"].get<double>(), 0.021 * c.suspect_alone / c.alone, 1e-9) << last.dump();
+    } else {
+      EXPECT_EQ(p2p_steps, (std::vector<std::set<std::int64_t>>{all, all}));
+    }
+    const Result<analyzer::Localization> loc = analyzer::Localize(run.Input());
+    ASSERT_TRUE(loc.ok());
+    EXPECT_TRUE(loc.value().gpus.empty());
+    if (c.named) {
+      ASSERT_EQ(loc.value().links.size(), 1u) << summary.dump();
+      EXPECT_EQ(loc.value().links[0].sender, 2);
+      EXPECT_EQ(loc.value().links[0].receiver, 3);
+    } else {
+      EXPECT_TRUE(loc.value().nothing_found()) << summary.dump();
+    }
+  }
+}
+
+// Taking 2-3 back (40 ms side by side, healthy alone) lowers the baseline's median from 23.75
+// to 21.5 ms, and 6-7 at 26 ms passes the threshold it missed before (1.21x): it was never
+// measured again, so a second pass measures it alone. Alone every exchange takes 10 ms, 6-7
+// `slow_alone` x that.
+TEST(ValidationRunTest, AFindingTheRemeasureMadeIsMeasuredAgainToo) {
+  struct Case {
+    const char* name;
+    double slow_alone;
+    bool named;  // 6-7 in the end
+  } cases[] = {{"healthy alone: taken back", 1.0, false}, {"slow alone too: named", 1.3, true}};
+  const JobView view = RunningJob();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ValidationRun run("v12", FourTpExchanges(), ValidationSettings{}, false);
+    const Responder respond = P2pTimes([&](const OutgoingCommand& cmd, std::int64_t r, std::int64_t) {
+      const bool alone = cmd.command.ranks->size() == 2;
+      const std::int64_t x = r / 2;
+      const double side[] = {20, 40, 21.5, 26};
+      return (alone ? (x == 3 ? 10 * c.slow_alone : 10) : side[x]) / 1e3;
+    });
+    std::int64_t now = kReportedNs;
+    for (int i = 0; i < 30 && !run.done(); ++i) {
+      Answer(run, Next(run, view, now), respond);
+      now += kSec;
+    }
+    ASSERT_TRUE(run.completed()) << run.failure();
+    const json summary = run.Summary();
+    std::vector<json> notes;
+    std::vector<std::string> alone_steps;
+    for (const json& e : summary["log"]) {
+      if (e["step"] == "remeasure") notes.push_back(e);
+      if (e.contains("alone_s")) alone_steps.push_back(e["step"].get<std::string>());
+    }
+    ASSERT_EQ(notes.size(), 2u) << summary.dump();
+    EXPECT_NE(notes[0]["steps"].dump().find("2-3 alone"), std::string::npos) << notes[0];
+    EXPECT_EQ(notes[1]["why"].get<std::string>().rfind("new findings after re-measuring", 0), 0u) << notes[1];
+    ASSERT_EQ(alone_steps.size(), 4u) << "a reference and a suspect per pass";
+    EXPECT_EQ(alone_steps[1], "p2p 2-3 alone");
+    EXPECT_EQ(alone_steps[3], "p2p 6-7 alone");
+    EXPECT_EQ(summary["steps_remeasured"], 4);
+    const Result<analyzer::Localization> loc = analyzer::Localize(run.Input());
+    ASSERT_TRUE(loc.ok());
+    if (c.named) {
+      ASSERT_EQ(loc.value().links.size(), 1u) << summary.dump();
+      EXPECT_EQ(loc.value().links[0].sender, 6);
+    } else {
+      EXPECT_TRUE(loc.value().nothing_found()) << summary.dump();
+    }
+  }
+}
+
 // A slow node pair measured by one rank pair only is what a slow NIC on either node looks like:
 // a probe step measures each of the two nodes against another node, and Localize tells them
 // apart. Four nodes of two ranks; the planned transfers: 0-2 (node0-node1), 4-6, 5-7 (healthy).
@@ -1383,24 +1555,6 @@ TEST(ValidationRunTest, ASlowLinkSeenByOneNodePairIsProbedAgainstOtherNodes) {
     for (int n = 0; n < 4; ++n) agents.push_back(AgentMsg("node" + std::to_string(n)));
     view.Update(ranks, agents);
   }
-  auto plan = [] {
-    ValidationStep id{"vcomm id", {RankTaskSpec{0, "vcomm_id"}}};
-    ValidationStep join{"vcomm join", {}};
-    for (std::int64_t r = 0; r < kRanks; ++r) {
-      RankTaskSpec t{r, "vcomm_join"};
-      t.vrank = r;
-      t.vranks = kRanks;
-      join.tasks.push_back(t);
-    }
-    ValidationStep p2p{"p2p 1/1", {}};
-    std::uint32_t pass = 0;
-    for (const auto& [a, b] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {4, 6}, {5, 7}}) {
-      p2p.tasks.push_back({a, "p2p", kWorld, static_cast<std::int32_t>(b), b, pass, true});
-      p2p.tasks.push_back({b, "p2p", kWorld, static_cast<std::int32_t>(a), a, pass, true});
-      ++pass;
-    }
-    return std::vector<ValidationStep>{id, join, p2p};
-  };
   struct Case {
     const char* name;
     bool nic;  // node0's NIC (slow to every node) rather than the node0-node1 link
@@ -1409,26 +1563,14 @@ TEST(ValidationRunTest, ASlowLinkSeenByOneNodePairIsProbedAgainstOtherNodes) {
     SCOPED_TRACE(c.name);
     ValidationSettings settings;
     settings.remeasure = false;
-    ValidationRun run("v8", plan(), settings, false);
+    ValidationRun run("v8", JoinThenExchanges({{0, 2, kWorld}, {4, 6, kWorld}, {5, 7, kWorld}}), settings, false);
     std::vector<std::pair<std::int64_t, std::int64_t>> probes;
-    const Responder respond = [&](const OutgoingCommand& cmd) -> std::optional<json> {
-      if (cmd.command.type != "validate") return AckTo(cmd, "ok");
-      if (cmd.command.task == "vcomm_id") {
-        protocol::AckRankResult res{cmd.command.ranks->front(), "done", "ok", 0.0, 0.0, 0.0, 0.0,
-                                    std::string(2 * FALCON_TASK_BLOB_LEN, 'a'), std::nullopt, std::nullopt, std::nullopt};
-        return AckTo(cmd, "ok", std::vector<protocol::AckRankResult>{res});
-      }
-      if (cmd.command.task != "p2p") return AckTo(cmd, "ok");
-      std::vector<protocol::AckRankResult> results;
-      for (const auto& [r, peer] : PerRank(cmd.command)) {  // validation rank = global rank here
-        if (!cmd.command.comm) probes.push_back({std::min(r, peer), std::max(r, peer)});  // a probe: no job comm
-        const std::set<std::int64_t> nodes = {r / 2, peer / 2};
-        const bool slow = nodes == std::set<std::int64_t>{0, 1} || (c.nic && nodes.count(0) && nodes.size() == 2);
-        const double t = slow ? 0.05 : 0.02;
-        results.push_back({r, "done", "ok", t, t, t, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
-      }
-      return AckTo(cmd, "ok", results);
-    };
+    const Responder respond = P2pTimes([&](const OutgoingCommand& cmd, std::int64_t r, std::int64_t peer) {
+      if (!cmd.command.comm) probes.push_back({std::min(r, peer), std::max(r, peer)});  // a probe: no job comm
+      const std::set<std::int64_t> nodes = {r / 2, peer / 2};
+      const bool slow = nodes == std::set<std::int64_t>{0, 1} || (c.nic && nodes.count(0) && nodes.size() == 2);
+      return slow ? 0.05 : 0.02;
+    });
     std::int64_t now = kReportedNs;
     for (int i = 0; i < 30 && !run.done(); ++i) {
       Answer(run, Next(run, view, now), respond);

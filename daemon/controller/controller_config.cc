@@ -115,6 +115,11 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "remeasure", v.remeasure, "before resuming, measure again the steps behind ambiguous findings "
         "(several culprits, a NIC slow to only some peers, a link slow in one transfer only, a finding below "
         "remeasure-below) and keep each measurement's lower value");
+  Entry(app, "remeasure-alone", v.remeasure_alone, "re-measure a suspect exchange in a step of its own, scaled by "
+        "a reference exchange measured alone too, so that what its step-mates did to it is left out");
+  Entry(app, "remeasure-alone-max", v.remeasure_alone_max, "suspect exchanges a round measures alone at most; "
+        "with more, their steps run again instead")
+      ->check(daemon::FiniteRange(0, 1024));
   Entry(app, "gemm-first", v.gemm_first, "a round that sweeps every communicator (the profile singled none out) "
         "skips its transfers once GEMM names a slow GPU cleanly, keeping the pause short");
   Entry(app, "remeasure-below", v.remeasure_below, "a slow GPU, link or NIC less than this x its baseline is "

@@ -435,8 +435,10 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step, std::int64_t now
 void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
   const ValidationStep& step = steps_[order_[cursor_]];
   if (FinishVcommStep(step, now_ns)) return;
-  const bool again = RunBefore();
+  const auto alone = alone_.find(order_[cursor_]);
+  const bool again = alone != alone_.end() || RunBefore();
   ++(again ? steps_again_ : steps_done_);
+  double alone_s = 0;  // an alone step's exchange
   std::map<std::int64_t, double> medians;  // rank -> seconds (settings_.statistic of the repetitions)
   int missing = 0, failed = 0;
   for (const auto& [id, p] : pending_) {
@@ -466,6 +468,10 @@ void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
     if (t.rank > t.peer_global) continue;  // each exchange once, from its lower rank
     auto theirs = medians.find(t.peer_global);
     if (theirs == medians.end()) continue;
+    if (alone != alone_.end()) {
+      alone_s = std::max(mine->second, theirs->second);
+      continue;
+    }
     analyzer::TransferMeasurement m{t.pass, static_cast<std::int32_t>(t.rank),
                                     static_cast<std::int32_t>(t.peer_global), view.NodeOf(t.rank),
                                     view.NodeOf(t.peer_global), std::max(mine->second, theirs->second),
@@ -473,9 +479,11 @@ void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
     Merge(t.judged ? transfers_ : peer_transfers_, t.judged ? transfer_at_ : peer_transfer_at_,
           std::tuple{m.pass, m.sender, m.receiver}, m);
   }
-  log_.push_back({{"step", again ? step.what + " again" : step.what}, {"commands", pending_.size()},
-                  {"missing_acks", missing}, {"failed_tasks", failed}, {"results", medians.size()},
-                  {"ms", MsSince(sent_ns_, now_ns)}});
+  json entry = {{"step", again && alone == alone_.end() ? step.what + " again" : step.what},
+                {"commands", pending_.size()}, {"missing_acks", missing}, {"failed_tasks", failed},
+                {"results", medians.size()}, {"ms", MsSince(sent_ns_, now_ns)}};
+  if (alone != alone_.end() && alone_s > 0) FinishAlone(alone->second, alone_s, entry);
+  log_.push_back(std::move(entry));
   ++cursor_;
   if (!again && !step.tasks.empty() && step.tasks.front().task == "gemm") SkipSweepIfGemmNamed();
   if (cursor_ == order_.size() && !PlanProbe(view)) PlanRemeasure();
@@ -581,35 +589,153 @@ bool ValidationRun::PlanProbe(const JobView& view) {
 }
 
 void ValidationRun::PlanRemeasure() {
-  if (!settings_.remeasure || remeasure_planned_) return;
-  remeasure_planned_ = true;
+  // A second pass only for what the first made: a measurement taken back lowers the baseline's
+  // median, and a result just short of the threshold before may pass it now, unconfirmed.
+  constexpr int kMaxPasses = 2;
+  if (!settings_.remeasure || remeasure_passes_ >= kMaxPasses) return;
   const Result<analyzer::Localization> loc = analyzer::Localize(Input(), settings_.localization);
   if (!loc.ok()) return;  // the controller reports the error
-  const std::string why = RemeasureReason(loc.value(), settings_.remeasure_below);
+  std::string why = RemeasureReason(loc.value(), settings_.remeasure_below);
   if (why.empty()) return;
-  // The steps behind each finding: GEMM of a slow GPU's rank, the passes of a slow exchange.
+  // The steps behind each finding not measured again yet: GEMM of a slow GPU's rank, the passes
+  // of a slow exchange.
   std::set<std::int64_t> gpu_ranks;
   std::set<std::pair<std::int64_t, std::int64_t>> pairs;
-  for (const analyzer::SlowGpu& g : loc.value().gpus) gpu_ranks.insert(g.rank);
+  for (const analyzer::SlowGpu& g : loc.value().gpus) {
+    if (remeasured_gpus_.insert(g.rank).second) gpu_ranks.insert(g.rank);
+  }
   auto add_link = [&](const analyzer::SlowLink& k) {
-    pairs.insert({std::min(k.sender, k.receiver), std::max(k.sender, k.receiver)});
+    const std::pair<std::int64_t, std::int64_t> pair{std::min(k.sender, k.receiver), std::max(k.sender, k.receiver)};
+    if (remeasured_pairs_.insert(pair).second) pairs.insert(pair);
   };
   for (const analyzer::SlowLink& k : loc.value().links) add_link(k);
   for (const analyzer::SlowNic& n : loc.value().nics) {
     for (const analyzer::SlowLink& k : n.links) add_link(k);
   }
+  if (gpu_ranks.empty() && pairs.empty()) return;  // every finding was measured again already
+  if (remeasure_passes_++ > 0) why = "new findings after re-measuring, " + why;
   json again = json::array();
-  for (std::size_t i = 0; i < steps_.size(); ++i) {
+  json alone = json::array();
+  const std::size_t planned = steps_.size();  // PlanAlone appends after these
+  if (settings_.remeasure_alone && !pairs.empty() && pairs.size() <= settings_.remeasure_alone_max &&
+      PlanAlone(pairs, alone)) {
+    pairs.clear();  // measured alone instead of with their steps
+  }
+  std::vector<std::size_t> rerun;
+  for (std::size_t i = 0; i < planned; ++i) {
+    if (alone_.count(i) > 0) continue;  // an earlier pass's exchange alone
     const bool involved = std::any_of(steps_[i].tasks.begin(), steps_[i].tasks.end(), [&](const RankTaskSpec& t) {
       if (t.task == "gemm") return gpu_ranks.count(t.rank) > 0;
       if (t.task != "p2p") return false;  // the validation communicator is joined once per pause
       return pairs.count({std::min(t.rank, t.peer_global), std::max(t.rank, t.peer_global)}) > 0;
     });
     if (!involved) continue;
-    order_.push_back(i);
+    rerun.push_back(i);
     again.push_back(steps_[i].what);
   }
+  // Whole steps first, then the exchanges alone (their order: each kind's reference first).
+  order_.insert(order_.begin() + static_cast<std::ptrdiff_t>(cursor_), rerun.begin(), rerun.end());
+  for (const json& name : alone) again.push_back(name);
   log_.push_back({{"step", "remeasure"}, {"why", why}, {"steps", again}});
+}
+
+namespace {
+
+// Link kinds, as Localize keeps baselines apart: NVLink and the network differ tenfold.
+int KindOfLink(const analyzer::TransferMeasurement& t) {
+  if (t.sender_node < 0 || t.receiver_node < 0) return 2;
+  return t.sender_node == t.receiver_node ? 0 : 1;
+}
+
+}  // namespace
+
+bool ValidationRun::PlanAlone(const std::set<std::pair<std::int64_t, std::int64_t>>& pairs, json& names) {
+  struct First {
+    const analyzer::TransferMeasurement* m;
+    bool judged;
+  };
+  std::map<std::pair<std::int64_t, std::int64_t>, First> first;  // every measured exchange
+  for (const auto* list : {&transfers_, &peer_transfers_}) {
+    for (const analyzer::TransferMeasurement& t : *list) {
+      first.insert({{std::min(t.sender, t.receiver), std::max(t.sender, t.receiver)}, {&t, list == &transfers_}});
+    }
+  }
+  // Each kind's reference: the exchange at the (lower) median of the others of that kind.
+  std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> others;
+  for (const auto& [pair, f] : first) {
+    if (pairs.count(pair) == 0) others[KindOfLink(*f.m)].push_back(pair);
+  }
+  // The tasks of exchange a-b as some step ran them: the same peers, communicator and pass.
+  auto tasks_of = [&](std::int64_t a, std::int64_t b) -> std::vector<RankTaskSpec> {
+    for (const ValidationStep& s : steps_) {
+      std::vector<RankTaskSpec> found;
+      for (const RankTaskSpec& t : s.tasks) {
+        if (t.task == "p2p" && ((t.rank == a && t.peer_global == b) || (t.rank == b && t.peer_global == a))) {
+          found.push_back(t);
+        }
+      }
+      if (found.size() == 2) return found;
+    }
+    return {};
+  };
+  std::vector<std::pair<ValidationStep, Alone>> planned;
+  auto add = [&](const std::pair<std::int64_t, std::int64_t>& pair, bool reference) {
+    const First& f = first.at(pair);
+    std::vector<RankTaskSpec> tasks = tasks_of(pair.first, pair.second);
+    if (tasks.empty()) return false;
+    const std::string what = fmt::format("p2p {}-{} alone{}", pair.first, pair.second, reference ? " (reference)" : "");
+    planned.push_back({ValidationStep{what, std::move(tasks)},
+                       Alone{f.m->sender, f.m->receiver, f.m->pass, f.judged, KindOfLink(*f.m), reference}});
+    return true;
+  };
+  std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> suspects;
+  for (const auto& pair : pairs) {
+    const auto f = first.find(pair);
+    if (f == first.end()) return false;  // not measured (a NIC's link measured by a peer only)
+    suspects[KindOfLink(*f->second.m)].push_back(pair);
+  }
+  for (const auto& [kind, list] : suspects) {
+    std::vector<std::pair<std::int64_t, std::int64_t>>& pool = others[kind];
+    if (pool.empty()) return false;  // nothing to scale by
+    std::sort(pool.begin(), pool.end(), [&](const auto& x, const auto& y) {
+      return first.at(x).m->median_s < first.at(y).m->median_s;
+    });
+    if (!add(pool[(pool.size() - 1) / 2], true)) return false;
+    for (const auto& pair : list) {
+      if (!add(pair, false)) return false;
+    }
+  }
+  for (auto& [step, a] : planned) {
+    names.push_back(step.what);
+    steps_.push_back(std::move(step));
+    alone_[steps_.size() - 1] = a;
+    order_.push_back(steps_.size() - 1);
+  }
+  return true;
+}
+
+void ValidationRun::FinishAlone(const Alone& a, double seconds, json& log_entry) {
+  log_entry["alone_s"] = seconds;
+  const std::tuple key{a.pass, a.sender, a.receiver};
+  auto& list = a.judged ? transfers_ : peer_transfers_;
+  auto& at = a.judged ? transfer_at_ : peer_transfer_at_;
+  const auto it = at.find(key);
+  if (it == at.end()) return;
+  if (a.reference) {
+    reference_[a.kind] = {seconds, list[it->second].median_s};
+    return;
+  }
+  const auto ref = reference_.find(a.kind);
+  if (ref == reference_.end()) {
+    log_entry["kept"] = "no reference measured alone: the first measurement stands";
+    return;
+  }
+  const auto [ref_alone, ref_first] = ref->second;
+  analyzer::TransferMeasurement m = list[it->second];
+  m.median_s = ref_first * seconds / ref_alone;
+  log_entry["reference_alone_s"] = ref_alone;
+  log_entry["as_s"] = m.median_s;  // on the scale of the first measurements
+  Merge(list, at, key, m);
 }
 
 std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {

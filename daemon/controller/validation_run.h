@@ -22,7 +22,19 @@
 //    the same transfers twice, whereas a fail-slow slows both runs: what noise made of a slow link
 //    (a second slow link, a NIC, one preempted transfer) is taken back, a real culprit stays. A
 //    clean finding (one GPU, one link slow in two or more transfers, a NIC slow to every peer)
-//    keeps the pause short.
+//    keeps the pause short. A measurement taken back lowers its baseline's median, so a result
+//    just short of a threshold may pass it afterwards, never measured twice: one more pass
+//    re-measures such new findings (and only them) while the findings stay ambiguous.
+//    Exchanges are re-measured alone (`remeasure_alone`): each suspect exchange in a step of its
+//    own, after a reference exchange of the same kind (intra-node, inter-node) also alone — the
+//    one at the median of its kind's first measurements, i.e. what the baseline stands for. The
+//    suspect's new value is its alone time scaled by the reference's (reference's first time x
+//    suspect alone / reference alone), so it is judged against the same baseline. Exchanges run
+//    side by side in a step share what sits between them (a PCIe switch or NIC two GPUs share,
+//    the hosts' CPUs, the fabric's spine), and an exchange slowed by its step-mates measures
+//    slow again when its step runs again; alone it does not, while a slow link stays slow alone.
+//    More suspect exchanges than `remeasure_alone_max`, or a kind with no other exchange to
+//    serve as reference: their steps run again instead.
 //  - Any pause failure, and the end of the steps, lead to resume. Resume is sent even when the
 //    pause never fully took (agents release only what they trapped), and the shims' own deadline
 //    (`max_pause_s`) releases the job if nobody resumes it.
@@ -35,8 +47,10 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "analyzer/localize.h"
@@ -64,6 +78,8 @@ struct ValidationSettings {
   std::int64_t p2p_repeats = 5;
   bool remeasure = true;                   // re-measure ambiguous findings (see above)
   bool gemm_first = true;                  // a sweep round skips its transfers once GEMM names a GPU
+  bool remeasure_alone = true;             // re-measure suspect exchanges alone (see above)
+  std::size_t remeasure_alone_max = 8;     // ... up to this many; more: their steps run again
   // A finding below this x its baseline is ambiguous too: close enough to the threshold
   // (gemm_ratio, link_ratio) for one interfered-with measurement to have made it.
   double remeasure_below = 1.5;
@@ -133,6 +149,20 @@ class ValidationRun {
   void PlanRemeasure();  // after the last step: append the steps to run again, if any
   bool PlanProbe(const JobView& view);  // after the last step: one step telling NICs from links
   bool RunBefore() const;  // the step at cursor_ ran earlier in this round (a re-measurement)
+  // An exchange measured alone in a step of its own (PlanAlone), and where its first
+  // measurement sits.
+  struct Alone {
+    std::int32_t sender = -1, receiver = -1;  // as in its first measurement
+    std::uint32_t pass = 0;
+    bool judged = true;
+    int kind = 0;            // of link: see PlanAlone
+    bool reference = false;  // the reference exchange of its kind, not a suspect
+  };
+  // Appends, for the suspect exchanges `pairs`, the steps measuring them alone after a
+  // reference of each kind; names them in `names`. False (nothing appended) when it cannot.
+  bool PlanAlone(const std::set<std::pair<std::int64_t, std::int64_t>>& pairs, nlohmann::json& names);
+  // An alone step's exchange took `seconds`: keep the reference, or scale and merge a suspect.
+  void FinishAlone(const Alone& a, double seconds, nlohmann::json& log_entry);
   void SkipSweepIfGemmNamed();  // after a GEMM step: see SkipSweepAfterCleanGemm
   bool AllAcked() const;
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
@@ -156,7 +186,9 @@ class ValidationRun {
   std::string cut_failure_;                // why the last planned cut was not possible
   std::vector<std::size_t> order_;  // indices into steps_: each once, then those re-measured
   std::size_t cursor_ = 0;          // into order_: the step under way or next
-  bool remeasure_planned_ = false;
+  int remeasure_passes_ = 0;  // PlanRemeasure: at most two, the second for what the first made
+  std::set<std::int64_t> remeasured_gpus_;  // ranks and exchanges already planned again
+  std::set<std::pair<std::int64_t, std::int64_t>> remeasured_pairs_;
   bool probe_planned_ = false;
   bool gemm_first_ = false;  // SkipSweepAfterCleanGemm
   std::string p2p_skipped_;  // why the planned transfers did not run, if GEMM made them moot
@@ -171,6 +203,8 @@ class ValidationRun {
   // Where each measured exchange (pass, sender, receiver) and GEMM (rank) sits in its list.
   std::map<std::tuple<std::uint32_t, std::int32_t, std::int32_t>, std::size_t> transfer_at_, peer_transfer_at_;
   std::map<std::int32_t, std::size_t> gemm_at_;
+  std::map<std::size_t, Alone> alone_;  // index into steps_ -> the exchange that step measures alone
+  std::map<int, std::pair<double, double>> reference_;  // link kind -> reference's (alone, first) seconds
 };
 
 }  // namespace falcon::controller

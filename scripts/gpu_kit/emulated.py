@@ -118,10 +118,16 @@ def step_live(kit, rec):
     argv = emu_argv(kit, world, layout_args(kit, kit.a.layout) + [
         "--duration-s", str(duration), "--compute-ms", "4", "--progress-every", "0",
         "--report", os.path.join(kit.out, "live-report.json")], shim=True, fault=fault, job_timeout=duration + 90)
+    # The validation times transfers, so the emulated fabric must be what they measure, as NVLink is
+    # on a GPU: at the default 100 GB/s a 4 MiB transfer is modelled in 42 us and the time measured
+    # is the host's (copies, wake-ups of 8 ranks on a few cores: 2-7 ms, ±50 %), which no link
+    # threshold can judge. At 0.05 GB/s the model's 84 ms dwarfs that.
+    fabric = {"FALCON_EMU_INTRA_GBPS": "0.05", "FALCON_EMU_INTER_GBPS": "0.05"}
     t_job = time.time()
-    job_proc = kit.spawn(argv, "live.log", job_env(kit, shm, job))
+    job_proc = kit.spawn(argv, "live.log", job_env(kit, shm, job, fabric))
     rec["notes"].append(f"job: falcon-train-emu {world} ranks TP x PP x DP {kit.a.layout}, {duration:.0f} s, "
-                        f"rank {slow_rank} compute x2.5 from {slow_after:.0f} s (the emulator's fault plan)")
+                        f"rank {slow_rank} compute x2.5 from {slow_after:.0f} s (the emulator's fault plan), "
+                        f"fabric {fabric['FALCON_EMU_INTRA_GBPS']} GB/s")
     st = kit.wait_status(port, job, lambda s: len([r for r in s.get("ranks", []) if r.get("period")]) >= world,
                          min(60, slow_after - 5))
     locked = len([r for r in (st or {}).get("ranks", []) if r.get("period")])
