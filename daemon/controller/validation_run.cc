@@ -595,7 +595,10 @@ void ValidationRun::PlanRemeasure() {
   if (!settings_.remeasure || remeasure_passes_ >= kMaxPasses) return;
   const Result<analyzer::Localization> loc = analyzer::Localize(Input(), settings_.localization);
   if (!loc.ok()) return;  // the controller reports the error
+  // The first pass for ambiguous findings; the second for any finding the first made, which
+  // only a lowered baseline supports.
   std::string why = RemeasureReason(loc.value(), settings_.remeasure_below);
+  if (remeasure_passes_ > 0) why = "new findings after re-measuring" + (why.empty() ? "" : ", " + why);
   if (why.empty()) return;
   // The steps behind each finding not measured again yet: GEMM of a slow GPU's rank, the passes
   // of a slow exchange.
@@ -613,7 +616,7 @@ void ValidationRun::PlanRemeasure() {
     for (const analyzer::SlowLink& k : n.links) add_link(k);
   }
   if (gpu_ranks.empty() && pairs.empty()) return;  // every finding was measured again already
-  if (remeasure_passes_++ > 0) why = "new findings after re-measuring, " + why;
+  ++remeasure_passes_;
   json again = json::array();
   json alone = json::array();
   const std::size_t planned = steps_.size();  // PlanAlone appends after these

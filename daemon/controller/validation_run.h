@@ -24,7 +24,7 @@
 //    clean finding (one GPU, one link slow in two or more transfers, a NIC slow to every peer)
 //    keeps the pause short. A measurement taken back lowers its baseline's median, so a result
 //    just short of a threshold may pass it afterwards, never measured twice: one more pass
-//    re-measures such new findings (and only them) while the findings stay ambiguous.
+//    re-measures such new findings, and only them, ambiguous or not.
 //    Exchanges are re-measured alone (`remeasure_alone`): each suspect exchange in a step of its
 //    own, after a reference exchange of the same kind (intra-node, inter-node) also alone — the
 //    one at the median of its kind's first measurements, i.e. what the baseline stands for. The
