@@ -19,19 +19,13 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_procs import free_port, stop_all
 
 
 def cpu_seconds(pid):
@@ -170,14 +164,7 @@ class Point:
         return row
 
     def close(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(self.procs, timeout_s=10)
         if self.args.keep:
             print(f"# files: {self.dir}", file=sys.stderr)
         else:

@@ -39,7 +39,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -47,16 +46,12 @@ import sys
 import tempfile
 import time
 
+from bench_procs import free_port
+
 NODES, RANKS = 4, 8
 ACTIONS = ["kill-agent", "stop-agent", "kill-controller", "stop-controller", "kill-redis", "stop-redis",
            "bad-keys", "fill-shm"]
 CRASH_MARKS = ("AddressSanitizer", "runtime error:", "terminate called", "Segmentation fault", "std::bad_alloc")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:

@@ -42,24 +42,18 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from bench_procs import free_port, stop_all
+
 TP, DP, PP = 2, 4, 2
 RANKS = TP * DP * PP
 NODES = 4
 KINDS = ["stall", "device", "mismatch", "deadlock"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:
@@ -140,15 +134,7 @@ class Job:
         return out
 
     def stop(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(self.procs, timeout_s=30)
 
     def log(self, name):
         try:

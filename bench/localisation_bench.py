@@ -37,23 +37,17 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from bench_procs import free_port, stop_all
+
 NODES, RANKS = 8, 16
 WINDOW = 10  # iterations either side of the onset for the slowdown
 DP_LINKS = [(0, 1), (1, 2), (2, 3), (0, 3), (4, 5), (5, 6), (6, 7), (4, 7)]  # carry DP traffic
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def random_fault(rng, lo, hi):
@@ -211,14 +205,7 @@ class Run:
         return 100.0 * statistics.mean(total) / elapsed if total and elapsed > 0 else None
 
     def close(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(self.procs, timeout_s=10)
         if self.args.keep:
             print(f"#   run {self.index} files: {self.dir}", file=sys.stderr)
         else:

@@ -58,6 +58,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from bench_procs import free_port  # noqa: E402
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MB = 1 << 20
 READY_RE = re.compile(r"falcon-sim: ready ranks=(\d+) nodes=(\d+)")
@@ -81,12 +84,6 @@ def parse_shape(text):
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"shape {text!r}: TPxPPxDP, e.g. 8x8x16")
     return tuple(int(p) for p in parts)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisError(Exception):
