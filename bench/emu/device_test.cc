@@ -139,6 +139,17 @@ struct Signal {
   }
 };
 
+// A two-rank barrier: neither rank passes Meet until both arrived. A test that checks "still
+// waiting" and then aborts meets first, or the faster rank's abort (which fails the peer's device
+// work, as NCCL's does) lands inside the slower rank's check.
+struct Meeting {
+  Signal arrived[2];
+  void Meet(int rank) const {
+    arrived[rank].Give();
+    arrived[1 - rank].Await();
+  }
+};
+
 RunOptions Quiet(double deadline_s = 60) {
   RunOptions opt;
   opt.deadline_s = deadline_s;
@@ -397,6 +408,7 @@ TEST(DeviceTest, AbortFromAnotherThreadEndsADeviceWait) {
 // enqueued like any call, and its device work then never completes, on every member, until
 // ncclCommAbort; a datatype mismatch at equal byte size completes.
 TEST(DeviceTest, MismatchedCallsNeverCompleteUntilAbort) {
+  const Meeting checked;
   const auto codes = RunRanks(2, [&](int rank, const ncclUniqueId& id) {
     int failures = 0;
     const Cu cu = Cu::Load(rank);
@@ -422,6 +434,7 @@ TEST(DeviceTest, MismatchedCallsNeverCompleteUntilAbort) {
     EMU_CHECK(!CompletesWithin(cu, p2p_done, 0.1), "the mismatched send/recv completed");
     ncclResult_t async = ncclSuccess;
     EMU_CHECK(ncclCommGetAsyncError(coll, &async) == ncclSuccess && async == ncclSuccess, "async %d", async);
+    checked.Meet(rank);
     std::thread aborter([&] {
       EMU_CHECK(ncclCommAbort(coll) == ncclSuccess && ncclCommAbort(p2p) == ncclSuccess, "abort");
     });
@@ -436,6 +449,7 @@ TEST(DeviceTest, MismatchedCallsNeverCompleteUntilAbort) {
 // A stream runs its work in order across communicators, as a GPU: two ranks that queue the
 // collectives of two communicators on one stream in opposite orders deadlock (until an abort).
 TEST(DeviceTest, OppositeOrdersOnOneStreamDeadlock) {
+  const Meeting checked;
   const auto codes = RunRanks(2, [&](int rank, const ncclUniqueId& id) {
     int failures = 0;
     const Cu cu = Cu::Load(rank);
@@ -450,6 +464,7 @@ TEST(DeviceTest, OppositeOrdersOnOneStreamDeadlock) {
     EMU_CHECK(ncclAllReduce(&y, &y, 1, ncclFloat, ncclSum, second, s) == ncclSuccess, "enqueue second");
     void* done = cu.RecordOn(s);
     EMU_CHECK(!CompletesWithin(cu, done, 0.3), "opposite orders on one stream completed");
+    checked.Meet(rank);
     std::thread aborter([&] { EMU_CHECK(ncclCommAbort(a) == ncclSuccess && ncclCommAbort(b) == ncclSuccess, "abort"); });
     aborter.join();
     EMU_CHECK(CompletesWithin(cu, done, 5), "the stream still waits after the abort");
