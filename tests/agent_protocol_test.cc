@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -344,6 +345,53 @@ TEST(ProtocolBoundsTest, HostileSizesAndNumbersAreRefused) {
 }
 
 // cut_info's pattern and pause's targets: round trips, and every malformed part is refused.
+// The agent writes call_signatures without the JSON tree (Dump); a reader must not be able to
+// tell: the text is ToJson's, byte for byte, whatever the fields hold.
+TEST(ProtocolDumpTest, CallSignaturesDumpIsToJsonsTextByteForByte) {
+  std::vector<CallSignatures> cases;
+  CallSignatures empty;
+  empty.header = H();
+  cases.push_back(empty);  // no comms, no dropped, rank -1
+  CallSignatures odd;
+  odd.header = {"job \"quoted\" \\ \x01 tab\t", "n\xc5\x93ud-\xc3\xa4", -5};  // escapes, UTF-8
+  odd.rank = std::numeric_limits<std::int64_t>::max();
+  odd.pid = std::numeric_limits<std::int64_t>::min();
+  odd.dropped = std::numeric_limits<std::uint64_t>::max();
+  odd.comms = {{0, 0, {}}, {~0ull, -1, {{~0ull, 0, "", -7, ~0ull, std::numeric_limits<std::int32_t>::min(), 1 << 20}}}};
+  cases.push_back(odd);
+  std::mt19937_64 rng(42);
+  const char* ops[] = {"AllReduce", "ReduceScatter", "AllGather", "Broadcast", "AlltoAll"};
+  for (int i = 0; i < 200; ++i) {
+    CallSignatures m;
+    // Within the schema's bounds (non-negative, at most kMaxI64: shifted right by at least 2).
+    m.header = {"job-" + std::to_string(rng() % 1000), "host" + std::to_string(rng()), static_cast<std::int64_t>(rng() >> 2)};
+    m.rank = static_cast<std::int64_t>(rng() % 32768);
+    m.pid = static_cast<std::int64_t>(rng() % 4000000);
+    if (rng() % 2 == 0) m.dropped = rng() % 100000;
+    for (std::uint64_t c = rng() % 4; c > 0; --c) {
+      CommSignatures comm{rng(), 1 + static_cast<std::int32_t>(rng() % 4096), {}};
+      for (std::uint64_t r = 1 + rng() % 50; r > 0; --r) {
+        comm.runs.push_back({rng() >> (2 + rng() % 62), 1 + rng() % 1000, ops[rng() % 5], static_cast<std::int32_t>(rng() % 13),
+                             rng() >> (2 + rng() % 62), static_cast<std::int32_t>(rng() % 7) - 1,
+                             static_cast<std::int32_t>(rng() % 9) - 1});
+      }
+      m.comms.push_back(std::move(comm));
+    }
+    cases.push_back(std::move(m));
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string text = Dump(cases[i]);
+    ASSERT_EQ(text, ToJson(cases[i]).dump()) << "case " << i;
+    // The random ones are within the schema: what the agent sends, the controller accepts.
+    if (i >= 2) {
+      EXPECT_TRUE(ValidateMessage(json::parse(text), kCallSignatures).ok()) << text.substr(0, 200);
+    }
+  }
+  CallSignatures bad = empty;
+  bad.header.host = "\xff";  // not UTF-8: refused as dump() refuses it, never written broken
+  EXPECT_THROW((void)Dump(bad), nlohmann::json::type_error);
+}
+
 TEST(ProtocolCutTest, PatternsAndTargetsRoundTripAndBadOnesAreRefused) {
   CutPatternMessage m;
   m.pattern.rank = 5;

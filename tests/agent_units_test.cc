@@ -157,6 +157,7 @@ TEST(OnlineSeriesTest, SamplesMatchTheIterationsAcrossArbitraryPollBoundaries) {
   const Stream s = MakeStream(9, durations);
   OnlineSeriesOptions o;
   o.keep_cycles = 8;
+  o.extract_every_ns = 0;  // at every new period: the buffer bound below is for that
   OnlineIterationSeries series(o);
   series.Start(9);
   std::vector<SeriesSample> out;
@@ -176,6 +177,67 @@ TEST(OnlineSeriesTest, SamplesMatchTheIterationsAcrossArbitraryPollBoundaries) {
   std::size_t slow = 0;
   for (const SeriesSample& x : out) slow += x.seconds > 0.025 ? 1 : 0;
   EXPECT_NEAR(static_cast<double>(slow), 150.0, 3.0);
+}
+
+// Extraction at most once per second of record time: the same iterations come out, up to a
+// second later, and the buffer holds that second's calls besides the kept cycles.
+TEST(OnlineSeriesTest, ExtractionOncePerIntervalKeepsTheSamplesAndDelaysThemAtMostThatLong) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> jitter(0.95, 1.05);
+  std::vector<double> durations;
+  for (int i = 0; i < 400; ++i) durations.push_back(0.02 * jitter(rng) * (i >= 250 ? 1.5 : 1.0));
+  const Stream s = MakeStream(9, durations);
+  struct Run {
+    std::vector<SeriesSample> out;
+    std::size_t max_buffered = 0;
+    std::int64_t max_lag_ns = 0;  // newest call pushed - end of the newest sample out, after a Drain
+  };
+  auto run = [&](std::int64_t every_ns) {
+    OnlineSeriesOptions o;
+    o.keep_cycles = 8;
+    o.extract_every_ns = every_ns;
+    OnlineIterationSeries series(o);
+    series.Start(9);
+    Run r;
+    std::mt19937 chunks(5);
+    std::uniform_int_distribution<std::size_t> chunk(1, 60);
+    for (std::size_t i = 0; i < s.symbols.size();) {
+      const std::size_t end = std::min(s.symbols.size(), i + chunk(chunks));
+      for (; i < end; ++i) series.Push(s.symbols[i], s.t[i]);
+      series.Drain(&r.out);
+      r.max_buffered = std::max(r.max_buffered, series.buffered());
+      if (!r.out.empty()) {
+        const std::int64_t sample_end = r.out.back().start_ns + std::llround(r.out.back().seconds * 1e9);
+        r.max_lag_ns = std::max(r.max_lag_ns, s.t[i - 1] - sample_end);
+      }
+    }
+    return r;
+  };
+  const Run every = run(0);
+  const Run second = run(1'000'000'000);
+  ASSERT_GE(every.out.size(), 390u);
+  // Up to one second (about 50 iterations of 20-30 ms) not yet extracted when the stream ends.
+  EXPECT_GE(second.out.size() + 55, every.out.size());
+  EXPECT_LE(second.out.size(), every.out.size() + 1);
+  for (std::size_t k = 1; k < second.out.size(); ++k) {
+    const std::int64_t prev_end = second.out[k - 1].start_ns + std::llround(second.out[k - 1].seconds * 1e9);
+    EXPECT_GE(second.out[k].start_ns + 2, prev_end) << "samples never overlap";
+  }
+  // The same durations: every sample of the interval run is one of the per-period run's.
+  std::size_t same = 0;
+  for (const SeriesSample& x : second.out) {
+    for (const SeriesSample& y : every.out) {
+      if (x.start_ns == y.start_ns && std::abs(x.seconds - y.seconds) < 1e-9) {
+        ++same;
+        break;
+      }
+    }
+  }
+  EXPECT_GE(same + 2, second.out.size());
+  EXPECT_LT(every.max_lag_ns, 200'000'000);
+  EXPECT_LT(second.max_lag_ns, 1'200'000'000) << "a sample is late by at most the interval and a period";
+  EXPECT_GT(second.max_lag_ns, 500'000'000) << "the interval is in force";
+  EXPECT_LE(second.max_buffered, 8 * 9 + 64 + 60 + 18 + 55 * 9);
 }
 
 TEST(OnlineSeriesTest, StopForgetsAndNewLockDoesNotRepeatTime) {

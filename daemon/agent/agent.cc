@@ -45,6 +45,7 @@ FollowerOptions FollowerFrom(const AgentConfig& c) {
   o.analysis.detector.cp_threshold = c.cp_threshold;
   o.analysis.detector.rho_floor = c.rho_floor;
   o.analysis.series.keep_cycles = static_cast<std::size_t>(c.series_cycles);
+  o.analysis.series.extract_every_ns = c.series_every_ms * 1'000'000;
   o.analysis.history_calls = static_cast<std::size_t>(c.history_calls);
   return o;
 }

@@ -77,6 +77,9 @@ const ConfigEntry kTable[] = {
      "verification margin widens (1: never)", &C::rho_floor},
     {"series_cycles", T::kInt, 2, 1024, "iterations kept to align iteration samples",
      &C::series_cycles},
+    {"series_every_ms", T::kInt, 0, 60000, "iteration samples are extracted at most this often "
+     "(of the calls' time; at least one new iteration each time), ms (0: at every new iteration)",
+     &C::series_every_ms},
     {"history_calls", T::kInt, 256, 10000000, "recent calls kept per rank to start a new period "
      "lock's series", &C::history_calls},
     {"stall_check_ms", T::kInt, 0, 600000, "how often each rank is checked for a stall (no ordered "

@@ -59,6 +59,7 @@ struct AgentConfig {
   double cp_threshold = 0.9;
   double rho_floor = 0.1;
   std::int64_t series_cycles = 16;
+  std::int64_t series_every_ms = 1000;
   std::int64_t history_calls = 16384;
   std::int64_t stall_check_ms = 1000;
   double stall_floor_s = 5.0;

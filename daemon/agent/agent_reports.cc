@@ -234,7 +234,7 @@ void Agent::QueueSignatures(RankFollower& r) {
   std::uint64_t dropped = 0;
   m.comms = r.TakeSignatures(&dropped);
   if (dropped > 0) m.dropped = dropped;
-  publisher_->Queue(Key(protocol::kSignaturesStream), protocol::ToJson(m), /*packable=*/true);
+  publisher_->Queue(Key(protocol::kSignaturesStream), protocol::Dump(m), /*packable=*/true);
   publisher_->FlushSoon();  // a mismatch is news: it may be the last call before a hang
   ++signature_messages_;
 }

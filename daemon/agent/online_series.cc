@@ -16,6 +16,7 @@ void OnlineIterationSeries::Stop() {
   symbols_.clear();
   times_.clear();
   new_calls_ = 0;
+  last_extract_ns_ = std::numeric_limits<std::int64_t>::min();  // a new lock's first Drain extracts
   // last_end_ns_ is kept: a new lock must not re-emit time already covered.
 }
 
@@ -29,6 +30,13 @@ void OnlineIterationSeries::Push(std::uint32_t symbol, std::int64_t t_ns) {
 
 void OnlineIterationSeries::Drain(std::vector<SeriesSample>* out) {
   if (period_ == 0 || new_calls_ < period_) return;
+  // Times are the records' own; a clock stepped back (never on CLOCK_MONOTONIC) extracts at once.
+  const std::int64_t newest = times_.back();
+  if (last_extract_ns_ != std::numeric_limits<std::int64_t>::min() && newest >= last_extract_ns_ &&
+      newest - last_extract_ns_ < options_.extract_every_ns) {
+    return;
+  }
+  last_extract_ns_ = newest;
   new_calls_ = 0;
   const std::vector<analyzer::IterationSample> samples =
       analyzer::ExtractIterations(symbols_, times_, period_, options_.series);

@@ -54,6 +54,10 @@ void ReportPublisher::Queue(const std::string& stream, const nlohmann::json& mes
   outbox_.Push(stream, message.dump(), packable);
 }
 
+void ReportPublisher::Queue(const std::string& stream, std::string message_text, bool packable) {
+  outbox_.Push(stream, std::move(message_text), packable);
+}
+
 void ReportPublisher::SetHash(const std::string& key, redis::FieldList fields, std::int64_t ttl_s) {
   hashes_[key] = {std::move(fields), ttl_s, ++hash_version_};
 }

@@ -58,6 +58,8 @@ class ReportPublisher {
   // messages queued next to it for the same stream — a node's ranks' reports of one flush in one
   // XADD, up to protocol::kPackMessages messages and kPackBytes bytes an entry (docs/protocol.md).
   void Queue(const std::string& stream, const nlohmann::json& message, bool packable = false);
+  // The same, for a message already written as JSON text (protocol::Dump).
+  void Queue(const std::string& stream, std::string message_text, bool packable = false);
   void SetHash(const std::string& key, redis::FieldList fields, std::int64_t ttl_s);
   void Publish(const std::string& channel, const nlohmann::json& message);
   void Flush();

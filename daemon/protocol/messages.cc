@@ -2,6 +2,7 @@
 #include "daemon/protocol/messages.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -153,6 +154,88 @@ json ToJson(const CallSignatures& m) {
   j["comms"] = std::move(comms);
   SetIf(j, "dropped", m.dropped);
   return j;
+}
+
+namespace {
+
+template <typename T>
+void AppendInt(std::string* out, T v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, r.ptr);
+}
+
+// A string as dump() writes it: plain printable ASCII as is, anything else through nlohmann.
+void AppendString(std::string* out, const std::string& s) {
+  const bool plain = std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; });
+  if (!plain) {
+    out->append(json(s).dump());
+    return;
+  }
+  out->push_back('"');
+  out->append(s);
+  out->push_back('"');
+}
+
+}  // namespace
+
+std::string Dump(const CallSignatures& m) {
+  // Keys in the order dump() writes them: sorted, as nlohmann::json's objects are std::maps.
+  std::string out;
+  std::size_t runs = 0;
+  for (const CommSignatures& c : m.comms) runs += c.runs.size();
+  out.reserve(160 + 48 * m.comms.size() + 96 * runs);
+  out.append("{\"at_ns\":");
+  AppendInt(&out, m.header.at_ns);
+  out.append(",\"comms\":[");
+  for (std::size_t i = 0; i < m.comms.size(); ++i) {
+    const CommSignatures& c = m.comms[i];
+    if (i > 0) out.push_back(',');
+    out.append("{\"id\":\"");
+    out.append(CommIdHex(c.id));
+    out.append("\",\"nranks\":");
+    AppendInt(&out, c.nranks);
+    out.append(",\"runs\":[");
+    for (std::size_t k = 0; k < c.runs.size(); ++k) {
+      const SignatureRun& r = c.runs[k];
+      if (k > 0) out.push_back(',');
+      out.append("{\"count\":");
+      AppendInt(&out, r.count);
+      out.append(",\"dtype\":");
+      AppendInt(&out, r.dtype);
+      out.append(",\"n\":");
+      AppendInt(&out, r.n);
+      out.append(",\"op\":");
+      AppendString(&out, r.op);
+      out.append(",\"redop\":");
+      AppendInt(&out, r.redop);
+      out.append(",\"root\":");
+      AppendInt(&out, r.root);
+      out.append(",\"seq\":");
+      AppendInt(&out, r.seq);
+      out.push_back('}');
+    }
+    out.append("]}");
+  }
+  out.push_back(']');
+  if (m.dropped) {
+    out.append(",\"dropped\":");
+    AppendInt(&out, *m.dropped);
+  }
+  out.append(",\"host\":");
+  AppendString(&out, m.header.host);
+  out.append(",\"job\":");
+  AppendString(&out, m.header.job);
+  out.append(",\"pid\":");
+  AppendInt(&out, m.pid);
+  out.append(",\"rank\":");
+  AppendInt(&out, m.rank);
+  out.append(",\"type\":");
+  AppendString(&out, std::string(kCallSignatures.type));
+  out.append(",\"v\":");
+  AppendInt(&out, kSchemaVersion);
+  out.push_back('}');
+  return out;
 }
 
 json ToJson(const CommProfileReport& m) {

@@ -262,6 +262,12 @@ nlohmann::json ToJson(const IterationBatch& m);
 nlohmann::json ToJson(const AlarmReport& m);
 nlohmann::json ToJson(const StallReport& m);
 nlohmann::json ToJson(const CallSignatures& m);
+// The text of ToJson(m).dump(), byte for byte, written without building the JSON tree:
+// call_signatures is the agent's busiest message (one run per call when no two neighbouring
+// collectives are alike), and building and freeing the tree cost more than all else the agent
+// does per call. Throws as dump() does (nlohmann::json::type_error on a header string that is
+// not UTF-8).
+std::string Dump(const CallSignatures& m);
 nlohmann::json ToJson(const CommProfileReport& m);
 nlohmann::json ToJson(const Command& m);  // for the controller and tests
 nlohmann::json ToJson(const Ack& m);
