@@ -74,10 +74,13 @@ TrackerEvent PeriodTracker::Check() {
   std::size_t same = 0;
   const std::size_t begin = buf_.size() - span;
   std::uint64_t last_match = buf_[begin + period_].index;
-  for (std::size_t i = begin + period_; i < buf_.size(); ++i) {
-    if (buf_[i].symbol == buf_[i - period_].symbol) {
+  // Two iterators one period apart: this runs for every period of calls, over check_cycles
+  // periods, and a deque's iterator steps are far cheaper than its indexing.
+  auto lag = buf_.cbegin() + static_cast<std::ptrdiff_t>(begin);
+  for (auto it = lag + static_cast<std::ptrdiff_t>(period_); it != buf_.cend(); ++it, ++lag) {
+    if (it->symbol == lag->symbol) {
       ++same;
-      last_match = buf_[i].index;
+      last_match = it->index;
     }
   }
   acf_ = static_cast<double>(same) / static_cast<double>(span - period_);
