@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "daemon/agent/agent_config.h"
@@ -240,6 +241,34 @@ TEST(OnlineSeriesTest, ExtractionOncePerIntervalKeepsTheSamplesAndDelaysThemAtMo
   EXPECT_LE(second.max_buffered, 8 * 9 + 64 + 60 + 18 + 55 * 9);
 }
 
+// Intervals sit on multiples of extract_every_ns of the shared clock: two ranks in step extract
+// in the same polls, whenever each of them started, so the agent flushes their samples together.
+TEST(OnlineSeriesTest, RanksInStepExtractInTheSameIntervals) {
+  const Stream s = MakeStream(9, std::vector<double>(290, 0.02));  // 1.0 s to 6.8 s
+  OnlineIterationSeries a, b;  // default: once a second
+  a.Start(9);
+  b.Start(9);
+  std::vector<SeriesSample> out_a, out_b;
+  std::set<std::size_t> polls_a, polls_b;  // the polls in which each one emitted
+  constexpr std::size_t kLaterLock = 1357;  // b's calls start 3 s after a's, mid-interval
+  for (std::size_t i = 0; i < s.symbols.size(); ++i) {
+    a.Push(s.symbols[i], s.t[i]);
+    if (i >= kLaterLock) b.Push(s.symbols[i], s.t[i]);
+    if (i % 20 != 19) continue;  // one agent poll every 20 calls
+    const std::size_t had_a = out_a.size(), had_b = out_b.size();
+    a.Drain(&out_a);
+    b.Drain(&out_b);
+    if (out_a.size() > had_a) polls_a.insert(i);
+    if (out_b.size() > had_b) polls_b.insert(i);
+  }
+  ASSERT_GE(polls_b.size(), 3u);
+  // After b's first extraction (which comes whenever it starts), both extract in the same polls.
+  const std::size_t first_b = *polls_b.begin();
+  polls_b.erase(first_b);
+  std::erase_if(polls_a, [&](std::size_t p) { return p <= first_b; });
+  EXPECT_EQ(polls_a, polls_b);
+}
+
 TEST(OnlineSeriesTest, StopForgetsAndNewLockDoesNotRepeatTime) {
   const Stream s = MakeStream(5, std::vector<double>(60, 0.01));
   OnlineIterationSeries series;
@@ -265,7 +294,9 @@ TEST(OnlineSeriesTest, StopForgetsAndNewLockDoesNotRepeatTime) {
 // Nine calls per iteration (three communicators, several ops and sizes), 200 iterations of
 // 20 ms then 100 of 40 ms, fed call by call with flushes at arbitrary points, as the agent does.
 TEST(RankAnalysisTest, LocksThePeriodEmitsIterationsAndRaisesOneSlowAlarm) {
-  RankAnalysis analysis;
+  RankAnalysisOptions options;
+  options.series.extract_every_ns = 0;  // at every period: the stream's last second counts too
+  RankAnalysis analysis(options);
   RankUpdate all;
   std::mt19937 rng(3);
   std::normal_distribution<double> noise(1.0, 0.01);

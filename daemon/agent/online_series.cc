@@ -30,10 +30,13 @@ void OnlineIterationSeries::Push(std::uint32_t symbol, std::int64_t t_ns) {
 
 void OnlineIterationSeries::Drain(std::vector<SeriesSample>* out) {
   if (period_ == 0 || new_calls_ < period_) return;
-  // Times are the records' own; a clock stepped back (never on CLOCK_MONOTONIC) extracts at once.
+  // At most once per interval of the records' own clock, on the interval's boundaries: the ranks
+  // of a node share CLOCK_MONOTONIC, so ranks in step extract in the same poll and their samples
+  // leave in one flush (one packed stream entry). A clock stepped back extracts at once.
   const std::int64_t newest = times_.back();
-  if (last_extract_ns_ != std::numeric_limits<std::int64_t>::min() && newest >= last_extract_ns_ &&
-      newest - last_extract_ns_ < options_.extract_every_ns) {
+  const std::int64_t every = options_.extract_every_ns;
+  if (every > 0 && last_extract_ns_ != std::numeric_limits<std::int64_t>::min() && newest >= last_extract_ns_ &&
+      newest / every == last_extract_ns_ / every) {
     return;
   }
   last_extract_ns_ = newest;

@@ -7,7 +7,8 @@
 // one: samples never overlap or repeat. If the anchor phase the analyzer picks moves (the window
 // slid), at most one iteration is skipped; none is counted twice.
 // Cost: one ExtractIterations over <= keep_cycles + new periods per Drain that has a new period
-// and comes `extract_every_ns` of record time after the previous extraction: at 10 iterations a
+// and is the first in its `extract_every_ns` interval of record time (intervals aligned on
+// multiples of it, so ranks sharing a clock extract together): at 10 iterations a
 // second each extraction covers 16 + 10 periods, not 16 + 1, and the per-call cost is ~6x less;
 // samples reach the caller up to that much later.
 // Thread-safety: plain value object, one owner. Must never: do I/O or read clocks.

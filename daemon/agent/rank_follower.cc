@@ -1,6 +1,7 @@
 // RankFollower. See rank_follower.h for the contract.
 #include "daemon/agent/rank_follower.h"
 
+#include <array>
 #include <atomic>
 
 namespace falcon::agent {
@@ -10,6 +11,19 @@ template <typename T>
 T LoadShared(const T& word) {
   // The segment's shared words are atomics by contract (shm_abi.h); the reader's view is const.
   return std::atomic_ref<T>(const_cast<T&>(word)).load(std::memory_order_acquire);
+}
+
+// The analyzer's kind of each shim op: ParseOpKind of its name, worked out once rather than per
+// record (a string search over the op names, for every call the rank issues).
+analyzer::OpKind KindOf(std::uint8_t op) {
+  static const auto kKinds = [] {
+    std::array<analyzer::OpKind, 256> kinds{};
+    for (std::size_t i = 0; i < kinds.size(); ++i) {
+      kinds[i] = analyzer::ParseOpKind(daemon::OpName(static_cast<std::uint16_t>(i)));
+    }
+    return kinds;
+  }();
+  return kKinds[op];
 }
 
 std::string Text(const char* s, std::size_t n) {
@@ -95,7 +109,7 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     }
     pattern_.Push(r, comm == comms_.end() ? 0 : comm->second.comm_id);
     analyzer::CallRecord call;
-    call.op = analyzer::ParseOpKind(daemon::OpName(r.op));
+    call.op = KindOf(r.op);
     call.comm = comm == comms_.end() ? 0 : comm->second.comm_id;
     call.bytes = r.count * daemon::DtypeSize(r.dtype);
     call.peer = r.peer;
