@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "daemon/protocol/validate.h"
@@ -177,6 +178,20 @@ void AppendString(std::string* out, const std::string& s) {
   out->push_back('"');
 }
 
+// `,"name":value` (the comma left out for the first field of an object: `first`).
+template <typename T>
+void AppendField(std::string* out, const char* name, const T& v, bool first = false) {
+  if (!first) out->push_back(',');
+  out->push_back('"');
+  out->append(name);
+  out->append("\":");
+  if constexpr (std::is_integral_v<T>) {
+    AppendInt(out, v);
+  } else {
+    AppendString(out, v);
+  }
+}
+
 }  // namespace
 
 std::string Dump(const CallSignatures& m) {
@@ -185,55 +200,37 @@ std::string Dump(const CallSignatures& m) {
   std::size_t runs = 0;
   for (const CommSignatures& c : m.comms) runs += c.runs.size();
   out.reserve(160 + 48 * m.comms.size() + 96 * runs);
-  out.append("{\"at_ns\":");
-  AppendInt(&out, m.header.at_ns);
+  out.push_back('{');
+  AppendField(&out, "at_ns", m.header.at_ns, true);
   out.append(",\"comms\":[");
   for (std::size_t i = 0; i < m.comms.size(); ++i) {
     const CommSignatures& c = m.comms[i];
-    if (i > 0) out.push_back(',');
-    out.append("{\"id\":\"");
-    out.append(CommIdHex(c.id));
-    out.append("\",\"nranks\":");
-    AppendInt(&out, c.nranks);
+    out.append(i > 0 ? ",{" : "{");
+    AppendField(&out, "id", CommIdHex(c.id), true);
+    AppendField(&out, "nranks", c.nranks);
     out.append(",\"runs\":[");
     for (std::size_t k = 0; k < c.runs.size(); ++k) {
       const SignatureRun& r = c.runs[k];
-      if (k > 0) out.push_back(',');
-      out.append("{\"count\":");
-      AppendInt(&out, r.count);
-      out.append(",\"dtype\":");
-      AppendInt(&out, r.dtype);
-      out.append(",\"n\":");
-      AppendInt(&out, r.n);
-      out.append(",\"op\":");
-      AppendString(&out, r.op);
-      out.append(",\"redop\":");
-      AppendInt(&out, r.redop);
-      out.append(",\"root\":");
-      AppendInt(&out, r.root);
-      out.append(",\"seq\":");
-      AppendInt(&out, r.seq);
+      out.append(k > 0 ? ",{" : "{");
+      AppendField(&out, "count", r.count, true);
+      AppendField(&out, "dtype", r.dtype);
+      AppendField(&out, "n", r.n);
+      AppendField(&out, "op", r.op);
+      AppendField(&out, "redop", r.redop);
+      AppendField(&out, "root", r.root);
+      AppendField(&out, "seq", r.seq);
       out.push_back('}');
     }
     out.append("]}");
   }
   out.push_back(']');
-  if (m.dropped) {
-    out.append(",\"dropped\":");
-    AppendInt(&out, *m.dropped);
-  }
-  out.append(",\"host\":");
-  AppendString(&out, m.header.host);
-  out.append(",\"job\":");
-  AppendString(&out, m.header.job);
-  out.append(",\"pid\":");
-  AppendInt(&out, m.pid);
-  out.append(",\"rank\":");
-  AppendInt(&out, m.rank);
-  out.append(",\"type\":");
-  AppendString(&out, std::string(kCallSignatures.type));
-  out.append(",\"v\":");
-  AppendInt(&out, kSchemaVersion);
+  if (m.dropped) AppendField(&out, "dropped", *m.dropped);
+  AppendField(&out, "host", m.header.host);
+  AppendField(&out, "job", m.header.job);
+  AppendField(&out, "pid", m.pid);
+  AppendField(&out, "rank", m.rank);
+  AppendField(&out, "type", std::string(kCallSignatures.type));
+  AppendField(&out, "v", kSchemaVersion);
   out.push_back('}');
   return out;
 }
