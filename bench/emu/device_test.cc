@@ -140,8 +140,9 @@ struct Signal {
 };
 
 // A two-rank barrier: neither rank passes Meet until both arrived. A test that checks "still
-// waiting" and then aborts meets first, or the faster rank's abort (which fails the peer's device
-// work, as NCCL's does) lands inside the slower rank's check.
+// waiting" and then aborts meets first, or the faster rank's abort (which the emulator reports
+// to the peer's outstanding device work as a gone rank, failing it) lands inside the slower
+// rank's check.
 struct Meeting {
   Signal arrived[2];
   void Meet(int rank) const {
