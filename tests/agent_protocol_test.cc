@@ -344,7 +344,6 @@ TEST(ProtocolBoundsTest, HostileSizesAndNumbersAreRefused) {
   }
 }
 
-// cut_info's pattern and pause's targets: round trips, and every malformed part is refused.
 // The agent writes call_signatures without the JSON tree (Dump); a reader must not be able to
 // tell: the text is ToJson's, byte for byte, whatever the fields hold.
 TEST(ProtocolDumpTest, CallSignaturesDumpIsToJsonsTextByteForByte) {
@@ -392,6 +391,7 @@ TEST(ProtocolDumpTest, CallSignaturesDumpIsToJsonsTextByteForByte) {
   EXPECT_THROW((void)Dump(bad), nlohmann::json::type_error);
 }
 
+// cut_info's pattern and pause's targets: round trips, and every malformed part is refused.
 TEST(ProtocolCutTest, PatternsAndTargetsRoundTripAndBadOnesAreRefused) {
   CutPatternMessage m;
   m.pattern.rank = 5;

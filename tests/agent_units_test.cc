@@ -150,6 +150,15 @@ Stream MakeStream(std::size_t period, const std::vector<double>& durations) {
   return s;
 }
 
+// Where a sample ends (its start plus its duration), and that each one starts at or after the
+// end of the one before.
+std::int64_t SampleEnd(const SeriesSample& x) { return x.start_ns + std::llround(x.seconds * 1e9); }
+void ExpectNoOverlap(const std::vector<SeriesSample>& out) {
+  for (std::size_t k = 1; k < out.size(); ++k) {
+    EXPECT_GE(out[k].start_ns + 2, SampleEnd(out[k - 1])) << "samples never overlap";
+  }
+}
+
 // 400 iterations of 9 calls, 20 ms +-5 %, the last 150 of them 1.5x slower.
 Stream SlowingStream(std::mt19937& rng) {
   std::uniform_real_distribution<double> jitter(0.95, 1.05);
@@ -175,10 +184,7 @@ TEST(OnlineSeriesTest, SamplesMatchTheIterationsAcrossArbitraryPollBoundaries) {
     EXPECT_LE(series.buffered(), o.keep_cycles * 9 + 64 + 60 + 18) << "bounded buffer";
   }
   ASSERT_GE(out.size(), 390u);
-  for (std::size_t k = 1; k < out.size(); ++k) {
-    const std::int64_t prev_end = out[k - 1].start_ns + std::llround(out[k - 1].seconds * 1e9);
-    EXPECT_GE(out[k].start_ns + 2, prev_end) << "samples never overlap";
-  }
+  ExpectNoOverlap(out);
   // Anchor-to-anchor times are the iteration durations (shifted by the anchor's phase).
   std::size_t slow = 0;
   for (const SeriesSample& x : out) slow += x.seconds > 0.025 ? 1 : 0;
@@ -210,8 +216,7 @@ TEST(OnlineSeriesTest, ExtractionOncePerIntervalKeepsTheSamplesAndDelaysThemAtMo
       series.Drain(&r.out);
       r.max_buffered = std::max(r.max_buffered, series.buffered());
       if (!r.out.empty()) {
-        const std::int64_t sample_end = r.out.back().start_ns + std::llround(r.out.back().seconds * 1e9);
-        r.max_lag_ns = std::max(r.max_lag_ns, s.t[i - 1] - sample_end);
+        r.max_lag_ns = std::max(r.max_lag_ns, s.t[i - 1] - SampleEnd(r.out.back()));
       }
     }
     return r;
@@ -222,10 +227,7 @@ TEST(OnlineSeriesTest, ExtractionOncePerIntervalKeepsTheSamplesAndDelaysThemAtMo
   // Up to one second (about 50 iterations of 20-30 ms) not yet extracted when the stream ends.
   EXPECT_GE(second.out.size() + 55, every.out.size());
   EXPECT_LE(second.out.size(), every.out.size() + 1);
-  for (std::size_t k = 1; k < second.out.size(); ++k) {
-    const std::int64_t prev_end = second.out[k - 1].start_ns + std::llround(second.out[k - 1].seconds * 1e9);
-    EXPECT_GE(second.out[k].start_ns + 2, prev_end) << "samples never overlap";
-  }
+  ExpectNoOverlap(second.out);
   // The same durations: every sample of the interval run is one of the per-period run's.
   std::size_t same = 0;
   for (const SeriesSample& x : second.out) {
@@ -287,7 +289,7 @@ TEST(OnlineSeriesTest, StopForgetsAndNewLockDoesNotRepeatTime) {
   series.Drain(&out);
   ASSERT_GT(out.size(), first + 20);
   EXPECT_LE(out.size(), 59u) << "60 iterations give at most 59 anchor-to-anchor samples";
-  const std::int64_t first_end = out[first - 1].start_ns + std::llround(out[first - 1].seconds * 1e9);
+  const std::int64_t first_end = SampleEnd(out[first - 1]);
   for (std::size_t k = first; k < out.size(); ++k) {
     EXPECT_GE(out[k].start_ns + 2, first_end) << "only time after the last sample is new";
   }
