@@ -18,18 +18,67 @@ TrackerEvent PeriodTracker::Push(std::uint32_t symbol, std::uint64_t index) {
   if (locked() && Ignored(symbol)) {
     return TrackerEvent::kNone;
   }
-  buf_.push_back({symbol, index});
+  buf_.push_back({symbol, false, index});
   if (buf_.size() > options_.window) {
     buf_.pop_front();
   }
   if (!locked()) {
     return buf_.size() >= next_attempt_ ? TryLock() : TrackerEvent::kNone;
   }
+  Slide();
   if (++since_check_ >= std::max<std::size_t>(period_, 64)) {
     since_check_ = 0;
     return Check();
   }
   return TrackerEvent::kNone;
+}
+
+std::size_t PeriodTracker::CheckedCalls() const {
+  const std::size_t n = buf_.size();
+  return n > period_ ? std::min(n - period_, options_.check_cycles * period_) : 0;
+}
+
+// The checked calls only ever gain the newest call and lose the oldest: CheckedCalls() grows by
+// one per call while the buffer fills, then stays put (check_cycles periods or a full window,
+// where the pop_front in Push and the loss of the oldest checked call go together).
+void PeriodTracker::Slide() {
+  const std::size_t n = buf_.size();
+  Entry& e = buf_.back();
+  e.match = n > period_ && buf_[n - 1 - period_].symbol == e.symbol;
+  const std::size_t checked = CheckedCalls();
+  if (checked == 0) {
+    return;
+  }
+  if (checked > checked_) {
+    checked_ = checked;  // grew by this call (checked == checked_ + 1)
+  } else if (buf_[n - checked - 1].match) {
+    --same_;  // the call just before the checked ones left them
+  }
+  if (e.match) {
+    ++same_;
+    last_match_ = e.index;
+  }
+}
+
+void PeriodTracker::Recount() {
+  const std::size_t n = buf_.size();
+  const std::size_t head = std::min(n, period_);  // calls with nothing one period back
+  auto lag = buf_.begin();
+  auto it = buf_.begin() + static_cast<std::ptrdiff_t>(head);
+  for (auto first = buf_.begin(); first != it; ++first) {
+    first->match = false;
+  }
+  for (; it != buf_.end(); ++it, ++lag) {
+    it->match = it->symbol == lag->symbol;
+  }
+  checked_ = CheckedCalls();
+  same_ = 0;
+  for (it = buf_.end() - static_cast<std::ptrdiff_t>(checked_); it != buf_.end(); ++it) {
+    if (it->match) {
+      ++same_;
+      last_match_ = it->index;
+    }
+  }
 }
 
 std::vector<std::uint32_t> PeriodTracker::Symbols(std::size_t begin) const {
@@ -63,27 +112,21 @@ TrackerEvent PeriodTracker::TryLock() {
   }
   locked_from_ = buf_.front().index;
   since_check_ = 0;
+  Recount();
   return TrackerEvent::kLocked;
 }
 
+// The match rate of the checked calls against the calls one period before them, read from the
+// running counts in O(1); only a failing check costs more (Refine, or dropping the lock).
 TrackerEvent PeriodTracker::Check() {
-  const std::size_t span = std::min(buf_.size(), (options_.check_cycles + 1) * period_);
-  if (span <= period_) {
+  if (checked_ == 0) {
     return TrackerEvent::kNone;
   }
-  std::size_t same = 0;
-  const std::size_t begin = buf_.size() - span;
-  std::uint64_t last_match = buf_[begin + period_].index;
-  // Two iterators one period apart: this runs for every period of calls, over check_cycles
-  // periods, and a deque's iterator steps are far cheaper than its indexing.
-  auto lag = buf_.cbegin() + static_cast<std::ptrdiff_t>(begin);
-  for (auto it = lag + static_cast<std::ptrdiff_t>(period_); it != buf_.cend(); ++it, ++lag) {
-    if (it->symbol == lag->symbol) {
-      ++same;
-      last_match = it->index;
-    }
-  }
-  acf_ = static_cast<double>(same) / static_cast<double>(span - period_);
+  // buf_[begin..] holds the checked calls and the period of calls they are compared with.
+  const std::size_t begin = buf_.size() - checked_ - period_;
+  // The newest checked call that matched, else the oldest checked call.
+  const std::uint64_t last_match = same_ > 0 ? last_match_ : buf_[begin + period_].index;
+  acf_ = static_cast<double>(same_) / static_cast<double>(checked_);
   if (acf_ >= options_.lost_rate && acf_ >= lock_acf_ - options_.lost_drop) {
     return TrackerEvent::kNone;
   }
@@ -96,6 +139,8 @@ TrackerEvent PeriodTracker::Check() {
   buf_.erase(buf_.begin(), buf_.end() - static_cast<std::ptrdiff_t>(keep));
   period_ = 0;
   ignored_.clear();
+  checked_ = 0;
+  same_ = 0;
   next_attempt_ = std::max<std::size_t>(options_.min_calls, keep * 2);
   return TrackerEvent::kLost;
 }
@@ -116,6 +161,7 @@ TrackerEvent PeriodTracker::Refine(std::size_t begin) {
     }
   }
   std::erase_if(buf_, [&](const Entry& e) { return Ignored(e.symbol); });
+  Recount();
   acf_ = r.acf;
   lock_acf_ = r.acf;
   return TrackerEvent::kRefined;

@@ -4,9 +4,12 @@
 // micro-batch count, a topology change, an elastic resize). A failing check runs FindPeriod on
 // the window again: the same period means occasional calls the lock had not seen (kept, with
 // them ignored); anything else means the pattern changed (lost).
-// Memory: O(window) symbols (16 bytes per call: symbol + index), bounded by options.window.
+// Memory: O(window) calls (16 bytes per call: symbol + match bit + index), bounded by
+// options.window.
+// Complexity: O(1) amortised per Push while locked (the health check reads running counts of
+// the checked calls); a detection attempt, a refinement or a lost lock costs O(window log window).
 // Thread-safety: plain value object; one owner at a time, no internal locking.
-// Must never: read clocks or do I/O; block (a detection attempt costs O(window log window)).
+// Must never: read clocks or do I/O; block.
 #pragma once
 
 #include <cstddef>
@@ -55,14 +58,25 @@ class PeriodTracker {
  private:
   struct Entry {
     std::uint32_t symbol;
+    // While locked: this call repeats the buffered call one period before it (false when the
+    // buffer held none). Sits in the padding before `index`.
+    bool match;
     std::uint64_t index;
   };
+  static_assert(sizeof(Entry) == 16, "the Memory line of the file comment");
   // The buffered symbols from buf_[begin] on.
   [[nodiscard]] std::vector<std::uint32_t> Symbols(std::size_t begin) const;
   TrackerEvent TryLock();
   TrackerEvent Check();
   TrackerEvent Refine(std::size_t begin);
   [[nodiscard]] bool Ignored(std::uint32_t symbol) const;
+  // Calls a health check compares with the call one period back: the newest
+  // min(size - period, check_cycles * period) buffered calls (0 when size <= period).
+  [[nodiscard]] std::size_t CheckedCalls() const;
+  // REQUIRES: locked(). buf_.back() was just pushed: sets its match bit and slides the counts.
+  void Slide();
+  // REQUIRES: locked(). buf_ or the lock changed: recomputes every match bit and the counts.
+  void Recount();
 
   PeriodTrackerOptions options_;
   std::deque<Entry> buf_;
@@ -74,6 +88,12 @@ class PeriodTracker {
   std::uint64_t locked_from_ = 0;
   std::uint64_t lost_at_ = 0;
   std::vector<bool> ignored_;
+  // While locked, over the checked calls (the newest checked_ == CheckedCalls() entries of buf_;
+  // buf_ then holds no ignored symbol): how many match, and the caller index of the newest call
+  // that matched (meaningful when same_ > 0: that call is then among the checked ones).
+  std::size_t checked_ = 0;
+  std::size_t same_ = 0;
+  std::uint64_t last_match_ = 0;
 };
 
 }  // namespace falcon::analyzer
