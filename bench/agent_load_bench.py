@@ -88,7 +88,7 @@ class Point:
     def alarms(self):
         """Every message of the alarms stream (entries may pack several `msg` fields)."""
         out = []
-        for line in self.redis("XRANGE", f"falcon:{self.job}:alarms", "-", "+").splitlines():
+        for line in self.redis("XRANGE", f"falcon:{{{self.job}}}:alarms", "-", "+").splitlines():
             if line.startswith("{"):
                 try:
                     out.append(json.loads(line))

@@ -111,7 +111,7 @@ class Run:
         return os.path.join(self.args.build, rel)
 
     def key(self, suffix):
-        return f"falcon:{self.job}:{suffix}"
+        return f"falcon:{{{self.job}}}:{suffix}"
 
     def redis(self, *cmd, stdin=None, timeout=5):
         try:
@@ -215,7 +215,7 @@ class Run:
             self.redis("XADD", self.key(stream), "*", "msg", "{\"v\": 1, \"type\": 7}")
             self.redis("XADD", self.key(stream), "*", "nomsg", "1")
         self.redis("XADD", self.key("alarms"), "*", "msg", json.dumps({
-            "v": 1, "type": "alarm", "job": self.job, "host": "node0", "at_ns": 1, "rank": 1e300, "pid": -5,
+            "v": 2, "type": "alarm", "job": self.job, "host": "node0", "at_ns": 1, "rank": 1e300, "pid": -5,
             "kind": "slow", "onset": 1, "at": 1, "ratio": 1e308, "probability": 2, "level_s": -1, "baseline_s": 0}))
 
     def fill_shm(self, directory):

@@ -116,7 +116,7 @@ class Job:
 
     def stream(self, name, after="-"):
         out = []
-        raw = self.redis("--json", "XRANGE", f"falcon:{self.name}:{name}", after, "+", timeout=5)
+        raw = self.redis("--json", "XRANGE", f"falcon:{{{self.name}}}:{name}", after, "+", timeout=5)
         try:
             entries = json.loads(raw) if raw.strip() else []
         except json.JSONDecodeError:

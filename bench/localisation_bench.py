@@ -197,7 +197,7 @@ class Run:
 
     def agent_cpu(self, elapsed):
         total = []
-        for key in self.redis("--scan", "--pattern", f"falcon:{self.job}:agent:*").split():
+        for key in self.redis("--scan", "--pattern", f"falcon:{{{self.job}}}:agent:*").split():
             try:
                 total.append(json.loads(self.redis("HGET", key, "msg"))["cpu_seconds"])
             except (json.JSONDecodeError, KeyError):

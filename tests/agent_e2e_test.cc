@@ -251,7 +251,7 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
   //    type is acked "rejected"; the agent keeps serving valid ones.
   const std::string commands = Key(protocol::kCommandsStream);
   ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", "{not json"}}).ok());
-  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", R"({"v":1,"type":"set_mode","id":"x"})"}}).ok());
+  ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"msg", R"({"v":2,"type":"set_mode","id":"x"})"}}).ok());
   ASSERT_TRUE(redis::XAdd(c, commands, 0, {{"other", "field"}}).ok());
   protocol::Command mode;
   mode.type = "set_mode";

@@ -128,7 +128,7 @@ TEST_F(AgentLoggingTest, AuthAndPermissionRefusalsAreWarningsNamingTheCommandOnc
        {"commandstats", "cmdstat_auth", "calls"}},
       {"no password", {}, {}, {"command=PING", "NOAUTH"}, {"stats", "total_connections_received", ""}},
       {"read-only ACL user", {"--redis-user", "reader"}, {"FALCON_AGENT_REDIS_PASSWORD=readpw"},
-       {"command=HSET key=falcon:logjob:agent:node0 ", "command=XGROUP key=falcon:logjob:commands:node0 ", "NOPERM"},
+       {"command=HSET key=falcon:{logjob}:agent:node0 ", "command=XGROUP key=falcon:{logjob}:commands:node0 ", "NOPERM"},
        {"commandstats", "cmdstat_hset", "rejected_calls"}},
   };
   for (const Case& c : cases) {
@@ -184,7 +184,7 @@ TEST_F(AgentLoggingTest, CommandIdsCannotForgeLogLines) {
   good.mode = "track";
   ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", protocol::ToJson(good).dump()}}).ok());
   // Invalid (no mode), but its id and type are salvaged to reject it: the id is logged too.
-  const nlohmann::json bad = {{"v", 1}, {"type", "set_mode"}, {"id", "c\r\nevent=forged kind=bad"}};
+  const nlohmann::json bad = {{"v", protocol::kSchemaVersion}, {"type", "set_mode"}, {"id", "c\r\nevent=forged kind=bad"}};
   ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", bad.dump()}}).ok());
   ASSERT_TRUE(WaitUntil([&] { return Count(ReadFile(log_), "event=ack ") >= 2; }, 20)) << ReadFile(log_);
   const std::string text = ReadFile(log_);

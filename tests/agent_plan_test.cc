@@ -272,7 +272,7 @@ TEST_F(AgentPlanTest, PlansReachFrameworksAcksComeBackAndLateRanksCatchUp) {
   EXPECT_EQ(ack["status"], "rejected") << ack.dump();
   EXPECT_EQ(ack["command_type"], "plan");
   EXPECT_NE(ack["detail"].get<std::string>().find("micro_batches"), std::string::npos) << ack.dump();
-  ack = Send("no-version", R"({"v":1,"type":"plan","id":"no-version","issued_ns":1,"strategy":"S2"})");
+  ack = Send("no-version", R"({"v":2,"type":"plan","id":"no-version","issued_ns":1,"strategy":"S2"})");
   EXPECT_EQ(ack["status"], "rejected") << ack.dump();
   ASSERT_TRUE(redis::XAdd(*c_, Key(protocol::kCommandsStream), 0, {{"msg", "{not json"}}).ok());
 
@@ -329,7 +329,7 @@ TEST_F(AgentPlanTest, ARestartedAgentHandsThePlanInForceToRanksThatStartLater) {
     ASSERT_TRUE(redis::HSet(*c_, key, {{"msg", msg}}).ok());
   };
   auto plan = [&](const std::string& mode, int version) {
-    return json{{"v", 1}, {"type", "mitigation_plan"}, {"job", kJob}, {"at_ns", WallClockNs()}, {"mode", mode},
+    return json{{"v", protocol::kSchemaVersion}, {"type", "mitigation_plan"}, {"job", kJob}, {"at_ns", WallClockNs()}, {"mode", mode},
                 {"plan_version", version}, {"strategy", "S2"}, {"micro_batches", {2, 6}}}
         .dump();
   };

@@ -324,12 +324,12 @@ TEST_F(ControllerEndToEndTest, RedisRestartAndMalformedMessagesAreSurvived) {
     auto c = Connect();
     ASSERT_TRUE(c != nullptr);
     for (const auto* spec : {&protocol::kAlarmsStream, &protocol::kAcksStream, &protocol::kProfilesStream}) {
-      for (const char* bad : {"{", "[]", R"({"v":1,"type":"alarm","rank":"x"})", R"({"v":99})"}) {
+      for (const char* bad : {"{", "[]", R"({"v":2,"type":"alarm","rank":"x"})", R"({"v":99})"}) {
         ASSERT_TRUE(redis::XAdd(*c, Key(*spec), 0, {{"msg", bad}}).ok());
       }
       ASSERT_TRUE(redis::XAdd(*c, Key(*spec), 0, {{"other", "field"}}).ok());
     }
-    ASSERT_TRUE(redis::HSet(*c, std::string("falcon:") + kJob + ":rank:77", {{"msg", "not json"}}).ok());
+    ASSERT_TRUE(redis::HSet(*c, std::string("falcon:{") + kJob + "}:rank:77", {{"msg", "not json"}}).ok());
   }
   const json loc = AwaitLocalised(100);
   ASSERT_FALSE(loc.is_null()) << "no localisation after the Redis restart";
@@ -503,10 +503,10 @@ class ControllerEndToEndActPublishTest : public ControllerEndToEndActTest {
   }
   std::vector<std::string> ControllerEnv() const override { return {"FALCON_CONTROLLER_REDIS_PASSWORD=ctl-pw"}; }
   void BeforeController() override { RefusePlanWrites(); }
-  // Every key of the job but the plan hash (read-only): "falcon:ctl-e2e:" then anything that does
+  // Every key of the job but the plan hash (read-only): "falcon:{ctl-e2e}:" then anything that does
   // not start with 'p', or "pr" (profiles).
   void RefusePlanWrites() {
-    const std::string job = std::string("falcon:") + kJob + ":";
+    const std::string job = std::string("falcon:{") + kJob + "}:";
     SetUser({"on", ">ctl-pw", "resetkeys", "~" + job + "[a-oq-z]*", "~" + job + "pr*", "%R~" + job + "plan",
              "resetchannels", "&*", "+@all"});
   }
@@ -689,7 +689,7 @@ TEST(ControllerRedisAuthTest, AclUserFromTheEnvironmentAndAWrongPasswordIsRefuse
   auto state_written = [&] {
     redis::RedisConnection c(o);
     if (!c.Connect().ok()) return false;
-    auto h = redis::HGetAll(c, "falcon:auth:controller");
+    auto h = redis::HGetAll(c, "falcon:{auth}:controller");
     return h.ok() && h.value().count("msg") > 0;
   };
   const std::string bad_log = dir.path() + "/bad.log";

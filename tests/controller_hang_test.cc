@@ -152,7 +152,7 @@ TEST(HangStageTest, StallsLeadToOneDiagnosisOfTheWholeJobNamingTheStuckRank) {
     for (const json& w : r.fields["detail"]["waiting"]) waiting.insert(w.get<std::int64_t>());
     // What the controller writes must be a valid incident entry.
     json entry = r.fields;
-    entry.update({{"v", 1}, {"type", "incident"}, {"job", "job"}, {"stage", r.stage}, {"summary", r.summary}});
+    entry.update({{"v", protocol::kSchemaVersion}, {"type", "incident"}, {"job", "job"}, {"stage", r.stage}, {"summary", r.summary}});
     EXPECT_TRUE(protocol::ValidateMessage(entry, protocol::kIncident).ok()) << entry.dump();
   }
   EXPECT_EQ(waiting, (std::set<std::int64_t>{1, 2}));

@@ -140,11 +140,11 @@ TEST_F(ControllerRedisTest, WrongTypeRankOrAgentKeyIsSkippedAndLoggedOnce) {
   const std::int64_t t = NowNs();
   ASSERT_TRUE(SavedAfter(t + 1'000'000'000));  // ten refreshes or more later
   std::string text = ReadFile(log_);
-  EXPECT_EQ(Count(text, "event=bad_key key=falcon:hostile:rank:1 "), 1u) << text;
-  EXPECT_EQ(Count(text, "event=bad_key key=falcon:hostile:agent:node9 "), 1u) << text;
+  EXPECT_EQ(Count(text, "event=bad_key key=falcon:{hostile}:rank:1 "), 1u) << text;
+  EXPECT_EQ(Count(text, "event=bad_key key=falcon:{hostile}:agent:node9 "), 1u) << text;
   EXPECT_EQ(Count(text, "step_failed"), 0u) << text;
   ASSERT_TRUE(redis::Del(*conn_, Key(protocol::kRankKey, "", 1)).ok());
-  EXPECT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=bad_key_cleared key=falcon:hostile:rank:1") !=
+  EXPECT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=bad_key_cleared key=falcon:{hostile}:rank:1") !=
                                      std::string::npos; }, 20));
 }
 
@@ -236,7 +236,7 @@ TEST_F(ControllerRedisTest, RequestIdsAndAuthorsCannotForgeLogLines) {
   RegisterRank0();
   StartController();
   ASSERT_TRUE(WaitUntil([&] { return State().is_object(); }, 20)) << ReadFile(log_);  // cursors set
-  const json request = {{"v", 1}, {"type", "controller_request"}, {"id", "r1\"\nevent=forged kind=\"id"},
+  const json request = {{"v", protocol::kSchemaVersion}, {"type", "controller_request"}, {"id", "r1\"\nevent=forged kind=\"id"},
                         {"issued_ns", NowNs()}, {"action", "validate"},
                         {"by", "mallory\nevent=forged kind=by"}, {"reason", "test"}};
   ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kRequestsStream), 0, {{"msg", request.dump()}}).ok());

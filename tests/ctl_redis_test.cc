@@ -138,7 +138,7 @@ TEST_F(CtlRedisTest, StatusShowsRanksAndSkipsMalformed) {
                   .ok());
   ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 7), {{"msg", "{not json"}}).ok());
   ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIterationsStream), 0,
-                          {{"msg", R"({"v":1,"type":"iterations"})"}})
+                          {{"msg", R"({"v":2,"type":"iterations"})"}})
                   .ok());
 
   testing::ProcessResult r = Ctl({"status"});
@@ -181,7 +181,7 @@ TEST_F(CtlRedisTest, IncidentsListedNewestLastAndMalformedSkipped) {
     ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIncidentsStream), 0, {{"msg", inc.dump()}}).ok());
     if (i == 1) {
       ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIncidentsStream), 0,
-                              {{"msg", R"({"v":1,"type":"incident","id":"bad"})"}})
+                              {{"msg", R"({"v":2,"type":"incident","id":"bad"})"}})
                       .ok());
     }
   }
@@ -240,7 +240,7 @@ TEST_F(CtlRedisTest, PlanShowsThePlanInForceItsAcksAndTheDecisions) {
   EXPECT_EQ(doc["decisions"][1]["strategy"], "S2");
 
   // A corrupt plan hash is reported and treated as no plan, never used.
-  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kPlanKey), {{"msg", R"({"v":1,"type":"mitigation_plan","job":"x"})"}}).ok());
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kPlanKey), {{"msg", R"({"v":2,"type":"mitigation_plan","job":"x"})"}}).ok());
   testing::ProcessResult bad = Ctl({"plan", "--json"});
   ASSERT_EQ(bad.exit_code, 0) << bad.err;
   EXPECT_TRUE(json::parse(bad.out)["plan"].is_null()) << bad.out;

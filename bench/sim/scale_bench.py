@@ -384,7 +384,7 @@ class Point:
 
     def incidents(self, job):
         out = []
-        for fields in self.redis.stream(f"falcon:{job}:incidents"):
+        for fields in self.redis.stream(f"falcon:{{{job}}}:incidents"):
             try:
                 out.append(json.loads(fields["msg"]))
             except (KeyError, TypeError, ValueError):

@@ -25,7 +25,7 @@ const ConfigEntry kTable[] = {
     {"read_batch", T::kInt, 256, 16777216, "records read per lane per poll at most", &C::read_batch},
     {"reap_orphans", T::kBool, 0, 1, "unlink segments of crashed processes after reading them",
      &C::reap_orphans},
-    {"redis_host", T::kString, 1, 256, "Redis server address", &C::redis_host},
+    {"redis_host", T::kString, 1, 256, "Redis server address (with Redis Cluster: any node)", &C::redis_host},
     {"redis_port", T::kInt, 1, 65535, "Redis server port", &C::redis_port},
     {"redis_user", T::kString, 0, 128, "Redis ACL user (empty: the default user)", &C::redis_user},
     {"redis_password", T::kString, 0, 512, "Redis password (empty: no AUTH); prefer the "

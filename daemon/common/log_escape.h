@@ -6,7 +6,8 @@
 // and every other control byte (0x00-0x1f, 0x7f) as \xHH; other bytes (UTF-8 included) pass
 // unchanged. Text longer than max_bytes is cut there and ends with "..." (a cut never splits an
 // escape). LogValue is for a bare field (`id={}`): the text itself when it is non-empty and made
-// only of [A-Za-z0-9._:/@+,-], else the escaped text in double quotes. LogQuoted always quotes
+// only of [A-Za-z0-9._:/@+,{}-] (a Redis key, "falcon:{job}:rank:3", stays bare), else the escaped
+// text in double quotes. LogQuoted always quotes
 // (`reason={}`, replacing `reason=\"{}\"`).
 // Thread-safety: pure functions. Must never: throw (beyond std::bad_alloc), or log.
 #pragma once

@@ -15,7 +15,7 @@ TEST(LogEscapeTest, ValuesCannotForgeLinesFieldsOrQuotes) {
     std::string value;   // LogValue
     std::string quoted;  // LogQuoted
   } cases[] = {
-      {"falcon:job:rank:1", "falcon:job:rank:1", "\"falcon:job:rank:1\""},
+      {"falcon:{job}:rank:1", "falcon:{job}:rank:1", "\"falcon:{job}:rank:1\""},
       {"v7-3", "v7-3", "\"v7-3\""},
       {"", "\"\"", "\"\""},
       {"a b", "\"a b\"", "\"a b\""},

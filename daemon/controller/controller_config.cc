@@ -44,7 +44,7 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
             return v.empty() || protocol::ValidKeyPart(v) ? std::string() : "1..128 characters of [A-Za-z0-9._-]";
           },
           "NAME"));
-  Entry(app, "redis-host", c.redis.host, "Redis server address");
+  Entry(app, "redis-host", c.redis.host, "Redis server address (with Redis Cluster: any node)");
   Entry(app, "redis-port", c.redis.port, "Redis server port")->check(daemon::FiniteRange(1, 65535));
   Entry(app, "redis-user", c.redis.user, "Redis ACL user (empty: the default user)");
   app.add_option("--redis-password", c.redis.password,

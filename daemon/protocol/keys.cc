@@ -73,7 +73,15 @@ Result<std::string> Expand(const KeySpec& spec, const KeyVars& vars, Unset unset
                                      "} = '" + value.substr(0, 40) +
                                      "' is not 1..128 characters of [A-Za-z0-9._-]");
     }
-    out.append(value);
+    if (var == "job") {
+      // The job is the key's Redis Cluster hash tag: every key of one job hashes to one slot,
+      // so one cluster node holds the whole job and its multi-key reads never cross nodes.
+      out.push_back('{');
+      out.append(value);
+      out.push_back('}');
+    } else {
+      out.append(value);
+    }
     p = p.substr(close + 1);
   }
   return out;

@@ -1,6 +1,8 @@
 // Building Redis key and channel names from the patterns in include/falcon/protocol.h.
 //
-// The only way Falcon code makes a key: FormatKey(kRankKey, {.job = "j", .rank = 3}). Every
+// The only way Falcon code makes a key: FormatKey(kRankKey, {.job = "j", .rank = 3}) is
+// "falcon:{j}:rank:3". {job} keeps its braces: they make the job the key's Redis Cluster hash tag,
+// so all of a job's keys live in one hash slot; the other variables are replaced bare. Every
 // variable the pattern uses must be given and valid (1..128 of [A-Za-z0-9._-]); a pattern
 // variable left unset, or a value that could smuggle a ':' or a brace into the key, is an error.
 // Thread-safety: pure functions. Must never: accept a value that changes the key's structure.

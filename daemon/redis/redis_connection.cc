@@ -5,6 +5,9 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
+#include <chrono>
+#include <charconv>
 #include <memory>
 
 namespace falcon::redis {
@@ -58,7 +61,33 @@ Status ErrorReplyStatus(const std::string& message) {
   return Status::InvalidArgument("redis: " + message);
 }
 
-RedisConnection::RedisConnection(RedisOptions options) : options_(std::move(options)) {}
+std::optional<Redirect> ParseRedirect(const std::string& message) {
+  Redirect r;
+  std::string_view rest(message);
+  if (rest.rfind("MOVED ", 0) == 0) {
+    rest.remove_prefix(6);
+  } else if (rest.rfind("ASK ", 0) == 0) {
+    r.ask = true;
+    rest.remove_prefix(4);
+  } else {
+    return std::nullopt;
+  }
+  const std::size_t space = rest.find(' ');  // after the slot
+  if (space == std::string_view::npos) return std::nullopt;
+  rest.remove_prefix(space + 1);
+  const std::size_t colon = rest.rfind(':');  // the last one: an IPv6 address has its own
+  if (colon == std::string_view::npos) return std::nullopt;
+  const std::string_view port = rest.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), r.port);
+  if (ec != std::errc() || end != port.data() + port.size() || r.port < 1 || r.port > 65535) {
+    return std::nullopt;
+  }
+  r.host.assign(rest.substr(0, colon));
+  return r;
+}
+
+RedisConnection::RedisConnection(RedisOptions options)
+    : options_(std::move(options)), host_(options_.host), port_(options_.port) {}
 
 RedisConnection::~RedisConnection() { Close(); }
 
@@ -78,8 +107,7 @@ void RedisConnection::Interrupt() {
 }
 
 Status RedisConnection::TransportError(const char* what) {
-  std::string msg = std::string("redis ") + options_.host + ":" + std::to_string(options_.port) +
-                    ": " + what;
+  std::string msg = "redis " + endpoint() + ": " + what;
   if (ctx_ != nullptr && ctx_->err != 0) msg += ": " + std::string(ctx_->errstr);
   Close();
   return Status::Unavailable(msg);
@@ -93,9 +121,14 @@ Status RedisConnection::SetTimeout(int timeout_ms) {
 }
 
 Status RedisConnection::Connect() {
+  host_ = options_.host;
+  port_ = options_.port;
+  return Handshake();
+}
+
+Status RedisConnection::Handshake() {
   Close();
-  ctx_ = redisConnectWithTimeout(options_.host.c_str(), options_.port,
-                                 ToTimeval(options_.connect_timeout_ms));
+  ctx_ = redisConnectWithTimeout(host_.c_str(), port_, ToTimeval(options_.connect_timeout_ms));
   if (ctx_ == nullptr) return Status::Unavailable("redis: cannot allocate a context");
   if (ctx_->err != 0) return TransportError("connect");
   {
@@ -151,6 +184,75 @@ Result<RedisReply> RedisConnection::Command(const std::vector<std::string>& argv
 }
 
 Result<std::vector<RedisReply>> RedisConnection::Pipeline(
+    const std::vector<std::vector<std::string>>& commands, int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const int budget_ms = timeout_ms == 0 ? options_.command_timeout_ms : timeout_ms;
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(std::max(budget_ms, 0));
+  // What is left of the call's timeout for the next round trip (< 0: none, as given).
+  auto left_ms = [&]() -> int {
+    if (budget_ms < 0) return -1;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return static_cast<int>(std::max<std::int64_t>(left.count(), 1));
+  };
+  Result<std::vector<RedisReply>> first = Send(commands, timeout_ms);
+  if (!first.ok()) return first;
+  std::vector<RedisReply>& replies = first.value();
+  for (int hop = 0; hop < kMaxRedirects; ++hop) {
+    // The commands redirected to the node named by the first MOVED (a pipeline over several
+    // jobs' keys reaches each node in a hop of its own), and every ASK.
+    std::optional<Redirect> moved;
+    std::vector<std::size_t> to_move, to_ask;
+    std::vector<Redirect> asks;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      if (replies[i].type != RedisReply::Type::kError) continue;
+      std::optional<Redirect> r = ParseRedirect(replies[i].str);
+      if (!r) continue;
+      if (r->host.empty()) r->host = host_;
+      if (r->ask) {
+        to_ask.push_back(i);
+        asks.push_back(std::move(*r));
+      } else if (!moved || (r->host == moved->host && r->port == moved->port)) {
+        if (!moved) moved = std::move(r);
+        to_move.push_back(i);
+      }
+    }
+    if (to_move.empty() && to_ask.empty()) return first;
+    if (budget_ms >= 0 && Clock::now() >= deadline) {
+      return Status::Unavailable("redis " + endpoint() + ": timed out following cluster redirects");
+    }
+    for (std::size_t k = 0; k < to_ask.size(); ++k) {
+      // A slot being migrated: this key is already on the importing node; ask it there, once.
+      RedisConnection there(options_);
+      there.host_ = asks[k].host;
+      there.port_ = asks[k].port;
+      if (Status s = there.Handshake(); !s.ok()) return s;
+      Result<std::vector<RedisReply>> r = there.Send({{"ASKING"}, commands[to_ask[k]]}, left_ms());
+      if (!r.ok()) return r.status();
+      replies[to_ask[k]] = std::move(r.value()[1]);
+      ++redirects_;
+    }
+    if (to_move.empty()) continue;
+    host_ = moved->host;
+    port_ = moved->port;
+    ++redirects_;
+    if (Status s = Handshake(); !s.ok()) return s;
+    std::vector<std::vector<std::string>> again;
+    again.reserve(to_move.size());
+    for (std::size_t i : to_move) again.push_back(commands[i]);
+    Result<std::vector<RedisReply>> r = Send(again, left_ms());
+    if (!r.ok()) return r.status();
+    for (std::size_t k = 0; k < to_move.size(); ++k) replies[to_move[k]] = std::move(r.value()[k]);
+  }
+  for (const RedisReply& r : replies) {
+    if (r.type == RedisReply::Type::kError && ParseRedirect(r.str)) {
+      return Status::Unavailable("redis " + endpoint() + ": more than " + std::to_string(kMaxRedirects) +
+                                 " cluster redirects (" + r.str + ")");
+    }
+  }
+  return first;
+}
+
+Result<std::vector<RedisReply>> RedisConnection::Send(
     const std::vector<std::vector<std::string>>& commands, int timeout_ms) {
   Status s = SetTimeout(timeout_ms);
   if (!s.ok()) return s;

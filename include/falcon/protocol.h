@@ -6,7 +6,9 @@
 //   {job}  the job name (FALCON_JOB / agent config `job`)   {host}  the agent's node name
 //   {rank} a global rank (decimal)
 // A variable's value must be 1..128 characters of [A-Za-z0-9._-] (no ':', braces or spaces), so
-// a key names exactly one thing. Build keys with falcon::protocol::FormatKey (daemon/protocol/).
+// a key names exactly one thing. {job} is written with its braces ("falcon:{train1}:rank:3"): it
+// is the Redis Cluster hash tag, so one job's keys share one hash slot (one cluster node). {host}
+// and {rank} are replaced bare. Build keys with falcon::protocol::FormatKey (daemon/protocol/).
 //
 // Payloads are JSON objects. Every message carries "v" (kSchemaVersion) and "type" (one of the
 // MessageSpec types below); fields not listed are ignored by readers (a newer minor writer may add
@@ -28,7 +30,8 @@
 
 namespace falcon::protocol {
 
-inline constexpr int kSchemaVersion = 1;
+// 2: the job became the keys' hash tag (falcon:{job}:...; 1 wrote falcon:job:...).
+inline constexpr int kSchemaVersion = 2;
 inline constexpr std::string_view kPayloadField = "msg";  // stream entry / hash field with JSON
 // An agent packs the reports of one flush for one stream (iterations, alarms, profiles,
 // signatures) into one entry, one kPayloadField each, at most this many and this large

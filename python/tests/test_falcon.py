@@ -161,19 +161,19 @@ class WithShimTest(unittest.TestCase):
                     "--command-block-ms", "100"], log="agent.log")
 
     def registration(self, rank):
-        raw = self.redis("HGET", f"falcon:{self.job}:rank:{rank}", "msg").strip()
+        raw = self.redis("HGET", f"falcon:{{{self.job}}}:rank:{rank}", "msg").strip()
         try:
             return json.loads(raw) if raw else None
         except ValueError:
             return None
 
     def send_plan(self, cmd_id, version, micro_batches=None, strategy="S2", **fields):
-        plan = {"v": 1, "type": "plan", "id": cmd_id, "issued_ns": time.time_ns(),
+        plan = {"v": 2, "type": "plan", "id": cmd_id, "issued_ns": time.time_ns(),
                 "plan_version": version, "strategy": strategy, **fields}
         if micro_batches is not None:
             plan["micro_batches"] = micro_batches
         msg = json.dumps(plan)
-        self.redis("XADD", f"falcon:{self.job}:commands:py0", "*", "msg", msg)
+        self.redis("XADD", f"falcon:{{{self.job}}}:commands:py0", "*", "msg", msg)
 
     def agent_log(self):
         with open(os.path.join(self.dir, "agent.log")) as f:

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -64,6 +65,13 @@ Status RedisServer::Start(double deadline_s) {
                                 "127.0.0.1", "--dir", dir_.path(), "--save", "",
                                 "--appendonly", "no", "--daemonize", "no"};
   if (!options_.password.empty()) args.insert(args.end(), {"--requirepass", options_.password});
+  if (options_.cluster) {
+    // The bus port is named: by default it is the port + 10000, which may be taken, or past 65535.
+    if (cluster_port_ == 0) cluster_port_ = FreeLoopbackPort();
+    if (cluster_port_ == 0) return Status::Unavailable("no free loopback port for the cluster bus");
+    args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file", dir_.path() + "/nodes.conf",
+                             "--cluster-node-timeout", "5000", "--cluster-port", std::to_string(cluster_port_)});
+  }
   if (!options_.acl_user.empty()) {
     // Command-line config: the words after --user up to the next --option form one line.
     args.insert(args.end(), {"--user", options_.acl_user, "on", ">" + options_.acl_password});
@@ -120,6 +128,41 @@ void RedisServer::Signal(int sig) {
   int status = 0;
   ::waitpid(pid_, &status, 0);
   pid_ = -1;
+}
+
+Status FormCluster(const std::vector<RedisServer*>& nodes, double deadline_s) {
+  constexpr int kSlots = 16384;
+  if (nodes.empty()) return Status::InvalidArgument("no cluster nodes");
+  std::vector<std::unique_ptr<redis::RedisConnection>> conns;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    conns.push_back(std::make_unique<redis::RedisConnection>(nodes[i]->ClientOptions()));
+    if (Status s = conns.back()->Connect(); !s.ok()) return s;
+    const int lo = static_cast<int>(i * kSlots / nodes.size());
+    const int hi = static_cast<int>((i + 1) * kSlots / nodes.size()) - 1;
+    Result<redis::RedisReply> r =
+        conns.back()->Command({"CLUSTER", "ADDSLOTSRANGE", std::to_string(lo), std::to_string(hi)});
+    if (!r.ok()) return r.status();
+  }
+  for (std::size_t i = 1; i < nodes.size(); ++i) {
+    Result<redis::RedisReply> r =
+        conns[0]->Command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes[i]->port()),
+                           std::to_string(nodes[i]->cluster_port())});
+    if (!r.ok()) return r.status();
+  }
+  const std::string known = "cluster_known_nodes:" + std::to_string(nodes.size());
+  const bool ok = WaitUntil(
+      [&] {
+        for (auto& c : conns) {
+          Result<redis::RedisReply> info = c->Command({"CLUSTER", "INFO"});
+          if (!info.ok() || info.value().str.find("cluster_state:ok") == std::string::npos ||
+              info.value().str.find(known) == std::string::npos) {
+            return false;
+          }
+        }
+        return true;
+      },
+      deadline_s);
+  return ok ? Status::Ok() : Status::Unavailable("the cluster did not form in time");
 }
 
 void RedisServer::Kill() { Signal(SIGKILL); }

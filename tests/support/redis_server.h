@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "daemon/redis/redis_options.h"
 #include "falcon/status.h"
@@ -22,6 +23,9 @@ struct RedisServerOptions {
   std::string acl_password;  // its password
   // Its permissions, as ACL SETUSER rules (space-separated): every command by default.
   std::string acl_rules = "~* &* +@all";
+  // A Redis Cluster node (cluster-enabled, its nodes.conf in the server's directory); FormCluster
+  // joins such nodes into one cluster.
+  bool cluster = false;
 };
 
 class RedisServer {
@@ -38,6 +42,7 @@ class RedisServer {
   void Stop();  // SIGTERM, reaped
   bool running() const { return pid_ > 0; }
   int port() const { return port_; }
+  int cluster_port() const { return cluster_port_; }  // the cluster bus; 0 unless options.cluster
   const std::string& dir() const { return dir_.path(); }
   // Client options for this server: the default user's password if any (not the ACL user).
   redis::RedisOptions ClientOptions() const;
@@ -49,10 +54,16 @@ class RedisServer {
   RedisServerOptions options_;
   TempDir dir_;
   int port_ = 0;
+  int cluster_port_ = 0;  // the cluster bus (options_.cluster)
   pid_t pid_ = -1;
 };
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();
+
+// Joins started cluster nodes (RedisServerOptions::cluster) into one Redis Cluster: the 16384
+// hash slots in equal ranges, node i the i-th range, then CLUSTER MEET and a wait, at most
+// deadline_s, until every node reports cluster_state:ok and knows every other.
+[[nodiscard]] Status FormCluster(const std::vector<RedisServer*>& nodes, double deadline_s = 30);
 
 }  // namespace falcon::testing
