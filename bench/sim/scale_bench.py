@@ -13,6 +13,10 @@ For each point (one run per point) it starts, each in its own process group, wit
                  --fault-at-s for --fault-s
 With --jobs K, K such jobs (job0..jobK-1, each of N ranks, each with its own controller and sim,
 each its own faulty rank) share the one redis-server: "many small jobs on one Redis".
+With --redis-nodes M > 1, M redis-servers form a Redis Cluster on loopback (the slots in equal
+ranges) and job J's controller and sim are pointed at node J mod M, whichever holds the job: they
+follow its redirects. Redis figures are then totals over the nodes, with each node's jobs and
+commands/s beside them.
 
 Every --sample-s (1 s) it samples each process group's CPU (utime + stime of every member and of
 the children they reaped, /proc/PID/stat; cores = CPU seconds / wall seconds) and memory (VmRSS,
@@ -40,6 +44,7 @@ ended (its whole group) on exit, errors and Ctrl-C included.
   bench/sim/scale_bench.py --out out/scale                          (1024 .. 32768 ranks, ~17 min)
   bench/sim/scale_bench.py --out out/scale --ranks 1024 --duration-s 90 --fault-at-s 30 --fault-s 45
   bench/sim/scale_bench.py --out out/jobs --ranks 64 --shape 8x8x1 --jobs 100
+  bench/sim/scale_bench.py --out out/cluster --shape 8x4x8 --jobs 10 --redis-nodes 3
 Results, raw samples included, go to DIR/scale.json (schema "v": 1), rewritten after each point.
 """
 import argparse
@@ -273,14 +278,18 @@ class Point:
         self.ranks = shape[0] * shape[1] * shape[2]
         self.dir = os.path.join(args.out, label)
         os.makedirs(self.dir, exist_ok=True)
-        self.port = free_port()
+        self.ports = [free_port() for _ in range(args.redis_nodes)]
+        self.bus_ports = [free_port() for _ in range(args.redis_nodes)] if args.redis_nodes > 1 else []
+        self.port = self.ports[0]
         self.jobs = [f"job{j}" for j in range(args.jobs)]
         self.procs = {}  # name -> Popen; names: redis, controller-jobJ, sim-jobJ
         self.faults = {job: fault_for(args, j, self.ranks) for j, job in enumerate(self.jobs)}
         self.ready = {}  # job -> (wall s the line was first seen, nodes)
         self.onset_ns = {}  # job -> the sim's fault line's at_ns
         self.log_pos = {}
-        self.redis = Redis(self.port)
+        self.nodes = [Redis(port) for port in self.ports]
+        self.redis_names = ["redis"] + [f"redis{i}" for i in range(1, len(self.ports))]
+        self.job_slots = {}  # job -> its hash slot (a cluster only)
         self.start_wall = None
 
     def bin(self, rel):
@@ -293,23 +302,33 @@ class Point:
 
     def start(self):
         a = self.args
-        self.spawn("redis", ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", os.path.abspath(self.dir), "--maxclients", "65000"])
+        for i, (name, port) in enumerate(zip(self.redis_names, self.ports)):
+            node_dir = os.path.abspath(os.path.join(self.dir, name))
+            os.makedirs(node_dir, exist_ok=True)
+            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--dir", node_dir, "--maxclients", "65000"]
+            if self.bus_ports:
+                argv += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(node_dir, "nodes.conf"),
+                         "--cluster-port", str(self.bus_ports[i]), "--cluster-node-timeout", "5000"]
+            self.spawn(name, argv)
         deadline = time.time() + 15
-        while True:
-            try:
-                if self.redis.call("PING") == "PONG":
-                    break
-            except (OSError, RedisError):
-                pass
-            if time.time() > deadline or self.procs["redis"].poll() is not None:
-                raise RuntimeError(f"redis-server did not come up (see {self.dir}/redis.log)")
-            time.sleep(0.05)
+        for name, node in zip(self.redis_names, self.nodes):
+            while True:
+                try:
+                    if node.call("PING") == "PONG":
+                        break
+                except (OSError, RedisError):
+                    pass
+                if time.time() > deadline or self.procs[name].poll() is not None:
+                    raise RuntimeError(f"redis-server did not come up (see {self.dir}/{name}.log)")
+                time.sleep(0.05)
+        if self.bus_ports:
+            self.form_cluster()
         extra = [x for arg in a.controller_arg for x in shlex.split(arg)]
-        for job in self.jobs:
+        for j, job in enumerate(self.jobs):
             self.spawn(f"controller-{job}", [self.bin("daemon/falcon-controller"), "--job", job, "--redis-host",
-                                             "127.0.0.1", "--redis-port", str(self.port), "--mitigation", "advise",
-                                             "--metrics-port", "0"] + extra)
+                                             "127.0.0.1", "--redis-port", str(self.job_port(j)), "--mitigation",
+                                             "advise", "--metrics-port", "0"] + extra)
         self.start_wall = time.time()
         tp, pp, dp = self.shape
         for j, job in enumerate(self.jobs):
@@ -317,12 +336,33 @@ class Point:
             with open(plan, "w") as f:
                 json.dump({"faults": [self.faults[job]]}, f)
             self.spawn(f"sim-{job}", [self.bin("bench/sim/falcon-sim"), "--redis-host", "127.0.0.1", "--redis-port",
-                                      str(self.port), "--job", job, "--tp", str(tp), "--pp", str(pp), "--dp", str(dp),
+                                      str(self.job_port(j)), "--job", job, "--tp", str(tp), "--pp", str(pp), "--dp", str(dp),
                                       "--gpus-per-node", str(a.gpus_per_node), "--iteration-s", str(a.iteration_s),
                                       "--duration-s", str(a.duration_s), "--fault-plan", plan,
                                       "--processes", str(a.processes), "--seed", str(a.seed + j),
                                       "--summary", os.path.join(self.dir, f"sim-summary-{job}.json")] +
                        [x for arg in a.sim_arg for x in shlex.split(arg)])
+
+    def job_port(self, j):
+        """The node job j's processes are given: node j mod M, not necessarily the one holding it."""
+        return self.ports[j % len(self.ports)]
+
+    def form_cluster(self, deadline_s=30):
+        """The 16384 slots in equal ranges over the nodes, CLUSTER MEET, then every node reports ok."""
+        n = len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            node.call("CLUSTER", "ADDSLOTSRANGE", i * 16384 // n, (i + 1) * 16384 // n - 1)
+        for port, bus in zip(self.ports[1:], self.bus_ports[1:]):
+            self.nodes[0].call("CLUSTER", "MEET", "127.0.0.1", port, bus)
+        deadline = time.time() + deadline_s
+        while not all("cluster_state:ok" in node.call("CLUSTER", "INFO") and
+                      f"cluster_known_nodes:{n}" in node.call("CLUSTER", "INFO") for node in self.nodes):
+            if time.time() > deadline:
+                raise RuntimeError(f"the Redis Cluster of {n} nodes did not form in {deadline_s} s")
+            time.sleep(0.1)
+        self.job_slots = {job: self.nodes[0].call("CLUSTER", "KEYSLOT", f"falcon:{{{job}}}:incidents") for job in self.jobs}
+        per_node = [sum(1 for slot in self.job_slots.values() if slot * n // 16384 == i) for i in range(n)]
+        progress(f"Redis Cluster of {n} nodes formed (ports {', '.join(map(str, self.ports))}); jobs per node {per_node}")
 
     def read_sim_logs(self):
         """Notes each sim's ready and fault lines (the ready time is when this poll first saw it)."""
@@ -348,13 +388,26 @@ class Point:
         s = {"wall": time.time()}
         groups = scan_groups([p.pid for p in self.procs.values()])
         s["procs"] = {name: groups[p.pid] if groups[p.pid]["procs"] else None for name, p in self.procs.items()}
+        keep = ("total_commands_processed", "instantaneous_ops_per_sec", "total_net_input_bytes",
+                "total_net_output_bytes", "used_memory", "used_memory_rss", "connected_clients", "cmdstat")
         try:
-            info = {}
-            for section in ("stats", "memory", "clients", "commandstats"):
-                info.update(self.redis.info(section))
-            keep = ("total_commands_processed", "instantaneous_ops_per_sec", "total_net_input_bytes",
-                    "total_net_output_bytes", "used_memory", "used_memory_rss", "connected_clients", "cmdstat")
-            s["redis"] = {k: info.get(k) for k in keep}
+            per_node = []
+            for node in self.nodes:
+                info = {}
+                for section in ("stats", "memory", "clients", "commandstats"):
+                    info.update(node.info(section))
+                per_node.append({k: info.get(k) for k in keep})
+            # The nodes together; with one node that is just its INFO.
+            total = {k: sum(n[k] or 0 for n in per_node) for k in keep if k != "cmdstat"}
+            total["cmdstat"] = {}
+            for n in per_node:
+                for cmd, st in (n["cmdstat"] or {}).items():
+                    t = total["cmdstat"].setdefault(cmd, {"calls": 0, "usec": 0})
+                    t["calls"] += st["calls"]
+                    t["usec"] += st["usec"]
+            s["redis"] = total
+            if len(per_node) > 1:
+                s["redis_nodes"] = per_node
         except (OSError, RedisError) as e:
             s["redis"] = None
             s["redis_error"] = str(e)
@@ -383,8 +436,14 @@ class Point:
         return samples
 
     def incidents(self, job):
+        """The job's incidents, from the node that holds them (the others answer MOVED)."""
+        key = f"falcon:{{{job}}}:incidents"
+        node = self.nodes[0]
+        if len(self.nodes) > 1:
+            slot = self.nodes[0].call("CLUSTER", "KEYSLOT", key)
+            node = self.nodes[slot * len(self.nodes) // 16384]
         out = []
-        for fields in self.redis.stream(f"falcon:{{{job}}}:incidents"):
+        for fields in node.stream(key):
             try:
                 out.append(json.loads(fields["msg"]))
             except (KeyError, TypeError, ValueError):
@@ -393,7 +452,8 @@ class Point:
 
     def stop(self):
         """SIGTERM every group (sims, controllers, then redis), SIGKILL what is left after 15 s."""
-        self.redis.close()
+        for node in self.nodes:
+            node.close()
         order = sorted(self.procs.items(), key=lambda kv: ("sim-", "controller-", "redis").index(
             next(p for p in ("sim-", "controller-", "redis") if kv[0].startswith(p))))
         for _, p in order:
@@ -528,13 +588,23 @@ def summarise(pt, samples, incidents, exits):
                                    "cores_peak_median": med(p for _, p in per_job),
                                    "rss_mb_steady_median": med(m for m, _ in per_mem), "hwm_mb_median": med(hwm)}}
     rd = {}
-    rd["cores_steady"], rd["cores_peak"] = steady_and_peak(samples, cores(["redis"]), lo, hi)
+    rd["nodes"] = len(pt.nodes)
+    rd["cores_steady"], rd["cores_peak"] = steady_and_peak(samples, cores(pt.redis_names), lo, hi)
     rd["cmds_per_s_steady"], rd["cmds_per_s_peak"] = steady_and_peak(samples, falcon_commands, lo, hi)
     rd["in_mb_s_steady"], rd["in_mb_s_peak"] = steady_and_peak(samples, redis_rate("total_net_input_bytes", MB), lo, hi)
     rd["out_mb_s_steady"], rd["out_mb_s_peak"] = steady_and_peak(samples, redis_rate("total_net_output_bytes", MB), lo, hi)
     rd["used_memory_mb_steady"], rd["used_memory_mb_peak"] = steady_and_peak(
         samples, lambda p, c, dt: c["redis"]["used_memory"] / MB, lo, hi)
     rd["commands_steady"] = command_rates(samples, lo, hi)
+    if len(pt.nodes) > 1:
+        node_rate = lambda i: lambda p, c, dt: falcon_commands({"redis": p["redis_nodes"][i]}, {"redis": c["redis_nodes"][i]}, dt)
+        rd["per_node"] = [dict(zip(("cmds_per_s_steady", "cmds_per_s_peak"), steady_and_peak(samples, node_rate(i), lo, hi)))
+                          for i in range(len(pt.nodes))]
+        rd["jobs_per_node"] = [0] * len(pt.nodes)
+        for j in jobs:
+            slot = pt.job_slots.get(j)
+            if slot is not None:
+                rd["jobs_per_node"][slot * len(pt.nodes) // 16384] += 1
     r["redis"] = rd
     s_st, s_pk = steady_and_peak(samples, cores(sims), lo, hi)
     summaries = []
@@ -569,7 +639,7 @@ def summarise(pt, samples, incidents, exits):
 def measure(args, shape, label):
     pt = Point(args, shape, label)
     progress(f"{label}: {pt.ranks} ranks (TP {shape[0]} x PP {shape[1]} x DP {shape[2]}), {args.jobs} job(s), "
-             f"redis port {pt.port}, logs in {pt.dir}")
+             f"redis port{'s' if len(pt.ports) > 1 else ''} {', '.join(map(str, pt.ports))}, logs in {pt.dir}")
     try:
         pt.start()
         samples = pt.run()
@@ -601,7 +671,11 @@ def table(records, jobs):
     cols = ["ranks", "TPxPPxDP", "nodes", "jobs", "ready s", "ctl cores st/pk", "ctl MB st/hwm"]
     if jobs > 1:
         cols += ["ctl/job cores st/pk", "ctl/job MB st/hwm"]
-    cols += ["redis cores st/pk", "redis cmd/s st/pk", "redis MB st/pk", "redis in/out MB/s st", "sim cores st",
+    cluster = any(r["redis"].get("per_node") for r in records)
+    cols += ["redis cores st/pk", "redis cmd/s st/pk"]
+    if cluster:
+        cols += ["nodes: jobs", "nodes: cmd/s st"]
+    cols += ["redis MB st/pk", "redis in/out MB/s st", "sim cores st",
              "detect s", "localise s", "pause s", "decision", "correct", "ctl warn/err"]
     rows = []
     for r in records:
@@ -616,8 +690,11 @@ def table(records, jobs):
         verdict = inc["verdict"] + ("" if r["jobs"] == 1 else f" {inc['correct']}/{r['jobs']}")
         if not r["processes_ok"]:
             verdict += " (process failed)"
-        row += [pair(rd["cores_steady"], rd["cores_peak"]), pair(rd["cmds_per_s_steady"], rd["cmds_per_s_peak"], ".0f"),
-                pair(rd["used_memory_mb_steady"], rd["used_memory_mb_peak"], ".0f"),
+        row += [pair(rd["cores_steady"], rd["cores_peak"]), pair(rd["cmds_per_s_steady"], rd["cmds_per_s_peak"], ".0f")]
+        if cluster:
+            row += ["/".join(map(str, rd.get("jobs_per_node", []))) or "-",
+                    "/".join(fmt(n["cmds_per_s_steady"], ".0f") for n in rd.get("per_node", [])) or "-"]
+        row += [pair(rd["used_memory_mb_steady"], rd["used_memory_mb_peak"], ".0f"),
                 pair(rd["in_mb_s_steady"], rd["out_mb_s_steady"]), fmt(r["sim"]["cores_steady"]),
                 timing("detect_s"), timing("localise_s"), timing("pause_s"),
                 "yes" if inc["decisions"] == r["jobs"] else "no" if not inc["decisions"] else f"{inc['decisions']}/{r['jobs']}",
@@ -671,6 +748,8 @@ def parse_args():
     ap.add_argument("--ranks", default="1024,4096,16384,32768", help="job sizes, comma-separated (shapes: shape_for)")
     ap.add_argument("--shape", help="TPxPPxDP[,TPxPPxDP...], e.g. 8x8x16: these points instead of --ranks")
     ap.add_argument("--jobs", type=int, default=1, help="jobs of that size sharing the one redis-server (default 1)")
+    ap.add_argument("--redis-nodes", type=int, default=1,
+                    help="redis-servers; more than 1 form a Redis Cluster, job J pointed at node J mod M (default 1)")
     ap.add_argument("--duration-s", type=float, default=240, help="each sim's run, s (default 240)")
     ap.add_argument("--fault-at-s", type=float, default=60, help="the fault's start after the sim's, s (default 60)")
     ap.add_argument("--fault-s", type=float, default=120, help="the fault's length, s (default 120)")
@@ -695,8 +774,8 @@ def parse_args():
             truth_of(fault_for(args, 0, 1))
     except (ValueError, KeyError, TypeError) as e:
         ap.error(str(e))
-    if args.jobs < 1 or args.processes < 1 or args.sample_s <= 0:
-        ap.error("--jobs, --processes and --sample-s must be positive")
+    if args.jobs < 1 or args.processes < 1 or args.sample_s <= 0 or args.redis_nodes < 1:
+        ap.error("--jobs, --redis-nodes, --processes and --sample-s must be positive")
     if args.fault_at_s + args.fault_s > args.duration_s:
         ap.error("the fault must end within --duration-s")
     return args, points
