@@ -1,9 +1,12 @@
 // Micro-benchmarks of the mitigation planners: the exact S2 micro-batch solver at 512, 10,000
-// and 100,000 DP groups (targets: < 1 ms at 512, < 100 ms at 100,000), and the S3 planners (link
-// relief, straggler consolidation) on Megatron-placed jobs of 1,024 and 16,384 GPUs.
+// and 100,000 DP groups (targets: < 1 ms at 512, < 100 ms at 100,000), the S3 planners (link
+// relief, straggler consolidation) on Megatron-placed jobs of 1,024 and 16,384 GPUs (tp 8 x pp 8)
+// and of 2,048 DP replicas (tp 8 x dp 2,048, 16,384 GPUs), and the S4 restart planner on jobs of
+// 2,048 and 4,096 nodes.
 // Each row reports `wrong` = 1 when the answer fails its check (S2: not optimal by the O(n)
 // certificate IsOptimalMicrobatchAllocation; S3: the congested link still carries DP traffic,
-// or stragglers not consolidated).
+// or stragglers not consolidated; S4: a faulty node in the restarted job, or a shape that does
+// not fill its nodes).
 // Run: falcon-mitigation-bench [--benchmark_filter=...]. Prints a '#' preamble with the config.
 #include <benchmark/benchmark.h>
 
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "analyzer/microbatch_plan.h"
+#include "analyzer/restart_plan.h"
 #include "analyzer/topology_plan.h"
 
 namespace {
@@ -52,18 +56,22 @@ void BM_MicrobatchPlan(benchmark::State& state) {
 }
 BENCHMARK(BM_MicrobatchPlan)->Arg(512)->Arg(10000)->Arg(100000)->Unit(benchmark::kMicrosecond);
 
-// tp 8 x dp x pp 8 on 8-GPU nodes, Megatron order: a node holds one TP group.
-fa::JobPlacement Job(std::int32_t dp) {
+// tp 8 x dp x pp on 8-GPU nodes, Megatron order: a node holds one TP group.
+fa::JobPlacement Job(std::int32_t dp, std::int32_t pp) {
   fa::JobPlacement p;
-  p.shape = {8, dp, 8};
+  p.shape = {8, dp, pp};
   p.gpus_per_node = 8;
-  p.num_nodes = dp * 8;
-  for (std::int32_t r = 0; r < 64 * dp; ++r) p.node_of_rank.push_back(r / 8);
+  p.num_nodes = dp * pp;
+  for (std::int32_t r = 0; r < 8 * dp * pp; ++r) p.node_of_rank.push_back(r / 8);
   return p;
 }
 
+fa::JobPlacement Job(const benchmark::State& state) {
+  return Job(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+}
+
 void BM_LinkRelief(benchmark::State& state) {
-  const fa::JobPlacement job = Job(static_cast<std::int32_t>(state.range(0)));
+  const fa::JobPlacement job = Job(state);
   bool wrong = false;
   for (auto _ : state) {
     const auto plan = fa::PlanLinkRelief(job, {}, {0, 1});  // stage 0, DP neighbours
@@ -73,22 +81,52 @@ void BM_LinkRelief(benchmark::State& state) {
   state.counters["gpus"] = static_cast<double>(job.node_of_rank.size());
   state.counters["wrong"] = wrong ? 1.0 : 0.0;
 }
-BENCHMARK(BM_LinkRelief)->Arg(16)->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LinkRelief)->ArgNames({"dp", "pp"})->Args({16, 8})->Args({256, 8})->Args({2048, 1})
+    ->Unit(benchmark::kMillisecond);
 
 void BM_StragglerConsolidation(benchmark::State& state) {
-  const fa::JobPlacement job = Job(static_cast<std::int32_t>(state.range(0)));
+  const fa::JobPlacement job = Job(state);
   std::vector<fa::GpuId> stragglers;
   for (std::int32_t n = 0; n < job.num_nodes; n += job.num_nodes / 8) stragglers.push_back({n, 3});
   bool wrong = false;
   for (auto _ : state) {
     const auto plan = fa::PlanStragglerConsolidation(job, {}, stragglers);
+    // Consolidated: the slow GPUs end in as few pipeline stages as can hold them (one).
     wrong = !plan.ok() || plan.value().straggler_stages_after.size() != 1;
     benchmark::DoNotOptimize(plan);
   }
   state.counters["gpus"] = static_cast<double>(job.node_of_rank.size());
   state.counters["wrong"] = wrong ? 1.0 : 0.0;
 }
-BENCHMARK(BM_StragglerConsolidation)->Arg(16)->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StragglerConsolidation)->ArgNames({"dp", "pp"})->Args({16, 8})->Args({256, 8})->Args({2048, 1})
+    ->Unit(benchmark::kMillisecond);
+
+// S4 on a tp 8 x pp 8 job of Arg nodes (dp = nodes / 8): 1 % of its nodes faulty, 4 spares, so
+// the job shrinks its DP degree.
+void BM_RestartPlan(benchmark::State& state) {
+  const auto nodes = static_cast<std::int32_t>(state.range(0));
+  fa::RestartRequest req;
+  req.tp = 8;
+  req.pp = 8;
+  req.dp = nodes / 8;
+  req.gpus_per_node = 8;
+  for (std::int32_t n = 0; n < nodes; ++n) req.job_nodes.push_back(n);
+  for (std::int32_t n = 0; n < nodes; n += 100) req.faulty_nodes.push_back(n);
+  for (std::int32_t n = 0; n < 4; ++n) req.spare_nodes.push_back(nodes + n);
+  bool wrong = false;
+  for (auto _ : state) {
+    const auto plan = fa::PlanRestart(req);
+    wrong = !plan.ok() || plan.value().kind != fa::RestartKind::kShrinkDataParallel ||
+            plan.value().world_size > static_cast<std::int64_t>(plan.value().nodes.size()) * 8;
+    if (!wrong) {
+      for (std::int32_t n : plan.value().nodes) wrong = wrong || (n % 100 == 0 && n < nodes);
+    }
+    benchmark::DoNotOptimize(plan);
+  }
+  state.counters["gpus"] = static_cast<double>(nodes) * 8;
+  state.counters["wrong"] = wrong ? 1.0 : 0.0;
+}
+BENCHMARK(BM_RestartPlan)->Arg(2048)->Arg(4096)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
@@ -100,8 +138,9 @@ int main(int argc, char** argv) {
 #endif
   std::printf(
       "# S2: M = 8 x groups micro-batches, times 100-120 ms, every 97th group 2.5x slower\n"
-      "# S3: tp 8 x dp x pp 8 on 8-GPU nodes (Arg = dp), default JobCostModel; relief of "
-      "link 0-1 (DP); consolidation of 8 slow GPUs, one per stage\n");
+      "# S3: tp 8 x dp x pp on 8-GPU nodes, default JobCostModel; relief of "
+      "link 0-1 (DP); consolidation of 8 slow GPUs, one per stage\n"
+      "# S4: tp 8 x pp 8 on Arg nodes, every 100th node faulty, 4 spares (DP shrinks)\n");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
     return 2;
