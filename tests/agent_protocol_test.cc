@@ -479,6 +479,32 @@ TEST(ProtocolKeysTest, EveryPatternFormatsUnderTheJobNamespace) {
   EXPECT_EQ(FormatKey(kAlertsChannel, {"j", "", {}}).value(), "falcon:{j}:alerts");
 }
 
+// A text too long for its field is cut to fit, never on a UTF-8 character, and says so; an
+// incident whose summary listed thousands of hosts then still passes validation.
+TEST(ProtocolTextTest, FitTextCutsOnACharacterBoundaryAndSaysSo) {
+  EXPECT_EQ(FitText("short", 64), "short");
+  const std::string exact(4096, 'x');
+  EXPECT_EQ(FitText(exact, 4096), exact);
+  std::string hosts;
+  for (int h = 0; h < 4096; ++h) hosts += "node" + std::to_string(h) + ": no answer; ";
+  for (const std::string& prefix : {std::string(), std::string("\xc3\xa9"), std::string("\xe2\x82\xac\xe2\x82\xac")}) {
+    for (std::size_t pad = 0; pad < 4; ++pad) {  // the cut falls at each byte of a character
+      std::string many;  // valid UTF-8 of 3-byte characters around the cut point
+      for (int i = 0; i < 2000; ++i) many += "\xe2\x82\xac";
+      const std::string in = prefix + std::string(pad, 'a') + many + hosts;
+      const std::string out = FitText(in, 4096);
+      EXPECT_LE(out.size(), 4096u);
+      EXPECT_NE(out.find(" bytes, cut)"), std::string::npos);
+      EXPECT_NO_THROW((void)nlohmann::json(out).dump()) << "a cut inside a character makes invalid UTF-8";
+    }
+  }
+  nlohmann::json incident = {{"v", kSchemaVersion}, {"type", "incident"}, {"id", "inc-1"}, {"job", "j"},
+                             {"stage", "localisation"}, {"at_ns", 1}, {"summary", FitText("validation did not complete: " + hosts, static_cast<std::size_t>(kMaxText))}};
+  EXPECT_TRUE(ValidateMessage(incident, kIncident).ok()) << ValidateMessage(incident, kIncident).ToString();
+  incident["summary"] = "validation did not complete: " + hosts;
+  EXPECT_FALSE(ValidateMessage(incident, kIncident).ok()) << "the uncut summary is out of bounds";
+}
+
 TEST(ProtocolKeysTest, ValuesThatWouldChangeTheKeyAreRefused) {
   for (const char* bad : {"", "a:b", "a{b}", "a b", "a\nb", "a*"}) {
     EXPECT_FALSE(FormatKey(kAgentKey, {"job", bad, {}}).ok()) << bad;

@@ -1762,6 +1762,48 @@ TEST(ValidationRunTest, PauseAcksMissingPastTheDeadlineFailTheRoundAndResume) {
   }
 }
 
+// At thousands of agents a step can fail on thousands of hosts at once (an overloaded job that
+// answers late). The failure text ends in an incident's one-line summary, whose length the
+// protocol bounds: it names a few hosts and counts the rest, whatever the job's size.
+TEST(ValidationRunTest, FailuresOnManyHostsNameAFewAndCountTheRest) {
+  for (const std::int64_t hosts : {2, 64, 4096}) {
+    SCOPED_TRACE(std::to_string(hosts) + " hosts");
+    auto ranks_at = [&](std::uint64_t calls, std::int64_t at_ns) {
+      std::vector<json> ranks;
+      const auto n = static_cast<std::int32_t>(hosts);
+      for (std::int64_t r = 0; r < hosts; ++r) {
+        ranks.push_back(RankMsg({r, "h" + std::to_string(r), {{kWorld, static_cast<std::int32_t>(r), n, "world", calls}}, at_ns}));
+      }
+      return ranks;
+    };
+    std::vector<json> agents;
+    for (std::int64_t h = 0; h < hosts; ++h) agents.push_back(AgentMsg("h" + std::to_string(h)));
+    JobView view;
+    view.Update(ranks_at(1000, kT0), agents);
+    view.Update(ranks_at(1100, kT0 + kSec), agents);
+    ValidationSettings s;
+    ValidationRun run("many", GemmThenP2p(), s, false);
+    std::vector<OutgoingCommand> cmds = Next(run, view, kReportedNs);
+    ASSERT_EQ(cmds.size(), static_cast<std::size_t>(hosts));
+    ASSERT_EQ(cmds[0].command.type, "pause");
+    Answer(run, cmds, [](const OutgoingCommand&) -> std::optional<json> { return std::nullopt; });  // nobody acks
+    const std::int64_t deadline = kReportedNs + static_cast<std::int64_t>((s.pause_lead_s + s.ack_timeout_s) * kSec);
+    cmds = Next(run, view, deadline + 1);
+    EXPECT_EQ(cmds.size(), static_cast<std::size_t>(hosts)) << "every host is released";
+    const std::string& failure = run.failure();
+    EXPECT_EQ(failure.rfind("pause failed: h", 0), 0u) << failure;
+    EXPECT_LE(failure.size(), 400u) << failure;
+    if (hosts > 8) {
+      EXPECT_NE(failure.find("and " + std::to_string(hosts - 8) + " more (" + std::to_string(hosts) + " of " +
+                             std::to_string(hosts) + " agents did not answer)"),
+                std::string::npos)
+          << failure;
+    } else {
+      EXPECT_NE(failure.find("h1: no ack"), std::string::npos) << failure;
+    }
+  }
+}
+
 TEST(ValidationRunTest, ReleaseFirstResumesEveryHostBeforeThePause) {
   const JobView view = RunningJob();
   ValidationRun run("v5", GemmThenP2p(), ValidationSettings{}, true);

@@ -89,6 +89,28 @@ class RedisClusterTest : public ::testing::Test {
   std::vector<std::unique_ptr<redis::RedisConnection>> admin_;
 };
 
+// What a redirect says, and what is not one (it stays an error reply for the caller).
+TEST(RedisRedirectTest, MovedAndAskAreParsedAndAnythingElseIsNot) {
+  std::optional<redis::Redirect> r = redis::ParseRedirect("MOVED 3999 127.0.0.1:6381");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_FALSE(r->ask);
+  EXPECT_EQ(r->host, "127.0.0.1");
+  EXPECT_EQ(r->port, 6381);
+  r = redis::ParseRedirect("ASK 12 :7000");  // a node that does not know its address
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->ask);
+  EXPECT_EQ(r->host, "");
+  EXPECT_EQ(r->port, 7000);
+  r = redis::ParseRedirect("MOVED 1 ::1:7001");  // IPv6: the port follows the last colon
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->host, "::1");
+  EXPECT_EQ(r->port, 7001);
+  for (const char* not_one : {"MOVED", "MOVED 1", "MOVED 1 host", "MOVED 1 host:0", "MOVED 1 host:65536",
+                              "MOVED 1 host:12x", "MOVED 1 host:", "ASKING", "ERR MOVED 1 h:1", "moved 1 h:1", ""}) {
+    EXPECT_FALSE(redis::ParseRedirect(not_one).has_value()) << not_one;
+  }
+}
+
 // Every key kind of a job hashes to one slot (the server's CLUSTER KEYSLOT, not ours), and 100
 // jobs spread over the three nodes.
 TEST_F(RedisClusterTest, AJobsKeysShareOneSlotAndJobsSpreadOverTheNodes) {

@@ -390,7 +390,9 @@ Result<json> Controller::IncidentEntry(const std::string& stage, const std::stri
   if (!m.contains("id")) m["id"] = state_.incident ? state_.incident->id : "none";  // else a hang episode's
   m["job"] = config_.job;
   m["stage"] = stage;
-  m["summary"] = summary;
+  // The summary is one line for people; one too long for the protocol (a list of thousands of
+  // hosts) must not cost the entry itself: it is cut.
+  m["summary"] = protocol::FitText(summary, static_cast<std::size_t>(protocol::kMaxText));
   if (Status s = protocol::ValidateMessage(m, protocol::kIncident); !s.ok()) {
     return Status::Internal("incident would be invalid: " + s.message());
   }
@@ -412,7 +414,7 @@ Status Controller::Record(const std::string& stage, const std::string& summary, 
   a.at_ns = now;
   a.severity = severity;
   a.source = "controller";
-  a.summary = summary;
+  a.summary = m["summary"].get<std::string>();  // as cut for the entry
   a.incident = m["id"].get<std::string>();
   Result<std::int64_t> p = redis::Publish(*conn_, Key(protocol::kAlertsChannel), protocol::ToJson(a).dump());
   if (!p.ok()) return p.status();

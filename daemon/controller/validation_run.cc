@@ -30,6 +30,36 @@ double MsSince(std::int64_t from_ns, std::int64_t now_ns) {
   return from_ns > 0 && now_ns > from_ns ? std::round(static_cast<double>(now_ns - from_ns) / 1e5) / 10 : 0.0;
 }
 
+// What went wrong on many hosts (or ranks), for a failure text: the first kListed entries are
+// spelled out, the rest counted. A job of thousands of agents can fail a step on thousands of
+// them at once, and the text ends in an incident's one-line summary and in the round's log.
+class ProblemList {
+ public:
+  static constexpr std::size_t kListed = 8;
+  // `unanswered`: the entry is a host that did not answer at all.
+  void Add(std::string entry, bool unanswered = false) {
+    if (shown_.size() < kListed) shown_.push_back(std::move(entry));
+    ++count_;
+    unanswered_ += unanswered ? 1 : 0;
+  }
+  bool empty() const { return count_ == 0; }
+  // "a; b; " or, past kListed, "a; ...; h; and 12 more (15 of 20 agents did not answer); ".
+  std::string Text(std::size_t agents) const {
+    std::string out;
+    for (const std::string& e : shown_) out += e + "; ";
+    if (count_ > shown_.size()) {
+      out += "and " + std::to_string(count_ - shown_.size()) + " more (" + std::to_string(unanswered_) + " of " +
+             std::to_string(agents) + " agents did not answer); ";
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::string> shown_;
+  std::size_t count_ = 0;
+  std::size_t unanswered_ = 0;
+};
+
 std::vector<std::size_t> Sequence(std::size_t n) {
   std::vector<std::size_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = i;
@@ -200,18 +230,18 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
   std::vector<analyzer::RankCallPattern> patterns;
   std::vector<double> pace;  // units per second, per pattern
   std::map<std::int64_t, std::string> host_of;
-  std::string why;
+  ProblemList problems;  // what kept the cut from being planned
   for (const auto& [id, p] : pending_) {
     if (!p.ack) {
-      why += p.host + ": no answer; ";
+      problems.Add(p.host + ": no answer", true);
       continue;
     }
-    if ((*p.ack)["status"] != "ok") why += p.host + ": " + p.ack->value("detail", std::string("failed")) + "; ";
+    if ((*p.ack)["status"] != "ok") problems.Add(p.host + ": " + p.ack->value("detail", std::string("failed")));
     for (const json& r : p.ack->value("results", json::array())) {
       if (!r.contains("pattern")) continue;
       const auto m = protocol::ParseCutPattern(r["pattern"]);
       if (!m.ok()) {
-        why += p.host + ": " + m.status().message() + "; ";
+        problems.Add(p.host + ": " + m.status().message());
         continue;
       }
       analyzer::RankCallPattern pattern = m.value().pattern;
@@ -224,6 +254,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
       pace.push_back(m.value().units_per_s);
     }
   }
+  const std::string why = problems.Text(pending_.size());
   analyzer::CutPlan plan;
   analyzer::CutOptions options;
   options.iteration_start_tries = static_cast<std::uint64_t>(std::max(settings_.cut_iteration_tries, 0));
@@ -309,16 +340,16 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
 void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
   (void)view;
   bool ok = true, missed = false;
-  std::string why;
+  ProblemList problems;
   for (const auto& [id, p] : pending_) {
     if (!p.ack) {
       ok = false;
-      why += p.host + ": no ack; ";
+      problems.Add(p.host + ": no ack", true);
       continue;
     }
     if ((*p.ack)["status"] == "ok") continue;
     ok = false;
-    why += p.host + ": " + (*p.ack)["status"].get<std::string>() + " " + p.ack->value("detail", "") + "; ";
+    problems.Add(p.host + ": " + (*p.ack)["status"].get<std::string>() + " " + p.ack->value("detail", ""));
     for (const json& r : p.ack->value("results", json::array())) {
       missed = missed || r.value("state", "") == "missed" || r.value("state", "") == "misaligned";
     }
@@ -330,6 +361,7 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
     phase_ = steps_.empty() ? Phase::kResume : Phase::kStep;
     return;
   }
+  const std::string why = problems.Text(pending_.size());
   ++pause_attempt_;
   log_.push_back({{"step", "pause"}, {"failed", why}});
   if (missed && pause_attempt_ < settings_.pause_attempts) {
@@ -415,10 +447,13 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step, std::int64_t now
       ready.insert(r.value("rank", std::int64_t{-1}));
     }
   }
-  std::string not_ready;
+  std::string not_ready;  // the first 16 ranks, then how many in all
+  std::size_t not_ready_count = 0;
   for (const RankTaskSpec& t : step.tasks) {
-    if (ready.count(t.rank) == 0) not_ready += (not_ready.empty() ? "" : ", ") + std::to_string(t.rank);
+    if (ready.count(t.rank) != 0) continue;
+    if (++not_ready_count <= 16) not_ready += (not_ready.empty() ? "" : ", ") + std::to_string(t.rank);
   }
+  if (not_ready_count > 16) not_ready += ", ... (" + std::to_string(not_ready_count) + " ranks)";
   log_.push_back({{"step", step.what}, {"commands", pending_.size()}, {"missing_acks", missing},
                   {"not_ready", not_ready}, {"ms", MsSince(sent_ns_, now_ns)}});
   ++steps_done_;

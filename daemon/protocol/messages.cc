@@ -610,4 +610,13 @@ Result<CutPatternMessage> ParseCutPattern(const json& j) {
   return m;
 }
 
+std::string FitText(std::string text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  const std::string tail = " ... (" + std::to_string(text.size()) + " bytes, cut)";
+  std::size_t keep = max_bytes - tail.size();
+  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;  // continuation
+  text.resize(keep);
+  return text + tail;
+}
+
 }  // namespace falcon::protocol

@@ -296,6 +296,11 @@ struct CommandIdentity {
 };
 std::optional<CommandIdentity> SalvageCommandIdentity(std::string_view text);
 
+// `text` made to fit a text field of at most `max_bytes` bytes (kMaxText for summaries): as is
+// when it fits, else its start, cut on a UTF-8 character boundary, then " ... (N bytes, cut)".
+// REQUIRES: max_bytes >= 64.
+std::string FitText(std::string text, std::size_t max_bytes);
+
 // 16 lower-case hex digits, and back (nullopt unless exactly 16 hex digits).
 std::string CommIdHex(std::uint64_t id);
 std::optional<std::uint64_t> ParseCommIdHex(std::string_view hex);

@@ -226,7 +226,10 @@ Result<std::vector<RedisReply>> RedisConnection::Pipeline(
       there.host_ = asks[k].host;
       there.port_ = asks[k].port;
       if (Status s = there.Handshake(); !s.ok()) return s;
-      Result<std::vector<RedisReply>> r = there.Send({{"ASKING"}, commands[to_ask[k]]}, left_ms());
+      // Interrupt() cannot reach this connection: it waits a command timeout at most, even for a
+      // call made without one.
+      Result<std::vector<RedisReply>> r =
+          there.Send({{"ASKING"}, commands[to_ask[k]]}, budget_ms < 0 ? options_.command_timeout_ms : left_ms());
       if (!r.ok()) return r.status();
       replies[to_ask[k]] = std::move(r.value()[1]);
       ++redirects_;
