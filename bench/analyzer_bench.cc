@@ -117,6 +117,24 @@ void BM_TrackerMemory(benchmark::State& state) {
 }
 BENCHMARK(BM_TrackerMemory)->Unit(benchmark::kMillisecond)->Iterations(1);
 
+// One call into a locked tracker (the agent's per-record cost): a period of Arg calls, the
+// window full, so every push slides the health check's counts. `wrong` = 1 if the lock broke.
+void BM_TrackerPushLocked(benchmark::State& state) {
+  const auto period = static_cast<std::uint64_t>(state.range(0));
+  falcon::analyzer::PeriodTracker tracker;
+  std::uint64_t i = 0;
+  for (; i < 200000; ++i) (void)tracker.Push(static_cast<std::uint32_t>(i % period), i);
+  bool wrong = !tracker.locked() || tracker.period() != period;
+  for (auto _ : state) {
+    const auto event = tracker.Push(static_cast<std::uint32_t>(i % period), i);
+    ++i;
+    wrong = wrong || event != falcon::analyzer::TrackerEvent::kNone;
+    benchmark::DoNotOptimize(event);
+  }
+  state.counters["wrong"] = wrong ? 1.0 : 0.0;
+}
+BENCHMARK(BM_TrackerPushLocked)->Arg(200)->Arg(2400);
+
 }  // namespace
 
 int main(int argc, char** argv) {
