@@ -15,10 +15,11 @@
 // too (all of one job's keys share one hash slot, include/falcon/protocol.h). "ASK <slot>
 // <host>:<port>" (a slot in migration) sends ASKING and the command to that node over a
 // connection of its own, once, and stays put. At most kMaxRedirects redirects per call; each
-// redirected round trip gets what is left of the call's timeout (plus the connect to the node). Connect() always starts at the configured server, so a reconnect
-// after a failover follows the cluster's new redirects. A standalone server never redirects.
-// Only the redirected commands of a pipeline are sent again (a PUBLISH or an XADD that ran is
-// never repeated), and the replies keep the commands' order.
+// redirected round trip gets what is left of the call's timeout (plus the connect to the node).
+// Connect() always starts at the configured server, so a reconnect after a failover follows the
+// cluster's new redirects. A standalone server never redirects. Only the redirected commands of
+// a pipeline are sent again (a PUBLISH or an XADD that ran is never repeated), and the replies
+// keep the commands' order.
 // Thread-safety: thread-compatible — one thread at a time calls everything except Interrupt(),
 // which any thread may call to make a blocked call on the owner thread return (it shuts the
 // socket down). Must never: throw, block past a call's timeout (except a command sent with
@@ -60,7 +61,7 @@ class RedisConnection {
   // The server this connection talks to now: the configured one, or a cluster node it was
   // redirected to ("host:port").
   std::string endpoint() const { return host_ + ":" + std::to_string(port_); }
-  // MOVED redirects followed since construction (ASK ones included).
+  // Cluster redirects (MOVED and ASK) followed since construction.
   std::uint64_t redirects() const { return redirects_; }
 
   // (Re)connects: closes any current connection first. Unavailable when the server cannot be
