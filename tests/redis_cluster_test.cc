@@ -7,7 +7,6 @@
 // each pointed at a node that does not hold the job. Every wait is a condition with a deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <time.h>
 
 #include <map>
 #include <memory>

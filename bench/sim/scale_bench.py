@@ -355,14 +355,21 @@ class Point:
         for port, bus in zip(self.ports[1:], self.bus_ports[1:]):
             self.nodes[0].call("CLUSTER", "MEET", "127.0.0.1", port, bus)
         deadline = time.time() + deadline_s
-        while not all("cluster_state:ok" in node.call("CLUSTER", "INFO") and
-                      f"cluster_known_nodes:{n}" in node.call("CLUSTER", "INFO") for node in self.nodes):
+        formed = lambda info: "cluster_state:ok" in info and f"cluster_known_nodes:{n}" in info
+        while not all(formed(node.call("CLUSTER", "INFO")) for node in self.nodes):
             if time.time() > deadline:
                 raise RuntimeError(f"the Redis Cluster of {n} nodes did not form in {deadline_s} s")
             time.sleep(0.1)
         self.job_slots = {job: self.nodes[0].call("CLUSTER", "KEYSLOT", f"falcon:{{{job}}}:incidents") for job in self.jobs}
-        per_node = [sum(1 for slot in self.job_slots.values() if slot * n // 16384 == i) for i in range(n)]
-        progress(f"Redis Cluster of {n} nodes formed (ports {', '.join(map(str, self.ports))}); jobs per node {per_node}")
+        progress(f"Redis Cluster of {n} nodes formed (ports {', '.join(map(str, self.ports))}); "
+                 f"jobs per node {self.jobs_per_node()}")
+
+    def node_of(self, job):
+        """Index of the node that holds the job's keys (its hash slot's range; 0 without a cluster)."""
+        return self.job_slots[job] * len(self.nodes) // 16384 if job in self.job_slots else 0
+
+    def jobs_per_node(self):
+        return [sum(1 for job in self.job_slots if self.node_of(job) == i) for i in range(len(self.nodes))]
 
     def read_sim_logs(self):
         """Notes each sim's ready and fault lines (the ready time is when this poll first saw it)."""
@@ -437,13 +444,8 @@ class Point:
 
     def incidents(self, job):
         """The job's incidents, from the node that holds them (the others answer MOVED)."""
-        key = f"falcon:{{{job}}}:incidents"
-        node = self.nodes[0]
-        if len(self.nodes) > 1:
-            slot = self.nodes[0].call("CLUSTER", "KEYSLOT", key)
-            node = self.nodes[slot * len(self.nodes) // 16384]
         out = []
-        for fields in node.stream(key):
+        for fields in self.nodes[self.node_of(job)].stream(f"falcon:{{{job}}}:incidents"):
             try:
                 out.append(json.loads(fields["msg"]))
             except (KeyError, TypeError, ValueError):
@@ -600,11 +602,7 @@ def summarise(pt, samples, incidents, exits):
         node_rate = lambda i: lambda p, c, dt: falcon_commands({"redis": p["redis_nodes"][i]}, {"redis": c["redis_nodes"][i]}, dt)
         rd["per_node"] = [dict(zip(("cmds_per_s_steady", "cmds_per_s_peak"), steady_and_peak(samples, node_rate(i), lo, hi)))
                           for i in range(len(pt.nodes))]
-        rd["jobs_per_node"] = [0] * len(pt.nodes)
-        for j in jobs:
-            slot = pt.job_slots.get(j)
-            if slot is not None:
-                rd["jobs_per_node"][slot * len(pt.nodes) // 16384] += 1
+        rd["jobs_per_node"] = pt.jobs_per_node()
     r["redis"] = rd
     s_st, s_pk = steady_and_peak(samples, cores(sims), lo, hi)
     summaries = []

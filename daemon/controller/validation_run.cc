@@ -42,7 +42,6 @@ class ProblemList {
     ++count_;
     unanswered_ += unanswered ? 1 : 0;
   }
-  bool empty() const { return count_ == 0; }
   // "a; b; " or, past kListed, "a; ...; h; and 12 more (15 of 20 agents did not answer); ".
   std::string Text(std::size_t agents) const {
     std::string out;
