@@ -97,7 +97,9 @@ class Job:
             os.makedirs(f"{self.shm}/node{k}", exist_ok=True)
             self.spawn(f"agent{k}", [self.bin("daemon/falcon-agent"), "--job", self.name, "--host", f"node{k}",
                                      "--shm-dir", f"{self.shm}/node{k}", "--redis-port", str(self.port),
-                                     "--metrics-port", "0", "--profile-ms", "0"])
+                                     "--metrics-port", "0", "--profile-ms", "0"]
+                       + ([] if self.args.signature_full_seqs is None
+                          else ["--signature-full-seqs", str(self.args.signature_full_seqs)]))
         # The fail-slow path held back (every rank must be slow, no mitigation): the hang path is measured.
         self.spawn("controller", [self.bin("daemon/falcon-controller"), "--job", self.name, "--redis-port",
                                   str(self.port), "--view-ms", "500", "--min-slow-fraction", "1", "--mitigation", "off"])
@@ -296,6 +298,9 @@ def main():
     ap.add_argument("--checkpoint-s", type=float, default=8, help="each checkpoint's save in the healthy run, s")
     ap.add_argument("--bound-s", type=float, default=10, help="a diagnosis later than this after onset fails")
     ap.add_argument("--mismatch-bound-s", type=float, default=1, help="a mismatch raised later than this after the call fails")
+    ap.add_argument("--signature-full-seqs", type=int, default=None,
+                    help="the agents' signature_full_seqs (default: theirs, 4096); 0 sends every communicator's "
+                         "calls as block digests from the start, so a mismatch is found through them")
     ap.add_argument("--wait-s", type=float, default=90, help="longest wait for a diagnosis per run, s")
     ap.add_argument("--settle-s", type=float, default=3, help="after the first entry, wait this long for the rest")
     ap.add_argument("--json", help="write the rows and the summary here")

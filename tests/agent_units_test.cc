@@ -25,6 +25,7 @@
 #include "daemon/agent/rank_analysis.h"
 #include "daemon/agent/signature_log.h"
 #include "daemon/agent/stall_watch.h"
+#include "daemon/protocol/validate.h"
 #include "falcon/falcon.h"
 
 namespace falcon::agent {
@@ -616,9 +617,10 @@ TEST(SignatureLogTest, AlikeConsecutiveCallsMakeOneRun) {
   log.Push(Call(kFalconOpAllReduce, 28, 4097, 7), 0xa, 2);               // a user-made reduction
   log.Push(Call(kFalconOpAllGather, 0, 16, -1, 5), 0xb, 4);              // not rooted: peer dropped
   log.Push(Call(kFalconOpCommSplit, 1, 0), 0xb, 4);                      // setup: not compared
-  std::uint64_t dropped = 9;
-  const std::vector<protocol::CommSignatures> c = log.Take(&dropped);
-  EXPECT_EQ(dropped, 0u);
+  const TakenSignatures t = log.Take();
+  const std::vector<protocol::CommSignatures>& c = t.comms;
+  EXPECT_EQ(t.dropped, 0u);
+  EXPECT_TRUE(t.digests.empty());
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].id, 0xau);
   EXPECT_EQ(c[0].nranks, 2);
@@ -634,7 +636,7 @@ TEST(SignatureLogTest, AlikeConsecutiveCallsMakeOneRun) {
   ASSERT_EQ(c[1].runs.size(), 1u);
   EXPECT_EQ(c[1].runs[0].root, -1);
   EXPECT_TRUE(log.empty());
-  EXPECT_TRUE(log.Take(&dropped).empty());
+  EXPECT_TRUE(log.Take().empty());
 }
 
 TEST(SignatureLogTest, PointToPointOnALargerCommunicatorEndsItsComparison) {
@@ -644,30 +646,127 @@ TEST(SignatureLogTest, PointToPointOnALargerCommunicatorEndsItsComparison) {
   log.Push(Call(kFalconOpAllReduce, 2, 8), 0xa, 4);
   log.Push(Call(kFalconOpSend, 0, 8, -1, 1), 0xb, 2);   // two ranks: sends and receives pair up
   log.Push(Call(kFalconOpAllReduce, 1, 8), 0xb, 2);
-  std::uint64_t dropped = 0;
-  const std::vector<protocol::CommSignatures> c = log.Take(&dropped);
+  const std::vector<protocol::CommSignatures> c = log.Take().comms;
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].id, 0xbu);
   EXPECT_EQ(c[0].runs[0].seq, 1u);
 }
 
 TEST(SignatureLogTest, RunsBeyondTheCapAndLostRecordsAreCounted) {
-  SignatureLog log(2);
+  SignatureLog log(SignatureLogOptions{.max_runs = 2});
   for (std::uint64_t s = 0; s < 5; ++s) log.Push(Call(kFalconOpAllReduce, s, s), 0xa, 2);
   log.Lost(4);
-  std::uint64_t dropped = 0;
-  const std::vector<protocol::CommSignatures> c = log.Take(&dropped);
+  const TakenSignatures t = log.Take();
+  const std::vector<protocol::CommSignatures>& c = t.comms;
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].runs.size(), 2u);
-  EXPECT_EQ(dropped, 7u);
+  EXPECT_EQ(t.dropped, 7u);
   // Out-of-range fields from a damaged record stay within the message's bounds.
   FalconRecord bad = Call(kFalconOpReduce, 0, ~std::uint64_t{0}, -9, -7);
   log.Push(bad, 0xa, 2);
-  const std::vector<protocol::CommSignatures> d = log.Take(&dropped);
+  const std::vector<protocol::CommSignatures> d = log.Take().comms;
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].runs[0].redop, -1);
   EXPECT_EQ(d[0].runs[0].root, -1);
   EXPECT_LE(d[0].runs[0].count, 9'200'000'000'000'000'000ULL);
+}
+
+// Calls 0 .. end - 1 on communicator 0xa of 4: AllReduces of 64 elements, but `odd` of 65.
+void PushCalls(SignatureLog& log, std::uint64_t from, std::uint64_t end, std::uint64_t odd = ~std::uint64_t{0}) {
+  for (std::uint64_t s = from; s < end; ++s) log.Push(Call(kFalconOpAllReduce, s, s == odd ? 65 : 64), 0xa, 4);
+}
+
+TEST(SignatureLogTest, PastFullSeqsCompleteBlocksGoOutAsDigests) {
+  constexpr std::uint64_t kB = protocol::kSignatureBlockCalls;
+  SignatureLog a(SignatureLogOptions{.full_seqs = 1000});  // rounded up to one block
+  SignatureLog b(SignatureLogOptions{.full_seqs = 1000});
+  SignatureLog c(SignatureLogOptions{.full_seqs = 1000});
+  PushCalls(a, 0, 5 * kB + 1);
+  PushCalls(b, 0, 5 * kB + 1, /*odd=*/2 * kB + 5);
+  // Read in another order within blocks (records of two threads): the digest is the same.
+  for (std::uint64_t blk = 0; blk <= 5; ++blk) {
+    for (std::uint64_t s = std::min((blk + 1) * kB, 5 * kB + 1); s-- > blk * kB;) {
+      c.Push(Call(kFalconOpAllReduce, s, 64), 0xa, 4);
+    }
+  }
+  const TakenSignatures ta = a.Take();
+  const TakenSignatures tb = b.Take();
+  const TakenSignatures tc = c.Take();
+  ASSERT_EQ(ta.comms.size(), 1u);
+  ASSERT_EQ(ta.comms[0].runs.size(), 1u);
+  EXPECT_EQ(ta.comms[0].runs[0].n, kB) << "block 0 call by call";
+  ASSERT_EQ(ta.digests.size(), 1u);
+  EXPECT_EQ(ta.digests[0].id, 0xau);
+  EXPECT_EQ(ta.digests[0].nranks, 4);
+  // Blocks 4 and 5 are open: the newest two stay until a call two blocks on arrives.
+  ASSERT_EQ(ta.digests[0].blocks.size(), 3u);
+  ASSERT_EQ(tb.digests[0].blocks.size(), 3u);
+  ASSERT_EQ(tc.digests[0].blocks.size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(ta.digests[0].blocks[k].seq, (k + 1) * kB);
+    EXPECT_EQ(ta.digests[0].blocks[k].n, kB);
+    EXPECT_EQ(tc.digests[0].blocks[k].digest, ta.digests[0].blocks[k].digest) << k;
+    EXPECT_EQ(tb.digests[0].blocks[k].digest == ta.digests[0].blocks[k].digest, k != 1) << k;
+  }
+  // The message carries them, and a reader that validates accepts it.
+  protocol::CallSignatures m;
+  m.header = {"job", "node0", 1};
+  m.rank = 0;
+  m.pid = 1000;
+  m.comms = ta.comms;
+  m.digests = ta.digests;
+  const nlohmann::json j = nlohmann::json::parse(protocol::Dump(m));
+  EXPECT_EQ(j, protocol::ToJson(m));
+  const Status valid = protocol::ValidateMessage(j, protocol::kCallSignatures);
+  EXPECT_TRUE(valid.ok()) << valid.message();
+}
+
+TEST(SignatureLogTest, AnIdleCommunicatorSendsItsHeldCallsInFullOnce) {
+  constexpr std::uint64_t kB = protocol::kSignatureBlockCalls;
+  SignatureLog log(SignatureLogOptions{.full_seqs = 0});
+  PushCalls(log, 0, 2 * kB + 100, /*odd=*/2 * kB + 50);
+  const TakenSignatures busy = log.Take();
+  EXPECT_TRUE(busy.comms.empty()) << "still issuing: nothing in full";
+  ASSERT_EQ(busy.digests.size(), 1u);
+  EXPECT_EQ(busy.digests[0].blocks.size(), 1u);
+  EXPECT_FALSE(log.empty());
+  const TakenSignatures idle = log.Take();  // nothing issued since: the job may be stuck here
+  ASSERT_EQ(idle.comms.size(), 1u);
+  const std::vector<protocol::SignatureRun>& runs = idle.comms[0].runs;
+  ASSERT_FALSE(runs.empty());
+  EXPECT_EQ(runs.front().seq, kB) << "the open blocks, 1 and 2";
+  EXPECT_EQ(runs.back().seq + runs.back().n, 2 * kB + 100);
+  std::uint64_t calls = 0;
+  bool odd_seen = false;
+  for (const protocol::SignatureRun& r : runs) {
+    calls += r.n;
+    odd_seen = odd_seen || (r.seq == 2 * kB + 50 && r.n == 1 && r.count == 65);
+  }
+  EXPECT_EQ(calls, kB + 100);
+  EXPECT_TRUE(odd_seen);
+  EXPECT_TRUE(log.empty());
+  EXPECT_TRUE(log.Take().empty()) << "sent once";
+  // It resumes: new calls do not repeat the sent ones, and an idle spell sends only the new.
+  PushCalls(log, 2 * kB + 100, 2 * kB + 110);
+  EXPECT_TRUE(log.Take().comms.empty());
+  const TakenSignatures again = log.Take();
+  ASSERT_EQ(again.comms.size(), 1u);
+  ASSERT_EQ(again.comms[0].runs.size(), 1u);
+  EXPECT_EQ(again.comms[0].runs[0].seq, 2 * kB + 100);
+  EXPECT_EQ(again.comms[0].runs[0].n, 10u);
+}
+
+TEST(SignatureLogTest, LostRecordsKeepTheirBlocksDigestsBack) {
+  constexpr std::uint64_t kB = protocol::kSignatureBlockCalls;
+  SignatureLog log(SignatureLogOptions{.full_seqs = 0});
+  PushCalls(log, 0, kB + 500);  // blocks 0 and 1 open
+  log.Lost(3);
+  PushCalls(log, kB + 503, 4 * kB + 1);  // closes 0, 1 (lost in them) and 2
+  const TakenSignatures t = log.Take();
+  EXPECT_EQ(t.dropped, 3u);
+  ASSERT_EQ(t.digests.size(), 1u);
+  ASSERT_EQ(t.digests[0].blocks.size(), 1u);
+  EXPECT_EQ(t.digests[0].blocks[0].seq, 2 * kB);
 }
 
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {

@@ -11,6 +11,7 @@
 #include "daemon/controller/mismatch_stage.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
+#include "falcon/shm_abi.h"
 
 namespace falcon::controller {
 namespace {
@@ -358,6 +359,68 @@ TEST(MismatchStageTest, AnEntryThatCouldNotBeWrittenComesBackFirst) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].fields["detail"]["seq"], 0);
   EXPECT_EQ(out[1].fields["detail"]["seq"], 1);
+}
+
+// Rank `rank` completed blocks first .. first + blocks - 1 of AllReduces of `count` (block `odd`
+// with one call of count + 1), sent as digests.
+json Digests(std::int64_t rank, std::uint64_t first, std::uint64_t blocks, std::uint64_t count,
+             std::uint64_t odd = ~std::uint64_t{0}) {
+  protocol::CallSignatures m;
+  m.header = {"job", Host(rank), kT0};
+  m.rank = rank;
+  m.pid = 1000 + rank;
+  protocol::CommDigests c{kWorld, 4, {}};
+  for (std::uint64_t b = first; b < first + blocks; ++b) {
+    protocol::SignatureBlock block{b * protocol::kSignatureBlockCalls, protocol::kSignatureBlockCalls, 0};
+    for (std::uint64_t s = block.seq; s < block.seq + block.n; ++s) {
+      const std::uint64_t k = b == odd && s == block.seq + 7 ? count + 1 : count;
+      block.digest += protocol::SignatureDigestTerm(s, kFalconOpAllReduce, 7, k, 0, -1);
+    }
+    c.blocks.push_back(block);
+  }
+  m.digests = {c};
+  return Validated(protocol::ToJson(m), protocol::kCallSignatures);
+}
+
+TEST(MismatchStageTest, BlocksAreComparedByDigestAndADifferenceNamesTheRankAndTheBlock) {
+  const JobView view = View();
+  MismatchStage stage;
+  for (std::int64_t r = 0; r < 4; ++r) stage.OnSignatures(Digests(r, 4, 3, 4096, r == 2 ? 5 : ~std::uint64_t{0}), kT0);
+  const std::vector<HangRecord> out = stage.Next(view, kT0 + kSec);
+  ASSERT_EQ(out.size(), 1u);
+  const HangRecord& e = out[0];
+  EXPECT_EQ(e.stage, "mismatch");
+  EXPECT_EQ(e.fields["id"], "mismatch-00000000000000ee-5120-block");
+  EXPECT_EQ(e.fields["ranks"], json({2}));
+  EXPECT_EQ(e.fields["detail"]["first_seq"], 5120);
+  EXPECT_EQ(e.fields["detail"]["last_seq"], 6143);
+  ASSERT_EQ(e.fields["detail"]["signatures"].size(), 4u);
+  EXPECT_EQ(e.fields["detail"]["signatures"][2]["calls"], 1024);
+  EXPECT_NE(e.fields["detail"]["signatures"][2]["digest"], e.fields["detail"]["signatures"][0]["digest"]);
+  EXPECT_EQ(e.fields["detail"]["signatures"][1]["digest"], e.fields["detail"]["signatures"][0]["digest"]);
+  EXPECT_NE(e.summary.find("rank 2 on node1"), std::string::npos) << e.summary;
+  EXPECT_NE(e.summary.find("calls #5120..#6143"), std::string::npos) << e.summary;
+  EXPECT_NE(e.summary.find("signature_full_seqs"), std::string::npos) << e.summary;
+  EXPECT_EQ(stage.blocks().compared(), 2u);
+  EXPECT_EQ(stage.calls(), 4u * 3 * protocol::kSignatureBlockCalls);
+  EXPECT_TRUE(stage.ledger().pending() == 0 && stage.blocks().pending() == 0);
+  EXPECT_TRUE(stage.Next(view, kT0 + 5 * kSec).empty()) << "raised once";
+}
+
+TEST(MismatchStageTest, ABlockWithACallMissingDiffersToo) {
+  const JobView view = View();
+  MismatchStage stage;
+  for (std::int64_t r = 0; r < 4; ++r) {
+    json m = Digests(r, 1, 1, 64);
+    if (r == 1) {
+      m["digests"][0]["blocks"][0]["n"] = 1023;  // one call fewer, the same digest
+    }
+    stage.OnSignatures(m, kT0);
+  }
+  const std::vector<HangRecord> out = stage.Next(view, kT0 + kSec);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].fields["ranks"], json({1}));
+  EXPECT_NE(out[0].summary.find("1023 calls"), std::string::npos) << out[0].summary;
 }
 
 }  // namespace

@@ -141,6 +141,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(50, 60000))->capture_default_str();
   app.add_option("--signature-ms", o.cadence.signature_ms, "call_signatures per rank every (0: none)")
       ->check(CLI::Range(0, 60000))->capture_default_str();
+  app.add_option("--signature-full-seqs", o.cadence.signature_full_seqs,
+                 "calls per communicator sent as runs; later ones as block digests (agent signature_full_seqs)")
+      ->capture_default_str();
   app.add_option("--profile-ms", o.cadence.profile_ms, "profile window")
       ->check(CLI::Range(100, 600000))->capture_default_str();
   app.add_option("--seed", o.shape.seed, "noise and id seed")->capture_default_str();

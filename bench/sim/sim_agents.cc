@@ -9,6 +9,7 @@
 #include "daemon/protocol/keys.h"
 #include "daemon/redis/redis_commands.h"
 #include "falcon/protocol.h"
+#include "falcon/shm_abi.h"
 
 namespace falcon::sim {
 namespace {
@@ -16,6 +17,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr std::int32_t kBf16 = 9;                  // ncclBfloat16
+constexpr std::uint64_t kBlock = protocol::kSignatureBlockCalls;
 constexpr const char* kVersion = "sim-0.1";
 
 }  // namespace
@@ -260,23 +262,45 @@ void SimAgents::PublishSignatures(std::int64_t now_ns) {
     m.pid = s.pid;
     for (const SimComm& c : s.comms) {
       if (c.kind == "pp") continue;  // sends and receives are left out
-      std::uint64_t& signed_calls = c.kind == "tp" ? s.signed_tp : s.signed_dp;
+      const bool tp = c.kind == "tp";
+      std::uint64_t& signed_calls = tp ? s.signed_tp : s.signed_dp;
+      std::uint64_t& block = tp ? s.block_tp : s.block_dp;
       const std::uint64_t issued = IssuedCalls(c, rank, now_ns);
       if (issued <= signed_calls) continue;
+      const std::uint64_t dp_count = kDpBytes / 2 / static_cast<std::uint64_t>(c.nranks);
+      // As the agent's SignatureLog: calls below the full seqs (rounded up to a block) as runs,
+      // later ones as one digest per block once a call two blocks on was issued. (A simulated
+      // communicator never stalls, so the agent's idle-time runs do not arise.)
+      const std::uint64_t full = (cadence_.signature_full_seqs + kBlock - 1) / kBlock * kBlock;
+      const std::uint64_t full_end = std::min(issued, full);
       protocol::CommSignatures cs{c.id, c.nranks, {}};
-      if (c.kind == "tp") {
-        cs.runs.push_back({signed_calls, issued - signed_calls, "AllReduce", kBf16, kTpBytes / 2, 0, -1});
+      if (tp) {
+        if (signed_calls < full_end) {
+          cs.runs.push_back({signed_calls, full_end - signed_calls, "AllReduce", kBf16, kTpBytes / 2, 0, -1});
+        }
       } else {
-        for (std::uint64_t seq = signed_calls; seq < issued; ++seq) {  // reduce-scatter, all-gather
+        for (std::uint64_t seq = signed_calls; seq < full_end; ++seq) {  // reduce-scatter, all-gather
           const bool rs = seq % 2 == 0;
-          cs.runs.push_back({seq, 1, rs ? "ReduceScatter" : "AllGather", kBf16,
-                             kDpBytes / 2 / static_cast<std::uint64_t>(c.nranks), rs ? 0 : -1, -1});
+          cs.runs.push_back({seq, 1, rs ? "ReduceScatter" : "AllGather", kBf16, dp_count, rs ? 0 : -1, -1});
         }
       }
       signed_calls = issued;
-      m.comms.push_back(std::move(cs));
+      if (!cs.runs.empty()) m.comms.push_back(std::move(cs));
+      protocol::CommDigests cd{c.id, c.nranks, {}};
+      block = std::max(block, full / kBlock);
+      for (; issued > (block + 2) * kBlock; ++block) {
+        protocol::SignatureBlock b{block * kBlock, kBlock, 0};
+        for (std::uint64_t seq = b.seq; seq < b.seq + kBlock; ++seq) {
+          const bool rs = seq % 2 == 0;
+          b.digest += tp ? protocol::SignatureDigestTerm(seq, kFalconOpAllReduce, kBf16, kTpBytes / 2, 0, -1)
+                         : protocol::SignatureDigestTerm(seq, rs ? kFalconOpReduceScatter : kFalconOpAllGather,
+                                                         kBf16, dp_count, rs ? 0 : -1, -1);
+        }
+        cd.blocks.push_back(b);
+      }
+      if (!cd.blocks.empty()) m.digests.push_back(std::move(cd));
     }
-    if (!m.comms.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures", job_.Node(rank));
+    if (!m.comms.empty() || !m.digests.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures", job_.Node(rank));
   }
 }
 

@@ -34,6 +34,7 @@ struct AgentCadence {
   int key_ttl_s = 10;
   int flush_ms = 500;
   int signature_ms = 200;  // 0: no call_signatures
+  std::uint64_t signature_full_seqs = 4096;  // as the agent's: runs below, block digests past it
   int profile_ms = 10000;
   int detect_samples = 6;     // samples at a new level before the modelled detector alarms
   double alarm_threshold = 1.1;
@@ -79,6 +80,7 @@ class SimAgents {
     std::string mode = "track";
     std::uint64_t next_sample = 0;        // first iteration sample not yet published
     std::uint64_t signed_tp = 0, signed_dp = 0;  // calls already in call_signatures
+    std::uint64_t block_tp = 0, block_dp = 0;    // next digest block, once past the full seqs
     std::int64_t profile_since_ns = 0;
     bool slow = false;
     std::uint64_t level_run = 0;          // samples in a row on the other side of the verdict

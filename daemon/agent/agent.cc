@@ -47,6 +47,7 @@ FollowerOptions FollowerFrom(const AgentConfig& c) {
   o.analysis.series.keep_cycles = static_cast<std::size_t>(c.series_cycles);
   o.analysis.series.extract_every_ns = c.series_every_ms * 1'000'000;
   o.analysis.history_calls = static_cast<std::size_t>(c.history_calls);
+  o.signatures.full_seqs = static_cast<std::uint64_t>(c.signature_full_seqs);
   return o;
 }
 

@@ -93,6 +93,11 @@ const ConfigEntry kTable[] = {
      "(communicator setup, the first iterations), s", &C::stall_startup_s},
     {"signature_ms", T::kInt, 0, 60000, "how often each rank's newly issued collectives are sent "
      "for mismatch detection (call_signatures), ms (0: off)", &C::signature_ms},
+    {"signature_full_seqs", T::kInt, 0, 9.2e18, "each communicator's calls below this comm_seq are sent "
+     "one by one (as runs); later ones as a digest per block of 1024, and in full only where the "
+     "communicator stops (a hang) or is idle between sends (a mismatch in a digest is named by "
+     "block, not by call). Set it very large to send every call (more traffic and agent CPU)",
+     &C::signature_full_seqs},
 };
 
 std::string Trim(std::string_view s) {

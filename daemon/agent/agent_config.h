@@ -66,6 +66,7 @@ struct AgentConfig {
   double stall_factor = 4.0;
   double stall_startup_s = 120.0;
   std::int64_t signature_ms = 200;
+  std::int64_t signature_full_seqs = 4096;
 };
 
 struct ConfigEntry {

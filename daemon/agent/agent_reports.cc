@@ -231,9 +231,11 @@ void Agent::QueueSignatures(RankFollower& r) {
   m.header = Header();
   m.rank = r.rank();
   m.pid = r.pid();
-  std::uint64_t dropped = 0;
-  m.comms = r.TakeSignatures(&dropped);
-  if (dropped > 0) m.dropped = dropped;
+  TakenSignatures taken = r.TakeSignatures();
+  if (taken.empty()) return;  // only calls held for an idle communicator, which is busy
+  m.comms = std::move(taken.comms);
+  m.digests = std::move(taken.digests);
+  if (taken.dropped > 0) m.dropped = taken.dropped;
   publisher_->Queue(Key(protocol::kSignaturesStream), protocol::Dump(m), /*packable=*/true);
   publisher_->FlushSoon();  // a mismatch is news: it may be the last call before a hang
   ++signature_messages_;

@@ -70,6 +70,7 @@ RankFollower::RankFollower(daemon::SegmentReader seg, bool writable, const Follo
       writable_(writable),
       options_(options),
       analysis_(options.analysis),
+      signatures_(options.signatures),
       pid_(seg_.header().pid),
       job_(Text(seg_.header().job, FALCON_NAME_LEN)) {
   cursor_ = seg_.OldestCursor();  // what the ring still holds from before we came
@@ -91,7 +92,7 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
   out->stats.torn += st.torn;
   records_ += st.read;
   lost_ += st.lost;
-  signatures_.Lost(st.lost);
+  signatures_.Lost(st.lost + st.torn);  // calls they cannot send, and blocks they cannot digest
   if (!buf_.empty()) RefreshComms();
   for (const FalconRecord& r : buf_) {
     // The benchmark executor's passes during a validation pause are not training: they would
@@ -106,6 +107,7 @@ void RankFollower::Poll(daemon::SegmentReader::ReadMode mode, FollowerUpdate* ou
     const auto comm = r.comm_slot == FALCON_NO_COMM ? comms_.end() : comms_.find(r.comm_slot);
     if (r.comm_slot != FALCON_NO_COMM && comm == comms_.end()) {
       comms_seen_ = 0;  // a communicator newer than our table: refresh on the next poll
+      if (r.comm_seq != ~std::uint64_t{0}) signatures_.Lost(1);  // a call of an unknown communicator
     }
     pattern_.Push(r, comm == comms_.end() ? 0 : comm->second.comm_id);
     analyzer::CallRecord call;

@@ -29,6 +29,7 @@ namespace falcon::agent {
 
 struct FollowerOptions {
   RankAnalysisOptions analysis;
+  SignatureLogOptions signatures;
   std::size_t read_batch = 65536;  // records per lane per poll
 };
 
@@ -60,7 +61,7 @@ class RankFollower {
   std::vector<CommStats> TakeProfile() { return profiler_.TakeWindow(); }
   // The collectives issued since the last call (call_signatures; signature_log.h).
   bool has_signatures() const { return signatures_.empty() == false; }
-  std::vector<protocol::CommSignatures> TakeSignatures(std::uint64_t* dropped) { return signatures_.Take(dropped); }
+  TakenSignatures TakeSignatures() { return signatures_.Take(); }
   // One period of the rank's ordered calls for a consistent cut (cut_info; call_pattern.h):
   // Unavailable with the reason when no period is locked or the calls are not periodic.
   Result<CallPatternReport> CutPattern() const;

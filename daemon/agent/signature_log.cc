@@ -17,8 +17,14 @@ bool P2P(std::uint8_t op) { return op == kFalconOpSend || op == kFalconOpRecv; }
 
 constexpr std::int32_t kMaxRoot = 1 << 20;                  // protocol::kMaxCommRanks
 constexpr std::uint64_t kMaxCount = 9'200'000'000'000'000'000ULL;  // protocol::kMaxI64
+constexpr std::uint64_t kBlock = protocol::kSignatureBlockCalls;
 
 }  // namespace
+
+SignatureLog::SignatureLog(SignatureLogOptions options)
+    : options_(options),
+      full_start_(options.full_seqs >= kMaxCount ? kMaxCount
+                                                 : (options.full_seqs + kBlock - 1) / kBlock * kBlock) {}
 
 void SignatureLog::Push(const FalconRecord& r, std::uint64_t comm_id, std::int32_t nranks) {
   if (P2P(r.op)) {
@@ -26,47 +32,126 @@ void SignatureLog::Push(const FalconRecord& r, std::uint64_t comm_id, std::int32
       CommLog& c = comms_[comm_id];
       if (!c.unaligned) {
         c.unaligned = true;
-        runs_ -= c.runs.size();
-        c.runs.clear();
+        held_ -= c.runs.size() + c.blocks.size();
+        c = CommLog{};
+        c.unaligned = true;
       }
     }
     return;
   }
-  if (!analyzer::IsCollectiveOp(r.op) || r.comm_seq == ~std::uint64_t{0}) return;
+  if (!analyzer::IsCollectiveOp(r.op) || r.comm_seq > kMaxCount) return;
   CommLog& c = comms_[comm_id];
   if (c.unaligned) return;
   c.nranks = nranks;
+  c.pushed = true;
   // Kept within the message's bounds whatever the record says (a torn or hostile segment).
-  const std::int32_t redop = r.redop >= kCustomRedOp ? kCustomRedOp : std::max<std::int32_t>(r.redop, -1);
-  const std::int32_t root = Rooted(r.op) ? std::clamp<std::int32_t>(r.peer, -1, kMaxRoot) : -1;
-  const std::uint64_t count = std::min<std::uint64_t>(r.count, kMaxCount);
-  if (!c.runs.empty() && c.last_op == r.op) {
-    protocol::SignatureRun& last = c.runs.back();
-    if (last.seq + last.n == r.comm_seq && last.dtype == r.dtype && last.count == count && last.redop == redop &&
-        last.root == root) {
-      ++last.n;
-      return;
-    }
+  Run run;
+  run.seq = r.comm_seq;
+  run.op = r.op;
+  run.dtype = r.dtype;
+  run.count = std::min<std::uint64_t>(r.count, kMaxCount);
+  run.redop = static_cast<std::int16_t>(r.redop >= kCustomRedOp ? kCustomRedOp : std::max<std::int32_t>(r.redop, -1));
+  run.root = Rooted(r.op) ? std::clamp<std::int32_t>(r.peer, -1, kMaxRoot) : -1;
+  if (run.seq >= full_start_) {
+    PushDigested(c, run);
+    return;
   }
-  if (runs_ >= max_runs_) {
+  if (!c.runs.empty() && c.runs.back().Extends(run)) {
+    ++c.runs.back().n;
+    return;
+  }
+  if (held_ >= options_.max_runs) {
     ++dropped_;
     return;
   }
-  if (r.comm_seq > kMaxCount) return;
-  c.runs.push_back({r.comm_seq, 1, analyzer::CallOpName(r.op), r.dtype, count, redop, root});
-  c.last_op = r.op;
-  ++runs_;
+  c.runs.push_back(run);
+  ++held_;
 }
 
-std::vector<protocol::CommSignatures> SignatureLog::Take(std::uint64_t* dropped) {
-  std::vector<protocol::CommSignatures> out;
-  for (auto& [id, c] : comms_) {
-    if (c.runs.empty()) continue;
-    out.push_back({id, c.nranks, std::move(c.runs)});
-    c.runs.clear();
+void SignatureLog::PushDigested(CommLog& c, const Run& run) {
+  const std::uint64_t index = run.seq / kBlock;
+  if (!c.digesting) {
+    c.digesting = true;
+    c.newest = index;
   }
-  runs_ = 0;
-  *dropped = dropped_;
+  if (index > c.newest) {
+    // Blocks two or more behind the new one are complete.
+    for (Block& b : c.open) {
+      if (b.index != ~std::uint64_t{0} && b.index + 1 < index) Close(c, b);
+    }
+    c.newest = index;
+    const std::uint64_t keep_from = (index - 1) * kBlock;
+    std::size_t k = 0;
+    while (k < c.held.size() && c.held[k].seq < keep_from) ++k;
+    c.held.erase(c.held.begin(), c.held.begin() + static_cast<std::ptrdiff_t>(k));
+    c.held_sent = c.held_sent > k ? c.held_sent - k : 0;
+  } else if (index + 1 < c.newest) {
+    return;  // a block already closed (its digest lacks this call: seen as a mismatch, if any)
+  }
+  Block& b = c.open[index & 1];
+  if (b.index != index) b = Block{index, 0, 0, false};
+  ++b.n;
+  b.digest += protocol::SignatureDigestTerm(run.seq, run.op, run.dtype, run.count, run.redop, run.root);
+  // Held runs never span a block: the older block's are dropped whole.
+  if (c.held.size() > c.held_sent && c.held.back().Extends(run) && c.held.back().seq / kBlock == index) {
+    ++c.held.back().n;
+  } else {
+    c.held.push_back(run);
+  }
+}
+
+void SignatureLog::Close(CommLog& c, Block& b) {
+  if (!b.tainted && b.n > 0) {
+    if (held_ >= options_.max_runs) {
+      dropped_ += b.n;
+    } else {
+      c.blocks.push_back({b.index * kBlock, b.n, b.digest});
+      ++held_;
+    }
+  }
+  b = Block{};
+}
+
+void SignatureLog::Lost(std::uint64_t n) {
+  if (n == 0) return;
+  dropped_ += n;
+  for (auto& [id, c] : comms_) {
+    for (Block& b : c.open) b.tainted = b.index != ~std::uint64_t{0};
+  }
+}
+
+bool SignatureLog::empty() const {
+  if (held_ > 0 || dropped_ > 0) return false;
+  for (const auto& [id, c] : comms_) {
+    if (c.held.size() > c.held_sent) return false;
+  }
+  return true;
+}
+
+TakenSignatures SignatureLog::Take() {
+  TakenSignatures out;
+  const auto to_protocol = [](const Run& r) {
+    return protocol::SignatureRun{r.seq, r.n, analyzer::CallOpName(r.op), r.dtype, r.count, r.redop, r.root};
+  };
+  for (auto& [id, c] : comms_) {
+    std::vector<protocol::SignatureRun> runs;
+    runs.reserve(c.runs.size());
+    for (const Run& r : c.runs) runs.push_back(to_protocol(r));
+    c.runs.clear();
+    // Idle since the last Take: the calls it stopped at go out in full.
+    if (!c.pushed && c.held.size() > c.held_sent) {
+      for (std::size_t k = c.held_sent; k < c.held.size(); ++k) runs.push_back(to_protocol(c.held[k]));
+      c.held_sent = c.held.size();
+    }
+    c.pushed = false;
+    if (!runs.empty()) out.comms.push_back({id, c.nranks, std::move(runs)});
+    if (!c.blocks.empty()) {
+      out.digests.push_back({id, c.nranks, std::move(c.blocks)});
+      c.blocks.clear();
+    }
+  }
+  held_ = 0;
+  out.dropped = dropped_;
   dropped_ = 0;
   return out;
 }

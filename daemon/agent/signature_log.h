@@ -1,6 +1,6 @@
-// SignatureLog: the collectives one rank issued since they were last taken, as runs of alike
-// consecutive calls per communicator: the body of a call_signatures message (protocol.h), which
-// the controller compares across members to raise mismatches (analyzer/call_ledger.h).
+// SignatureLog: the collectives one rank issued since they were last taken: the body of a
+// call_signatures message (protocol.h), which the controller compares across members to raise
+// mismatches (analyzer/call_ledger.h).
 //  - Collectives only (AllReduce .. Scatter, FalconOpIsOrdered): sends and receives pair with
 //    their peer's, and a communicator's init, split or finalize legitimately differ by member.
 //  - A communicator of more than two ranks on which this rank issued a send or a receive is
@@ -8,7 +8,16 @@
 //  - Reductions created by the user (ncclRedOpCreatePreMulSum: handles may differ between
 //    members) are reported as kCustomRedOp.
 //  - Benchmark calls (kFalconFlagBenchmark) are not training and are skipped by the caller.
-// At most max_runs runs are held; calls beyond are counted in the next Take's `dropped`.
+// Calls below `full_seqs` (rounded up to a block) go out as runs of alike consecutive calls, so
+// a job that starts out mismatched is shown call by call. Past it, each block of
+// protocol::kSignatureBlockCalls comm_seqs goes out as one digest once the block is complete (a
+// call two blocks on arrived, so records read a poll late still count); a block during which
+// records were lost is not sent (its digest would differ from the other members'). The calls of
+// the last two blocks are also held as runs: when a communicator issued nothing since the
+// previous Take (a hang, or a call per iteration), the held runs not sent yet go out in full, so
+// the call a job stops in is compared call by call.
+// At most max_runs runs and blocks are held; calls beyond are counted in the next Take's
+// `dropped`.
 // Thread-safety: one owner (the agent loop). Must never: block, throw on bad records.
 #pragma once
 
@@ -23,28 +32,69 @@ namespace falcon::agent {
 
 inline constexpr std::int32_t kCustomRedOp = 5;  // ncclNumOps: any user-created reduction
 
+struct SignatureLogOptions {
+  std::size_t max_runs = 4096;      // runs and blocks held between Takes
+  std::uint64_t full_seqs = 4096;   // comm_seqs below this go out as runs (agent signature_full_seqs)
+};
+
+struct TakenSignatures {
+  std::vector<protocol::CommSignatures> comms;  // runs, per communicator in id order
+  std::vector<protocol::CommDigests> digests;   // completed blocks, per communicator in id order
+  std::uint64_t dropped = 0;                    // calls left out since the last Take
+  bool empty() const { return comms.empty() && digests.empty() && dropped == 0; }
+};
+
 class SignatureLog {
  public:
-  explicit SignatureLog(std::size_t max_runs = 4096) : max_runs_(max_runs) {}
+  explicit SignatureLog(SignatureLogOptions options = {});
 
   // One ordered record on communicator `comm_id` of `nranks` members.
   void Push(const FalconRecord& r, std::uint64_t comm_id, std::int32_t nranks);
-  // Records the reader lost: their calls cannot be sent.
-  void Lost(std::uint64_t n) { dropped_ += n; }
-  bool empty() const { return runs_ == 0 && dropped_ == 0; }
-  // The runs held, per communicator in id order, and the calls dropped since the last Take.
-  std::vector<protocol::CommSignatures> Take(std::uint64_t* dropped);
+  // Records the reader lost: their calls cannot be sent, and the open blocks cannot be digested.
+  void Lost(std::uint64_t n);
+  // Whether a Take now could return anything.
+  bool empty() const;
+  TakenSignatures Take();
 
  private:
+  struct Run {
+    std::uint64_t seq = 0;
+    std::uint64_t n = 1;
+    std::uint64_t count = 0;
+    std::int32_t root = -1;
+    std::int16_t redop = -1;
+    std::uint8_t op = 0;
+    std::uint8_t dtype = 255;
+    bool Extends(const Run& next) const {
+      return seq + n == next.seq && op == next.op && dtype == next.dtype && count == next.count &&
+             redop == next.redop && root == next.root;
+    }
+  };
+  struct Block {
+    std::uint64_t index = ~std::uint64_t{0};  // none
+    std::uint64_t n = 0;
+    std::uint64_t digest = 0;
+    bool tainted = false;
+  };
   struct CommLog {
     std::int32_t nranks = 0;
     bool unaligned = false;
-    std::uint8_t last_op = 0;  // FalconOp of runs.back()
-    std::vector<protocol::SignatureRun> runs;
+    bool pushed = false;                 // a call since the last Take
+    std::vector<Run> runs;               // calls below full_start_, not sent yet
+    std::vector<protocol::SignatureBlock> blocks;  // complete blocks, not sent yet
+    bool digesting = false;
+    std::uint64_t newest = 0;            // newest block index seen
+    Block open[2];                       // blocks newest and newest - 1, at [index & 1]
+    std::vector<Run> held;               // their calls, for an idle communicator
+    std::size_t held_sent = 0;           // held[0, held_sent) went out already
   };
-  std::size_t max_runs_;
+  void PushDigested(CommLog& c, const Run& run);
+  void Close(CommLog& c, Block& b);
+
+  SignatureLogOptions options_;
+  std::uint64_t full_start_;
   std::map<std::uint64_t, CommLog> comms_;
-  std::size_t runs_ = 0;
+  std::size_t held_ = 0;  // runs + blocks held
   std::uint64_t dropped_ = 0;
 };
 

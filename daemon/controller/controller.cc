@@ -193,7 +193,7 @@ void Controller::PublishMetrics() {
   m.stalled_ranks = hang_.stalled().size();
   m.hang_open = !hang_.episode().empty();
   m.signature_calls = mismatch_.calls();
-  m.signatures_pending = mismatch_.ledger().pending();
+  m.signatures_pending = mismatch_.ledger().pending() + mismatch_.blocks().pending();
   m.current_iteration_seconds = CurrentIterationS().value_or(0);
   m.healthy_iteration_seconds = state_.healthy_s.value_or(0);
   m.plan_version = state_.plan_version;

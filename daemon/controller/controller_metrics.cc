@@ -36,9 +36,9 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   w.One("slow_ranks", "gauge", "Ranks whose detector says slow.", static_cast<double>(m.slow_ranks));
   w.One("stalled_ranks", "gauge", "Live ranks the agents report stalled in NCCL.", static_cast<double>(m.stalled_ranks));
   w.One("hang_open", "gauge", "1 while a hang episode is open.", m.hang_open ? 1 : 0);
-  w.One("signature_calls_total", "counter", "Collectives the agents reported, compared across members for mismatches.",
+  w.One("signature_calls_total", "counter", "Collectives the agents reported (one by one or in digested blocks), compared across members for mismatches.",
         static_cast<double>(m.signature_calls));
-  w.One("signatures_pending", "gauge", "Collectives (communicator, seq) held until every member reported them.",
+  w.One("signatures_pending", "gauge", "Collectives and blocks (communicator, seq) held until every member reported them.",
         static_cast<double>(m.signatures_pending));
   w.Head("iteration_seconds", "gauge", "The job's iteration time now and when healthy, seconds (0: unknown).");
   w.Line("iteration_seconds", "kind=\"current\"", m.current_iteration_seconds);

@@ -8,6 +8,11 @@
 //  - Each mismatch becomes one incident entry, stage `mismatch`, id mismatch-<comm>-<seq>,
 //    naming the ranks that differ from the most common signature and their hosts, with every
 //    rank's signature as evidence (the same entry layout as HangStage's findings).
+//  - Past the agents' signature_full_seqs, calls come as one digest per block of
+//    protocol::kSignatureBlockCalls seqs. Blocks are compared like calls, in a ledger of their
+//    own; a difference becomes an entry with id mismatch-<comm>-<seq>-block, naming the ranks
+//    whose digest differs from the most common one, with each rank's calls and digest as
+//    evidence (which call differs is not known: the calls were not sent).
 //  - HangStage finds the same mismatches in a stalled job's progress: Recorded() tells the
 //    controller which ones this stage wrote already, so each is written once.
 // Thread-safety: a value type for one thread (the controller loop). Must never: do I/O, read a
@@ -47,11 +52,13 @@ class MismatchStage {
   bool Recorded(std::uint64_t comm, std::uint64_t seq) const { return recorded_.count({comm, seq}) > 0; }
 
   const analyzer::CallLedger& ledger() const { return ledger_; }
+  const analyzer::CallLedger& blocks() const { return blocks_; }
   std::uint64_t messages() const { return messages_; }
-  std::uint64_t calls() const { return calls_; }  // calls reported
+  std::uint64_t calls() const { return calls_; }  // calls reported, one by one or in blocks
 
  private:
   analyzer::CallLedger ledger_;
+  analyzer::CallLedger blocks_;  // digests: a block's first seq, its calls as `peer`, digest as `count`
   std::vector<HangRecord> records_;
   std::set<std::pair<std::uint64_t, std::uint64_t>> recorded_;
   std::deque<std::pair<std::uint64_t, std::uint64_t>> recorded_order_;  // to bound recorded_

@@ -154,7 +154,33 @@ json ToJson(const CallSignatures& m) {
   }
   j["comms"] = std::move(comms);
   SetIf(j, "dropped", m.dropped);
+  if (!m.digests.empty()) {
+    json digests = json::array();
+    for (const CommDigests& c : m.digests) {
+      json blocks = json::array();
+      for (const SignatureBlock& b : c.blocks) {
+        blocks.push_back({{"seq", b.seq}, {"n", b.n}, {"digest", CommIdHex(b.digest)}});
+      }
+      digests.push_back({{"id", CommIdHex(c.id)}, {"nranks", c.nranks}, {"blocks", std::move(blocks)}});
+    }
+    j["digests"] = std::move(digests);
+  }
   return j;
+}
+
+std::uint64_t SignatureDigestTerm(std::uint64_t seq, std::uint8_t op, std::int32_t dtype, std::uint64_t count,
+                                  std::int32_t redop, std::int32_t root) {
+  // splitmix64's finaliser, applied twice over the call's fields: a change in any one of them
+  // changes the term, and so the block's sum, but for a 2^-64 chance.
+  const auto mix = [](std::uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  };
+  const std::uint64_t shape = std::uint64_t{op} | (std::uint64_t{static_cast<std::uint8_t>(dtype)} << 8) |
+                              (std::uint64_t{static_cast<std::uint16_t>(redop)} << 16) |
+                              (std::uint64_t{static_cast<std::uint32_t>(root)} << 32);
+  return mix(mix(seq * 0x9E3779B97F4A7C15ULL ^ shape) + count);
 }
 
 namespace {
@@ -224,6 +250,27 @@ std::string Dump(const CallSignatures& m) {
     out.append("]}");
   }
   out.push_back(']');
+  if (!m.digests.empty()) {
+    out.append(",\"digests\":[");
+    for (std::size_t i = 0; i < m.digests.size(); ++i) {
+      const CommDigests& c = m.digests[i];
+      out.append(i > 0 ? ",{" : "{");
+      out.append("\"blocks\":[");
+      for (std::size_t k = 0; k < c.blocks.size(); ++k) {
+        const SignatureBlock& b = c.blocks[k];
+        out.append(k > 0 ? ",{" : "{");
+        AppendField(&out, "digest", CommIdHex(b.digest), true);
+        AppendField(&out, "n", b.n);
+        AppendField(&out, "seq", b.seq);
+        out.push_back('}');
+      }
+      out.push_back(']');
+      AppendField(&out, "id", CommIdHex(c.id));
+      AppendField(&out, "nranks", c.nranks);
+      out.push_back('}');
+    }
+    out.push_back(']');
+  }
   if (m.dropped) AppendField(&out, "dropped", *m.dropped);
   AppendField(&out, "host", m.header.host);
   AppendField(&out, "job", m.header.job);

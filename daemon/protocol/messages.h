@@ -133,13 +133,33 @@ struct CommSignatures {
   std::vector<SignatureRun> runs;
 };
 
+// A block of kSignatureBlockCalls comm_seqs, sent as one digest (protocol.h).
+struct SignatureBlock {
+  std::uint64_t seq = 0;  // the block's first comm_seq
+  std::uint64_t n = 0;    // collectives issued in it
+  std::uint64_t digest = 0;
+};
+
+struct CommDigests {
+  std::uint64_t id = 0;
+  std::int32_t nranks = 0;
+  std::vector<SignatureBlock> blocks;
+};
+
 struct CallSignatures {
   ReportHeader header;
   std::int64_t rank = -1;
   std::int64_t pid = 0;
   std::vector<CommSignatures> comms;
   std::optional<std::uint64_t> dropped;
+  std::vector<CommDigests> digests;  // written only when not empty
 };
+
+// One collective's term of its block's digest: a block's digest is the sum (mod 2^64) of its
+// calls' terms, so it does not depend on the order the calls' records were read in. `op` is the
+// FalconOp code (shm_abi.h); the other arguments as in SignatureRun.
+std::uint64_t SignatureDigestTerm(std::uint64_t seq, std::uint8_t op, std::int32_t dtype, std::uint64_t count,
+                                  std::int32_t redop, std::int32_t root);
 
 struct SignatureProfile {
   std::string op;

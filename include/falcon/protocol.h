@@ -363,6 +363,31 @@ inline constexpr FieldSpec kSignatureCommFields[] = {
 };
 inline constexpr ObjectSpec kSignatureCommObject{kSignatureCommFields};
 
+// Calls past an agent's signature_full_seqs are sent per block of this many comm_seqs: block b
+// holds the collectives with b * kSignatureBlockCalls <= comm_seq < (b + 1) * kSignatureBlockCalls.
+// Every member cuts blocks at the same seqs, so like blocks compare by digest alone.
+inline constexpr std::uint64_t kSignatureBlockCalls = 1024;
+
+// One block of a call_signatures digest communicator.
+inline constexpr FieldSpec kSignatureBlockFields[] = {
+    {"seq", JsonType::kInteger, true, "the block's first comm_seq (a multiple of kSignatureBlockCalls)", "", 0,
+     kMaxI64},
+    {"n", JsonType::kInteger, true, "collectives the rank issued in the block", "", 1,
+     static_cast<double>(kSignatureBlockCalls)},
+    {"digest", JsonType::kString, true,
+     "16 hex digits: the sum of a hash of each call's (comm_seq, op, dtype, count, redop, root) "
+     "(protocol::SignatureDigest)", "", 16, 16},
+};
+inline constexpr ObjectSpec kSignatureBlockObject{kSignatureBlockFields};
+
+inline constexpr FieldSpec kDigestCommFields[] = {
+    {"id", JsonType::kString, true, "communicator id, 16 hex digits", "", 16, 16},
+    {"nranks", JsonType::kInteger, true, "its members", "", 1, kMaxCommRanks},
+    {"blocks", JsonType::kArray, true, "the blocks completed since the previous message, in seq order", "", 1,
+     65536, JsonType::kObject, kLowest, kHighest, &kSignatureBlockObject},
+};
+inline constexpr ObjectSpec kDigestCommObject{kDigestCommFields};
+
 inline constexpr FieldSpec kCallSignaturesFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
     FALCON_PROTOCOL_RANK_FIELDS,
@@ -374,6 +399,11 @@ inline constexpr FieldSpec kCallSignaturesFields[] = {
      "", 0, kMaxCommsPerRank, JsonType::kObject, kLowest, kHighest, &kSignatureCommObject},
     {"dropped", JsonType::kInteger, false, "calls left out since the previous message (over the "
      "per-message cap, or records the agent lost)", "", 0, kMaxI64},
+    {"digests", JsonType::kArray, false,
+     "per communicator: {id, nranks, blocks: [{seq, n, digest}]}: blocks of kSignatureBlockCalls "
+     "collectives sent as one digest each instead of as runs (calls past the agent's "
+     "signature_full_seqs); members compare a block by its digest",
+     "", 0, kMaxCommsPerRank, JsonType::kObject, kLowest, kHighest, &kDigestCommObject},
 };
 inline constexpr MessageSpec kCallSignatures{"call_signatures", kCallSignaturesFields,
                                              "one rank's newly issued collectives, for mismatch detection"};
