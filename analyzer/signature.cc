@@ -64,8 +64,12 @@ std::uint64_t SignatureHash(const CallRecord& call) {
 }
 
 std::uint32_t SignatureTable::Intern(std::uint64_t hash) {
+  Slot& slot = cache_[hash % kCacheSlots];
+  if (slot.used && slot.hash == hash) return slot.id;
   const auto next = static_cast<std::uint32_t>(ids_.size());
-  return ids_.try_emplace(hash, next).first->second;
+  const std::uint32_t id = ids_.try_emplace(hash, next).first->second;
+  slot = {hash, id, true};
+  return id;
 }
 
 SignatureSequence MakeSignatureSequence(std::span<const CallRecord> calls, SignatureTable& table) {

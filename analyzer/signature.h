@@ -8,6 +8,7 @@
 // Must never: do I/O, read clocks or globals, throw for unknown op names (they map to kOther).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -61,6 +62,15 @@ class SignatureTable {
   [[nodiscard]] std::size_t size() const { return ids_.size(); }
 
  private:
+  // A direct-mapped cache in front of the map (hashes are mixed already): a job has few
+  // signatures, and Intern runs once per call.
+  struct Slot {
+    std::uint64_t hash = 0;
+    std::uint32_t id = 0;
+    bool used = false;
+  };
+  static constexpr std::size_t kCacheSlots = 64;
+  std::array<Slot, kCacheSlots> cache_{};
   std::unordered_map<std::uint64_t, std::uint32_t> ids_;
 };
 

@@ -21,8 +21,7 @@ void CallPatternLog::Push(const FalconRecord& r, std::uint64_t comm_id) {
   const bool grouped = (r.flags & kFalconFlagInGroup) != 0;
   const std::uint64_t group =
       grouped ? (std::uint64_t{r.lane} + 1) << 32 | std::max<std::uint32_t>(group_ordinal_[r.lane], 1) : 0;
-  calls_.push_back({comm_id, r.comm_seq, r.t_start_ns, group});
-  if (calls_.size() > capacity_) calls_.pop_front();
+  calls_.push_back({comm_id, r.comm_seq, r.t_start_ns, group});  // full: overwrites the oldest
 }
 
 Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<const PatternCommInfo> comms) const {

@@ -14,9 +14,10 @@
 // Thread-safety: plain value object, one owner (the agent loop). Must never: do I/O or throw.
 #pragma once
 
+#include <boost/circular_buffer.hpp>
+
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,7 +44,7 @@ struct CallPatternReport {
 
 class CallPatternLog {
  public:
-  explicit CallPatternLog(std::size_t capacity = 1 << 16) : capacity_(capacity) {}
+  explicit CallPatternLog(std::size_t capacity = 1 << 16) : calls_(capacity) {}
 
   // One record of the rank, in time order across lanes (SegmentReader::Read's merge). `comm_id`:
   // the communicator's id (0 if none).
@@ -70,8 +71,9 @@ class CallPatternLog {
     std::uint64_t group = 0;  // 0: outside a group; else (lane + 1) << 32 | the lane's group ordinal
   };
 
-  std::size_t capacity_;
-  std::deque<Call> calls_;  // every lane's, oldest first
+  // Every lane's, oldest first; a ring of `capacity` (a deque would allocate and free a block
+  // every few calls).
+  boost::circular_buffer<Call> calls_;
   std::unordered_map<int, std::uint32_t> group_ordinal_;  // per lane: outermost groups begun
   std::int64_t anchor_ns_ = 0;
   std::uint64_t anchor_index_ = 0;

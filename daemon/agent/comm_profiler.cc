@@ -15,16 +15,11 @@ bool Profiled(std::uint8_t op) { return op >= kFalconOpAllReduce && op <= kFalco
 void CommProfiler::Add(const FalconRecord& r, const FalconCommEntry& comm) {
   if (!Profiled(r.op)) return;
   const Key key{comm.comm_id, r.op, r.count * daemon::DtypeSize(r.dtype), r.peer};
-  auto it = sigs_.find(key);
-  if (it == sigs_.end()) {
-    if (sigs_.size() >= max_signatures_) {
-      ++overflow_;
-      return;
-    }
-    it = sigs_.emplace(key, Acc{}).first;
-    comms_[comm.comm_id] = {comm.rank, comm.nranks};
-  }
-  ++it->second.count;
+  bool added = false;
+  Acc* acc = Lookup(key, &added);
+  if (acc == nullptr) return;
+  if (added) comms_[comm.comm_id] = {comm.rank, comm.nranks};
+  ++acc->count;
   if ((r.flags & kFalconFlagInGroup) != 0) {
     open_group_[r.lane].push_back(key);  // timed (if at all) by the group's end
     return;
@@ -60,16 +55,28 @@ void CommProfiler::Observe(const FalconRecord& r) {
   pending_.erase(it);
 }
 
-void CommProfiler::AddDuration(const Key& key, double us, bool device) {
+CommProfiler::Acc* CommProfiler::Lookup(const Key& key, bool* added) {
+  Cached& slot = cache_[KeyHash{}(key) % cache_.size()];
+  if (slot.acc != nullptr && slot.key == key) return slot.acc;
   auto it = sigs_.find(key);
-  if (it == sigs_.end()) {  // the call's window was taken before its device time came: count it in this one
+  if (it == sigs_.end()) {
     if (sigs_.size() >= max_signatures_) {
       ++overflow_;
-      return;
+      return nullptr;
     }
     it = sigs_.emplace(key, Acc{}).first;
+    *added = true;
   }
-  Acc& a = it->second;
+  slot = {key, &it->second};
+  return &it->second;
+}
+
+void CommProfiler::AddDuration(const Key& key, double us, bool device) {
+  // The call's window may have been taken before its device time came: it counts in this one.
+  bool added = false;
+  Acc* acc = Lookup(key, &added);
+  if (acc == nullptr) return;
+  Acc& a = *acc;
   ++a.timed;
   if (device) ++a.device;
   a.sum_us += us;
@@ -83,7 +90,13 @@ void CommProfiler::AddDuration(const Key& key, double us, bool device) {
 
 std::vector<CommStats> CommProfiler::TakeWindow() {
   std::vector<CommStats> out;
-  for (auto& [key, acc] : sigs_) {
+  std::vector<std::pair<const Key, Acc>*> ordered;  // by communicator, then signature
+  ordered.reserve(sigs_.size());
+  for (auto& entry : sigs_) ordered.push_back(&entry);
+  std::sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
+  for (auto* entry : ordered) {
+    const Key& key = entry->first;
+    Acc& acc = entry->second;
     if (out.empty() || out.back().id != key.comm) {
       const CommId& c = comms_[key.comm];
       out.push_back({key.comm, c.rank, c.nranks, {}});
@@ -104,7 +117,8 @@ std::vector<CommStats> CommProfiler::TakeWindow() {
     }
     out.back().sigs.push_back(std::move(s));
   }
-  sigs_.clear();  // comms_ stays: device times of this window's calls may still come
+  sigs_.clear();
+  cache_.fill({});  // comms_ stays: device times of this window's calls may still come
   return out;
 }
 

@@ -15,11 +15,13 @@
 // Thread-safety: plain value object, one owner. Must never: do I/O or read clocks.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "falcon/shm_abi.h"
@@ -70,6 +72,15 @@ class CommProfiler {
     bool operator<(const Key& o) const {
       return std::tie(comm, op, bytes, peer) < std::tie(o.comm, o.op, o.bytes, o.peer);
     }
+    bool operator==(const Key& o) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const {
+      std::uint64_t x = k.comm ^ (k.bytes * 0x9E3779B97F4A7C15ULL) ^
+                        (std::uint64_t{k.op} << 56) ^ (std::uint64_t{static_cast<std::uint32_t>(k.peer)} << 20);
+      x = (x ^ (x >> 31)) * 0xBF58476D1CE4E5B9ULL;
+      return static_cast<std::size_t>(x ^ (x >> 29));
+    }
   };
   struct Acc {
     std::uint64_t count = 0;
@@ -85,9 +96,17 @@ class CommProfiler {
   };
 
   void AddDuration(const Key& key, double us, bool device);
+  // The window's entry of `key`, added (and *added set) when new; nullptr when the window is
+  // full (counted in overflow_). Through a direct-mapped cache: a rank has few signatures.
+  Acc* Lookup(const Key& key, bool* added);
 
   std::size_t max_signatures_;
-  std::map<Key, Acc> sigs_;
+  std::unordered_map<Key, Acc, KeyHash> sigs_;  // a lookup per call; ordered at TakeWindow
+  struct Cached {
+    Key key{};
+    Acc* acc = nullptr;  // into sigs_ (node-based: stable until cleared)
+  };
+  std::array<Cached, 64> cache_{};
   // Calls awaiting their device time: (lane, index in lane) -> the signatures it times (one
   // call, or every profiled call of a group), in arrival order for dropping the oldest.
   std::map<std::pair<std::uint8_t, std::uint64_t>, std::vector<Key>> pending_;

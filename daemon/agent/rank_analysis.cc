@@ -29,7 +29,8 @@ RankAnalysis::RankAnalysis(const RankAnalysisOptions& options)
     : options_(options),
       tracker_(options.tracker),
       series_(options.series),
-      detector_(options.detector) {}
+      detector_(options.detector),
+      history_(options.history_calls) {}
 
 bool RankAnalysis::Ignored(std::uint32_t symbol) const {
   return symbol < ignored_.size() && ignored_[symbol];
@@ -39,8 +40,7 @@ void RankAnalysis::Push(const analyzer::CallRecord& call) {
   if (call.op == analyzer::OpKind::kOther) return;
   const std::uint32_t symbol = table_.Intern(analyzer::SignatureHash(call));
   const std::uint64_t index = calls_++;
-  history_.push_back({symbol, index, call.t_ns});
-  if (history_.size() > options_.history_calls) history_.pop_front();
+  history_.push_back({symbol, index, call.t_ns});  // full: overwrites the oldest
   const bool was_locked = series_.active();
   switch (tracker_.Push(symbol, index)) {
     case analyzer::TrackerEvent::kLocked: {

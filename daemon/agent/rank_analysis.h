@@ -12,6 +12,8 @@
 // clocks (times are the records' own) or throw.
 #pragma once
 
+#include <boost/circular_buffer.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -93,7 +95,7 @@ class RankAnalysis {
   analyzer::PeriodTracker tracker_;
   OnlineIterationSeries series_;
   analyzer::FailSlowDetector detector_;
-  std::deque<Call> history_;
+  boost::circular_buffer<Call> history_;  // a ring of history_calls
   std::vector<bool> ignored_;  // of the current lock
   std::size_t series_period_ = 0;  // period of the lock the series' samples come from
   std::uint64_t calls_ = 0;    // signature calls pushed (the tracker's index)

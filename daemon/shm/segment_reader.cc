@@ -292,12 +292,14 @@ ReadStats SegmentReader::Read(ReadCursor* cursor, size_t max, ReadMode mode, std
     total.lost += s.lost;
     total.torn += s.torn;
   }
-  std::stable_sort(out->begin() + static_cast<std::ptrdiff_t>(first), out->end(),
-                   [](const FalconRecord& a, const FalconRecord& b) {
-                     if (a.t_start_ns != b.t_start_ns) return a.t_start_ns < b.t_start_ns;
-                     if (a.lane != b.lane) return a.lane < b.lane;
-                     return a.version < b.version;
-                   });
+  const auto before = [](const FalconRecord& a, const FalconRecord& b) {
+    if (a.t_start_ns != b.t_start_ns) return a.t_start_ns < b.t_start_ns;
+    if (a.lane != b.lane) return a.lane < b.lane;
+    return a.version < b.version;
+  };
+  const auto begin = out->begin() + static_cast<std::ptrdiff_t>(first);
+  // One busy lane (a single-threaded caller) reads in order already: no sort, no buffer.
+  if (!std::is_sorted(begin, out->end(), before)) std::stable_sort(begin, out->end(), before);
   return total;
 }
 
