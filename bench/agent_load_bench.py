@@ -5,7 +5,7 @@ processes under the real shim, each issuing NCCL calls at a fixed rate over the 
 starts redis-server on a free loopback port, the agent and the callers, and reports:
 
   - the agent's CPU (% of one core, from /proc, over the window after warm-up) and memory (RSS,
-    VmHWM);
+    VmHWM), and the bytes Redis read from it over the same window (INFO total_net_input_bytes);
   - call records: read by the agent against calls issued, lost (overwritten before read) and
     torn, from the agent's /metrics;
   - detection: the ranks the agent raised a `slow` alarm for, and how long after the slow-down;
@@ -63,9 +63,10 @@ def metrics(port):
 
 
 class Point:
-    def __init__(self, args, rate):
+    def __init__(self, args, rate, full_seqs):
         self.args = args
         self.rate = rate
+        self.full_seqs = full_seqs
         self.dir = tempfile.mkdtemp(prefix="falcon-agentload-")
         self.port = free_port()
         self.metrics_port = free_port()
@@ -84,6 +85,13 @@ class Point:
     def redis(self, *cmd):
         return subprocess.run(["redis-cli", "-p", str(self.port), "--raw", *cmd], capture_output=True,
                               text=True).stdout
+
+    def redis_in_bytes(self):
+        """Bytes Redis has read from its clients so far (INFO stats)."""
+        for line in self.redis("INFO", "stats").splitlines():
+            if line.startswith("total_net_input_bytes:"):
+                return int(line.split(":", 1)[1])
+        return None
 
     def alarms(self):
         """Every message of the alarms stream (entries may pack several `msg` fields)."""
@@ -108,7 +116,9 @@ class Point:
         shm = os.path.join(self.dir, "shm")
         os.makedirs(shm)
         agent = self.spawn([self.bin("daemon/falcon-agent"), "--job", self.job, "--host", "node0", "--shm-dir", shm,
-                            "--redis-port", str(self.port), "--metrics-port", str(self.metrics_port)], "agent.log")
+                            "--redis-port", str(self.port), "--metrics-port", str(self.metrics_port)]
+                           + ([] if self.full_seqs is None else ["--signature-full-seqs", str(self.full_seqs)]),
+                           "agent.log")
         env = dict(os.environ, LD_PRELOAD=os.path.abspath(self.bin("shim/libfalcon_shim.so")), FALCON_SHM_DIR=shm,
                    FALCON_JOB=self.job)
         callers = []
@@ -122,9 +132,9 @@ class Point:
             callers.append(self.spawn(argv, f"rank{r}.log", env, stdout=subprocess.PIPE))
         onset = start + a.slow_at_s
         time.sleep(a.warmup_s)
-        cpu0, t0 = cpu_seconds(agent.pid), time.time()
+        cpu0, in0, t0 = cpu_seconds(agent.pid), self.redis_in_bytes(), time.time()
         time.sleep(max(0.0, a.duration_s - a.warmup_s - 1.0))
-        cpu1, t1 = cpu_seconds(agent.pid), time.time()
+        cpu1, in1, t1 = cpu_seconds(agent.pid), self.redis_in_bytes(), time.time()
         mem = memory_mb(agent.pid)
         summaries = []
         for p in callers:
@@ -144,7 +154,9 @@ class Point:
             "rate_target": self.rate,
             "rate_achieved": sum(s["rate"] for s in summaries) / len(summaries),
             "ranks": a.ranks,
+            "signature_full_seqs": self.full_seqs,
             "agent_cpu_pct": 100.0 * (cpu1 - cpu0) / (t1 - t0) if cpu0 is not None and cpu1 is not None else None,
+            "redis_in_kb_s": (in1 - in0) / 1e3 / (t1 - t0) if in0 is not None and in1 is not None else None,
             "agent_rss_mb": mem.get("VmRSS"),
             "agent_hwm_mb": mem.get("VmHWM"),
             "calls_issued": issued,
@@ -186,6 +198,10 @@ def main():
     p.add_argument("--slow-rank", type=int, default=3, help="the rank slowed part-way (default 3)")
     p.add_argument("--slow-at-s", type=float, default=35, help="when it slows, s after start (default 35)")
     p.add_argument("--slow-factor", type=float, default=1.5, help="how much longer its iterations take (default 1.5)")
+    p.add_argument("--signature-full-seqs", default="",
+                   help="the agent's signature_full_seqs, one point per value per rate (comma-separated; default: "
+                        "the agent's own, 4096). A very large value (1e18) sends every call as runs, as agents "
+                        "before block digests did")
     p.add_argument("--json", help="write the rows here as JSON")
     p.add_argument("--keep", action="store_true", help="keep each point's logs")
     a = p.parse_args()
@@ -193,6 +209,12 @@ def main():
         rates = [float(r) for r in a.rates.split(",")]
     except ValueError:
         p.error(f"--rates: not a comma-separated list of numbers: {a.rates}")
+    try:
+        fulls = [int(float(v)) for v in a.signature_full_seqs.split(",")] if a.signature_full_seqs else [None]
+    except ValueError:
+        p.error(f"--signature-full-seqs: not a comma-separated list of numbers: {a.signature_full_seqs}")
+    if any(v is not None and not 0 <= v <= 9.2e18 for v in fulls):
+        p.error("--signature-full-seqs: each value must lie in 0..9.2e18")
     if not 0 <= a.slow_rank < a.ranks:
         p.error(f"--slow-rank {a.slow_rank} is not one of the {a.ranks} ranks")
     if not a.warmup_s + 1 < a.slow_at_s < a.duration_s:
@@ -205,23 +227,28 @@ def main():
     print(f"# falcon agent at full load: {a.ranks} ranks on one agent, {a.calls_per_iteration} calls an iteration, "
           f"{a.duration_s:g} s a point; rank {a.slow_rank} x{a.slow_factor:g} from {a.slow_at_s:g} s; build {a.build}")
     print(f"# machine: {os.cpu_count()} cpus, {os.uname().release}")
-    print("calls/s/rank  achieved  agentCPU%  RSS MB  HWM MB  issued     read       lost  torn  slow alarms  detect s  verdict")
+    print("calls/s/rank  full seqs  achieved  agentCPU%  Redis in kB/s  RSS MB  HWM MB  issued     read       lost  torn  "
+          "slow alarms  detect s  verdict")
     rows = []
-    for rate in rates:
-        pt = Point(a, rate)
+    for rate, full in [(r, f) for r in rates for f in fulls]:
+        pt = Point(a, rate, full)
         try:
             row = pt.run()
         finally:
             pt.close()
         rows.append(row)
-        print(f"{rate:>12.0f}  {row['rate_achieved']:>8.0f}  {fmt(row['agent_cpu_pct'], '>9.2f')}  "
+        print(f"{rate:>12.0f}  {'default' if full is None else format(full, 'g'):>9}  {row['rate_achieved']:>8.0f}  "
+              f"{fmt(row['agent_cpu_pct'], '>9.2f')}  {fmt(row['redis_in_kb_s'], '>13.1f')}  "
               f"{fmt(row['agent_rss_mb'], '>6.1f')}  {fmt(row['agent_hwm_mb'], '>6.1f')}  {row['calls_issued']:<9d}  "
               f"{fmt(row['records_read'], '<9.0f')}  {fmt(row['records_lost'], '>4.0f')}  {fmt(row['records_torn'], '>4.0f')}  "
               f"{str(row['slow_alarm_ranks']):<11}  {fmt(row['detect_s'], '>8.1f')}  "
               f"{'correct' if row['correct'] else 'WRONG'}", flush=True)
+    def label(row):
+        full = row["signature_full_seqs"]
+        return f"{row['rate_target']:g} calls/s per rank" + ("" if full is None else f", full seqs {full:g}")
     if len(rows) > 1 and rows[0]["agent_cpu_pct"] and rows[-1]["agent_cpu_pct"] is not None:
-        print(f"# agent CPU x{rows[-1]['agent_cpu_pct'] / rows[0]['agent_cpu_pct']:.2f} from "
-              f"{rows[0]['rate_target']:g} to {rows[-1]['rate_target']:g} calls/s per rank")
+        print(f"# agent CPU x{rows[-1]['agent_cpu_pct'] / rows[0]['agent_cpu_pct']:.2f} from {label(rows[0])} "
+              f"to {label(rows[-1])}")
     ok = all(r["correct"] for r in rows)
     print(f"# verdict: {'PASS' if ok else 'FAIL'}: {sum(r['correct'] for r in rows)}/{len(rows)} points correct")
     if a.json:
