@@ -246,9 +246,15 @@ def main():
     def label(row):
         full = row["signature_full_seqs"]
         return f"{row['rate_target']:g} calls/s per rank" + ("" if full is None else f", full seqs {full:g}")
-    if len(rows) > 1 and rows[0]["agent_cpu_pct"] and rows[-1]["agent_cpu_pct"] is not None:
-        print(f"# agent CPU x{rows[-1]['agent_cpu_pct'] / rows[0]['agent_cpu_pct']:.2f} from {label(rows[0])} "
-              f"to {label(rows[-1])}")
+    def ratio(a_row, b_row):
+        if a_row["agent_cpu_pct"] and b_row["agent_cpu_pct"] is not None:
+            print(f"# agent CPU x{b_row['agent_cpu_pct'] / a_row['agent_cpu_pct']:.2f} from {label(a_row)} "
+                  f"to {label(b_row)}")
+    if len(fulls) == 1 and len(rows) > 1:
+        ratio(rows[0], rows[-1])
+    for k in range(0, len(rows), len(fulls)):  # per rate: each setting against the first
+        for row in rows[k + 1:k + len(fulls)]:
+            ratio(rows[k], row)
     ok = all(r["correct"] for r in rows)
     print(f"# verdict: {'PASS' if ok else 'FAIL'}: {sum(r['correct'] for r in rows)}/{len(rows)} points correct")
     if a.json:
