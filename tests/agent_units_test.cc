@@ -767,6 +767,9 @@ TEST(SignatureLogTest, LostRecordsKeepTheirBlocksDigestsBack) {
   ASSERT_EQ(t.digests.size(), 1u);
   ASSERT_EQ(t.digests[0].blocks.size(), 1u);
   EXPECT_EQ(t.digests[0].blocks[0].seq, 2 * kB);
+  // A call of block 2 read after block 2 went out (block 4 is newest): counted, not hidden.
+  log.Push(Call(kFalconOpAllReduce, 2 * kB + 1, 64), 0xa, 4);
+  EXPECT_EQ(log.Take().dropped, 1u);
 }
 
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {

@@ -86,7 +86,10 @@ void SignatureLog::PushDigested(CommLog& c, const Run& run) {
     c.held.erase(c.held.begin(), c.held.begin() + static_cast<std::ptrdiff_t>(k));
     c.held_sent = c.held_sent > k ? c.held_sent - k : 0;
   } else if (index + 1 < c.newest) {
-    return;  // a block already closed (its digest lacks this call: seen as a mismatch, if any)
+    // More than a block late (another thread's records held back that long): its block's digest
+    // went out without it and will differ from the other members'. Counted, not hidden.
+    ++dropped_;
+    return;
   }
   Block& b = c.open[index & 1];
   if (b.index != index) b = Block{index, 0, 0, false};

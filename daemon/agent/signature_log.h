@@ -12,7 +12,8 @@
 // a job that starts out mismatched is shown call by call. Past it, each block of
 // protocol::kSignatureBlockCalls comm_seqs goes out as one digest once the block is complete (a
 // call two blocks on arrived, so records read a poll late still count); a block during which
-// records were lost is not sent (its digest would differ from the other members'). The calls of
+// records were lost is not sent (its digest would differ from the other members'); a call that
+// arrives after its block was sent (more than a block late) is counted in `dropped`. The calls of
 // the last two blocks are also held as runs: when a communicator issued nothing since the
 // previous Take (a hang, or a call per iteration), the held runs not sent yet go out in full, so
 // the call a job stops in is compared call by call.
