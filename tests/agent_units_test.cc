@@ -772,6 +772,26 @@ TEST(SignatureLogTest, LostRecordsKeepTheirBlocksDigestsBack) {
   EXPECT_EQ(log.Take().dropped, 1u);
 }
 
+TEST(SignatureLogTest, ABlockWhoseStartWasNotSeenIsNotSent) {
+  constexpr std::uint64_t kB = protocol::kSignatureBlockCalls;
+  // An agent (re)started while the job ran: its first call of the communicator is mid-block.
+  SignatureLog late(SignatureLogOptions{.full_seqs = 0});
+  PushCalls(late, kB + 500, 5 * kB + 1);
+  const TakenSignatures t = late.Take();
+  ASSERT_EQ(t.digests.size(), 1u);
+  ASSERT_EQ(t.digests[0].blocks.size(), 2u);
+  EXPECT_EQ(t.digests[0].blocks[0].seq, 2 * kB) << "block 1 lacks its first 500 calls";
+  // Records lost right at a block boundary: the block after them lacks its first calls too.
+  SignatureLog log(SignatureLogOptions{.full_seqs = 0});
+  PushCalls(log, 0, 2 * kB);
+  log.Lost(2);  // seqs 2 kB and 2 kB + 1
+  PushCalls(log, 2 * kB + 2, 5 * kB + 1);
+  const TakenSignatures u = log.Take();
+  ASSERT_EQ(u.digests.size(), 1u);
+  ASSERT_EQ(u.digests[0].blocks.size(), 1u);
+  EXPECT_EQ(u.digests[0].blocks[0].seq, 3 * kB);
+}
+
 TEST(OutboxTest, BoundedOldestDroppedConfirmedBySequence) {
   Outbox box(3);
   for (int i = 0; i < 5; ++i) box.Push("s", std::to_string(i));

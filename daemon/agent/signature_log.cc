@@ -44,6 +44,9 @@ void SignatureLog::Push(const FalconRecord& r, std::uint64_t comm_id, std::int32
   if (c.unaligned) return;
   c.nranks = nranks;
   c.pushed = true;
+  const bool gap = !c.seen || c.losses_seen != losses_;
+  c.seen = true;
+  c.losses_seen = losses_;
   // Kept within the message's bounds whatever the record says (a torn or hostile segment).
   Run run;
   run.seq = r.comm_seq;
@@ -53,7 +56,7 @@ void SignatureLog::Push(const FalconRecord& r, std::uint64_t comm_id, std::int32
   run.redop = static_cast<std::int16_t>(r.redop >= kCustomRedOp ? kCustomRedOp : std::max<std::int32_t>(r.redop, -1));
   run.root = Rooted(r.op) ? std::clamp<std::int32_t>(r.peer, -1, kMaxRoot) : -1;
   if (run.seq >= full_start_) {
-    PushDigested(c, run);
+    PushDigested(c, run, gap);
     return;
   }
   if (!c.runs.empty() && c.runs.back().Extends(run)) {
@@ -68,7 +71,7 @@ void SignatureLog::Push(const FalconRecord& r, std::uint64_t comm_id, std::int32
   ++held_;
 }
 
-void SignatureLog::PushDigested(CommLog& c, const Run& run) {
+void SignatureLog::PushDigested(CommLog& c, const Run& run, bool gap) {
   const std::uint64_t index = run.seq / kBlock;
   if (!c.digesting) {
     c.digesting = true;
@@ -93,6 +96,8 @@ void SignatureLog::PushDigested(CommLog& c, const Run& run) {
   }
   Block& b = c.open[index & 1];
   if (b.index != index) b = Block{index, 0, 0, false};
+  // Calls missing before this one may belong to its block, unless it starts the block.
+  if (gap && (b.n > 0 || run.seq % kBlock != 0)) b.tainted = true;
   ++b.n;
   b.digest += protocol::SignatureDigestTerm(run.seq, run.op, run.dtype, run.count, run.redop, run.root);
   // Held runs never span a block: the older block's are dropped whole.
@@ -118,6 +123,7 @@ void SignatureLog::Close(CommLog& c, Block& b) {
 void SignatureLog::Lost(std::uint64_t n) {
   if (n == 0) return;
   dropped_ += n;
+  ++losses_;
   for (auto& [id, c] : comms_) {
     for (Block& b : c.open) b.tainted = b.index != ~std::uint64_t{0};
   }

@@ -12,8 +12,10 @@
 // a job that starts out mismatched is shown call by call. Past it, each block of
 // protocol::kSignatureBlockCalls comm_seqs goes out as one digest once the block is complete (a
 // call two blocks on arrived, so records read a poll late still count); a block during which
-// records were lost is not sent (its digest would differ from the other members'); a call that
-// arrives after its block was sent (more than a block late) is counted in `dropped`. The calls of
+// records were lost is not sent (its digest would differ from the other members'), nor is the
+// first block of a communicator first seen past `full_seqs` unless its first call was seen (the
+// agent started, or restarted, while the job ran); a call that arrives after its block was sent
+// (more than a block late) is counted in `dropped`. The calls of
 // the last two blocks are also held as runs: when a communicator issued nothing since the
 // previous Take (a hang, or a call per iteration), the held runs not sent yet go out in full, so
 // the call a job stops in is compared call by call.
@@ -81,6 +83,8 @@ class SignatureLog {
     std::int32_t nranks = 0;
     bool unaligned = false;
     bool pushed = false;                 // a call since the last Take
+    bool seen = false;                   // a call of it was pushed (its blocks are seen whole)
+    std::uint64_t losses_seen = 0;       // losses_ as of its last call
     std::vector<Run> runs;               // calls below full_start_, not sent yet
     std::vector<protocol::SignatureBlock> blocks;  // complete blocks, not sent yet
     bool digesting = false;
@@ -89,7 +93,9 @@ class SignatureLog {
     std::vector<Run> held;               // their calls, for an idle communicator
     std::size_t held_sent = 0;           // held[0, held_sent) went out already
   };
-  void PushDigested(CommLog& c, const Run& run);
+  // `gap`: calls of the communicator may be missing just before this one (records lost since
+  // its previous call, or none seen before it).
+  void PushDigested(CommLog& c, const Run& run, bool gap);
   void Close(CommLog& c, Block& b);
 
   SignatureLogOptions options_;
@@ -97,6 +103,7 @@ class SignatureLog {
   std::map<std::uint64_t, CommLog> comms_;
   std::size_t held_ = 0;  // runs + blocks held
   std::uint64_t dropped_ = 0;
+  std::uint64_t losses_ = 0;  // Lost() calls with n > 0
 };
 
 }  // namespace falcon::agent
