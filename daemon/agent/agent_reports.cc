@@ -232,7 +232,7 @@ void Agent::QueueSignatures(RankFollower& r) {
   m.rank = r.rank();
   m.pid = r.pid();
   TakenSignatures taken = r.TakeSignatures();
-  if (taken.empty()) return;  // only calls held for an idle communicator, which is busy
+  if (taken.empty()) return;  // nothing complete: a busy communicator's held calls stay held
   m.comms = std::move(taken.comms);
   m.digests = std::move(taken.digests);
   if (taken.dropped > 0) m.dropped = taken.dropped;
