@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,16 +22,37 @@ constexpr int64_t kUnsizedStaleNs = 2'000'000'000;
 
 bool PidDead(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
-// Unlinks `name` only if it still names the object open as `fd`: two ranks that both found the
-// same stale segment must not unlink the fresh one the faster of them created meanwhile.
-void UnlinkIfSame(const std::string& name, int fd) {
-  struct stat mine{}, now{};
-  const int fd2 = shm_open(name.c_str(), O_RDONLY, 0600);
-  if (fd2 < 0) return;
-  const bool same = fstat(fd, &mine) == 0 && fstat(fd2, &now) == 0 && mine.st_ino == now.st_ino &&
-                    mine.st_dev == now.st_dev;
-  close(fd2);
-  if (same) shm_unlink(name.c_str());
+// Unlinks `name` only if it still names the object (dev, ino). Checking and then unlinking is
+// not atomic, so the check and the unlink run under an exclusive flock on that object: the name
+// leaves an object only under its lock (stale removal here, a member's Unlink, a creator before
+// it publishes), so two ranks that both found the same stale segment cannot unlink the fresh one
+// the faster of them created between the other's check and its unlink. Never waits: when the
+// object is locked (its creator is still creating it, or another rank is removing it) nothing is
+// unlinked and the caller tries again later. Returns whether the name was removed.
+bool UnlinkIfNames(const std::string& name, uint64_t dev, uint64_t ino) {
+  const auto names = [&](int fd) {
+    struct stat st{};
+    return fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == ino &&
+           static_cast<uint64_t>(st.st_dev) == dev;
+  };
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0600);
+  if (fd < 0) return false;
+  bool removed = false;
+  if (names(fd) && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    // Locked: the name cannot move off this object now, but it may have done so before the
+    // lock was taken (another rank removed it and a new one was created), so look again.
+    const int again = shm_open(name.c_str(), O_RDONLY, 0600);
+    if (again >= 0) {
+      removed = names(again) && shm_unlink(name.c_str()) == 0;
+      close(again);
+    }
+  }
+  close(fd);  // releases the lock
+  return removed;
+}
+
+void UnlinkIfSame(const std::string& name, const struct stat& st) {
+  (void)UnlinkIfNames(name, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
 }
 
 size_t SlotStride(size_t slot_bytes) { return sizeof(SlotHeader) + slot_bytes; }
@@ -56,13 +78,25 @@ Segment::~Segment() {
 }
 
 void Segment::Unlink() {
-  if (!unlinked_ && !name_.empty()) shm_unlink(name_.c_str());
+  if (!unlinked_ && !name_.empty()) (void)UnlinkIfNames(name_, dev_, ino_);
   unlinked_ = true;
 }
 
 Segment::Status Segment::Create(int fd, uint64_t key, int nranks, size_t slot_bytes,
                                 size_t p2p_bytes, std::string* err) {
   const size_t size = SizeFor(nranks, slot_bytes, p2p_bytes);
+  // Held until the header is published (the unlock below): a rank that finds the object
+  // unfinished cannot remove it while this creator lives, however long it takes.
+  (void)flock(fd, LOCK_EX | LOCK_NB);
+  struct stat st{};
+  if (fstat(fd, &st) != 0) {
+    *err = "fstat(" + name_ + "): " + std::strerror(errno);
+    close(fd);
+    shm_unlink(name_.c_str());
+    return Status::kError;
+  }
+  dev_ = static_cast<uint64_t>(st.st_dev);
+  ino_ = static_cast<uint64_t>(st.st_ino);
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     *err = "ftruncate(" + name_ + ", " + std::to_string(size) + "): " + std::strerror(errno);
     close(fd);
@@ -70,9 +104,9 @@ Segment::Status Segment::Create(int fd, uint64_t key, int nranks, size_t slot_by
     return Status::kError;
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
     *err = "mmap(" + name_ + "): " + std::strerror(errno);
+    close(fd);
     shm_unlink(name_.c_str());
     return Status::kError;
   }
@@ -92,6 +126,9 @@ Segment::Status Segment::Create(int fd, uint64_t key, int nranks, size_t slot_by
   h->total_bytes = size;
   StoreRelease(h->creator_pid, static_cast<int32_t>(getpid()));
   StoreRelease(h->magic, kSegMagic);
+  // Explicitly: the mapping holds the open file, so closing the fd alone would keep the lock.
+  (void)flock(fd, LOCK_UN);
+  close(fd);
   unlinked_ = false;
   return Status::kOk;
 }
@@ -131,7 +168,7 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
   }
   struct stat st{};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(SegHeader)) {
-    if (UnfinishedTooLong(st)) UnlinkIfSame(name, fd);  // creator died between O_EXCL and ftruncate
+    if (UnfinishedTooLong(st)) UnlinkIfSame(name, st);  // creator died between O_EXCL and ftruncate
     close(fd);
     return Status::kPending;
   }
@@ -148,7 +185,7 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
   if (PidDead(creator)) {
     // A segment left by a dead job (or a creator that crashed during init): start fresh.
     munmap(p, size);
-    UnlinkIfSame(name, fd);
+    UnlinkIfSame(name, st);
     close(fd);
     return Status::kPending;
   }
@@ -156,11 +193,13 @@ Segment::Status Segment::TryOpen(const std::string& name, uint64_t key, int nran
     // Sized but no creator recorded yet: the creator is between ftruncate and publishing, or
     // died there. Same rule as an unsized segment: stale after kUnsizedStaleNs.
     munmap(p, size);
-    if (UnfinishedTooLong(st)) UnlinkIfSame(name, fd);
+    if (UnfinishedTooLong(st)) UnlinkIfSame(name, st);
     close(fd);
     return Status::kPending;
   }
   close(fd);
+  dev_ = static_cast<uint64_t>(st.st_dev);
+  ino_ = static_cast<uint64_t>(st.st_ino);
   if (!published) {
     munmap(p, size);
     return Status::kPending;

@@ -8,12 +8,15 @@
 // Memory is sparse (tmpfs): only the pages a job touches are backed, so the size is bounded by
 // n * 2 * slot_bytes + (touched pairs) * 2 * p2p_chunk_bytes regardless of message sizes.
 //
-// Lifecycle: the first rank creates the name with O_EXCL and mode 0600, sizes it, fills the
-// header and publishes `magic` last (release). Joiners map it once the magic is visible. A name
-// whose creator pid is dead, or that stays unsized for 2 s, is stale: it is unlinked and the
-// rendezvous starts over. The rank whose join completes the membership unlinks the name (all
-// members hold mappings by then), so a finished or crashed job leaves no name behind; a rank that
-// gives up during init unlinks it too.
+// Lifecycle: the first rank creates the name with O_EXCL and mode 0600, takes an exclusive flock
+// on it, sizes it, fills the header and publishes `magic` last (release), then drops the lock.
+// Joiners map it once the magic is visible. A name whose creator pid is dead, or that stays
+// unfinished (unsized, or no creator recorded) for 2 s while nobody holds its lock, is stale: it
+// is unlinked and the rendezvous starts over. The rank whose join completes the membership
+// unlinks the name (all members hold mappings by then), so a finished or crashed job leaves no
+// name behind; a rank that gives up during init unlinks it too. Every unlink removes the name
+// only while it still refers to the unlinker's object, checked under that object's flock, so a
+// rank never removes a replacement another rank created meanwhile.
 //
 // Concurrency contract (between processes; every shared word is accessed through
 // std::atomic_ref; plain fields are written before the release store that publishes them):
@@ -163,6 +166,7 @@ class Segment {
   size_t slot_bytes_ = 0;
   size_t p2p_bytes_ = 0;
   size_t off_ranks_ = 0, off_slots_ = 0, off_chans_ = 0, off_chan_data_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;     // the object this segment maps: Unlink removes only it
   int64_t unsized_since_ns_ = 0;   // when the object below first looked unfinished; 0: not timing
   uint64_t unsized_ino_ = 0, unsized_dev_ = 0;
 };
