@@ -66,29 +66,14 @@ bool ContextAt(std::span<const std::uint32_t> s, std::size_t pos,
   return std::equal(context.begin(), context.end(), s.begin() + static_cast<std::ptrdiff_t>(pos));
 }
 
-}  // namespace
-
-std::vector<IterationSample> ExtractIterations(std::span<const std::uint32_t> symbols,
-                                               std::span<const std::int64_t> t_ns,
-                                               std::size_t period,
-                                               const IterationSeriesOptions& options) {
+// Anchor-to-anchor samples from `pos`, an occurrence of `context`.
+std::vector<IterationSample> Walk(std::span<const std::uint32_t> symbols,
+                                  std::span<const std::int64_t> t_ns, std::size_t n,
+                                  std::size_t period, std::span<const std::uint32_t> context,
+                                  std::size_t pos, const IterationSeriesOptions& options) {
   std::vector<IterationSample> out;
-  const std::size_t n = std::min(symbols.size(), t_ns.size());
-  if (period == 0 || n < 2 * period) {
-    return out;
-  }
-  const auto ref = FirstExactCycle(symbols.first(n), period);
-  if (!ref) {
-    return out;
-  }
-  const std::size_t phase = BoundaryPhase(symbols, t_ns, *ref, period, options.gap_cycles);
-  std::vector<std::uint32_t> context;
-  for (std::size_t j = 0; j < std::clamp<std::size_t>(options.context, 1, period); ++j) {
-    context.push_back(symbols[*ref + (phase + j) % period + (phase + j >= period ? period : 0)]);
-  }
   const auto slack = std::max<std::size_t>(
       2, static_cast<std::size_t>(options.search_fraction * static_cast<double>(period)));
-  std::size_t pos = *ref + phase;
   while (pos + period < n) {
     std::optional<std::size_t> next;
     const std::size_t expected = pos + period;
@@ -111,6 +96,51 @@ std::vector<IterationSample> ExtractIterations(std::span<const std::uint32_t> sy
     pos = scan;
   }
   return out;
+}
+
+}  // namespace
+
+std::optional<IterationAnchor> FindIterationAnchor(std::span<const std::uint32_t> symbols,
+                                                   std::span<const std::int64_t> t_ns,
+                                                   std::size_t period,
+                                                   const IterationSeriesOptions& options) {
+  const std::size_t n = std::min(symbols.size(), t_ns.size());
+  if (period == 0 || n < 2 * period) {
+    return std::nullopt;
+  }
+  const auto ref = FirstExactCycle(symbols.first(n), period);
+  if (!ref) {
+    return std::nullopt;
+  }
+  IterationAnchor anchor;
+  const std::size_t phase = BoundaryPhase(symbols.first(n), t_ns.first(n), *ref, period, options.gap_cycles);
+  anchor.position = *ref + phase;
+  for (std::size_t j = 0; j < std::clamp<std::size_t>(options.context, 1, period); ++j) {
+    anchor.context.push_back(symbols[*ref + (phase + j) % period + (phase + j >= period ? period : 0)]);
+  }
+  return anchor;
+}
+
+std::vector<IterationSample> ExtractIterations(std::span<const std::uint32_t> symbols,
+                                               std::span<const std::int64_t> t_ns,
+                                               std::size_t period,
+                                               const IterationSeriesOptions& options) {
+  const auto anchor = FindIterationAnchor(symbols, t_ns, period, options);
+  if (!anchor) {
+    return {};
+  }
+  return ExtractIterationsAt(symbols, t_ns, period, *anchor, options);
+}
+
+std::vector<IterationSample> ExtractIterationsAt(std::span<const std::uint32_t> symbols,
+                                                 std::span<const std::int64_t> t_ns,
+                                                 std::size_t period, const IterationAnchor& anchor,
+                                                 const IterationSeriesOptions& options) {
+  const std::size_t n = std::min(symbols.size(), t_ns.size());
+  if (period == 0 || anchor.context.empty() || !ContextAt(symbols.first(n), anchor.position, anchor.context)) {
+    return {};
+  }
+  return Walk(symbols, t_ns, n, period, anchor.context, anchor.position, options);
 }
 
 }  // namespace falcon::analyzer

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -33,5 +34,27 @@ struct IterationSample {
 [[nodiscard]] std::vector<IterationSample> ExtractIterations(
     std::span<const std::uint32_t> symbols, std::span<const std::int64_t> t_ns,
     std::size_t period, const IterationSeriesOptions& options = {});
+
+// The anchor ExtractIterations picks: where in the sequence it first takes it, and the
+// signatures (`options.context` of them) that mark each of its occurrences.
+struct IterationAnchor {
+  std::size_t position = 0;
+  std::vector<std::uint32_t> context;
+};
+
+// The boundary search of ExtractIterations on its own (over `options.gap_cycles` cycles, the
+// costly part). nullopt exactly when ExtractIterations would return no samples for lack of two
+// consecutive exact repetitions.
+[[nodiscard]] std::optional<IterationAnchor> FindIterationAnchor(
+    std::span<const std::uint32_t> symbols, std::span<const std::int64_t> t_ns,
+    std::size_t period, const IterationSeriesOptions& options = {});
+
+// ExtractIterations with the anchor already chosen: samples from `anchor.position`, which must be
+// an occurrence of `anchor.context` (no samples otherwise), without the boundary search. With
+// FindIterationAnchor's result it is ExtractIterations; a caller that keeps extracting one
+// stream can keep the anchor and start at an occurrence it already found.
+[[nodiscard]] std::vector<IterationSample> ExtractIterationsAt(
+    std::span<const std::uint32_t> symbols, std::span<const std::int64_t> t_ns,
+    std::size_t period, const IterationAnchor& anchor, const IterationSeriesOptions& options = {});
 
 }  // namespace falcon::analyzer

@@ -83,5 +83,36 @@ TEST(IterationSeriesTest, NoExactRepetitionGivesNoSamples) {
   EXPECT_TRUE(ExtractIterations(s, t, 0).empty());
 }
 
+// The two halves of ExtractIterations: the boundary search, then the walk from the anchor it
+// found, give the same samples; a walk from a position that is not the anchor gives none.
+TEST(IterationSeriesTest, TheAnchorSearchAndTheWalkFromItAreExtractIterations) {
+  for (const std::size_t extra_every : {0U, 7U}) {
+    const Trace t = MakeTrace(30, 120, extra_every, 17 + extra_every);
+    const auto whole = ExtractIterations(t.symbols, t.t_ns, 30);
+    const auto anchor = FindIterationAnchor(t.symbols, t.t_ns, 30);
+    ASSERT_TRUE(anchor.has_value());
+    EXPECT_EQ(anchor->context.size(), IterationSeriesOptions{}.context);
+    const auto walked = ExtractIterationsAt(t.symbols, t.t_ns, 30, *anchor);
+    ASSERT_EQ(walked.size(), whole.size());
+    ASSERT_GE(whole.size(), 110U);
+    for (std::size_t k = 0; k < whole.size(); ++k) {
+      EXPECT_EQ(walked[k].first_call, whole[k].first_call);
+      EXPECT_EQ(walked[k].seconds, whole[k].seconds);
+    }
+    // Started later at another occurrence, the walk gives the rest of the same samples.
+    IterationAnchor later = *anchor;
+    later.position = whole[50].first_call;
+    const auto rest = ExtractIterationsAt(t.symbols, t.t_ns, 30, later);
+    ASSERT_EQ(rest.size(), whole.size() - 50);
+    EXPECT_EQ(rest.front().start_ns, whole[50].start_ns);
+    EXPECT_EQ(rest.back().seconds, whole.back().seconds);
+    later.position = whole[50].first_call + 1;  // not an occurrence of the anchor
+    EXPECT_TRUE(ExtractIterationsAt(t.symbols, t.t_ns, 30, later).empty());
+  }
+  const std::vector<std::uint32_t> s{1, 2, 3, 4, 5, 6};
+  const std::vector<std::int64_t> t{1, 2, 3, 4, 5, 6};
+  EXPECT_FALSE(FindIterationAnchor(s, t, 2).has_value());
+}
+
 }  // namespace
 }  // namespace falcon::analyzer

@@ -7,6 +7,7 @@
 // autograd threads issue them), and the Prometheus rendering.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -190,6 +191,53 @@ TEST(OnlineSeriesTest, SamplesMatchTheIterationsAcrossArbitraryPollBoundaries) {
   std::size_t slow = 0;
   for (const SeriesSample& x : out) slow += x.seconds > 0.025 ? 1 : 0;
   EXPECT_NEAR(static_cast<double>(slow), 150.0, 3.0);
+}
+
+// Once the boundary search has seen its cycles, the anchor is kept and each extraction walks on
+// from the last sample's end: the samples stay the batch extraction's over the whole stream (calls
+// inserted now and then included), and the search is not run at every extraction.
+TEST(OnlineSeriesTest, AKeptAnchorGivesTheBatchSamplesWithoutSearchingAgain) {
+  std::mt19937 rng(13);
+  Stream s = SlowingStream(rng);
+  Stream with_extra;  // an extra call (a logging barrier) in every 13th iteration
+  for (std::size_t i = 0; i < s.symbols.size(); ++i) {
+    with_extra.symbols.push_back(s.symbols[i]);
+    with_extra.t.push_back(s.t[i]);
+    if (i % (13 * 9) == 4) {
+      with_extra.symbols.push_back(77);
+      with_extra.t.push_back(s.t[i] + 1000);
+    }
+  }
+  const auto batch = analyzer::ExtractIterations(with_extra.symbols, with_extra.t, 9);
+  ASSERT_GE(batch.size(), 390u);
+  OnlineSeriesOptions o;
+  o.keep_cycles = 8;
+  o.extract_every_ns = 0;
+  OnlineIterationSeries series(o);
+  series.Start(9);
+  std::vector<SeriesSample> out;
+  std::size_t drains = 0, searches_at_100 = 0;
+  for (std::size_t i = 0; i < with_extra.symbols.size(); ++i) {
+    series.Push(with_extra.symbols[i], with_extra.t[i]);
+    if (i % 11 == 10) {
+      series.Drain(&out);
+      if (++drains == 100) searches_at_100 = series.anchor_searches();
+    }
+  }
+  ExpectNoOverlap(out);
+  EXPECT_GE(out.size() + 3, batch.size());
+  std::size_t same = 0;
+  for (const SeriesSample& x : out) {
+    same += std::any_of(batch.begin(), batch.end(), [&](const analyzer::IterationSample& y) {
+      return x.start_ns == y.start_ns && x.seconds == y.seconds;
+    }) ? 1 : 0;
+  }
+  EXPECT_GE(same + 2, out.size()) << "the online samples are the batch ones";
+  EXPECT_GT(drains, 300u);
+  // About one search per extraction until 17 periods are buffered (~14 here), none after that.
+  EXPECT_GE(searches_at_100, 1u);
+  EXPECT_LE(searches_at_100, 25u);
+  EXPECT_EQ(series.anchor_searches(), searches_at_100) << "the kept anchor is searched for again";
 }
 
 // Extraction at most once per second of record time: the same iterations come out, up to a

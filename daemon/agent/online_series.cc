@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace falcon::agent {
 
@@ -16,6 +17,8 @@ void OnlineIterationSeries::Stop() {
   symbols_.clear();
   times_.clear();
   new_calls_ = 0;
+  anchor_ = {};
+  anchor_kept_ = false;
   last_extract_ns_ = std::numeric_limits<std::int64_t>::min();  // a new lock's first Drain extracts
   // last_end_ns_ is kept: a new lock must not re-emit time already covered.
 }
@@ -41,8 +44,26 @@ void OnlineIterationSeries::Drain(std::vector<SeriesSample>* out) {
   }
   last_extract_ns_ = newest;
   new_calls_ = 0;
-  const std::vector<analyzer::IterationSample> samples =
-      analyzer::ExtractIterations(symbols_, times_, period_, options_.series);
+  std::vector<analyzer::IterationSample> samples;
+  if (anchor_kept_ && last_end_ns_ != std::numeric_limits<std::int64_t>::min()) {
+    // The last emitted sample ended at an occurrence of the anchor: the new samples start there.
+    // (Calls sharing that time stamp are tried in turn.)
+    for (auto at = std::lower_bound(times_.begin(), times_.end(), last_end_ns_ - 2);
+         at != times_.end() && *at <= last_end_ns_ + 2 && samples.empty(); ++at) {
+      anchor_.position = static_cast<std::size_t>(at - times_.begin());
+      samples = analyzer::ExtractIterationsAt(symbols_, times_, period_, anchor_, options_.series);
+    }
+  }
+  if (samples.empty()) {
+    // The boundary search, until it has seen all its cycles of this lock; its anchor is kept
+    // from then on, and searched for again when the walk from the last sample's end finds none.
+    ++anchor_searches_;
+    if (auto anchor = analyzer::FindIterationAnchor(symbols_, times_, period_, options_.series)) {
+      anchor_ = std::move(*anchor);
+      anchor_kept_ = symbols_.size() >= (options_.series.gap_cycles + 1) * period_;
+      samples = analyzer::ExtractIterationsAt(symbols_, times_, period_, anchor_, options_.series);
+    }
+  }
   for (const analyzer::IterationSample& s : samples) {
     // 2 ns: the end is rebuilt from seconds, which rounds.
     if (s.start_ns + 2 < last_end_ns_) continue;

@@ -1,12 +1,17 @@
 // OnlineIterationSeries: turns a rank's call stream, under one period lock, into iteration
-// samples as calls arrive, using the analyzer's batch ExtractIterations unchanged.
+// samples as calls arrive, using the analyzer's batch extraction (FindIterationAnchor,
+// ExtractIterationsAt) unchanged.
 //
 // It keeps the calls of the current lock (bounded: `keep_cycles` periods before the last emitted
-// sample's end, at most `max_calls`), re-runs ExtractIterations once at least one new period of
+// sample's end, at most `max_calls`), re-runs the extraction once at least one new period of
 // calls has arrived, and emits only samples that start at or after the end of the last emitted
 // one: samples never overlap or repeat. If the anchor phase the analyzer picks moves (the window
 // slid), at most one iteration is skipped; none is counted twice.
-// Cost: one ExtractIterations over <= keep_cycles + new periods per Drain that has a new period
+// The boundary search (the costly part of the analyzer's extraction) runs until it has seen its
+// `gap_cycles` cycles of the lock; its anchor is then kept for the lock and later extractions walk
+// on from the last emitted sample's end (an occurrence of it), so the anchor does not move as the
+// window slides. Should that walk find no sample, the search runs again.
+// Cost: one extraction over <= keep_cycles + new periods per Drain that has a new period
 // and is the first in its `extract_every_ns` interval of record time (intervals aligned on
 // multiples of it, so ranks sharing a clock extract together): at 10 iterations a
 // second each extraction covers 16 + 10 periods, not 16 + 1, and the per-call cost is ~6x less;
@@ -49,6 +54,8 @@ class OnlineIterationSeries {
   // Appends the samples completed since the last Drain to `out`.
   void Drain(std::vector<SeriesSample>* out);
   std::size_t buffered() const { return symbols_.size(); }
+  // Boundary searches run so far (all locks): at most one per extraction until an anchor is kept.
+  std::size_t anchor_searches() const { return anchor_searches_; }
 
  private:
   void Trim();
@@ -58,6 +65,9 @@ class OnlineIterationSeries {
   std::vector<std::uint32_t> symbols_;
   std::vector<std::int64_t> times_;
   std::size_t new_calls_ = 0;  // pushed since the last extraction
+  analyzer::IterationAnchor anchor_;  // from the boundary search
+  bool anchor_kept_ = false;          // the search saw gap_cycles cycles: no need to repeat it
+  std::size_t anchor_searches_ = 0;
   std::int64_t last_extract_ns_ = std::numeric_limits<std::int64_t>::min();  // newest call's time then
   std::int64_t last_end_ns_ = std::numeric_limits<std::int64_t>::min();
 };
