@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 60000))->capture_default_str();
   app.add_option("--signature-full-seqs", o.cadence.signature_full_seqs,
                  "calls per communicator sent as runs; later ones as block digests (agent signature_full_seqs)")
-      ->capture_default_str();
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{9'200'000'000'000'000'000ULL}))->capture_default_str();
   app.add_option("--profile-ms", o.cadence.profile_ms, "profile window")
       ->check(CLI::Range(100, 600000))->capture_default_str();
   app.add_option("--seed", o.shape.seed, "noise and id seed")->capture_default_str();
