@@ -375,8 +375,8 @@ inline constexpr FieldSpec kSignatureBlockFields[] = {
     {"n", JsonType::kInteger, true, "collectives the rank issued in the block", "", 1,
      static_cast<double>(kSignatureBlockCalls)},
     {"digest", JsonType::kString, true,
-     "16 hex digits: the sum of a hash of each call's (comm_seq, op, dtype, count, redop, root) "
-     "(protocol::SignatureDigest)", "", 16, 16},
+     "16 hex digits: the sum mod 2^64 over the block's calls of "
+     "protocol::SignatureDigestTerm(comm_seq, op, dtype, count, redop, root)", "", 16, 16},
 };
 inline constexpr ObjectSpec kSignatureBlockObject{kSignatureBlockFields};
 
