@@ -16,7 +16,8 @@ Figures, from rank 0's iterations (iteration time, ms):
     standard schedule (S1), and how many ran on the adapted counts after the fault.
 
 Usage: bench/pipeline_e2e.py [--build build] [--phase-s 60] [--out DIR] [--runs 1] [--json]
-                             [--reuse] [--keep] [--min-removed 0.6]
+                             [--reuse] [--keep] [--min-removed 0.6] [--split-backward]
+--split-backward runs the trainer's F/B/W schedule (each backward split ZeroBubble-style).
 Runs about 2 x 2.5 minutes per --runs. Exit status 0 when every job passed its data checks and
 every act run removed at least --min-removed of the slowdown under the plan.
 """
@@ -79,6 +80,8 @@ def main():
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     p.add_argument("--reuse", action="store_true", help="analyse the reports already in --out; run nothing")
     p.add_argument("--keep", action="store_true", help="keep each run's logs")
+    p.add_argument("--split-backward", action="store_true",
+                   help="the trainer splits each backward into B and W (F/B/W) instead of 1F1B's fused backward")
     p.add_argument("--min-removed", type=float, default=0.6,
                    help="the least share of the slowdown the plan must remove (default 0.6)")
     args = p.parse_args()
@@ -95,7 +98,9 @@ def main():
                 print(f"# run {i + 1}/{args.runs}: mitigation {mode} ...", file=sys.stderr, flush=True)
                 r = subprocess.run([sys.executable, demo, "--build", args.build, "--scenario", "pp-link",
                                     "--mitigation", mode, "--phase-s", str(args.phase_s), "--out", out, "--quiet"] +
-                                   (["--keep"] if args.keep else []), capture_output=True, text=True)
+                                   (["--keep"] if args.keep else []) +
+                                   (["--split-backward"] if args.split_backward else []),
+                                   capture_output=True, text=True)
             path = os.path.join(out, f"falcon-demo-pp-link-{mode}.json")
             try:
                 with open(path) as f:
@@ -108,10 +113,12 @@ def main():
     passed = all(r["ok"] and r["slowdown_removed"] is not None and r["slowdown_removed"] >= args.min_removed
                  for r in results)
     if args.json:
-        print(json.dumps({"runs": results, "min_removed": args.min_removed, "passed": passed}, indent=1))
+        print(json.dumps({"runs": results, "min_removed": args.min_removed, "split_backward": args.split_backward,
+                          "passed": passed}, indent=1))
     else:
         print("# pipeline adaptation end to end: 8 ranks DP2 x PP4, one rank per emulated node; the link between "
-              f"stages 1 and 2 of replica 0 x12 for {args.phase_s:.0f} s, then healthy")
+              f"stages 1 and 2 of replica 0 x12 for {args.phase_s:.0f} s, then healthy; "
+              f"{'F/B/W (split backward)' if args.split_backward else '1F1B (fused backward)'}")
         print(f"{'run':4s} {'healthy':>8s} {'slow':>8s} {'adapted':>8s} {'removed':>8s} {'in effect':>10s} "
               f"{'window':>8s} {'undo':>6s}  strategies  job")
         for i, r in enumerate(results):

@@ -13,10 +13,11 @@ and its files removed (unless --keep), also on Ctrl-C.
 
 With --scenario pp-link the job is an 8-rank DP 2 x PP 4 pipeline (one rank per node) whose link
 between stages 1 and 2 of replica 0 turns slow for one phase and recovers: the case for adapting
-the pipeline's warm-up counts (--pp-comm per-direction, an activation limit of 8).
+the pipeline's warm-up counts (--pp-comm per-direction, an activation limit of 8). With
+--split-backward its trainer splits each backward ZeroBubble-style into B and W (F/B/W).
 
 Usage: scripts/demo.py [--build build] [--scenario mixed|pp-link] [--mitigation act|advise|off]
-       [--out falcon-demo-out] [--keep] [--phase-s 90] [--quiet] [--json]
+       [--split-backward] [--out falcon-demo-out] [--keep] [--phase-s 90] [--quiet] [--json]
 (scripts/demo.sh does the set-up and build, then runs this.)
 Exit status: 0 the job finished with its data checks passing, 1 it did not, 2 usage or set-up.
 """
@@ -204,7 +205,8 @@ class Demo:
                 "--job-timeout", str(int(duration_s) + 300),
                 "--node-shm-dirs", shm, "--preload", self.bin["shim"], "--fault-plan", plan_file, "--",
                 self.bin["train"], "--tp", str(sc["tp"]), "--dp", str(sc["dp"]), "--pp", str(sc["pp"]),
-                "--micro-batches", str(sc["micro_batches"]), *sc["train"], "--check",
+                "--micro-batches", str(sc["micro_batches"]), *sc["train"],
+                *(["--split-backward"] if self.args.split_backward else []), "--check",
                 "--progress-every", "0", "--duration-s", str(duration_s),
                 "--report", os.path.join(self.work, "train-report.json"),
                 "--falcon-plans", "--spare-nodes", "1", "--restart-s", "50"]
@@ -391,12 +393,16 @@ def main():
                    help="mixed: a slow GPU, a slow DP link, both (default); pp-link: a slow pipeline link")
     p.add_argument("--mitigation", choices=["act", "advise", "off"], default="act",
                    help="the controller's decision mode (default: act: plans are applied by the job)")
+    p.add_argument("--split-backward", action="store_true",
+                   help="pp-link: the trainer runs F/B/W (each backward split into B and W, ZeroBubble-style)")
     p.add_argument("--phase-s", type=float, default=90, help="length of each fault phase, s (default 90)")
     p.add_argument("--out", default="falcon-demo-out", help="directory for the report (default: falcon-demo-out)")
     p.add_argument("--keep", action="store_true", help="keep logs and segments")
     p.add_argument("--quiet", action="store_true", help="no live output; the summary only")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args()
+    if args.split_backward and args.scenario != "pp-link":
+        p.error("--split-backward needs --scenario pp-link (per-direction pipeline traffic)")
     if args.phase_s < 30:
         p.error("--phase-s must be at least 30 (detection and localisation take 10-20 s)")
     demo = Demo(args)

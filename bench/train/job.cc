@@ -253,7 +253,10 @@ Status JobRun::Loop() {
     report_.iterations.push_back({iter, start, end - start,
                                   state_.micro_batches[static_cast<std::size_t>(report_.coords.dp)], version_in_force_,
                                   compute_->TakeMaxFactor(), node, iter <= highest_iter_run_, warmup});
-    if (mtrainer_) report_.peak_activations = std::max(report_.peak_activations, mtrainer_->peak_activations());
+    if (mtrainer_) {
+      report_.peak_activations = std::max(report_.peak_activations, mtrainer_->peak_activations());
+      report_.schedule = mtrainer_->last_schedule();
+    }
     highest_iter_run_ = std::max(highest_iter_run_, iter);
     Progress(iter);
     int next = iter + 1;

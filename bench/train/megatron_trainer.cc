@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace falcon::train {
 namespace {
@@ -167,12 +168,22 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
   if (!warmup.empty() && (!options_.pp_per_direction || warmup.size() != static_cast<std::size_t>(shape_.pp))) {
     return Status::Internal("warm-up counts given to a trainer that cannot run them");
   }
-  const std::vector<Step> steps =
-      warmup.empty() ? Build1F1B(shape_.pp, coords_.pp, m)
-                     : Build1F1BWithWarmup(shape_.pp, coords_.pp, m, warmup[static_cast<std::size_t>(coords_.pp)]);
+  const bool split = options_.split_backward;
+  std::vector<Step> steps;
+  if (split) {
+    Result<const std::vector<Step>*> order = SplitSchedule(m, warmup);
+    if (!order.ok()) return order.status();
+    steps = *order.value();
+  } else {
+    steps = warmup.empty() ? Build1F1B(shape_.pp, coords_.pp, m)
+                           : Build1F1BWithWarmup(shape_.pp, coords_.pp, m, warmup[static_cast<std::size_t>(coords_.pp)]);
+  }
+  // The step that completes the weight gradients (the last backward, or the last W when split):
+  // the buckets are reduced in it. An activation is held from its forward until then too.
+  const StepKind completes = split ? StepKind::kWeight : StepKind::kBackward;
   std::size_t last_backward = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    if (steps[i].kind == StepKind::kBackward) last_backward = i;
+    if (steps[i].kind == completes) last_backward = i;
   }
   if (per_direction) {
     // The side stream posts the iteration's first receives now, ahead of the compute.
@@ -181,6 +192,12 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
       ring->next_post = 0;
       if (Status s = PostReceives(ring, std::min<int>(m, static_cast<int>(ring->slots.size()))); !s.ok()) return s;
     }
+  }
+  {
+    std::vector<Step> compute;
+    std::copy_if(steps.begin(), steps.end(), std::back_inserter(compute),
+                 [](const Step& st) { return st.kind != StepKind::kExchange; });
+    last_schedule_ = ToString(compute);
   }
   held_ = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -198,7 +215,7 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
     }
     if (!s.ok()) return s;
     if (step.kind == StepKind::kForward) peak_activations_ = std::max(peak_activations_, ++held_);
-    if (step.kind == StepKind::kBackward) --held_;
+    if (step.kind == completes) --held_;
   }
   if (Status s = FinishGradSync(iter, micro_batches); !s.ok()) return s;
   if (Status s = EmbeddingGrads(iter); !s.ok()) return s;
@@ -209,6 +226,26 @@ Result<ControlDecision> MegatronTrainer::RunIteration(int iter, const std::vecto
     if (Status s = GatherParams(iter, micro_batches); !s.ok()) return s;
   }
   return d;
+}
+
+// The F/B/W order for `m` micro-batches under `warmup` (empty: 1F1B's counts), built once per
+// distinct (m, counts): a plan or a re-balance changes them, iterations in between reuse it.
+Result<const std::vector<Step>*> MegatronTrainer::SplitSchedule(int m, const std::vector<int>& warmup) {
+  std::vector<int> counts = warmup;
+  if (counts.empty()) {
+    for (int s = 0; s < shape_.pp; ++s) counts.push_back(WarmupCount(shape_.pp, s, m));
+  }
+  counts.push_back(m);  // the cache key: the counts and the micro-batch count
+  if (counts != split_key_) {
+    const double layers = options_.layers, f = options_.compute_ms;
+    // Per layer: forward f; B two kernels of f / 2 (the input gradients); W one of f.
+    Result<std::vector<Step>> built = BuildSplitBackward(
+        shape_.pp, coords_.pp, m, std::vector<int>(counts.begin(), counts.end() - 1), layers * f, layers * f, layers * f);
+    if (!built.ok()) return Status::Internal("the F/B/W schedule: " + built.status().message());
+    split_steps_ = std::move(built).value();
+    split_key_ = std::move(counts);
+  }
+  return &split_steps_;
 }
 
 // loss.backward(): on the autograd thread when there is one.
@@ -225,6 +262,14 @@ Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, Buckets buck
   const bool fwd = kind == StepKind::kForward;
   for (int i = 0; i < options_.layers; ++i) {
     const int layer = fwd ? i : options_.layers - 1 - i;  // backward walks the layers in reverse
+    if (kind == StepKind::kWeight) {
+      // W: the layer's weight gradients, no TP traffic; complete in the last W of the iteration.
+      if (Status s = device_->Compute(compute_, options_.compute_ms); !s.ok()) return s;
+      if (buckets == Buckets::kReduce) {
+        if (Status s = ReduceBucket(iter, layer, micro_batches); !s.ok()) return s;
+      }
+      continue;
+    }
     if (fwd) {
       // Attention then MLP, each ending in a row-parallel layer's TP all-reduce.
       if (Status s = WaitParams(layer); !s.ok()) return s;
@@ -234,12 +279,15 @@ Status MegatronTrainer::RunCompute(int iter, int mb, StepKind kind, Buckets buck
       }
       continue;
     }
+    // The backward (split: its input-gradient half, B) of the MLP then the attention, each ending
+    // in a column-parallel layer's TP all-reduce of the input gradient.
+    const double kernel_ms = options_.split_backward ? options_.compute_ms / 2 : options_.compute_ms;
     for (int sub = 1; sub >= 0; --sub) {
-      if (Status s = device_->Compute(compute_, options_.compute_ms); !s.ok()) return s;
+      if (Status s = device_->Compute(compute_, kernel_ms); !s.ok()) return s;
       if (Status s = TpAllReduce(iter, mb, 2 * layer + sub, PayloadTag::kTpBackward); !s.ok()) return s;
     }
     // The layer's gradients are complete in the last micro-batch: its bucket goes now.
-    if (buckets == Buckets::kReduce) {
+    if (buckets == Buckets::kReduce && !options_.split_backward) {
       if (Status s = ReduceBucket(iter, layer, micro_batches); !s.ok()) return s;
     }
   }
@@ -332,6 +380,9 @@ std::uint64_t MegatronTrainer::P2pKey(int iter, bool forward, int mb, int from_s
 Status MegatronTrainer::RunStepPerDirection(int iter, const Step& step, Buckets buckets, int micro_batches_here,
                                             const std::vector<int>& micro_batches) {
   if (step.kind == StepKind::kExchange) return Status::Ok();  // the rings carry the traffic
+  // W reads the saved activation and the gradient B received; it sends nothing. On the training
+  // thread, as a split-backward schedule runs its deferred weight gradients.
+  if (step.kind == StepKind::kWeight) return RunCompute(iter, step.mb, step.kind, buckets, micro_batches);
   const bool fwd = step.kind == StepKind::kForward;
   P2pRing* in = fwd ? &act_in_ : &grad_in_;
   P2pRing* out = fwd ? &act_out_ : &grad_out_;

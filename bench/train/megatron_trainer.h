@@ -22,6 +22,12 @@
 //    holds until sent. Activations and gradients then move as soon as both ends are ready,
 //    independently of each other, in micro-batch order on each direction; the forward/backward
 //    order is 1F1B's with the plan's warm-up counts (Build1F1BWithWarmup);
+//  * or, with --split-backward (ZeroBubble-style F/B/W, per-direction traffic), each backward
+//    split into B (the input gradients: the kernels at half the time and their TP all-reduces, on
+//    the autograd thread; its gradient goes to the previous stage at once) and W (the weight
+//    gradients: one kernel per layer, no traffic, on the training thread), ordered by Adaptra's
+//    B > F > W rule for the warm-up counts in force (BuildSplitBackward); an activation is held
+//    until its W, and the buckets are reduced during the last W instead of the last backward;
 //  * gradients in one bucket per layer on the dp-cp group: during the last micro-batch's
 //    backward, a bucket is reduced as soon as its layer's gradients are complete (reduce-scatter
 //    for the distributed optimizer, --dp-mode rs-ag, the default; all-reduce with --dp-mode
@@ -90,6 +96,9 @@ class MegatronTrainer {
   // The most micro-batches whose activations this rank held at once (forwards run, backwards
   // not yet), over every iteration so far.
   [[nodiscard]] int peak_activations() const { return peak_activations_; }
+  // The compute order of the last iteration, "F0 F1 B0 W0 ..." (schedule.h's ToString, exchanges
+  // left out).
+  [[nodiscard]] const std::string& last_schedule() const { return last_schedule_; }
 
   // Waits until every stream is idle (verifying the parameter all-gathers still in flight).
   // After it, no device work touches the trainer's buffers or communicators.
@@ -148,6 +157,7 @@ class MegatronTrainer {
   [[nodiscard]] Status ReleaseReceive(P2pRing* ring, int mb, int micro_batches_here);
   [[nodiscard]] Status SendFromRing(int iter, P2pRing* ring, int mb);
   [[nodiscard]] Status RunBackward(int iter, int mb, Buckets buckets, const std::vector<int>& micro_batches);
+  [[nodiscard]] Result<const std::vector<Step>*> SplitSchedule(int m, const std::vector<int>& warmup);
   [[nodiscard]] std::uint64_t P2pKey(int iter, bool forward, int mb, int from_stage) const;
   [[nodiscard]] Status ReduceBucket(int iter, int layer, const std::vector<int>& micro_batches);
   [[nodiscard]] Status FinishGradSync(int iter, const std::vector<int>& micro_batches);
@@ -209,6 +219,10 @@ class MegatronTrainer {
   // in from the next, out to the previous.
   P2pRing act_in_, act_out_, grad_in_, grad_out_;
   int held_ = 0, peak_activations_ = 0;
+  // --split-backward: the F/B/W order in use and its key (warm-up counts, then micro-batches).
+  std::vector<int> split_key_;
+  std::vector<Step> split_steps_;
+  std::string last_schedule_;
   // Fault injections.
   bool mismatched_ = false;           // --inject-mismatch: the wrong call went out
   bool embd_deferred_ = false;        // --inject-swap: the embd all-reduce waits for the grad norm

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "process_groups.h"
+#include "schedule.h"
 #include "train_test_util.h"
 
 namespace {
@@ -177,6 +178,37 @@ TEST_F(MegatronTrainerTest, PerDirectionTrafficRunsPipelinePlansWithCheckedData)
     for (std::size_t i = 1; i < j["iterations"].size(); ++i) {
       EXPECT_EQ(j["iterations"][i]["warmup"], warmup[static_cast<std::size_t>(stage)]) << rank;
     }
+    EXPECT_EQ(j["runtime"]["peak_activations"], warmup[static_cast<std::size_t>(stage)] + 1) << rank;
+  }
+}
+
+// --split-backward: each stage runs the F/B/W order BuildSplitBackward gives for the counts in
+// force (1F1B's, then a plan's), with the TP all-reduces of B and the gradient buckets after the
+// last W data-checked, and holds an activation until its W: at most the counts + 1.
+TEST_F(MegatronTrainerTest, SplitBackwardRunsTheFbwOrderWithCheckedData) {
+  const std::string plan = dir_ + "/plan.json";
+  {
+    std::ofstream(plan) << R"({"version": 2, "strategy": "pipeline", "warmup": [6, 4, 2, 0]})";
+  }
+  const JobResult r = RunJob({"-n", "8", "--ranks-per-node", "2"},
+                             {"--tp", "2", "--pp", "4", "--micro-batches", "8", "--iters", "4", "--compute-ms", "0.2",
+                              "--check", "--pp-comm", "per-direction", "--split-backward", "--activation-limit", "7",
+                              "--plan-file", plan, "--report", ReportSpec()},
+                             nullptr, WithDriver());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<int> warmup = {6, 4, 2, 0};
+  for (int rank = 0; rank < 8; ++rank) {
+    const json j = Report(rank);
+    const int stage = j["coords"]["pp"].get<int>();
+    EXPECT_EQ(j["status"], "ok") << rank;
+    EXPECT_TRUE(j["config"]["split_backward"].get<bool>());
+    ASSERT_EQ(j["plans"].size(), 1u) << rank;
+    EXPECT_EQ(j["plans"][0]["status"], "applied") << rank;
+    const falcon::Result<std::vector<falcon::train::Step>> order =
+        falcon::train::BuildSplitBackward(4, stage, 8, warmup, 0.4, 0.4, 0.4);
+    ASSERT_TRUE(order.ok());
+    EXPECT_EQ(j["runtime"]["schedule"], falcon::train::ToString(order.value())) << rank;
+    EXPECT_NE(j["runtime"]["schedule"].get<std::string>().find(" W7"), std::string::npos) << rank;
     EXPECT_EQ(j["runtime"]["peak_activations"], warmup[static_cast<std::size_t>(stage)] + 1) << rank;
   }
 }

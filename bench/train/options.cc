@@ -242,6 +242,11 @@ const std::vector<OptionSpec>& Table() {
       {"--activation-limit", "N", "micro-batches' activations a pipeline stage may hold (default pp, what 1F1B "
        "holds on the first stage); a pipeline plan whose warm-up counts need more is rejected",
        [](Options* o, const std::string& v) { return ParseInt(v, 1, 65536, &o->activation_limit); }},
+      {"--split-backward", nullptr, "ZeroBubble-style F/B/W: each backward split into B (input gradients, half "
+       "its time, sent to the previous stage at once) and W (weight gradients, the other half, no traffic, the "
+       "gradient buckets reduced after the last W), in Adaptra's B > F > W order for the warm-up counts in force; "
+       "an activation is held until its W. Needs --pp-comm per-direction when pp > 1",
+       [](Options* o, const std::string&) { o->split_backward = true; return std::string(); }},
       {"--help", nullptr, "this text",
        [](Options* o, const std::string&) { o->help = true; return std::string(); }},
   };
@@ -322,6 +327,13 @@ Result<Options> ParseOptions(int argc, const char* const* argv) {
   }
   if (o.world_sync && o.pp_per_direction) {
     return Status::InvalidArgument("--pp-comm per-direction needs the Megatron mode; not with --world-sync");
+  }
+  if (o.split_backward && o.world_sync) {
+    return Status::InvalidArgument("--split-backward needs the Megatron mode; not with --world-sync");
+  }
+  if (o.split_backward && o.shape.pp > 1 && !o.pp_per_direction) {
+    return Status::InvalidArgument("--split-backward needs --pp-comm per-direction when pp > 1: batched exchanges "
+                                   "pair each gradient with 1F1B's next forward");
   }
   if (o.activation_limit > 0 && o.activation_limit < o.shape.pp) {
     return Status::InvalidArgument("--activation-limit " + std::to_string(o.activation_limit) +

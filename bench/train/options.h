@@ -69,6 +69,7 @@ struct Options {
   double checkpoint_save_ms = 0;  // --checkpoint-save-ms: modelled save + world barrier per checkpoint
   bool pp_per_direction = false;  // --pp-comm per-direction (default batched)
   int activation_limit = 0;       // --activation-limit: micro-batches' activations per stage; 0 = pp
+  bool split_backward = false;    // --split-backward: F/B/W (B input gradients, W weight gradients)
   bool help = false;              // --help / -h
 
   // Activation (and activation-gradient) message bytes: b * S * H * 2 (bf16-sized payload).

@@ -134,13 +134,31 @@ TEST(OptionsTest, RejectsInjectionsTheShapeCannotHost) {
   }
 }
 
+// --split-backward runs its traffic per direction: refused where the exchanges are batched.
+TEST(OptionsTest, SplitBackwardNeedsPerDirectionTrafficInAPipeline) {
+  const Result<Options> ok = Parse({"--pp", "2", "--pp-comm", "per-direction", "--split-backward"});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_TRUE(ok.value().split_backward);
+  EXPECT_TRUE(Parse({"--dp", "2", "--split-backward"}).ok());  // no pipeline: no traffic to pair
+  EXPECT_FALSE(Parse({}).value().split_backward);
+  struct Case { std::vector<const char*> args; const char* says; };
+  for (const Case& c : {Case{{"--pp", "2", "--split-backward"}, "needs --pp-comm per-direction when pp > 1"},
+                        Case{{"--world-sync", "--split-backward"}, "not with --world-sync"},
+                        Case{{"--split-backward=1"}, "takes no value"}}) {
+    const Result<Options> o = Parse(c.args);
+    ASSERT_FALSE(o.ok()) << c.says;
+    EXPECT_NE(o.status().message().find(c.says), std::string::npos) << o.status().message();
+  }
+}
+
 TEST(OptionsTest, HelpListsEveryOption) {
   const std::string help = UsageText();
   for (const char* flag : {"--tp", "--dp", "--pp", "--micro-batches", "--layers", "--hidden", "--seq",
                            "--micro-batch-size", "--compute-ms", "--optimizer-ms", "--grad-bytes", "--dp-mode",
                            "--iters", "--duration-s", "--check", "--report", "--progress-every", "--plan-file",
                            "--falcon-plans", "--checkpoint-every", "--restart-s", "--spare-nodes", "--state-bytes",
-                           "--inject-stall", "--inject-mismatch", "--inject-swap"}) {
+                           "--inject-stall", "--inject-mismatch", "--inject-swap", "--pp-comm",
+                           "--activation-limit", "--split-backward"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   const Result<Options> o = Parse({"-h"});

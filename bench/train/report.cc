@@ -41,7 +41,8 @@ json ConfigJson(const Options& o) {
           {"state_bytes", o.StateBytes()}, {"mode", o.world_sync ? "world-sync" : "megatron"},
           {"lazy_init", o.lazy_init}, {"nonblocking", o.nonblocking}, {"watchdog", o.watchdog && !o.world_sync},
           {"checkpoint_save_ms", o.checkpoint_save_ms},
-          {"pp_comm", o.pp_per_direction ? "per-direction" : "batched"}, {"activation_limit", o.ActivationLimit()}};
+          {"pp_comm", o.pp_per_direction ? "per-direction" : "batched"}, {"activation_limit", o.ActivationLimit()},
+          {"split_backward", o.split_backward}};
 }
 
 json PlanJson(const PlanRecord& p) {
@@ -139,7 +140,8 @@ std::string ReportJson(const ReportData& r, int indent) {
       {"faults", faults},
       {"runtime", {{"comm_groups", r.comm_groups}, {"world_splits", r.world_splits},
                    {"watchdog_polls", r.watchdog_polls}, {"device_streams", r.device_streams},
-                   {"device_compute", r.device_compute}, {"peak_activations", r.peak_activations}}},
+                   {"device_compute", r.device_compute}, {"peak_activations", r.peak_activations},
+                   {"schedule", r.schedule}}},
       {"summary", SummaryJson(r)}};
   // Strings here are ours or come from UTF-8 clean messages; replace keeps dump() exception-free.
   return j.dump(indent, ' ', false, json::error_handler_t::replace);

@@ -142,6 +142,7 @@ struct ReportData {
   bool device_streams = false;           // a driver was loaded: work ran on streams
   bool device_compute = false;           // compute was enqueued on the device (falconEmuLaunchCompute)
   int peak_activations = 0;              // most micro-batches' activations held at once (Megatron mode)
+  std::string schedule;                  // the stage's compute order in the last iteration (Megatron mode)
 };
 
 // `nodes`: every node the rank ran on.

@@ -2,6 +2,9 @@
 #include "schedule.h"
 
 #include <algorithm>
+#include <cstdint>
+
+#include "analyzer/pipeline_schedule.h"
 
 namespace falcon::train {
 namespace {
@@ -99,6 +102,41 @@ std::vector<Step> Build1F1BWithWarmup(int pp, int stage, int micro_batches, int 
   return steps;
 }
 
+Result<std::vector<Step>> BuildSplitBackward(int pp, int stage, int micro_batches, const std::vector<int>& warmup,
+                                             double forward_ms, double input_grad_ms, double weight_grad_ms) {
+  if (pp < 1 || stage < 0 || stage >= pp || micro_batches < 1) {
+    return Status::InvalidArgument("split-backward schedule: stage " + std::to_string(stage) + " of " +
+                                   std::to_string(pp) + " with " + std::to_string(micro_batches) + " micro-batches");
+  }
+  if (warmup.size() != static_cast<std::size_t>(pp)) {
+    return Status::InvalidArgument("split-backward schedule: " + std::to_string(warmup.size()) +
+                                   " warm-up counts for " + std::to_string(pp) + " stages");
+  }
+  analyzer::PipelineModel model;
+  model.backward = analyzer::BackwardMode::kSplit;
+  // Milliseconds in, seconds in the model: only the ratios matter for the order.
+  model.stages.assign(static_cast<std::size_t>(pp),
+                      analyzer::StageTimes{forward_ms / 1e3, input_grad_ms / 1e3, weight_grad_ms / 1e3});
+  model.link_delay_s.assign(static_cast<std::size_t>(pp - 1), 0.0);
+  // Megatron counts the forwards before the first 1F1B pair; the planner counts the forwards
+  // before the first backward, one more.
+  std::vector<std::int32_t> x;
+  x.reserve(warmup.size());
+  for (int w : warmup) x.push_back(std::clamp(w, 0, micro_batches - 1) + 1);
+  Result<analyzer::PipelineSchedule> sched = analyzer::BuildPipelineSchedule(model, x, micro_batches);
+  if (!sched.ok()) return Status::InvalidArgument("split-backward schedule: " + sched.status().message());
+  std::vector<Step> steps;
+  const auto& ops = sched.value().stages[static_cast<std::size_t>(stage)];
+  steps.reserve(ops.size());
+  for (const analyzer::PipelineOp& op : ops) {
+    const StepKind kind = op.kind == analyzer::PipelineOpKind::kForward    ? StepKind::kForward
+                          : op.kind == analyzer::PipelineOpKind::kBackward ? StepKind::kBackward
+                                                                           : StepKind::kWeight;
+    AddCompute(&steps, kind, op.microbatch);
+  }
+  return steps;
+}
+
 std::string ToString(const std::vector<Step>& steps) {
   std::string out;
   for (const Step& s : steps) {
@@ -106,6 +144,7 @@ std::string ToString(const std::vector<Step>& steps) {
     switch (s.kind) {
       case StepKind::kForward: out += "F" + std::to_string(s.mb); break;
       case StepKind::kBackward: out += "B" + std::to_string(s.mb); break;
+      case StepKind::kWeight: out += "W" + std::to_string(s.mb); break;
       case StepKind::kExchange: {
         const Exchange& x = s.xchg;
         out += "x[";

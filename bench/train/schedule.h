@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "falcon/status.h"
+
 namespace falcon::train {
 
 // What one point-to-point exchange moves. Each flag is one ncclSend or ncclRecv; all flags of
@@ -38,7 +40,9 @@ struct Exchange {
   }
 };
 
-enum class StepKind : std::uint8_t { kExchange, kForward, kBackward };
+// kBackward is the whole backward of 1F1B, or, in a split-backward schedule, the input-gradient
+// half (B); kWeight is the split schedule's weight-gradient half (W), which sends nothing.
+enum class StepKind : std::uint8_t { kExchange, kForward, kBackward, kWeight };
 
 // One step: either an exchange or the compute (plus TP traffic) of micro-batch `mb`.
 struct Step {
@@ -57,10 +61,25 @@ struct Step {
 // on each other (--pp-comm per-direction, megatron_trainer.h), which uses the compute order alone.
 [[nodiscard]] std::vector<Step> Build1F1BWithWarmup(int pp, int stage, int micro_batches, int warmup);
 
+// The ZeroBubble-style F/B/W order of `stage` (--split-backward): the backward split into B
+// (input gradients, what the previous stage waits for) and W (weight gradients, deferrable), as
+// analyzer::BuildPipelineSchedule orders them (Adaptra's Algorithms 3-4: the warm-up forwards,
+// then the ready op of highest priority B > F > W, a forward only while fewer than warm-up + 1
+// micro-batches' activations are held, an activation held until its W). `warmup`: every stage's
+// Megatron warm-up count (pp entries, non-increasing along the pipeline; the standard counts are
+// pp - s - 1), each clamped to [0, micro_batches - 1]. `forward_ms`, `input_grad_ms`,
+// `weight_grad_ms`: one micro-batch's op times on a stage, which fix the order (every stage
+// computes the same order from the same figures; link delays are taken as 0). Compute steps
+// only: the traffic needs --pp-comm per-direction. InvalidArgument, naming the fault, for counts
+// or times the planner rejects.
+[[nodiscard]] Result<std::vector<Step>> BuildSplitBackward(int pp, int stage, int micro_batches,
+                                                           const std::vector<int>& warmup, double forward_ms,
+                                                           double input_grad_ms, double weight_grad_ms);
+
 // Number of warm-up forwards of `stage`: min(pp - stage - 1, micro_batches).
 [[nodiscard]] int WarmupCount(int pp, int stage, int micro_batches);
 
-// Compact text form for tests and debugging, e.g. "F0 x[sf0] F1 ...".
+// Compact text form for tests and debugging, e.g. "F0 x[sf0] F1 ..." (W steps as "W0").
 [[nodiscard]] std::string ToString(const std::vector<Step>& steps);
 
 }  // namespace falcon::train

@@ -133,57 +133,58 @@ TEST(ScheduleTest, WarmupOverrideKeepsThe1F1BOrderWithMoreForwardsFirst) {
   EXPECT_EQ(ToString(Build1F1BWithWarmup(2, 0, 2, -1)), ToString(Build1F1BWithWarmup(2, 0, 2, 0)));
 }
 
-// The per-direction traffic (megatron_trainer.h) cannot deadlock for any non-increasing warm-up
-// vector: a forward needs the previous stage's forward of the same micro-batch, a backward the
-// next stage's backward, and the output slot of a ring of depth R frees once the receiver has
-// consumed the micro-batch R earlier (it posts the receive R ahead of what it consumed).
-TEST(ScheduleTest, PerDirectionTrafficCompletesForEveryNonIncreasingWarmup) {
+// Runs the stages' compute orders against the per-direction traffic (megatron_trainer.h): a
+// forward needs the previous stage's forward of the same micro-batch, a backward (or B) its own
+// forward and the next stage's backward, a W its own B, and the output slot of a ring of depth R
+// frees once the receiver has consumed the micro-batch R earlier (it posts the receive R ahead
+// of what it consumed). Returns -1 when every stage ran to the end, else the first stuck stage.
+int StuckStage(const std::vector<std::vector<Step>>& order, int m, int depth) {
+  const int pp = static_cast<int>(order.size());
+  std::vector<std::vector<bool>> f(static_cast<std::size_t>(pp), std::vector<bool>(static_cast<std::size_t>(m))),
+      b = f, w = f;
+  auto done = [&](const std::vector<std::vector<bool>>& v, int s, int k) {
+    return k < 0 || v[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)];
+  };
+  std::vector<std::size_t> pc(static_cast<std::size_t>(pp), 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < pp; ++s) {
+      std::size_t& i = pc[static_cast<std::size_t>(s)];
+      if (i == order[static_cast<std::size_t>(s)].size()) continue;
+      const Step& st = order[static_cast<std::size_t>(s)][i];
+      const int k = st.mb;
+      bool ready;
+      if (st.kind == StepKind::kForward) {
+        ready = (s == 0 || done(f, s - 1, k)) && (s == pp - 1 || done(f, s + 1, k - 2 * depth));
+      } else if (st.kind == StepKind::kBackward) {
+        ready = done(f, s, k) && (s == pp - 1 || done(b, s + 1, k)) && (s == 0 || done(b, s - 1, k - 2 * depth));
+      } else {
+        ready = done(b, s, k);
+      }
+      if (!ready) continue;
+      auto& v = st.kind == StepKind::kForward ? f : st.kind == StepKind::kBackward ? b : w;
+      v[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)] = true;
+      ++i;
+      moved = true;
+    }
+  }
+  for (int s = 0; s < pp; ++s) {
+    if (pc[static_cast<std::size_t>(s)] != order[static_cast<std::size_t>(s)].size()) return s;
+  }
+  return -1;
+}
+
+// Calls `visit(pp, m, w)` for every pp in [2, 5], m in [1, 8] and non-increasing warm-up vector
+// w with entries in [0, pp + 1]; returns how many.
+template <typename Visit>
+int ForEveryNonIncreasingWarmup(Visit visit) {
   int vectors = 0;
   for (int pp = 2; pp <= 5; ++pp) {
     for (int m = 1; m <= 8; ++m) {
       std::vector<int> w(static_cast<std::size_t>(pp), 0);
-      // Every non-increasing vector with entries in [0, pp + 1].
       for (;;) {
         ++vectors;
-        const int depth = *std::max_element(w.begin(), w.end()) + 2;  // activation limit + 1
-        std::vector<std::vector<Step>> order;
-        for (int s = 0; s < pp; ++s) {
-          std::vector<Step> all = Build1F1BWithWarmup(pp, s, m, w[static_cast<std::size_t>(s)]);
-          std::vector<Step> compute;
-          for (const Step& st : all) {
-            if (st.kind != StepKind::kExchange) compute.push_back(st);
-          }
-          order.push_back(compute);
-        }
-        std::vector<std::vector<bool>> f(static_cast<std::size_t>(pp), std::vector<bool>(static_cast<std::size_t>(m))),
-            b = f;
-        auto done = [&](const std::vector<std::vector<bool>>& v, int s, int k) {
-          return k < 0 || v[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)];
-        };
-        std::vector<std::size_t> pc(static_cast<std::size_t>(pp), 0);
-        for (bool moved = true; moved;) {
-          moved = false;
-          for (int s = 0; s < pp; ++s) {
-            std::size_t& i = pc[static_cast<std::size_t>(s)];
-            if (i == order[static_cast<std::size_t>(s)].size()) continue;
-            const Step& st = order[static_cast<std::size_t>(s)][i];
-            const int k = st.mb;
-            bool ready;
-            if (st.kind == StepKind::kForward) {
-              ready = (s == 0 || done(f, s - 1, k)) && (s == pp - 1 || done(f, s + 1, k - 2 * depth));
-            } else {
-              ready = done(f, s, k) && (s == pp - 1 || done(b, s + 1, k)) && (s == 0 || done(b, s - 1, k - 2 * depth));
-            }
-            if (!ready) continue;
-            (st.kind == StepKind::kForward ? f : b)[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)] = true;
-            ++i;
-            moved = true;
-          }
-        }
-        for (int s = 0; s < pp; ++s) {
-          ASSERT_EQ(pc[static_cast<std::size_t>(s)], order[static_cast<std::size_t>(s)].size())
-              << "stuck: pp=" << pp << " m=" << m << " stage " << s;
-        }
+        visit(pp, m, w);
         // Next non-increasing vector (odometer from the last stage).
         int pos = pp - 1;
         while (pos >= 0) {
@@ -199,6 +200,76 @@ TEST(ScheduleTest, PerDirectionTrafficCompletesForEveryNonIncreasingWarmup) {
       }
     }
   }
+  return vectors;
+}
+
+// The per-direction traffic cannot deadlock for any non-increasing warm-up vector.
+TEST(ScheduleTest, PerDirectionTrafficCompletesForEveryNonIncreasingWarmup) {
+  const int vectors = ForEveryNonIncreasingWarmup([](int pp, int m, const std::vector<int>& w) {
+    const int depth = *std::max_element(w.begin(), w.end()) + 2;  // activation limit + 1
+    std::vector<std::vector<Step>> order;
+    for (int s = 0; s < pp; ++s) {
+      std::vector<Step> compute;
+      for (const Step& st : Build1F1BWithWarmup(pp, s, m, w[static_cast<std::size_t>(s)])) {
+        if (st.kind != StepKind::kExchange) compute.push_back(st);
+      }
+      order.push_back(compute);
+    }
+    ASSERT_EQ(StuckStage(order, m, depth), -1) << "pp=" << pp << " m=" << m;
+  });
+  EXPECT_GT(vectors, 1000);
+}
+
+// One stage of one micro-batch at a time: F, B, W, the activation freed before the next forward.
+TEST(ScheduleTest, SplitBackwardOnOneStageRunsEachMicroBatchWhole) {
+  Result<std::vector<Step>> one = BuildSplitBackward(1, 0, 3, {0}, 1, 1, 1);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(ToString(one.value()), "F0 B0 W0 F1 B1 W1 F2 B2 W2");
+}
+
+// The 1F1B counts: the first stage runs its warm-up forwards, the last stage's B goes before its
+// W so the gradient leaves at once, and every W comes after its B.
+TEST(ScheduleTest, SplitBackwardDefersTheWeightGradients) {
+  Result<std::vector<Step>> first = BuildSplitBackward(2, 0, 3, {1, 0}, 1, 1, 1);
+  Result<std::vector<Step>> last = BuildSplitBackward(2, 1, 3, {1, 0}, 1, 1, 1);
+  ASSERT_TRUE(first.ok() && last.ok());
+  EXPECT_EQ(ToString(first.value()).substr(0, 5), "F0 F1");
+  EXPECT_EQ(ToString(last.value()).substr(0, 8), "F0 B0 W0");
+  // Increasing counts would deadlock: refused with the planner's reason.
+  Result<std::vector<Step>> bad = BuildSplitBackward(2, 0, 3, {0, 1}, 1, 1, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("split-backward schedule"), std::string::npos);
+  EXPECT_FALSE(BuildSplitBackward(3, 0, 3, {1, 0}, 1, 1, 1).ok());  // counts for 2 stages of 3
+  EXPECT_FALSE(BuildSplitBackward(2, 2, 3, {1, 0}, 1, 1, 1).ok());  // no stage 2
+}
+
+// Every F/B/W order the trainer can be asked to run (any non-increasing counts, clamped) runs each
+// micro-batch's F, B and W once, in that order, never holds more activations than its count + 1,
+// and completes over the per-direction traffic.
+TEST(ScheduleTest, SplitBackwardCompletesForEveryNonIncreasingWarmup) {
+  const int vectors = ForEveryNonIncreasingWarmup([](int pp, int m, const std::vector<int>& w) {
+    const int depth = *std::max_element(w.begin(), w.end()) + 2;
+    std::vector<std::vector<Step>> order;
+    for (int s = 0; s < pp; ++s) {
+      Result<std::vector<Step>> steps = BuildSplitBackward(pp, s, m, w, 1, 1, 1);
+      ASSERT_TRUE(steps.ok()) << steps.status().message();
+      std::vector<int> seen(static_cast<std::size_t>(m), 0);  // 1 after F, 2 after B, 3 after W
+      int held = 0, peak = 0;
+      for (const Step& st : steps.value()) {
+        ASSERT_NE(st.kind, StepKind::kExchange);
+        int& k = seen[static_cast<std::size_t>(st.mb)];
+        const int expect = st.kind == StepKind::kForward ? 0 : st.kind == StepKind::kBackward ? 1 : 2;
+        ASSERT_EQ(k, expect) << ToString(steps.value());
+        ++k;
+        if (st.kind == StepKind::kForward) peak = std::max(peak, ++held);
+        if (st.kind == StepKind::kWeight) --held;
+      }
+      for (int k : seen) ASSERT_EQ(k, 3) << ToString(steps.value());
+      EXPECT_LE(peak, std::clamp(w[static_cast<std::size_t>(s)], 0, m - 1) + 1) << ToString(steps.value());
+      order.push_back(steps.value());
+    }
+    ASSERT_EQ(StuckStage(order, m, depth), -1) << "pp=" << pp << " m=" << m;
+  });
   EXPECT_GT(vectors, 1000);
 }
 
