@@ -11,6 +11,10 @@ figures of slowdown removed, (mode - off) / (healthy - off):
   - under the plan (act only; FALCON Table 7's measure): from the first iteration a mitigation
     plan (S2..S4) shaped in each fault window to the window's end, against the off run over the
     same intervals. The reaction time (onset to that iteration) is reported per phase.
+Undo (act only), per fault window: rank 0's iterations that started after the window's fault
+ended and still ran under a plan decided in that window, before the S1 that undid it; "early"
+when the S1 came while the fault lasted; "kept" when no S1 followed (a placement stays in force:
+there is nothing to undo).
 
 Usage: bench/mitigation_e2e.py [--build build] [--phase-s 90] [--out DIR] [--json] [--reuse] [--keep]
 Runs about 3 x 7 minutes (--reuse: only re-reads the reports in --out). Exit status 0 when every
@@ -55,6 +59,34 @@ def under_plan(act, off, healthy):
     o_rate = o_sum / span_sum if span_sum else 0.0
     removed = (a_rate - o_rate) / (healthy - o_rate) if span_sum and healthy > o_rate else 0.0
     return {"phases": phases, "act": a_rate, "off": o_rate, "slowdown_removed": removed}
+
+
+def undo_per_window(act):
+    """Per fault window: iterations after the fault's end still under the window's plan."""
+    if "rank0_iterations" not in act:
+        return None
+    plans = [p for p in act["rank0_plans"] if p["status"] == "applied"]
+    faults = [ph for ph in act["phases"] if ph["name"] not in ("healthy", "after")]
+    out = {}
+    for i, ph in enumerate(faults):
+        lo, hi = ph["start_s"], ph["end_s"]
+        nxt = faults[i + 1]["start_s"] if i + 1 < len(faults) else float("inf")
+        mine = [p for p in plans if p["strategy"] in ("S2", "S3", "S4") and lo <= p["at_s"] < hi]
+        if not mine:
+            out[ph["name"]] = {"status": "no plan"}
+            continue
+        first = min(p["at_s"] for p in mine)
+        undo = min((p for p in plans if p["strategy"] == "S1" and p["at_s"] > first),
+                   key=lambda p: p["version"], default=None)
+        if undo is None or undo["at_s"] >= nxt:
+            out[ph["name"]] = {"status": "kept"}
+        elif undo["at_s"] < hi:
+            out[ph["name"]] = {"status": "early", "undo_at_s": undo["at_s"]}
+        else:
+            n = sum(1 for s, d, v in act["rank0_iterations"] if hi <= s < nxt and v < undo["version"])
+            out[ph["name"]] = {"status": "undone", "iterations": n, "undo_at_s": undo["at_s"],
+                               "after_fault_s": undo["at_s"] - hi}
+    return out
 
 
 def DemoWorkDir(output):
@@ -103,6 +135,7 @@ def main():
                      "phases": runs[m]["throughput_iters_per_min"], "slowdown_removed": removed(m),
                      "switches": decisions[m]} for m in runs},
         "under_plan": under_plan(runs["act"], runs["off"], healthy),
+        "undo": undo_per_window(runs["act"]),
     }
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -132,6 +165,13 @@ def main():
                           f"act {ph['act']:6.1f} it/min, off {ph['off']:6.1f} it/min")
             print(f"#   under the plan: act {u['act']:.1f} it/min vs off {u['off']:.1f} it/min (healthy {healthy:.1f}): "
                   f"{100 * u['slowdown_removed']:.1f}% of the slowdown removed")
+        for name, w in (doc["undo"] or {}).items():
+            if w["status"] == "undone":
+                print(f"#   undo {name:8s} {w['iterations']} iterations ({w['after_fault_s']:.1f} s) after the fault ended")
+            elif w["status"] == "early":
+                print(f"#   undo {name:8s} EARLY: at {w['undo_at_s']:.1f} s, while the fault lasted")
+            else:
+                print(f"#   undo {name:8s} {w['status']}")
     return 0 if all(r["ok"] for r in runs.values()) else 1
 
 

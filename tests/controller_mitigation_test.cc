@@ -253,15 +253,26 @@ TEST(MitigationTest, ComputeFaultPlansRebalanceThenConsolidationThenRestart) {
 
 TEST(MitigationTest, EndingWhileRebalancedPublishesTheUndo) {
   Mitigator m = Mitigator::Start(Settings(), "compute", {{"gpus", {Gpu(5, 2.0)}}}, InferLayout(View(2, 4, 2), "")).value();
+  EXPECT_FALSE(m.FaultFreeRatio().has_value()) << "nothing in force yet";
   std::optional<Decision> first;
   for (int t = 1; t <= 20 && !first; ++t) first = m.Observe(t, 2.0, 1.0, 1).value();
   ASSERT_TRUE(first);
   ASSERT_EQ(first->strategy, "S2");
   EXPECT_TRUE(m.rebalance_in_effect());
+  // Once the GPU recovers the fullest replica sets the pace: (its micro-batches + PP - 1) over
+  // the even split's (8 + 1) micro-batch periods of 1F1B.
+  const std::vector<int> counts = first->plan["micro_batches"].get<std::vector<int>>();
+  const int fullest = *std::max_element(counts.begin(), counts.end());
+  EXPECT_GT(fullest, 8);
+  ASSERT_TRUE(m.FaultFreeRatio().has_value());
+  EXPECT_DOUBLE_EQ(*m.FaultFreeRatio(), (fullest + 1.0) / 9.0);
+  EXPECT_DOUBLE_EQ(*Mitigator::FromJson(Settings(), m.ToJson()).value().FaultFreeRatio(), (fullest + 1.0) / 9.0)
+      << "a restarted controller keeps it";
   const Decision end = m.End(30).value();
   EXPECT_TRUE(end.publish_plan);
   EXPECT_EQ(end.plan["strategy"], "S1");
   EXPECT_EQ(end.plan["micro_batches"], json({8, 8, 8, 8}));
+  EXPECT_FALSE(m.FaultFreeRatio().has_value()) << "undone: no plan's pace to watch";
 }
 
 TEST(MitigationTest, LinkFaultGetsLinkReliefAndNoRebalance) {
@@ -312,6 +323,8 @@ TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefThatAlsoRebalances) 
   EXPECT_EQ(d->plan["micro_batches"], c["S2"]["plan"]["micro_batches"]) << d->plan.dump();
   EXPECT_FALSE(d->plan["placement"].empty());
   EXPECT_TRUE(jump.rebalance_in_effect());
+  ASSERT_TRUE(jump.FaultFreeRatio().has_value()) << "S3's counts show the GPU's recovery like S2's";
+  EXPECT_EQ(json(*jump.FaultFreeRatio()), c["S2"]["fault_free_ratio"]);
   const Decision stop = jump.End(101).value();
   EXPECT_EQ(stop.strategy, "S1");
   EXPECT_TRUE(stop.publish_plan);
@@ -323,6 +336,11 @@ TEST(MitigationTest, SlowGpuAndSlowLinkTogetherGetLinkReliefThatAlsoRebalances) 
   Mitigator link = Mitigator::Start(Settings(), "link", link_only, InferLayout(View(2, 4, 2), "")).value();
   EXPECT_EQ(link.candidates()["S3"]["kind"], "link relief");
   EXPECT_FALSE(link.candidates()["S3"]["plan"].contains("micro_batches"));
+  std::optional<Decision> relief;
+  for (int t = 1; t <= 200 && !relief; ++t) relief = link.Observe(t, 2.0, 1.0, 1).value();
+  ASSERT_TRUE(relief);
+  EXPECT_EQ(relief->strategy, "S3");
+  EXPECT_FALSE(link.FaultFreeRatio().has_value()) << "a placement alone has no pace of its own to watch";
 }
 
 // node1 -> node5 joins pipeline stage 0 (ranks 0-7, nodes 0-3) and stage 1 (ranks 8-15, nodes
@@ -370,6 +388,7 @@ TEST(MitigationTest, SlowPipelineLinkAdaptsTheWarmupCountsFirst) {
   EXPECT_EQ(d->plan["warmup"], c["plan"]["warmup"]);
   EXPECT_TRUE(m.pipeline_in_effect());
   EXPECT_FALSE(m.rebalance_in_effect());
+  EXPECT_EQ(m.FaultFreeRatio(), 1.0) << "adapted counts only add slack: healthy without the delay";
 
   // A restarted controller carries on with the counts in force.
   Mitigator again = Mitigator::FromJson(s, m.ToJson()).value();

@@ -353,9 +353,14 @@ Status Controller::Track(std::int64_t now_ns) {
   auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
   const UnderPlan under = rebalancing ? FasterUnderPlan(now_ns) : UnderPlan::kNothing;
   if (under == UnderPlan::kUndo) {
-    return Resolve(now_ns, "the job runs faster than its fault allows under the pipeline plan (" +
-                               Fixed(inc.plan_level_s, 3) + " s an iteration with it, " + Fixed(inc.healthy_s, 3) +
-                               " s healthy): the slow link recovered");
+    const bool rebalanced = m->rebalance_in_effect();
+    const std::string plan = rebalanced ? "the re-balanced micro-batches" : "the pipeline plan";
+    return Resolve(now_ns, "the job runs faster than its fault allows under " + plan + " (" +
+                               Fixed(inc.plan_level_s, 3) + " s an iteration with its fault, " +
+                               Fixed(inc.healthy_s * m->FaultFreeRatio().value_or(1.0), 3) +
+                               " s expected without it, " + Fixed(inc.healthy_s, 3) +
+                               " s healthy): the " + (rebalanced ? "slow GPU" : "slow link") +
+                               " recovered");
   }
   const bool faster_due = under == UnderPlan::kRecheck;
   if (inc.localised && m != nullptr && !m->stopped()) {
@@ -417,19 +422,22 @@ Controller::UnderPlan Controller::FasterUnderPlan(std::int64_t now_ns) {
   // Until then the level measured before the last round holds: a round confirms its fault, and
   // its pause only slows the iterations it falls into.
   if (inc.plan_level_s <= 0) return UnderPlan::kNothing;
-  // Without its fault the plan should give the healthy time at worst. A plan that leaves the job
-  // clearly slower than healthy (by half the suspicious margin) can show the fault's end: the
-  // job's last kQuickIterations then fall below the midpoint of the two levels, for as many
-  // iterations. One that hides the fault entirely cannot; the recheck-s timer alone tells then.
-  // Adapted warm-up counts are the one plan whose fault-free pace is known without a round: they
-  // only add slack, so without the link's delay the job runs at 1F1B's healthy time or better.
-  // A pipeline plan alone in force, whose level is above healthy by the full suspicious ratio,
-  // is undone at once; anything else is re-checked by a round. (An S2 plan keeps the job as slow
-  // as its re-balanced split after the GPU recovers, so it rarely shows.)
+  // Without its fault the plan should give its fault-free pace: the healthy time at worst for
+  // adapted warm-up counts (they only add slack), the fullest DP replica's share of it for
+  // re-balanced micro-batches (Mitigator::FaultFreeRatio); the healthy time where the plan's pace
+  // is unknown. A plan that leaves the job clearly slower than that (by half the suspicious
+  // margin) can show the fault's end: the job's last kQuickIterations then fall below the
+  // midpoint of the two levels, for as many iterations. One that hides the fault entirely cannot;
+  // the recheck-s timer alone tells then. Where the fault-free pace is known and the plan's level
+  // is above it by the full suspicious ratio, the plan is undone at once; otherwise a round
+  // re-checks the culprits first.
   const double healthy = inc.healthy_s;
-  const bool visible = healthy > 0 && inc.plan_level_s >= healthy * (1 + (config_.suspicious_ratio - 1) / 2);
+  const Mitigator* m = decision_.Current(inc);
+  const std::optional<double> ratio = m != nullptr ? m->FaultFreeRatio() : std::nullopt;
+  const double fault_free = healthy * ratio.value_or(1.0);
+  const bool visible = healthy > 0 && inc.plan_level_s >= fault_free * (1 + (config_.suspicious_ratio - 1) / 2);
   const std::optional<double> quick = tracking_.CurrentIterationS(view_, kQuickIterations);
-  if (!visible || !quick || *quick >= (inc.plan_level_s + healthy) / 2) {
+  if (!visible || !quick || *quick >= (inc.plan_level_s + fault_free) / 2) {
     inc.faster_since_ns = 0;
     return UnderPlan::kNothing;
   }
@@ -440,11 +448,10 @@ Controller::UnderPlan Controller::FasterUnderPlan(std::int64_t now_ns) {
   if (now_ns - inc.faster_since_ns < Seconds(static_cast<double>(kQuickIterations) * inc.plan_level_s)) {
     return UnderPlan::kNothing;
   }
-  const Mitigator* m = decision_.Current(inc);
-  const bool undo = m != nullptr && m->pipeline_in_effect() && !m->rebalance_in_effect() &&
-                    inc.plan_level_s >= healthy * config_.suspicious_ratio;
-  log_->info("event=faster_under_plan incident={} level_s={:.4f} plan_level_s={:.4f} healthy_s={:.4f} action={}",
-             daemon::LogValue(inc.id), *quick, inc.plan_level_s, healthy, undo ? "undo" : "recheck");
+  const bool undo = ratio.has_value() && inc.plan_level_s >= fault_free * config_.suspicious_ratio;
+  log_->info("event=faster_under_plan incident={} level_s={:.4f} plan_level_s={:.4f} fault_free_s={:.4f} "
+             "healthy_s={:.4f} action={}",
+             daemon::LogValue(inc.id), *quick, inc.plan_level_s, fault_free, healthy, undo ? "undo" : "recheck");
   if (undo) return UnderPlan::kUndo;  // kept for the resolution, and for a retry if it is not published
   // Not the job's level any more: measured afresh once the round is done (the round's end
   // settles it again; the job is not tracked in between).

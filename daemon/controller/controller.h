@@ -175,7 +175,7 @@ class Controller {
   enum class UnderPlan {
     kNothing,
     kRecheck,  // faster than the plan's level allows: re-check the culprits now
-    kUndo,     // a pipeline plan, and the job back at its fault-free pace: the link recovered
+    kUndo,     // a plan whose fault-free pace is known, and the job back at it: the fault ended
   };
   UnderPlan FasterUnderPlan(std::int64_t now_ns);
   void AdoptAppliedPlacement();

@@ -54,11 +54,12 @@ struct Incident {
   double best_since_round_s = 0;
   // The iteration time the job settled at under the plan in force (act mode), measured once the
   // plan, and the last round, have had time to show in the job's recent median (planner samples
-  // and iterations: Controller::SettlePlanLevel); 0 = not yet. A plan hides its fault's end from the detector, but one that leaves the job slower than
-  // healthy (by half the suspicious-ratio margin) shows it: without the fault the job runs at
-  // healthy speed or better, so iterations below the midpoint of this level and the healthy one
-  // (Controller::FasterUnderPlan) re-check the culprits at once instead of at the next
-  // recheck-s, or undo a pipeline plan at once.
+  // and iterations: Controller::SettlePlanLevel); 0 = not yet. A plan hides its fault's end from
+  // the detector, but one that leaves the job slower than its fault-free pace (healthy, or the
+  // re-balanced split's: Mitigator::FaultFreeRatio) by half the suspicious-ratio margin shows it:
+  // iterations below the midpoint of this level and that pace (Controller::FasterUnderPlan)
+  // re-check the culprits at once instead of at the next recheck-s, or, where the pace is known
+  // and the margin full, undo the plan at once.
   double plan_level_s = 0;
   std::int64_t plan_level_after_ns = 0;  // when to (re)measure plan_level_s; 0 = nothing to measure
   std::int64_t faster_since_ns = 0;      // since when the job runs faster than plan_level_s allows

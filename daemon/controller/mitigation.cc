@@ -97,8 +97,14 @@ json PlanRebalance(const MitigationSettings& s, const json& gpus, const Result<J
   if (m.bottleneck_after_s >= m.bottleneck_before_s) {
     return {{"unavailable", "no allocation beats the even split (one DP replica, or every replica slow alike)"}};
   }
+  // Once the GPUs recover, the fullest replica sets the pace: a 1F1B replica of M micro-batches
+  // over PP stages runs M + PP - 1 micro-batch periods.
+  const std::int64_t fullest = *std::max_element(m.microbatches.begin(), m.microbatches.end());
+  const double fill = static_cast<double>(p.shape.pp - 1);
+  const double fault_free_ratio = (static_cast<double>(fullest) + fill) / (static_cast<double>(s.micro_batches) + fill);
   return {{"overhead_s", s.overheads.rebalance_s},
           {"plan", {{"strategy", "S2"}, {"micro_batches", m.microbatches}}},
+          {"fault_free_ratio", fault_free_ratio},
           {"baseline", m.baseline},
           {"gradient_weights", m.gradient_weights},
           {"replica_times", times},
@@ -536,6 +542,7 @@ Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std
     s3["plan"]["micro_batches"] = s2["plan"]["micro_batches"];
     s3["kind"] = "link relief + re-balance";
     s3["rebalance_expected_gain"] = s2.value("expected_gain", 0.0);
+    if (s2.contains("fault_free_ratio")) s3["fault_free_ratio"] = s2["fault_free_ratio"];
   }
   candidates["S4"] = PlanRestartCandidate(settings, findings, layout);
   if (!ValidMeasured(measured)) return Status::InvalidArgument("measured overheads must be >= 0 seconds");
@@ -656,6 +663,22 @@ bool Mitigator::rebalance_in_effect() const {
   return planner_.Snapshot().rebalance_in_effect || CarriesRebalance(current());
 }
 bool Mitigator::pipeline_in_effect() const { return planner_.Snapshot().pipeline_in_effect; }
+
+std::optional<double> Mitigator::FaultFreeRatio() const {
+  if (stopped()) return std::nullopt;
+  const analyzer::SkiRentalSnapshot s = planner_.Snapshot();
+  const std::string now = current();
+  // S2's counts, alone or carried by an S3: the fullest replica's pace once the GPUs recover.
+  // With adapted warm-up counts too, that pace still holds (the counts only add slack).
+  if (s.rebalance_in_effect || CarriesRebalance(now)) {
+    const json& c = candidates_.value(s.rebalance_in_effect ? "S2" : now, json::object());
+    const json& r = c.value("fault_free_ratio", json());
+    if (!r.is_number() || !std::isfinite(r.get<double>()) || r.get<double>() < 1.0) return std::nullopt;
+    return r.get<double>();
+  }
+  if (s.pipeline_in_effect) return 1.0;
+  return std::nullopt;  // a placement alone: no pace of its own to tell the fault's end by
+}
 
 bool Mitigator::CarriesRebalance(const std::string& strategy) const {
   if (strategy != "S3") return false;  // S2 is the planner's to track; S4 restarts with its own counts

@@ -139,6 +139,12 @@ class Mitigator {
   [[nodiscard]] bool rebalance_in_effect() const;
   // Adapted warm-up counts are in force (a pipeline decision not yet undone).
   [[nodiscard]] bool pipeline_in_effect() const;
+  // The iteration time the plan in force should give once its fault has ended, as a multiple of
+  // the healthy one: 1 for adapted warm-up counts alone (they only add slack), the fullest DP
+  // replica's share for re-balanced micro-batches (S2, or an S3 carrying its counts; the
+  // candidate's "fault_free_ratio"). None when no such plan is in force or its pace is unknown
+  // (a placement, a restart, a document from before the figure existed).
+  [[nodiscard]] std::optional<double> FaultFreeRatio() const;
   [[nodiscard]] bool stopped() const;
   // Candidates with their overheads, plans, gains, or why they are unavailable.
   [[nodiscard]] const nlohmann::json& candidates() const { return candidates_; }
