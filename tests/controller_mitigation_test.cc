@@ -11,6 +11,7 @@
 
 #include "analyzer/pipeline_schedule.h"
 #include "daemon/controller/mitigation.h"
+#include "daemon/controller/recovery_watch.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
 
@@ -580,6 +581,124 @@ TEST(MitigationTest, AMeasurementDuringAMitigationMovesTheNextSwitchAndSurvivesA
   // Cost since onset (slowdown + S2's 10 s paid) covers 15 s at once, 60 s only at t = 50.
   EXPECT_EQ(next.second, 11);
   EXPECT_EQ(next_configured, (std::pair<std::string, int>{"S3", 50}));
+}
+
+// ---- The recovery watch (daemon/controller/recovery_watch.h) ---------------------------------
+
+namespace watch {
+
+// Rank `rank`'s comm_profile window on its TP group (Megatron numbering above): its busiest
+// collective and a rarer one, taken in `mode` from since_ns.
+json TpWindow(std::int64_t rank, std::int64_t since_ns, double median_us, const std::string& mode = "profile",
+              std::uint64_t calls = 64) {
+  const std::uint64_t tp_comm = 0x1000ULL + static_cast<std::uint64_t>((rank / 2) % 4 + (rank / 8) * 4);
+  return {{"v", 2}, {"type", "comm_profile"}, {"job", "job"}, {"host", Host(rank)}, {"at_ns", since_ns + 2'000'000'000},
+          {"rank", rank}, {"pid", 1000 + rank}, {"since_ns", since_ns}, {"mode", mode},
+          {"comms", {{{"id", protocol::CommIdHex(tp_comm)}, {"rank", rank % 2}, {"nranks", 2},
+                      {"sigs", {{{"op", "AllReduce"}, {"bytes", 65536}, {"peer", -1}, {"count", calls},
+                                 {"median_us", median_us}, {"mean_us", median_us}},
+                                {{"op", "AllGather"}, {"bytes", 512}, {"peer", -1}, {"count", 2},
+                                 {"median_us", 9000.0}, {"mean_us", 9000.0}}}}}}}};
+}
+
+}  // namespace watch
+
+// A slow GPU's busiest small group is its TP pair: the watch profiles just those two ranks.
+TEST(RecoveryWatchTest, WatchesTheCulpritsBusiestSmallGroup) {
+  const JobView view = View(2, 4, 2);
+  const std::vector<WatchTarget> t = WatchTargets(view, {5, 11, 99});  // 99: no such rank
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].culprit, 5);
+  EXPECT_EQ(t[0].comm, 0x1002ULL) << "rank 5 = stage 0, replica 2, TP rank 1";
+  EXPECT_EQ(t[0].members, (std::vector<std::int64_t>{4, 5}));
+  EXPECT_EQ(t[1].members, (std::vector<std::int64_t>{10, 11}));
+  EXPECT_TRUE(WatchTargets(view, {5}, 1).empty()) << "no group small enough";
+  // TP 1: the pipeline pair is the busiest small group (its sends and receives time no wait, so
+  // the watch will read nothing there and the re-check timer alone tells).
+  const std::vector<WatchTarget> pp = WatchTargets(View(1, 4, 2), {5}, 3);
+  ASSERT_EQ(pp.size(), 1u);
+  EXPECT_EQ(pp[0].members, (std::vector<std::int64_t>{1, 5})) << "rank 5 = stage 1 of replica 1";
+
+  RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
+  const std::vector<OutgoingCommand> on = w.Arm(view, {5}, kT0);
+  ASSERT_EQ(on.size(), 1u);
+  EXPECT_EQ(on[0].host, "node2");
+  EXPECT_EQ(on[0].command.type, "set_mode");
+  EXPECT_EQ(on[0].command.mode, "profile");
+  EXPECT_EQ(on[0].command.ranks, (std::vector<std::int64_t>{4, 5}));
+  EXPECT_TRUE(w.armed());
+  const std::vector<OutgoingCommand> off = w.Disarm(view, kT0 + 1);
+  ASSERT_EQ(off.size(), 1u);
+  EXPECT_EQ(off[0].command.mode, "track");
+  EXPECT_EQ(off[0].command.ranks, on[0].command.ranks);
+  EXPECT_NE(off[0].command.id, on[0].command.id);
+  EXPECT_FALSE(w.armed());
+  EXPECT_TRUE(w.Disarm(view, kT0 + 2).empty()) << "nothing to switch back twice";
+  EXPECT_TRUE(w.Arm(view, {99}, kT0).empty());
+  EXPECT_FALSE(w.armed()) << "no target: nothing watched";
+}
+
+// The peer waits 16x the culprit's time per call while the GPU is slow; once the two arrive
+// together the imbalance falls below the geometric midpoint (4) and the watch says so. Windows
+// from before the watch, in track mode, or missing a member say nothing.
+TEST(RecoveryWatchTest, TellsTheRecoveryFromThePeersWaitsOnly) {
+  const JobView view = View(2, 4, 2);
+  RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
+  (void)w.Arm(view, {5}, kT0);
+  std::map<std::int64_t, json> p;
+  EXPECT_FALSE(w.Observe(p).recovered);
+  p[4] = watch::TpWindow(4, kT0 - 1, 800);  // began before the watch
+  p[5] = watch::TpWindow(5, kT0 + 10, 50);
+  EXPECT_TRUE(w.Observe(p).readings.empty());
+  p[4] = watch::TpWindow(4, kT0 + 10, 800, "track");
+  EXPECT_TRUE(w.Observe(p).readings.empty());
+  p[4] = watch::TpWindow(4, kT0 + 10, 800);
+  RecoveryWatch::Verdict v = w.Observe(p);
+  ASSERT_EQ(v.readings.size(), 1u);
+  EXPECT_DOUBLE_EQ(v.readings[0].level, 16.0);
+  EXPECT_FALSE(v.recovered) << "the level's own window is no recovery";
+  // Still slow in the next windows: 14x, then 5x (noisy, but above the midpoint).
+  for (const double peer : {700.0, 250.0}) {
+    p[4] = watch::TpWindow(4, kT0 + 2'000'000'000, peer);
+    p[5] = watch::TpWindow(5, kT0 + 2'000'000'000, 50);
+    EXPECT_FALSE(w.Observe(p).recovered) << peer;
+  }
+  // Too few calls of the busiest signature in the culprit's window: not read.
+  p[4] = watch::TpWindow(4, kT0 + 4'000'000'000, 60);
+  p[5] = watch::TpWindow(5, kT0 + 4'000'000'000, 55, "profile", 4);
+  EXPECT_FALSE(w.Observe(p).recovered);
+  p[5] = watch::TpWindow(5, kT0 + 4'000'000'000, 55);
+  v = w.Observe(p);
+  EXPECT_TRUE(v.recovered);
+  EXPECT_NEAR(v.readings[0].imbalance, 60.0 / 55.0, 1e-9);
+  // A round forgets everything: levels are read afresh after it.
+  w.Forget();
+  EXPECT_FALSE(w.Observe(p).recovered);
+}
+
+// A level below min_level (a mild fault, or transfers that dwarf the compute) is not visible: the
+// watch never calls it recovered, and the caller keeps its re-check timer. With two culprits both
+// must recover.
+TEST(RecoveryWatchTest, AMildLevelOrOneCulpritStillSlowIsNoRecovery) {
+  const JobView view = View(2, 4, 2);
+  RecoveryWatch mild(RecoveryWatchOptions{"t", 5, 2});
+  (void)mild.Arm(view, {5}, kT0);
+  std::map<std::int64_t, json> p = {{4, watch::TpWindow(4, kT0 + 1, 75)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
+  EXPECT_FALSE(mild.Observe(p).recovered);
+  p = {{4, watch::TpWindow(4, kT0 + 2'000'000'000, 50)}, {5, watch::TpWindow(5, kT0 + 2'000'000'000, 50)}};
+  EXPECT_FALSE(mild.Observe(p).recovered) << "1.5x was never visible";
+
+  RecoveryWatch two(RecoveryWatchOptions{"t", 5, 2});
+  (void)two.Arm(view, {5, 11}, kT0);
+  p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)},
+       {10, watch::TpWindow(10, kT0 + 1, 900)}, {11, watch::TpWindow(11, kT0 + 1, 50)}};
+  EXPECT_FALSE(two.Observe(p).recovered);
+  p[4] = watch::TpWindow(4, kT0 + 2'000'000'000, 50);
+  p[5] = watch::TpWindow(5, kT0 + 2'000'000'000, 50);
+  EXPECT_FALSE(two.Observe(p).recovered) << "rank 11 is still slow";
+  p[10] = watch::TpWindow(10, kT0 + 2'000'000'000, 52);
+  p[11] = watch::TpWindow(11, kT0 + 2'000'000'000, 50);
+  EXPECT_TRUE(two.Observe(p).recovered);
 }
 
 }  // namespace

@@ -72,6 +72,7 @@ Controller::Controller(ControllerConfig config, std::shared_ptr<spdlog::logger> 
       profiling_(ProfilingStageOptions{command_prefix_, config_.validation.ack_timeout_s,
                                        config_.suspicious_ratio},
                  log_),
+      watch_(RecoveryWatchOptions{command_prefix_, config_.validation.ack_timeout_s}),
       validation_(ValidationSettingsOf(config_), StepOptionsOf(config_)),
       mismatch_(MismatchStageOptions{config_.mismatch_grace_s, 8}),
       hang_(HangStageOptions{config_.hang_wait_s, config_.hang_repeat_s, 16}),
@@ -112,6 +113,7 @@ int Controller::Run(const std::atomic<bool>& stop) {
       (void)Send(validation_.Release(command_prefix_ + "-stop", view_, WallNs()));
     }
     if (profiling_.mode() != "track") (void)SetMode("track", WallNs());  // leave the shims cheap
+    (void)Send(watch_.Disarm(view_, WallNs()));
     (void)SaveState(WallNs());
   }
   log_->info("event=stop");
@@ -327,6 +329,9 @@ Status Controller::ServeRequests(std::int64_t now_ns) {
 }
 
 Status Controller::Track(std::int64_t now_ns) {
+  Result<std::optional<std::string>> watched = Watch(now_ns);
+  if (!watched.ok()) return watched.status();
+  if (watched.value()) return Resolve(now_ns, *watched.value());
   if (!requests_.empty()) return ServeRequests(now_ns);
   const std::vector<std::int64_t> slow = LiveSlow();
   if (!state_.incident) {
@@ -547,7 +552,50 @@ Status Controller::SetMode(const std::string& mode, std::int64_t now_ns) {
   return Send(profiling_.SetMode(mode, view_, now_ns));
 }
 
+Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
+  // Wanted while re-balanced micro-batches hold for slow GPUs in act mode, between rounds.
+  std::vector<std::int64_t> gpus;
+  const Mitigator* m = state_.incident ? decision_.Current(*state_.incident) : nullptr;
+  if (config_.mitigation.recovery_watch && m != nullptr && !m->stopped() && m->rebalance_in_effect() &&
+      state_.incident->localised && config_.mitigation.mode == "act") {
+    for (const json& g : state_.incident->findings.value("gpus", json::array())) {
+      if (g.is_object() && g.contains("rank") && g["rank"].is_number_integer()) gpus.push_back(g["rank"].get<std::int64_t>());
+    }
+  }
+  if (gpus.empty()) {
+    watch_key_.clear();
+    if (Status s = Send(watch_.Disarm(view_, now_ns)); !s.ok()) return s;
+    return std::optional<std::string>();
+  }
+  const Incident& inc = *state_.incident;
+  const std::string key = inc.id + "/" + std::to_string(state_.plan_version) + "/" + std::to_string(inc.attempts);
+  if (key != watch_key_) {  // a new plan, or a round since: (re-)arm
+    watch_key_ = key;
+    if (Status s = Send(watch_.Disarm(view_, now_ns)); !s.ok()) return s;
+    if (Status s = Send(watch_.Arm(view_, gpus, now_ns)); !s.ok()) return s;
+    json targets = json::array();
+    for (const WatchTarget& t : watch_.targets()) {
+      targets.push_back({{"rank", t.culprit}, {"comm", protocol::CommIdHex(t.comm)}, {"members", t.members}});
+    }
+    log_->info("event=recovery_watch incident={} action={} targets={}", daemon::LogValue(inc.id),
+               watch_.armed() ? "armed" : "none", daemon::LogValue(targets.dump()));
+  }
+  if (!watch_.armed()) return std::optional<std::string>();
+  const RecoveryWatch::Verdict v = watch_.Observe(profiling_.profiles());
+  if (!v.recovered) return std::optional<std::string>();
+  std::string detail;
+  for (const RecoveryWatch::Reading& r : v.readings) {
+    detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r.culprit) + "'s peers wait " +
+              Fixed(r.imbalance, 2) + "x its time per call, " + Fixed(r.level, 2) + "x under the fault";
+  }
+  log_->info("event=recovery_watch incident={} action=undo detail={}", daemon::LogValue(inc.id), daemon::LogQuoted(detail));
+  return std::optional<std::string>("the slow GPU recovered under the re-balanced micro-batches: its group's members "
+                                    "arrive together again (" + detail + ")");
+}
+
 Status Controller::StartProfiling(std::int64_t now_ns) {
+  watch_.Forget();  // the round switches every shim's mode; the watch re-arms after it
+  watch_key_.clear();
   state_.profile_from_ns = now_ns;
   state_.suspicion = json::object();
   Enter(Phase::kProfiling, now_ns);

@@ -69,6 +69,7 @@
 #include "daemon/controller/tracking_stage.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profiling_stage.h"
+#include "daemon/controller/recovery_watch.h"
 #include "daemon/controller/validation_stage.h"
 #include "daemon/redis/redis_connection.h"
 #include "daemon/redis/redis_worker.h"
@@ -216,6 +217,14 @@ class Controller {
   std::int64_t next_save_ns_ = 0;
   bool dirty_ = true;
   ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)
+  // While re-balanced micro-batches hold for slow GPUs: their groups profiled, their recovery
+  // read from the peers' waits (recovery_watch.h). Not persisted: re-armed after a restart or a
+  // round (which switches every shim's mode itself).
+  RecoveryWatch watch_;
+  std::string watch_key_;  // the incident, plan version and round the watch was armed for
+  // Arms, re-arms or disarms the watch for the plan in force; the verdict's line when the
+  // culprits' GPUs have all recovered (then the plan is undone), else nullopt.
+  Result<std::optional<std::string>> Watch(std::int64_t now_ns);
   ValidationStage validation_;  // the round under way and its verdict (validation_stage.h)
   MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
   HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang

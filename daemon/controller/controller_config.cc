@@ -152,6 +152,9 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "recheck-s", m.recheck_s, "while S2 or adapted warm-up counts hold (act mode), re-validate the culprits this often to see "
         "whether the fault is gone (doubling while they stay slow), s")
       ->check(daemon::FiniteRange(1.0, 86400.0));
+  Entry(app, "recovery-watch", m.recovery_watch, "while re-balanced micro-batches hold for slow GPUs (act mode), "
+        "profile each culprit's busiest small group and undo the plan as soon as its peers stop waiting for it "
+        "(0: the recheck-s timer alone)");
   Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")
       ->check(daemon::FiniteRange(0, 1099511627776.0));
 }

@@ -56,6 +56,7 @@ struct MitigationSettings {
   std::int32_t spare_nodes = 0;    // idle nodes an S4 restart may use (the controller names them spare0, ...)
   double sample_s = 1.0;           // how often the planner is fed the iteration time
   double recheck_s = 60;           // while S2 holds, re-validate the culprits this often (doubling)
+  bool recovery_watch = true;      // while S2 holds for slow GPUs, watch their groups (recovery_watch.h)
   std::int32_t pipeline_activation_limit = 0;  // micro-batches' activations a stage may hold; 0: PP
 };
 

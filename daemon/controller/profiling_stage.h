@@ -62,6 +62,8 @@ class ProfilingStage {
   [[nodiscard]] nlohmann::json Analyze(const JobView& view, std::int64_t from_ns) const;
 
   [[nodiscard]] const std::string& mode() const { return mode_; }
+  // The newest validated comm_profile per rank, whatever the mode.
+  [[nodiscard]] const std::map<std::int64_t, nlohmann::json>& profiles() const { return profiles_; }
   [[nodiscard]] std::size_t awaiting_acks() const { return mode_commands_.size(); }
 
  private:

@@ -1,0 +1,176 @@
+// A slow GPU's recovery under re-balanced micro-batches: see recovery_watch.h.
+#include "daemon/controller/recovery_watch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "daemon/protocol/messages.h"
+
+namespace falcon::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::int64_t kNsPerS = 1'000'000'000;
+
+// The entry of communicator `comm` in a validated comm_profile, nullptr if absent.
+const json* CommEntry(const json& profile, std::uint64_t comm) {
+  for (const json& c : profile["comms"]) {
+    if (!c.is_object() || !c.contains("id") || !c["id"].is_string() || !c.contains("sigs") || !c["sigs"].is_array()) {
+      continue;
+    }
+    const std::optional<std::uint64_t> id = protocol::ParseCommIdHex(c["id"].get<std::string>());
+    if (id && *id == comm) return &c;
+  }
+  return nullptr;
+}
+
+double Field(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_number() ? it->get<double>() : std::nan("");
+}
+
+bool PointToPoint(const std::string& op) { return op == "Send" || op == "Recv"; }
+
+// The newest window of `rank` taken in profile mode since from_ns, nullptr if none.
+const json* Window(const std::map<std::int64_t, json>& profiles, std::int64_t rank, std::int64_t from_ns) {
+  auto p = profiles.find(rank);
+  if (p == profiles.end() || p->second["mode"] != "profile" || p->second["since_ns"].get<std::int64_t>() < from_ns) {
+    return nullptr;
+  }
+  return &p->second;
+}
+
+}  // namespace
+
+std::vector<WatchTarget> WatchTargets(const JobView& view, const std::vector<std::int64_t>& culprits,
+                                      std::int32_t max_members) {
+  std::vector<WatchTarget> out;
+  for (const std::int64_t culprit : culprits) {
+    auto r = view.ranks().find(culprit);
+    if (r == view.ranks().end()) continue;
+    const RankComm* best = nullptr;
+    for (const RankComm& c : r->second.comms) {
+      if (c.nranks < 2 || c.nranks > max_members) continue;
+      auto info = view.comms().find(c.id);
+      if (info == view.comms().end() || !info->second.complete()) continue;
+      if (best == nullptr || c.calls > best->calls) best = &c;
+    }
+    if (best == nullptr || best->calls == 0) continue;
+    out.push_back({culprit, best->id, view.comms().at(best->id).members});
+  }
+  return out;
+}
+
+std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::int64_t, json>& profiles,
+                                    std::int64_t from_ns, std::uint64_t min_calls) {
+  const json* own = Window(profiles, t.culprit, from_ns);
+  const json* entry = own == nullptr ? nullptr : CommEntry(*own, t.comm);
+  if (entry == nullptr) return std::nullopt;
+  // The busiest collective signature with a timing in the culprit's window.
+  const json* sig = nullptr;
+  for (const json& s : (*entry)["sigs"]) {
+    if (!s.is_object() || !s.contains("op") || !s["op"].is_string() || PointToPoint(s["op"].get<std::string>())) continue;
+    const double median = Field(s, "median_us"), count = Field(s, "count");
+    if (!std::isfinite(median) || median < 0 || !(count >= static_cast<double>(min_calls))) continue;
+    if (sig == nullptr || count > Field(*sig, "count")) sig = &s;
+  }
+  if (sig == nullptr) return std::nullopt;
+  const std::string op = (*sig)["op"].get<std::string>();
+  const double bytes = Field(*sig, "bytes");
+  std::vector<double> others;
+  for (const std::int64_t m : t.members) {
+    if (m == t.culprit) continue;
+    const json* w = Window(profiles, m, from_ns);
+    const json* e = w == nullptr ? nullptr : CommEntry(*w, t.comm);
+    if (e == nullptr) return std::nullopt;
+    double median = std::nan("");
+    for (const json& s : (*e)["sigs"]) {
+      if (s.is_object() && s.value("op", "") == op && Field(s, "bytes") == bytes) median = Field(s, "median_us");
+    }
+    if (!std::isfinite(median) || median < 0) return std::nullopt;
+    others.push_back(median);
+  }
+  if (others.empty()) return std::nullopt;
+  std::sort(others.begin(), others.end());
+  const std::size_t n = others.size();
+  const double mid = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+  // A microsecond floor: a culprit's median of 0 (timer resolution) must not divide by zero.
+  return std::max(mid, 1.0) / std::max(Field(*sig, "median_us"), 1.0);
+}
+
+std::vector<OutgoingCommand> RecoveryWatch::ModeCommands(const JobView& view, const std::string& mode,
+                                                         std::int64_t now_ns) {
+  std::map<std::string, std::set<std::int64_t>> by_host;
+  for (const WatchTarget& t : targets_) {
+    for (const std::int64_t m : t.members) {
+      if (const std::string* host = view.AgentOf(m)) by_host[*host].insert(m);
+    }
+  }
+  std::vector<OutgoingCommand> out;
+  for (const auto& [host, ranks] : by_host) {
+    protocol::Command c;
+    c.type = "set_mode";
+    c.id = options_.command_prefix + "-w" + std::to_string(++commands_);
+    c.issued_ns = now_ns;
+    c.deadline_ns = now_ns + static_cast<std::int64_t>(options_.ack_timeout_s * static_cast<double>(kNsPerS));
+    c.ranks = std::vector<std::int64_t>(ranks.begin(), ranks.end());
+    c.mode = mode;
+    out.push_back({host, std::move(c)});
+  }
+  return out;
+}
+
+std::vector<OutgoingCommand> RecoveryWatch::Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
+                                                std::int64_t now_ns) {
+  Forget();
+  targets_ = WatchTargets(view, culprits);
+  if (targets_.empty()) return {};
+  armed_ = true;
+  from_ns_ = now_ns;
+  return ModeCommands(view, "profile", now_ns);
+}
+
+std::vector<OutgoingCommand> RecoveryWatch::Disarm(const JobView& view, std::int64_t now_ns) {
+  if (!armed_) return {};
+  std::vector<OutgoingCommand> out = ModeCommands(view, "track", now_ns);
+  Forget();
+  return out;
+}
+
+void RecoveryWatch::Forget() {
+  armed_ = false;
+  targets_.clear();
+  level_.clear();
+  level_at_ns_.clear();
+}
+
+RecoveryWatch::Verdict RecoveryWatch::Observe(const std::map<std::int64_t, json>& profiles) {
+  Verdict v;
+  if (!armed_) return v;
+  bool all = true;
+  for (const WatchTarget& t : targets_) {
+    const std::optional<double> now = WaitImbalance(t, profiles, from_ns_);
+    const json* own = Window(profiles, t.culprit, from_ns_);
+    const std::int64_t at = own == nullptr ? 0 : (*own)["at_ns"].get<std::int64_t>();
+    if (now && !level_.contains(t.culprit)) {
+      level_[t.culprit] = *now;
+      level_at_ns_[t.culprit] = at;
+    }
+    auto l = level_.find(t.culprit);
+    if (l == level_.end()) {
+      all = false;
+      continue;
+    }
+    v.readings.push_back({t.culprit, l->second, now.value_or(0)});
+    // Visible, and a newer window than the level's below the geometric midpoint of it and 1.
+    const bool recovered = l->second >= options_.min_level && now && at > level_at_ns_[t.culprit] &&
+                           *now < std::sqrt(l->second);
+    all = all && recovered;
+  }
+  v.recovered = all && !v.readings.empty();
+  return v;
+}
+
+}  // namespace falcon::controller

@@ -1,0 +1,109 @@
+// RecoveryWatch: tells a slow GPU's recovery while re-balanced micro-batches hide it (issue: every
+// mitigation undone within a few iterations of its fault's end, without undoing one whose fault
+// persists).
+//
+// Why a watch. Under S2 the job's iteration time barely moves when the GPU recovers: the
+// re-balanced split keeps the healthy replicas as busy as the slow one was (on the strict fabric
+// the demo runs at 670 ms with the fault and 660 ms without it). What does move is inside the
+// culprit's busiest small communicator (its tensor-parallel group): while the GPU is slow its
+// peers wait for it in every collective, so their calls take far longer than the culprit's (it
+// arrives last and waits for nobody); once it recovers the members arrive together. S2 does not
+// change that per-call wait: it moves micro-batches between DP replicas, not work inside one.
+//
+// The mechanism.
+//  - Targets (WatchTargets): per GPU culprit, the communicator of 2..max_members members, every
+//    member known, that carried the most calls; the watch puts those members' shims in profile
+//    mode (set_mode with `ranks`) and reads their comm_profile windows.
+//  - Imbalance (WaitImbalance): in the newest windows taken in profile mode since the watch began,
+//    the communicator's busiest collective signature (op, bytes) in the culprit's window: the
+//    median over the other members of their median duration, over the culprit's. A window's
+//    median covers its last 64 calls, so it shows the last moments of the window.
+//  - Level and recovery (RecoveryWatch::Observe): the first imbalance of each culprit is its level
+//    under the fault; a level of at least `min_level` (2: the peers wait as long again as the
+//    transfer takes) is visible. The GPU has recovered once a newer window's imbalance is below
+//    the geometric midpoint of the level and 1 (healthy members wait alike): every culprit
+//    visible and recovered means the fault has ended. A level below min_level (a mild fault, or
+//    a transfer that dwarfs the compute) tells nothing: the caller keeps its re-check timer.
+// Thread-safety: a value type for the controller loop. Must never: send or write anything (the
+// commands go out through the caller), read a clock, or trust a profile it was not given validated.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/controller/job_view.h"
+#include "daemon/controller/validation_run.h"
+
+namespace falcon::controller {
+
+struct WatchTarget {
+  std::int64_t culprit = -1;          // global rank of the slow GPU
+  std::uint64_t comm = 0;             // the communicator watched
+  std::vector<std::int64_t> members;  // its members' global ranks, the culprit included
+};
+
+// Per culprit, its busiest communicator of 2..max_members members whose members are all known;
+// culprits without one are left out.
+[[nodiscard]] std::vector<WatchTarget> WatchTargets(const JobView& view, const std::vector<std::int64_t>& culprits,
+                                                    std::int32_t max_members = 64);
+
+// The culprit's wait imbalance in `t` (above) from `profiles` (newest validated comm_profile per
+// rank): nullopt unless every member has a window taken in profile mode since `from_ns` with a
+// median for the signature, and the culprit's window holds at least `min_calls` of it.
+[[nodiscard]] std::optional<double> WaitImbalance(const WatchTarget& t,
+                                                  const std::map<std::int64_t, nlohmann::json>& profiles,
+                                                  std::int64_t from_ns, std::uint64_t min_calls = 8);
+
+struct RecoveryWatchOptions {
+  std::string command_prefix = "ctl";  // set_mode ids are <prefix>-w<n>
+  double ack_timeout_s = 5;
+  double min_level = 2;
+};
+
+class RecoveryWatch {
+ public:
+  explicit RecoveryWatch(RecoveryWatchOptions options = {}) : options_(std::move(options)) {}
+
+  // Starts watching `culprits` (GPU ranks): the set_mode profile commands for their targets'
+  // members, one per agent host. Empty when no culprit has a target (nothing is watched then).
+  std::vector<OutgoingCommand> Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
+                                   std::int64_t now_ns);
+  // Stops: the set_mode track commands for the watched ranks (none when not armed).
+  std::vector<OutgoingCommand> Disarm(const JobView& view, std::int64_t now_ns);
+  // Forgets the watch without sending anything: a round switches every shim's mode itself.
+  void Forget();
+
+  struct Reading {
+    std::int64_t culprit = -1;
+    double level = 0;      // imbalance first seen
+    double imbalance = 0;  // the newest
+  };
+  struct Verdict {
+    bool recovered = false;         // every culprit visible and below its midpoint
+    std::vector<Reading> readings;  // culprits with a level so far
+  };
+  // Reads the newest profiles: levels first, then recoveries.
+  Verdict Observe(const std::map<std::int64_t, nlohmann::json>& profiles);
+
+  [[nodiscard]] bool armed() const { return armed_; }
+  [[nodiscard]] const std::vector<WatchTarget>& targets() const { return targets_; }
+
+ private:
+  std::vector<OutgoingCommand> ModeCommands(const JobView& view, const std::string& mode, std::int64_t now_ns);
+
+  RecoveryWatchOptions options_;
+  bool armed_ = false;
+  std::int64_t from_ns_ = 0;
+  std::uint64_t commands_ = 0;
+  std::vector<WatchTarget> targets_;
+  std::map<std::int64_t, double> level_;             // per culprit
+  std::map<std::int64_t, std::int64_t> level_at_ns_;  // the culprit's window it was read from
+};
+
+}  // namespace falcon::controller
