@@ -391,6 +391,9 @@ TEST(MitigationTest, SlowPipelineLinkAdaptsTheWarmupCountsFirst) {
   EXPECT_FALSE(m.rebalance_in_effect());
   EXPECT_EQ(m.FaultFreeRatio(), 1.0) << "adapted counts only add slack: healthy without the delay";
 
+  EXPECT_EQ(c["link_delay_source"], "iteration time") << "no profile timed the link";
+  EXPECT_EQ(c["link_delay_fitted_s"], c["link_delay_s"]);
+
   // A restarted controller carries on with the counts in force.
   Mitigator again = Mitigator::FromJson(s, m.ToJson()).value();
   EXPECT_TRUE(again.pipeline_in_effect());
@@ -583,6 +586,34 @@ TEST(MitigationTest, AMeasurementDuringAMitigationMovesTheNextSwitchAndSurvivesA
   EXPECT_EQ(next_configured, (std::pair<std::string, int>{"S3", 50}));
 }
 
+// The round's profile timed the stage pair across the slow link (node1 - node5: ranks 2 and 10,
+// communicator 0x3002) at 31 ms a transfer against its class's 2.6 ms: that 28.4 ms is the
+// delay the pipeline candidate plans with. Communicators elsewhere, or not suspicious, do not
+// count; without a profile the delay is fitted to the slow iteration time.
+TEST(MitigationTest, ThePipelineLinksDelayComesFromTheProfileWhenItTimedIt) {
+  json findings = {{"links", {{{"ranks", {2, 10}}, {"hosts", {"node1", "node5"}}, {"evidence", {{"ratio", 12.0}}}}}}};
+  findings["suspicion"]["evidence"] = {
+      {{"comm", protocol::CommIdHex(0x3002)}, {"verdict", "suspicious"}, {"metric_s", 0.031}, {"baseline_s", 0.0026}},
+      {{"comm", protocol::CommIdHex(0x3003)}, {"verdict", "healthy"}, {"metric_s", 0.0027}, {"baseline_s", 0.0026}},
+      {{"comm", protocol::CommIdHex(0x1002)}, {"verdict", "suspicious"}, {"metric_s", 1.0}, {"baseline_s", 0.1}}};
+  const JobView view = View(2, 4, 2);
+  EXPECT_NEAR(ProfiledLinkDelay(findings, view), 0.0284, 1e-12);
+  EXPECT_EQ(ProfiledLinkDelay({{"links", findings["links"]}}, view), 0.0) << "no profile";
+  json elsewhere = findings;
+  elsewhere["links"][0]["hosts"] = {"node0", "node4"};
+  EXPECT_EQ(ProfiledLinkDelay(elsewhere, view), 0.0) << "the timed pair is not across this link";
+
+  MitigationSettings s = Settings();
+  s.pipeline_activation_limit = 4;
+  const JobTiming timing{1.0, 1.6, ProfiledLinkDelay(findings, view)};
+  Mitigator m = Mitigator::Start(s, "link", findings, InferLayout(view, ""), {}, timing).value();
+  const json& c = m.candidates()["pipeline"];
+  EXPECT_EQ(c["link_delay_source"], "profile") << c.dump();
+  EXPECT_NEAR(c["link_delay_s"].get<double>(), 0.0284, 1e-12);
+  EXPECT_GT(c["link_delay_fitted_s"].get<double>(), c["link_delay_s"].get<double>())
+      << "the fit to 1.6 s needs a longer delay than 28 ms in a 1 s iteration of this model";
+}
+
 // ---- The recovery watch (daemon/controller/recovery_watch.h) ---------------------------------
 
 namespace watch {
@@ -636,6 +667,8 @@ TEST(RecoveryWatchTest, WatchesTheCulpritsBusiestSmallGroup) {
   EXPECT_TRUE(w.Disarm(view, kT0 + 2).empty()) << "nothing to switch back twice";
   EXPECT_TRUE(w.Arm(view, {99}, kT0).empty());
   EXPECT_FALSE(w.armed()) << "no target: nothing watched";
+  EXPECT_TRUE(w.Arm(view, {5, 99}, kT0).empty());
+  EXPECT_FALSE(w.armed()) << "a culprit without a group: its recovery could not be seen, so none is watched";
 }
 
 // The peer waits 16x the culprit's time per call while the GPU is slow; once the two arrive

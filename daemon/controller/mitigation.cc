@@ -12,6 +12,7 @@
 #include "analyzer/microbatch_plan.h"
 #include "analyzer/pipeline_plan.h"
 #include "analyzer/restart_plan.h"
+#include "daemon/protocol/messages.h"
 
 namespace falcon::controller {
 namespace {
@@ -195,11 +196,46 @@ std::set<std::int32_t> SlowPipelineLinks(const json& findings, const JobLayout& 
   return out;
 }
 
+}  // namespace
+
+double ProfiledLinkDelay(const json& findings, const JobView& view) {
+  const json& suspicion = findings.value("suspicion", json::object());
+  const json& evidence = suspicion.is_object() ? suspicion.value("evidence", json::array()) : json::array();
+  std::map<std::string, const json*> by_comm;
+  for (const json& e : evidence) {
+    if (e.is_object() && e.value("verdict", "") == "suspicious" && e.contains("comm") && e["comm"].is_string()) {
+      by_comm[e["comm"].get<std::string>()] = &e;
+    }
+  }
+  double delay = 0;
+  for (const json& k : findings.value("links", json::array())) {
+    const json hosts = k.value("hosts", json::array());
+    if (hosts.size() != 2 || !hosts[0].is_string() || !hosts[1].is_string()) continue;
+    const std::set<std::string> ends = {hosts[0].get<std::string>(), hosts[1].get<std::string>()};
+    if (ends.size() != 2) continue;
+    for (const auto& [id, info] : view.comms()) {
+      if (info.nranks != 2 || !info.complete()) continue;
+      const std::string* a = view.HostOf(info.members[0]);
+      const std::string* b = view.HostOf(info.members[1]);
+      if (a == nullptr || b == nullptr || std::set<std::string>{*a, *b} != ends) continue;
+      auto e = by_comm.find(protocol::CommIdHex(id));
+      if (e == by_comm.end()) continue;
+      const double metric = e->second->value("metric_s", 0.0), baseline = e->second->value("baseline_s", 0.0);
+      if (std::isfinite(metric) && std::isfinite(baseline) && metric > baseline) delay = std::max(delay, metric - baseline);
+    }
+  }
+  return delay;
+}
+
+namespace {
+
 // Adapting the pipeline (Adaptra): new warm-up counts that let the slow pipeline links run late
 // without idling the stages behind them. The model is the job's own figures: S stages of equal
 // work, a micro-batch's forward a third of its work (backward twice the forward), the stage
 // time from the healthy iteration ((N + S - 1) micro-batch periods under 1F1B), and one delay on
-// every slow pipeline link, the one under which 1F1B takes the slow iteration time observed.
+// every slow pipeline link: the one the round's profile timed on the stage pairs across it when
+// it did (timing.profiled_link_delay_s), else the one under which 1F1B takes the slow iteration
+// time observed (fitted; both are in the candidate).
 json PlanPipeline(const MitigationSettings& s, const json& findings, const Result<JobLayout>& layout,
                   const JobTiming& timing) {
   if (findings.value("links", json::array()).empty()) return {{"unavailable", "no slow link"}};
@@ -232,7 +268,10 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
     if (!t.ok()) return {{"unavailable", t.status().message()}};
     (t.value() < timing.slow_s ? lo : hi) = mid;
   }
-  const double delay = hi;
+  const double fitted = hi;
+  const bool profiled = timing.profiled_link_delay_s > 0 && std::isfinite(timing.profiled_link_delay_s);
+  const double delay = profiled ? timing.profiled_link_delay_s : fitted;
+  const char* source = profiled ? "profile" : "iteration time";
   // What the job runs now, 1F1B under that delay (not the planner's baseline, which a limit
   // below the pipeline depth would have clamped).
   Result<double> now = one_f_one_b(delay);
@@ -251,6 +290,8 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
                                 " micro-batches per stage) beat 1F1B under this delay"},
             {"links", links},
             {"link_delay_s", delay},
+            {"link_delay_source", source},
+            {"link_delay_fitted_s", fitted},
             {"stage_period_s", period}};
   }
   std::vector<std::int32_t> counts;  // Megatron's num_warmup_microbatches: forwards before the first backward, less one
@@ -260,6 +301,8 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
           {"kind", "warm-up counts"},
           {"links", links},
           {"link_delay_s", delay},
+          {"link_delay_source", source},
+          {"link_delay_fitted_s", fitted},
           {"stage_period_s", period},
           {"activation_limit", limit},
           {"iteration_s", p.iteration_s},

@@ -64,7 +64,17 @@ struct MitigationSettings {
 struct JobTiming {
   double healthy_s = 0;
   double slow_s = 0;
+  // The slow pipeline links' delay per transfer as the round's profile timed it (0: not timed):
+  // ProfiledLinkDelay.
+  double profiled_link_delay_s = 0;
 };
+
+// The delay per transfer that the slow links of `findings` (a localisation's detail, with its
+// round's `suspicion`) add to the two-rank communicators joining their two hosts, as the profile
+// timed them: the largest (metric_s - baseline_s) over those communicators the profile found
+// suspicious — their transfer time per call against their class's median (the pipeline's stage
+// pairs, whose sends and receives the profile times). 0 when none was timed.
+[[nodiscard]] double ProfiledLinkDelay(const nlohmann::json& findings, const JobView& view);
 
 // Overheads the job measured itself: what applying each strategy cost, as the frameworks reported
 // it (falcon.h falconReportCost; the slowest rank's figure, since every rank waits for it), plus,

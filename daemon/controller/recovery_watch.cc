@@ -126,7 +126,11 @@ std::vector<OutgoingCommand> RecoveryWatch::Arm(const JobView& view, const std::
                                                 std::int64_t now_ns) {
   Forget();
   targets_ = WatchTargets(view, culprits);
-  if (targets_.empty()) return {};
+  // A culprit without a group to watch could stay slow unseen: then the watch tells nothing.
+  if (targets_.empty() || targets_.size() != std::set<std::int64_t>(culprits.begin(), culprits.end()).size()) {
+    targets_.clear();
+    return {};
+  }
   armed_ = true;
   from_ns_ = now_ns;
   return ModeCommands(view, "profile", now_ns);

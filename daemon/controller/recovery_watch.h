@@ -71,7 +71,8 @@ class RecoveryWatch {
   explicit RecoveryWatch(RecoveryWatchOptions options = {}) : options_(std::move(options)) {}
 
   // Starts watching `culprits` (GPU ranks): the set_mode profile commands for their targets'
-  // members, one per agent host. Empty when no culprit has a target (nothing is watched then).
+  // members, one per agent host. Empty when some culprit has no target (nothing is watched then:
+  // a recovery of the others would say nothing about it).
   std::vector<OutgoingCommand> Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
                                    std::int64_t now_ns);
   // Stops: the set_mode track commands for the watched ranks (none when not armed).
