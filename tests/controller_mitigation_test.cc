@@ -592,7 +592,7 @@ TEST(MitigationTest, AMeasurementDuringAMitigationMovesTheNextSwitchAndSurvivesA
 // count; without a profile the delay is fitted to the slow iteration time.
 TEST(MitigationTest, ThePipelineLinksDelayComesFromTheProfileWhenItTimedIt) {
   json findings = {{"links", {{{"ranks", {2, 10}}, {"hosts", {"node1", "node5"}}, {"evidence", {{"ratio", 12.0}}}}}}};
-  findings["suspicion"]["evidence"] = {
+  findings["suspicion"]["comms"] = {
       {{"comm", protocol::CommIdHex(0x3002)}, {"verdict", "suspicious"}, {"metric_s", 0.031}, {"baseline_s", 0.0026}},
       {{"comm", protocol::CommIdHex(0x3003)}, {"verdict", "healthy"}, {"metric_s", 0.0027}, {"baseline_s", 0.0026}},
       {{"comm", protocol::CommIdHex(0x1002)}, {"verdict", "suspicious"}, {"metric_s", 1.0}, {"baseline_s", 0.1}}};

@@ -200,7 +200,7 @@ std::set<std::int32_t> SlowPipelineLinks(const json& findings, const JobLayout& 
 
 double ProfiledLinkDelay(const json& findings, const JobView& view) {
   const json& suspicion = findings.value("suspicion", json::object());
-  const json& evidence = suspicion.is_object() ? suspicion.value("evidence", json::array()) : json::array();
+  const json& evidence = suspicion.is_object() ? suspicion.value("comms", json::array()) : json::array();
   std::map<std::string, const json*> by_comm;
   for (const json& e : evidence) {
     if (e.is_object() && e.value("verdict", "") == "suspicious" && e.contains("comm") && e["comm"].is_string()) {

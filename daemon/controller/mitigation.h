@@ -70,10 +70,11 @@ struct JobTiming {
 };
 
 // The delay per transfer that the slow links of `findings` (a localisation's detail, with its
-// round's `suspicion`) add to the two-rank communicators joining their two hosts, as the profile
-// timed them: the largest (metric_s - baseline_s) over those communicators the profile found
-// suspicious — their transfer time per call against their class's median (the pipeline's stage
-// pairs, whose sends and receives the profile times). 0 when none was timed.
+// round's `suspicion`, whose `comms` are the profile's per-communicator evidence) add to the
+// two-rank communicators joining their two hosts, as the profile timed them: the largest
+// (metric_s - baseline_s) over those communicators the profile found suspicious — their transfer
+// time per call against their class's median (the pipeline's stage pairs, whose sends and
+// receives the profile times). 0 when none was timed.
 [[nodiscard]] double ProfiledLinkDelay(const nlohmann::json& findings, const JobView& view);
 
 // Overheads the job measured itself: what applying each strategy cost, as the frameworks reported
