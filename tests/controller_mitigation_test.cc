@@ -599,6 +599,10 @@ TEST(MitigationTest, ThePipelineLinksDelayComesFromTheProfileWhenItTimedIt) {
   const JobView view = View(2, 4, 2);
   EXPECT_NEAR(ProfiledLinkDelay(findings, view), 0.0284, 1e-12);
   EXPECT_EQ(ProfiledLinkDelay({{"links", findings["links"]}}, view), 0.0) << "no profile";
+  json garbled = findings;  // a state document someone edited: skipped, never thrown on
+  garbled["suspicion"]["comms"][0]["metric_s"] = "31 ms";
+  garbled["suspicion"]["comms"][1]["verdict"] = 7;
+  EXPECT_EQ(ProfiledLinkDelay(garbled, view), 0.0);
   json elsewhere = findings;
   elsewhere["links"][0]["hosts"] = {"node0", "node4"};
   EXPECT_EQ(ProfiledLinkDelay(elsewhere, view), 0.0) << "the timed pair is not across this link";

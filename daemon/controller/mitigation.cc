@@ -203,7 +203,9 @@ double ProfiledLinkDelay(const json& findings, const JobView& view) {
   const json& evidence = suspicion.is_object() ? suspicion.value("comms", json::array()) : json::array();
   std::map<std::string, const json*> by_comm;
   for (const json& e : evidence) {
-    if (e.is_object() && e.value("verdict", "") == "suspicious" && e.contains("comm") && e["comm"].is_string()) {
+    // The state document round-trips through Redis: nothing here may assume a field's type.
+    if (e.is_object() && e.contains("verdict") && e["verdict"] == "suspicious" && e.contains("comm") &&
+        e["comm"].is_string()) {
       by_comm[e["comm"].get<std::string>()] = &e;
     }
   }
@@ -220,7 +222,12 @@ double ProfiledLinkDelay(const json& findings, const JobView& view) {
       if (a == nullptr || b == nullptr || std::set<std::string>{*a, *b} != ends) continue;
       auto e = by_comm.find(protocol::CommIdHex(id));
       if (e == by_comm.end()) continue;
-      const double metric = e->second->value("metric_s", 0.0), baseline = e->second->value("baseline_s", 0.0);
+      const json& ev = *e->second;
+      if (!ev.contains("metric_s") || !ev["metric_s"].is_number() || !ev.contains("baseline_s") ||
+          !ev["baseline_s"].is_number()) {
+        continue;
+      }
+      const double metric = ev["metric_s"].get<double>(), baseline = ev["baseline_s"].get<double>();
       if (std::isfinite(metric) && std::isfinite(baseline) && metric > baseline) delay = std::max(delay, metric - baseline);
     }
   }

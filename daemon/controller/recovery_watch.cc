@@ -87,7 +87,7 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
     if (e == nullptr) return std::nullopt;
     double median = std::nan("");
     for (const json& s : (*e)["sigs"]) {
-      if (s.is_object() && s.value("op", "") == op && Field(s, "bytes") == bytes) median = Field(s, "median_us");
+      if (s.is_object() && s.contains("op") && s["op"] == op && Field(s, "bytes") == bytes) median = Field(s, "median_us");
     }
     if (!std::isfinite(median) || median < 0) return std::nullopt;
     others.push_back(median);
