@@ -380,8 +380,9 @@ std::uint64_t MegatronTrainer::P2pKey(int iter, bool forward, int mb, int from_s
 Status MegatronTrainer::RunStepPerDirection(int iter, const Step& step, Buckets buckets, int micro_batches_here,
                                             const std::vector<int>& micro_batches) {
   if (step.kind == StepKind::kExchange) return Status::Ok();  // the rings carry the traffic
-  // W reads the saved activation and the gradient B received; it sends nothing. On the training
-  // thread, as a split-backward schedule runs its deferred weight gradients.
+  // W reads what its B kept (the layers' inputs and output gradients, in the framework's own
+  // memory, not a receive slot: B released that); it sends nothing. On the training thread, as a
+  // split-backward schedule runs its deferred weight gradients.
   if (step.kind == StepKind::kWeight) return RunCompute(iter, step.mb, step.kind, buckets, micro_batches);
   const bool fwd = step.kind == StepKind::kForward;
   P2pRing* in = fwd ? &act_in_ : &grad_in_;
