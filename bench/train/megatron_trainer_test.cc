@@ -143,21 +143,32 @@ TEST_F(MegatronTrainerTest, CheckpointSavesEndInABarrierAndTrainingGoesOn) {
   EXPECT_GE(span, 0.1);
 }
 
+// An 8-rank PP 4 job (2 ranks a node) on per-direction traffic with room for 7 activations,
+// checked, 8 micro-batches for 4 iterations, whose plan file holds the pipeline plan `warmup`
+// [6, 4, 2, 0] from the first boundary on; `shape` the --tp/--dp flags, `extra` more flags.
+JobResult RunPlannedPipeline(const std::string& dir, const std::vector<std::string>& shape,
+                             const std::vector<std::string>& extra, const std::string& report) {
+  const std::string plan = dir + "/plan.json";
+  {
+    std::ofstream(plan) << R"({"version": 2, "strategy": "pipeline", "warmup": [6, 4, 2, 0]})";
+  }
+  std::vector<std::string> args = shape;
+  for (const char* a : {"--pp", "4", "--micro-batches", "8", "--iters", "4", "--compute-ms", "0.2", "--check",
+                        "--pp-comm", "per-direction", "--activation-limit", "7"}) {
+    args.push_back(a);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  for (const std::string& a : {std::string("--plan-file"), plan, std::string("--report"), report}) args.push_back(a);
+  return RunJob({"-n", "8", "--ranks-per-node", "2"}, args, nullptr, WithDriver());
+}
+
 // --pp-comm per-direction: every stage pair's two directions on their own 2-rank communicators
 // (after Megatron's groups), data checked on every receive; a pipeline plan from the file changes
 // the warm-up counts from the next iteration on every rank, and each stage then holds the
 // activations they imply; the standard schedule and the adapted one both pass the checks.
 TEST_F(MegatronTrainerTest, PerDirectionTrafficRunsPipelinePlansWithCheckedData) {
   const Shape shape{1, 2, 4};
-  const std::string plan = dir_ + "/plan.json";
-  {
-    std::ofstream(plan) << R"({"version": 2, "strategy": "pipeline", "warmup": [6, 4, 2, 0]})";
-  }
-  const JobResult r = RunJob({"-n", "8", "--ranks-per-node", "2"},
-                             {"--dp", "2", "--pp", "4", "--micro-batches", "8", "--iters", "4", "--compute-ms", "0.2",
-                              "--check", "--pp-comm", "per-direction", "--activation-limit", "7", "--plan-file", plan,
-                              "--report", ReportSpec()},
-                             nullptr, WithDriver());
+  const JobResult r = RunPlannedPipeline(dir_, {"--dp", "2"}, {}, ReportSpec());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<int> warmup = {6, 4, 2, 0};
   for (int rank = 0; rank < 8; ++rank) {
@@ -186,15 +197,7 @@ TEST_F(MegatronTrainerTest, PerDirectionTrafficRunsPipelinePlansWithCheckedData)
 // force (1F1B's, then a plan's), with the TP all-reduces of B and the gradient buckets after the
 // last W data-checked, and holds an activation until its W: at most the counts + 1.
 TEST_F(MegatronTrainerTest, SplitBackwardRunsTheFbwOrderWithCheckedData) {
-  const std::string plan = dir_ + "/plan.json";
-  {
-    std::ofstream(plan) << R"({"version": 2, "strategy": "pipeline", "warmup": [6, 4, 2, 0]})";
-  }
-  const JobResult r = RunJob({"-n", "8", "--ranks-per-node", "2"},
-                             {"--tp", "2", "--pp", "4", "--micro-batches", "8", "--iters", "4", "--compute-ms", "0.2",
-                              "--check", "--pp-comm", "per-direction", "--split-backward", "--activation-limit", "7",
-                              "--plan-file", plan, "--report", ReportSpec()},
-                             nullptr, WithDriver());
+  const JobResult r = RunPlannedPipeline(dir_, {"--tp", "2"}, {"--split-backward"}, ReportSpec());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<int> warmup = {6, 4, 2, 0};
   for (int rank = 0; rank < 8; ++rank) {

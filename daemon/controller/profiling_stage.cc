@@ -17,6 +17,18 @@ constexpr std::int64_t kNsPerS = 1'000'000'000;
 
 }  // namespace
 
+protocol::Command SetModeCommand(std::string id, const std::string& mode, std::int64_t now_ns, double ack_timeout_s,
+                                 std::optional<std::vector<std::int64_t>> ranks) {
+  protocol::Command c;
+  c.type = "set_mode";
+  c.id = std::move(id);
+  c.issued_ns = now_ns;
+  c.deadline_ns = now_ns + static_cast<std::int64_t>(ack_timeout_s * static_cast<double>(kNsPerS));
+  c.ranks = std::move(ranks);
+  c.mode = mode;
+  return c;
+}
+
 ProfilingStage::ProfilingStage(ProfilingStageOptions options, std::shared_ptr<spdlog::logger> log)
     : options_(std::move(options)), log_(std::move(log)) {}
 
@@ -25,12 +37,8 @@ std::vector<OutgoingCommand> ProfilingStage::SetMode(const std::string& mode, co
   mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
   std::vector<OutgoingCommand> out;
   for (const std::string& host : view.agent_hosts()) {
-    protocol::Command c;
-    c.type = "set_mode";
-    c.id = options_.command_prefix + "-m" + std::to_string(++commands_);
-    c.issued_ns = now_ns;
-    c.deadline_ns = now_ns + static_cast<std::int64_t>(options_.ack_timeout_s * static_cast<double>(kNsPerS));
-    c.mode = mode;
+    protocol::Command c =
+        SetModeCommand(options_.command_prefix + "-m" + std::to_string(++commands_), mode, now_ns, options_.ack_timeout_s);
     mode_commands_.insert(c.id);
     out.push_back({host, std::move(c)});
   }

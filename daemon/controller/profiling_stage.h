@@ -25,14 +25,22 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
+#include "daemon/protocol/messages.h"
 
 namespace falcon::controller {
+
+// One set_mode command: `mode` for `ranks` (every rank of the host when absent), due within
+// ack_timeout_s of now_ns. The profiling stage's switches and the recovery watch's share it.
+[[nodiscard]] protocol::Command SetModeCommand(std::string id, const std::string& mode, std::int64_t now_ns,
+                                               double ack_timeout_s,
+                                               std::optional<std::vector<std::int64_t>> ranks = std::nullopt);
 
 struct ProfilingStageOptions {
   std::string command_prefix = "ctl";  // set_mode command ids are <prefix>-m<n>

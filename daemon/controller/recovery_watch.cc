@@ -5,14 +5,14 @@
 #include <cmath>
 #include <set>
 
+#include "analyzer/robust.h"
+#include "daemon/controller/profiling_stage.h"
 #include "daemon/protocol/messages.h"
 
 namespace falcon::controller {
 namespace {
 
 using nlohmann::json;
-
-constexpr std::int64_t kNsPerS = 1'000'000'000;
 
 // The entry of communicator `comm` in a validated comm_profile, nullptr if absent.
 const json* CommEntry(const json& profile, std::uint64_t comm) {
@@ -93,9 +93,8 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
     others.push_back(median);
   }
   if (others.empty()) return std::nullopt;
-  std::sort(others.begin(), others.end());
-  const std::size_t n = others.size();
-  const double mid = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+  std::vector<double> scratch;
+  const double mid = analyzer::Median(others, scratch);
   // A microsecond floor: a culprit's median of 0 (timer resolution) must not divide by zero.
   return std::max(mid, 1.0) / std::max(Field(*sig, "median_us"), 1.0);
 }
@@ -110,14 +109,8 @@ std::vector<OutgoingCommand> RecoveryWatch::ModeCommands(const JobView& view, co
   }
   std::vector<OutgoingCommand> out;
   for (const auto& [host, ranks] : by_host) {
-    protocol::Command c;
-    c.type = "set_mode";
-    c.id = options_.command_prefix + "-w" + std::to_string(++commands_);
-    c.issued_ns = now_ns;
-    c.deadline_ns = now_ns + static_cast<std::int64_t>(options_.ack_timeout_s * static_cast<double>(kNsPerS));
-    c.ranks = std::vector<std::int64_t>(ranks.begin(), ranks.end());
-    c.mode = mode;
-    out.push_back({host, std::move(c)});
+    out.push_back({host, SetModeCommand(options_.command_prefix + "-w" + std::to_string(++commands_), mode, now_ns,
+                                        options_.ack_timeout_s, std::vector<std::int64_t>(ranks.begin(), ranks.end()))});
   }
   return out;
 }
