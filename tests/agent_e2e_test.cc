@@ -285,6 +285,27 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
     auto h = redis::HGetAll(c, Key(protocol::kRankKey, 0)).value();
     return h.count("msg") && json::parse(h["msg"])["mode"] == "profile";
   }, 10)) << "the shims applied the mode";
+  // The switch closed each rank's window (taken in track mode) and opened one at the ack: the
+  // first profile-mode window begins exactly at the ack's at_ns, and none spans the switch.
+  const std::int64_t switched_ns = acks["mode-1"]["at_ns"].get<std::int64_t>();
+  std::map<std::int64_t, json> first_profile;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (const json& p : ReadStream(c, protocol::kProfilesStream, protocol::kCommProfile)) {
+      if (p["mode"] == "profile") first_profile.try_emplace(p["rank"].get<std::int64_t>(), p);
+    }
+    return first_profile.size() == 4;
+  }, 20)) << ReadFile(agent_log_);
+  for (const auto& [rank, p] : first_profile) {
+    EXPECT_EQ(p["since_ns"].get<std::int64_t>(), switched_ns) << p.dump();
+    EXPECT_GE(p["at_ns"].get<std::int64_t>() - switched_ns, 900'000'000) << "a whole --profile-ms window";
+  }
+  for (const json& p : ReadStream(c, protocol::kProfilesStream, protocol::kCommProfile)) {
+    const std::int64_t since = p["since_ns"].get<std::int64_t>();
+    if (since < switched_ns) {
+      EXPECT_EQ(p["mode"], "track") << p.dump();
+      EXPECT_LT(p["at_ns"].get<std::int64_t>() - switched_ns, 200'000'000) << "closed at the switch: " << p.dump();
+    }
+  }
 
   // 4. Redis dies: the agent keeps analysing and queues; after a restart it delivers the backlog.
   // Freeze writes first, so that nothing lands between the snapshot and the kill: the agent's

@@ -128,26 +128,42 @@ TEST(ProfilingStageTest, AcksAreTakenAndMoveTheWindowToTheLastSwitch) {
   EXPECT_EQ(from, kT0 + 3 * kSec);
 }
 
-TEST(ProfilingStageTest, ReadyOnlyWhenEveryLiveRankHasAProfileModeWindowSinceFrom) {
+TEST(ProfilingStageTest, ReadyOnlyWhenEveryLiveRankHasAProfileModeWindowSinceItsAgentsAck) {
   std::ostringstream log;
   ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
   const JobView v = RunningJob();
-  const std::int64_t from = kT0 + 3 * kSec;
-  EXPECT_FALSE(p.Ready(JobView(), from)) << "no live rank";
+  EXPECT_FALSE(p.Ready(JobView(), kT0)) << "no live rank";
   const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
-  for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, from));
-  EXPECT_FALSE(p.Ready(v, from)) << "set_mode acks outstanding";
-  std::int64_t acked = kT0;
-  for (const OutgoingCommand& c : out) ASSERT_TRUE(p.OnAck(Ack(c.command, c.host, kT0 + kSec), &acked));
-  EXPECT_TRUE(p.Ready(v, from));
+  ASSERT_EQ(out.size(), 2u);
+  // node0 (ranks 0-3) switched at +1 s, node1 (ranks 4-7) at +3 s; each opened a window then.
+  const std::map<std::string, std::int64_t> acked = {{"node0", kT0 + kSec}, {"node1", kT0 + 3 * kSec}};
+  for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, acked.at(HostOfRank(r))));
+  EXPECT_FALSE(p.Ready(v, kT0)) << "set_mode acks outstanding";
+  std::int64_t from = kT0;
+  for (const OutgoingCommand& c : out) ASSERT_TRUE(p.OnAck(Ack(c.command, c.host, acked.at(c.host)), &from));
+  EXPECT_EQ(from, kT0 + 3 * kSec);
+  EXPECT_TRUE(p.Ready(v, from)) << "node0's windows began before node1's ack, but after node0's own";
 
-  p.OnProfile(Profile(5, from - 1));  // the newest of rank 5 began before the window
+  p.OnProfile(Profile(5, kT0 + 3 * kSec - 1));  // rank 5's newest began before its agent switched
   EXPECT_FALSE(p.Ready(v, from));
-  p.OnProfile(Profile(5, from, "track"));  // in the window, but untimed
+  p.OnProfile(Profile(5, kT0 + 3 * kSec, "track"));  // in the window, but untimed
   EXPECT_FALSE(p.Ready(v, from));
-  p.OnProfile(Profile(5, from + kSec));
+  p.OnProfile(Profile(5, kT0 + 4 * kSec));
   EXPECT_TRUE(p.Ready(v, from));
-  EXPECT_FALSE(p.Ready(v, from + 2 * kSec)) << "every window is older than that";
+  p.OnProfile(Profile(1, kT0));  // rank 1's newest began before node0's ack
+  EXPECT_FALSE(p.Ready(v, from));
+
+  // A switch forgets the last one's acks: until its own acks, windows count from `from`.
+  (void)p.SetMode("profile", v, kT0 + 5 * kSec);
+  for (std::int64_t r = 0; r < kRanks; ++r) p.OnProfile(Profile(r, kT0 + 4 * kSec));
+  EXPECT_EQ(p.Analyze(v, kT0 + 5 * kSec)["profiles"], 0) << "windows of the last switch";
+  EXPECT_EQ(p.Analyze(v, kT0 + 4 * kSec)["profiles"], kRanks);
+  ProfilingStage restarted({"ctl", 5, 1.1}, LogTo(log));  // a controller restarted while profiling
+  for (std::int64_t r = 0; r < kRanks; ++r) restarted.OnProfile(Profile(r, kT0 + 6 * kSec));
+  EXPECT_TRUE(restarted.Ready(v, kT0 + 6 * kSec));
+  EXPECT_FALSE(restarted.Ready(v, kT0 + 7 * kSec)) << "every window is older than that";
+  EXPECT_EQ(restarted.Analyze(v, kT0 + 7 * kSec)["profiles"], 0);
+  EXPECT_EQ(restarted.Analyze(v, kT0 + 6 * kSec)["profiles"], kRanks);
 }
 
 TEST(ProfilingStageTest, ASlowGroupIsSuspiciousAndItsClassMatesArePeers) {

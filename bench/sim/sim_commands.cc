@@ -144,10 +144,7 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
     protocol::AckRankResult res;
     res.rank = r->rank;
     if (c.type == "set_mode") {
-      if (r->mode != "profile" && r->mode != "sample" && (c.mode == "profile" || c.mode == "sample")) {
-        r->profile_since_ns = now_ns;
-      }
-      r->mode = c.mode;
+      r->mode = c.mode;  // its profile window restarts when the ack goes out (SendDueAcks), as an agent's does
       ack.ranks.push_back(r->rank);
       continue;  // set_mode acks carry no results
     }
@@ -252,6 +249,11 @@ void SimAgents::SendDueAcks(std::int64_t now_ns) {
   auto due = std::stable_partition(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.due_ns > now_ns; });
   for (auto it = due; it != pending_.end(); ++it) {
     it->ack.header.at_ns = now_ns;
+    if (it->ack.command_type == "set_mode") {
+      for (std::int64_t rank : it->ack.ranks) {
+        if (auto r = ranks_.find(rank); r != ranks_.end()) r->second.profile_since_ns = now_ns;
+      }
+    }
     QueueReport(protocol::kAcksStream, protocol::ToJson(it->ack), "ack", -1);  // acks go alone
     ++counters_.acks;
   }

@@ -122,12 +122,10 @@ Status Agent::Start() {
   publisher_->Start();
   reader_->Start();
   started_real_ns_ = RealNowNs();
-  profile_since_ns_ = started_real_ns_;
   const auto now = Clock::now();
   next_tick_ = now;
   next_heartbeat_ = now;
   next_flush_ = now + std::chrono::milliseconds(config_.flush_ms);
-  next_profile_ = now + std::chrono::milliseconds(config_.profile_ms);
   next_stall_check_ = now + std::chrono::milliseconds(config_.stall_check_ms);
   next_signatures_ = now + std::chrono::milliseconds(config_.signature_ms);
   started_ = true;
@@ -176,9 +174,10 @@ void Agent::Tick() {
     next_signatures_ = t0 + std::chrono::milliseconds(config_.signature_ms);
     QueueSignatures();
   }
-  if (config_.profile_ms > 0 && t0 >= next_profile_) {
-    next_profile_ = t0 + std::chrono::milliseconds(config_.profile_ms);
-    QueueProfiles();
+  if (config_.profile_ms > 0) {
+    for (auto& [path, f] : followers_) {
+      if (t0 >= f.next_profile) CloseProfileWindow(f, RealNowNs(), t0);
+    }
   }
   if (t0 >= next_flush_) {
     next_flush_ = t0 + std::chrono::milliseconds(config_.flush_ms);
@@ -281,6 +280,9 @@ void Agent::Follow(const daemon::SegmentInfo& info) {
   Followed& slot = followers_[info.path];
   slot.follower = std::move(f).value();
   slot.stall = StallWatch(StallOptions{config_.stall_floor_s, config_.stall_factor, config_.stall_startup_s});
+  slot.profile_since_ns = RealNowNs();
+  slot.profile_mode = slot.follower->mode_name();
+  slot.next_profile = Clock::now() + std::chrono::milliseconds(config_.profile_ms);
   Poll(slot, daemon::SegmentReader::ReadMode::kLive);
   QueueRegistration(*slot.follower);
 }
@@ -292,6 +294,7 @@ void Agent::Unfollow(const std::string& path, const char* state) {
   Poll(f, daemon::SegmentReader::ReadMode::kFinal);
   QueueBatch(f);
   QueueSignatures(*f.follower);
+  if (config_.profile_ms > 0) CloseProfileWindow(f, RealNowNs(), Clock::now());  // its last calls' profile
   f.follower->state = state;
   QueueRegistration(*f.follower);
   log_->info("event=unfollow pid={} rank={} state={} records={} lost={} iterations={}",

@@ -80,6 +80,10 @@ class Agent {
     std::uint64_t acks_registered = 0;
     std::array<double, 4> costs_registered{-1, -1, -1, -1};  // falconReportCost figures last registered
     StallWatch stall;
+    // The open profile window: when it began (wall ns), the mode then, when it is due.
+    std::int64_t profile_since_ns = 0;
+    std::string profile_mode;
+    Clock::time_point next_profile{};
   };
 
   void Tick();
@@ -99,7 +103,11 @@ class Agent {
   void QueueStall(const RankFollower& f, const StallEvent& e);
   void QueueRegistration(const RankFollower& f);
   void Heartbeat();
-  void QueueProfiles();
+  // Closes f's profile window at `until_ns` (published unless empty) and opens the next, in the
+  // mode the shim is in now. Every profile_ms, and at each set_mode the rank applied: a window
+  // never spans a mode switch, so the first window after a switch to profile holds only timed
+  // calls and arrives profile_ms after the switch.
+  void CloseProfileWindow(Followed& f, std::int64_t until_ns, Clock::time_point now);
   void OnCommand(const std::string& entry_id, const Result<protocol::Command>& command,
                  const std::optional<protocol::CommandIdentity>& identity);
   void TrackPlans();  // late plan delivery and prompt re-registration on framework acks
@@ -126,9 +134,8 @@ class Agent {
   std::set<std::string> unreadable_;  // paths listed as unreadable (logged once, retried)
   std::map<std::string, std::uint64_t> segment_counts_;
   Clock::time_point next_tick_{};
-  Clock::time_point next_heartbeat_{}, next_flush_{}, next_profile_{}, next_stall_check_{}, next_signatures_{};
+  Clock::time_point next_heartbeat_{}, next_flush_{}, next_stall_check_{}, next_signatures_{};
   std::int64_t started_real_ns_ = 0;
-  std::int64_t profile_since_ns_ = 0;
   bool started_ = false;
   bool stopped_ = false;
   // Counters (invariant 1).

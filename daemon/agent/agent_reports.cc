@@ -104,17 +104,15 @@ void Agent::Heartbeat() {
                       config_.key_ttl_s);
 }
 
-void Agent::QueueProfiles() {
-  const std::int64_t now = RealNowNs();
-  for (auto& [path, f] : followers_) {
-    std::vector<CommStats> comms = f.follower->TakeProfile();
-    if (comms.empty()) continue;
+void Agent::CloseProfileWindow(Followed& f, std::int64_t until_ns, Clock::time_point now) {
+  std::vector<CommStats> comms = f.follower->TakeProfile();
+  if (!comms.empty()) {
     protocol::CommProfileReport m;
     m.header = Header();
     m.rank = f.follower->rank();
     m.pid = f.follower->pid();
-    m.since_ns = profile_since_ns_;
-    m.mode = f.follower->mode_name();
+    m.since_ns = f.profile_since_ns;
+    m.mode = f.profile_mode;
     for (const CommStats& c : comms) {
       protocol::CommProfile p{c.id, c.rank, c.nranks, {}};
       for (const SignatureStats& s : c.sigs) {
@@ -132,7 +130,9 @@ void Agent::QueueProfiles() {
     }
     publisher_->Queue(Key(protocol::kProfilesStream), protocol::ToJson(m), /*packable=*/true);
   }
-  profile_since_ns_ = now;
+  f.profile_since_ns = until_ns;
+  f.profile_mode = f.follower->mode_name();
+  f.next_profile = now + std::chrono::milliseconds(config_.profile_ms);
 }
 
 void Agent::OnCommand(const std::string& entry_id, const Result<protocol::Command>& command,
@@ -183,6 +183,16 @@ void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const
   ++commands_[o.status];
   protocol::Ack a;
   a.header = Header();
+  if (c.type == protocol::kSetMode.type && config_.profile_ms > 0 && !o.ranks.empty()) {
+    // The ranks that applied the mode start a window at the ack's own time, so a controller
+    // that takes profiles from its ack on gets the first full window after the switch.
+    const auto now = Clock::now();
+    for (auto& [path, f] : followers_) {
+      if (std::find(o.ranks.begin(), o.ranks.end(), f.follower->rank()) != o.ranks.end()) {
+        CloseProfileWindow(f, a.header.at_ns, now);
+      }
+    }
+  }
   a.command = c.id;
   a.command_type = c.type;
   a.status = o.status;

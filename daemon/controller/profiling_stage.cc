@@ -35,6 +35,7 @@ ProfilingStage::ProfilingStage(ProfilingStageOptions options, std::shared_ptr<sp
 std::vector<OutgoingCommand> ProfilingStage::SetMode(const std::string& mode, const JobView& view,
                                                      std::int64_t now_ns) {
   mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
+  acked_at_.clear();
   std::vector<OutgoingCommand> out;
   for (const std::string& host : view.agent_hosts()) {
     protocol::Command c =
@@ -57,26 +58,34 @@ bool ProfilingStage::OnAck(const json& m, std::int64_t* from_ns) {
     log_->warn("event=set_mode_not_ok host={} status={} detail={}", daemon::LogValue(m["host"].get<std::string>()),
                daemon::LogValue(m["status"].get<std::string>()), daemon::LogQuoted(m.value("detail", "")));
   }
-  // Profiles must cover only time after the last agent switched its shims.
-  *from_ns = std::max(*from_ns, m["at_ns"].get<std::int64_t>());
+  // A rank's profile must cover only time after its own agent switched its shims.
+  const std::int64_t at_ns = m["at_ns"].get<std::int64_t>();
+  acked_at_[m["host"].get<std::string>()] = at_ns;
+  *from_ns = std::max(*from_ns, at_ns);
   return true;
+}
+
+const json* ProfilingStage::Current(std::int64_t rank, const RankInfo& info, std::int64_t from_ns) const {
+  auto p = profiles_.find(rank);
+  if (p == profiles_.end()) return nullptr;
+  auto acked = acked_at_.find(info.agent_host);
+  const std::int64_t start = acked != acked_at_.end() ? acked->second : from_ns;
+  return p->second["since_ns"].get<std::int64_t>() >= start ? &p->second : nullptr;
 }
 
 bool ProfilingStage::Ready(const JobView& view, std::int64_t from_ns) const {
   if (view.ranks().empty() || !mode_commands_.empty()) return false;
   for (const auto& [rank, info] : view.ranks()) {
-    auto p = profiles_.find(rank);
-    if (p == profiles_.end() || p->second["mode"] != "profile" || p->second["since_ns"].get<std::int64_t>() < from_ns) {
-      return false;
-    }
+    const json* p = Current(rank, info, from_ns);
+    if (p == nullptr || (*p)["mode"] != "profile") return false;
   }
   return true;
 }
 
 json ProfilingStage::Analyze(const JobView& view, std::int64_t from_ns) const {
   std::map<std::int64_t, json> current;
-  for (const auto& [rank, p] : profiles_) {
-    if (view.ranks().count(rank) && p["since_ns"].get<std::int64_t>() >= from_ns) current[rank] = p;
+  for (const auto& [rank, info] : view.ranks()) {
+    if (const json* p = Current(rank, info, from_ns)) current[rank] = *p;
   }
   analyzer::SuspicionOptions so;
   so.suspicious_ratio = options_.suspicious_ratio;

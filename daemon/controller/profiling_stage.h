@@ -5,11 +5,15 @@
 //  - Mode: the shims' timing mode, track (cheap) or profile (event timing on). A switch is one
 //    set_mode command per agent host of the view; its acks are awaited, and acks still missing
 //    from an earlier switch no longer count.
-//  - Window: profiles must cover only the time after the last agent switched its shims, so
-//    every set_mode ack moves the window's start (`from_ns`, persisted by the caller in
-//    ControllerState::profile_from_ns) up to the ack's time.
+//  - Window: a rank's profile must cover only time after its own agent switched its shims,
+//    that is, begin at or after that agent's set_mode ack (`at_ns`, on the agent's own clock, so
+//    clock skew between hosts does not matter). The agent opens a window at that ack, so its
+//    first window after the switch counts: the stage waits one window, not one plus the spread
+//    of the agents' acks. Every ack also raises `from_ns` (persisted by the caller in
+//    ControllerState::profile_from_ns), the start used for a rank whose agent's ack this stage
+//    did not see (a controller restarted while profiling).
 //  - Ready: every set_mode ack is in and every live rank's newest profile was taken in profile
-//    mode from `from_ns` on.
+//    mode from its window start on.
 //  - Analyze: AnalyzeProfiles over the live ranks' profiles of the window, as the `suspicion`
 //    document (ControllerState::suspicion): suspicious communicators, their class mates (peers),
 //    compute suspects, the evidence. When nothing is suspicious (or nothing could be timed), every
@@ -60,13 +64,13 @@ class ProfilingStage {
   void AssumeMode(const std::string& mode) { mode_ = mode; }
   // A validated comm_profile message: the newest per rank is kept.
   void OnProfile(const nlohmann::json& m);
-  // A validated ack: true when it answers one of this stage's set_mode commands (then taken,
-  // and *from_ns is raised to the ack's at_ns).
+  // A validated ack: true when it answers one of this stage's set_mode commands (then taken:
+  // its agent's window start is the ack's at_ns, and *from_ns is raised to it).
   bool OnAck(const nlohmann::json& m, std::int64_t* from_ns);
   // Whether every set_mode ack is in and every live rank of `view` (at least one) has a profile
-  // taken in profile mode since `from_ns`.
+  // taken in profile mode since its window start (its agent's ack, else `from_ns`).
   [[nodiscard]] bool Ready(const JobView& view, std::int64_t from_ns) const;
-  // The suspicion document of the live ranks' profiles taken since `from_ns` (see above).
+  // The suspicion document of the live ranks' profiles taken since their window starts (see above).
   [[nodiscard]] nlohmann::json Analyze(const JobView& view, std::int64_t from_ns) const;
 
   [[nodiscard]] const std::string& mode() const { return mode_; }
@@ -81,6 +85,10 @@ class ProfilingStage {
   std::set<std::string> mode_commands_;              // set_mode ids awaiting acks
   std::uint64_t commands_ = 0;                       // set_mode commands issued
   std::map<std::int64_t, nlohmann::json> profiles_;  // newest per rank
+  std::map<std::string, std::int64_t> acked_at_;     // agent host -> its ack of the last switch, at_ns
+
+  // `rank`'s newest profile if it began at or after its window start, else nullptr.
+  [[nodiscard]] const nlohmann::json* Current(std::int64_t rank, const RankInfo& info, std::int64_t from_ns) const;
 };
 
 }  // namespace falcon::controller
