@@ -216,6 +216,17 @@ class ControllerEndToEndTest : public ::testing::Test {
     EXPECT_EQ(ids.size(), 1u) << "one incident names the culprit";
   }
 
+  // Every profiling stage analysed one window of each of the job's 16 ranks.
+  void ExpectEveryRankProfiled() {
+    const std::string log = ReadFile(dir_.path() + "/controller.log");
+    std::size_t rounds = 0;
+    for (std::size_t at = log.find("event=profiled "); at != std::string::npos; at = log.find("event=profiled ", at + 1)) {
+      ++rounds;
+      EXPECT_EQ(log.compare(at, 27, "event=profiled profiles=16 "), 0) << log.substr(at, 80);
+    }
+    EXPECT_GE(rounds, 1u);
+  }
+
   static std::set<std::int64_t> GpuRanks(const json& loc) {
     std::set<std::int64_t> out;
     for (const json& g : loc["detail"]["gpus"]) out.insert(g["rank"].get<std::int64_t>());
@@ -246,6 +257,7 @@ TEST_F(ControllerEndToEndTest, ComputeFaultNamesExactlyThatGpu) {
   EXPECT_TRUE(loc["detail"]["nics"].empty()) << loc.dump();
   EXPECT_EQ(FinishJob(90), 0) << "the job failed, or its --check found wrong data";
   ExpectOneIncidentNaming({5});
+  ExpectEveryRankProfiled();
   EXPECT_TRUE(WaitUntil([&] {
     for (const json& m : Stage("resolution")) {
       if (m["id"] == loc["id"]) return true;
@@ -267,6 +279,7 @@ TEST_F(ControllerEndToEndTest, LinkFaultNamesExactlyThatLink) {
   }
   EXPECT_TRUE(loc["detail"]["gpus"].empty()) << loc.dump();
   EXPECT_TRUE(loc["detail"]["nics"].empty()) << loc.dump();
+  ExpectEveryRankProfiled();
   EXPECT_EQ(FinishJob(90), 0);
 }
 

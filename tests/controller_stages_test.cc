@@ -150,8 +150,15 @@ TEST(ProfilingStageTest, ReadyOnlyWhenEveryLiveRankHasAProfileModeWindowSinceIts
   EXPECT_FALSE(p.Ready(v, from));
   p.OnProfile(Profile(5, kT0 + 4 * kSec));
   EXPECT_TRUE(p.Ready(v, from));
+  EXPECT_EQ(p.Analyze(v, from)["profiles"], kRanks);
+
+  // The switch back to track (then the analysis) keeps every window the profile switch opened.
+  const std::vector<OutgoingCommand> back = p.SetMode("track", v, kT0 + 14 * kSec);
+  EXPECT_EQ(p.Analyze(v, from)["profiles"], kRanks) << "before the track acks";
+  for (const OutgoingCommand& c : back) ASSERT_TRUE(p.OnAck(Ack(c.command, c.host, kT0 + 15 * kSec), &from));
+  EXPECT_EQ(p.Analyze(v, kT0 + 3 * kSec)["profiles"], kRanks) << "after them";
   p.OnProfile(Profile(1, kT0));  // rank 1's newest began before node0's ack
-  EXPECT_FALSE(p.Ready(v, from));
+  EXPECT_EQ(p.Analyze(v, kT0 + 3 * kSec)["profiles"], kRanks - 1);
 
   // A switch forgets the last one's acks: until its own acks, windows count from `from`.
   (void)p.SetMode("profile", v, kT0 + 5 * kSec);

@@ -23,6 +23,7 @@
 
 #include "analyzer/validation_plan.h"
 #include "daemon/controller/controller_config.h"
+#include "daemon/controller/controller_metrics.h"
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
@@ -2014,6 +2015,15 @@ TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {
                 {"0-0", "0-1", true},    {"bad", "1-0", false},  {"1-0", "bad", false},
                 {"", "", false}};
   for (const Order& o : orders) EXPECT_EQ(StreamIdLess(o.a, o.b), o.less) << o.a << " < " << o.b;
+}
+
+TEST(ControllerMetricsTest, TheViewRefreshTimeIsAGaugeOfTheJob) {
+  ControllerMetrics m;
+  m.job = "j";
+  m.view_refresh_seconds = 0.25;
+  const std::string text = RenderControllerMetrics(m);
+  EXPECT_NE(text.find("# TYPE falcon_controller_view_refresh_seconds gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("falcon_controller_view_refresh_seconds{job=\"j\",host=\"\"} 0.25"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -214,6 +214,8 @@ class Controller {
   TrackingStage tracking_{state_.slow};  // slow ranks and iteration times (tracking_stage.h)
   JobView view_;
   std::int64_t next_view_ns_ = 0;
+  std::int64_t view_refresh_ns_ = 0;  // how long the last re-read of the rank and agent keys took
+  static constexpr std::int64_t kViewShareInverse = 4;  // re-reads take at most a quarter of the loop
   std::int64_t next_save_ns_ = 0;
   bool dirty_ = true;
   ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)

@@ -51,6 +51,9 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   w.One("dropped_messages_total", "counter", "Messages from Redis that failed validation.",
         static_cast<double>(m.dropped_messages));
   w.One("cpu_seconds_total", "counter", "Controller CPU, user + system, seconds.", m.cpu_seconds);
+  w.One("view_refresh_seconds", "gauge",
+        "How long the last re-read of the rank and agent keys took, seconds (the next waits at least 4x that).",
+        m.view_refresh_seconds);
   return w.str();
 }
 

@@ -35,7 +35,9 @@ ProfilingStage::ProfilingStage(ProfilingStageOptions options, std::shared_ptr<sp
 std::vector<OutgoingCommand> ProfilingStage::SetMode(const std::string& mode, const JobView& view,
                                                      std::int64_t now_ns) {
   mode_commands_.clear();  // acks still missing from an earlier switch no longer matter
-  acked_at_.clear();
+  // A switch to a timing mode opens new windows; the switch back to track keeps the ones that
+  // close (Analyze comes after it).
+  if (mode != "track") acked_at_.clear();
   std::vector<OutgoingCommand> out;
   for (const std::string& host : view.agent_hosts()) {
     protocol::Command c =
@@ -60,7 +62,7 @@ bool ProfilingStage::OnAck(const json& m, std::int64_t* from_ns) {
   }
   // A rank's profile must cover only time after its own agent switched its shims.
   const std::int64_t at_ns = m["at_ns"].get<std::int64_t>();
-  acked_at_[m["host"].get<std::string>()] = at_ns;
+  if (mode_ != "track") acked_at_[m["host"].get<std::string>()] = at_ns;
   *from_ns = std::max(*from_ns, at_ns);
   return true;
 }

@@ -85,7 +85,7 @@ class ProfilingStage {
   std::set<std::string> mode_commands_;              // set_mode ids awaiting acks
   std::uint64_t commands_ = 0;                       // set_mode commands issued
   std::map<std::int64_t, nlohmann::json> profiles_;  // newest per rank
-  std::map<std::string, std::int64_t> acked_at_;     // agent host -> its ack of the last switch, at_ns
+  std::map<std::string, std::int64_t> acked_at_;     // agent host -> its ack of the last switch to profile, at_ns
 
   // `rank`'s newest profile if it began at or after its window start, else nullptr.
   [[nodiscard]] const nlohmann::json* Current(std::int64_t rank, const RankInfo& info, std::int64_t from_ns) const;
