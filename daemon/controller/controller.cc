@@ -137,9 +137,11 @@ void Controller::Turn() {
   if (now >= next_view_ns_) {
     s = RefreshView();
     // Re-reading every rank key blocks the loop (at 16,384 ranks about half a second): spaced
-    // so that it takes at most 1/kViewShareInverse of the loop, the phases keep their pace.
+    // so that it takes at most 1/kViewShareInverse of the loop, the phases keep their pace. A
+    // failed re-read (Redis slow or gone) is not a measure of the job: retried at view-ms.
     view_refresh_ns_ = std::max<std::int64_t>(0, WallNs() - now);
-    next_view_ns_ = now + std::max(std::int64_t{config_.view_ms} * 1'000'000, kViewShareInverse * view_refresh_ns_);
+    const std::int64_t apart = std::int64_t{config_.view_ms} * 1'000'000;
+    next_view_ns_ = now + (s.ok() ? std::max(apart, kViewShareInverse * view_refresh_ns_) : apart);
   }
   if (s.ok()) s = Advance(WallNs());
   if (s.ok()) s = AdvanceHang(WallNs());
