@@ -2017,11 +2017,13 @@ TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {
   for (const Order& o : orders) EXPECT_EQ(StreamIdLess(o.a, o.b), o.less) << o.a << " < " << o.b;
 }
 
-TEST(ControllerMetricsTest, TheViewRefreshTimeIsAGaugeOfTheJob) {
+TEST(ControllerMetricsTest, TheViewRefreshAndStateWriteTimesAreGaugesOfTheJob) {
   ControllerMetrics m;
   m.job = "j";
   m.view_refresh_seconds = 0.25;
+  m.state_save_seconds = 0.125;
   const std::string text = RenderControllerMetrics(m);
+  EXPECT_NE(text.find("falcon_controller_state_save_seconds{job=\"j\",host=\"\"} 0.125"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE falcon_controller_view_refresh_seconds gauge"), std::string::npos) << text;
   EXPECT_NE(text.find("falcon_controller_view_refresh_seconds{job=\"j\",host=\"\"} 0.25"), std::string::npos) << text;
 }

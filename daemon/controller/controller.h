@@ -217,6 +217,9 @@ class Controller {
   std::int64_t view_refresh_ns_ = 0;  // how long the last re-read of the rank and agent keys took
   static constexpr std::int64_t kViewShareInverse = 4;  // re-reads take at most a quarter of the loop
   std::int64_t next_save_ns_ = 0;
+  std::int64_t state_save_ns_ = 0;       // how long the last write of the state document took
+  std::int64_t save_not_before_ns_ = 0;  // a dirty state is written from then on
+  static constexpr std::int64_t kSaveShareInverse = 4;  // writes take at most a quarter of the loop
   bool dirty_ = true;
   ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)
   // While re-balanced micro-batches hold for slow GPUs: their groups profiled, their recovery

@@ -54,6 +54,9 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   w.One("view_refresh_seconds", "gauge",
         "How long the last re-read of the rank and agent keys took, seconds (the next waits at least 4x that).",
         m.view_refresh_seconds);
+  w.One("state_save_seconds", "gauge",
+        "How long the last write of the state document took, seconds (a changed state waits 4x that, at most).",
+        m.state_save_seconds);
   return w.str();
 }
 

@@ -45,6 +45,7 @@ struct ControllerMetrics {
   std::uint64_t dropped_messages = 0;
   double cpu_seconds = 0;
   double view_refresh_seconds = 0;                // how long the last re-read of the rank and agent keys took
+  double state_save_seconds = 0;                  // how long the last write of the state document took
 };
 
 std::string RenderControllerMetrics(const ControllerMetrics& m);
