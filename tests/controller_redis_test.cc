@@ -60,10 +60,10 @@ class ControllerRedisTest : public ::testing::Test {
     }
   }
 
-  void StartController() {
+  void StartController(const std::string& flags = "") {
     const std::string bin = testing::BinDir("daemon") + "/falcon-controller";
     const std::string cmd = "exec '" + bin + "' --job " + kJob + " --redis-port " + std::to_string(redis_.port()) +
-                            " --tick-ms 50 --view-ms 100 --heartbeat-ms 200 2>'" + log_ + "'";
+                            " --tick-ms 50 --view-ms 100 --heartbeat-ms 200 " + flags + " 2>'" + log_ + "'";
     pid_ = testing::Spawn({"/bin/sh", "-c", cmd}, {});
     ASSERT_GT(pid_, 0);
   }
@@ -89,7 +89,8 @@ class ControllerRedisTest : public ::testing::Test {
     ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, "node0"), {{"msg", protocol::ToJson(a).dump()}}).ok());
   }
 
-  void AddIterations(const json& seconds) {
+  // An iterations batch as an entry with the given id ("*": Redis's clock).
+  void AddIterations(const json& seconds, const std::string& id) {
     protocol::IterationBatch b;
     b.header = {kJob, "node0", NowNs()};
     b.rank = 0;
@@ -98,8 +99,15 @@ class ControllerRedisTest : public ::testing::Test {
     for (std::size_t i = 0; i < seconds.size(); ++i) b.start_ns.push_back(NowNs());
     json m = protocol::ToJson(b);
     m["seconds"] = seconds;
-    ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kIterationsStream), 0, {{"msg", m.dump()}}).ok());
+    ASSERT_TRUE(conn_->Command({"XADD", Key(protocol::kIterationsStream), id, "msg", m.dump()}).ok());
   }
+
+  std::int64_t XLen(const std::string& key) {
+    Result<redis::RedisReply> r = conn_->Command({"XLEN", key});
+    return r.ok() ? r.value().integer : -1;
+  }
+
+  void AddIterations(const json& seconds) { AddIterations(seconds, "*"); }
 
   void SetString(const std::string& key) {
     ASSERT_TRUE(conn_->Command({"SET", key, "not what the protocol says"}).ok());
@@ -179,6 +187,68 @@ TEST_F(ControllerRedisTest, AnEntryPackingSeveralMessagesIsReadMessageByMessage)
   ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAlarmsStream), 0, fields).ok());
   ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["slow_ranks"] == json({0, 1}); }, 20))
       << State().dump() << "\n" << ReadFile(log_);
+}
+
+// The busy report streams are trimmed behind what the controller has read and saved, keeping
+// stream-retention-s before it; what it has not read, and the rare streams (alarms), never are.
+TEST_F(ControllerRedisTest, ReadReportsAreTrimmedBehindTheSavedCursorAndTheRetentionKept) {
+  // One entry per macro node, so that MINID ~ trims entry by entry, as it does a long stream.
+  ASSERT_TRUE(conn_->Command({"CONFIG", "SET", "stream-node-max-entries", "1"}).ok());
+  RegisterRank0();
+  const std::int64_t old_ms = NowNs() / 1'000'000 - 600'000;  // ten minutes of history
+  for (int i = 0; i < 10; ++i) AddIterations({1.0}, std::to_string(old_ms + i) + "-0");
+  protocol::AlarmReport a;
+  a.header = {kJob, "node0", NowNs()};
+  a.rank = 0;
+  a.pid = 100;
+  a.kind = "slow";
+  a.ratio = 2;
+  a.probability = 0.99;
+  a.level_s = 1;
+  a.baseline_s = 0.5;
+  ASSERT_TRUE(conn_->Command({"XADD", Key(protocol::kAlarmsStream), std::to_string(old_ms) + "-0", "msg",
+                              protocol::ToJson(a).dump()}).ok());
+  StartController("--stream-retention-s 5");
+  ASSERT_TRUE(SavedAfter(NowNs()));
+  // A fresh controller starts at the stream's end: the history is within 5 s of its cursor.
+  ASSERT_TRUE(SavedAfter(NowNs() + 1'500'000'000)) << ReadFile(log_);
+  EXPECT_EQ(XLen(Key(protocol::kIterationsStream)), 10);
+  for (int i = 0; i < 3; ++i) AddIterations({1.0}, "*");  // read, saved: the cursor moves to now
+  ASSERT_TRUE(WaitUntil([&] { return XLen(Key(protocol::kIterationsStream)) == 3; }, 20))
+      << XLen(Key(protocol::kIterationsStream)) << "\n" << ReadFile(log_);
+  EXPECT_EQ(XLen(Key(protocol::kAlarmsStream)), 1) << "the alarms stream is the agents' cap's alone";
+  // What came after the cursor stays: the three read ones are within the retention, a new one unread.
+  AddIterations({1.0}, "*");
+  EXPECT_GE(XLen(Key(protocol::kIterationsStream)), 4);
+  EXPECT_EQ(Count(ReadFile(log_), "stream_trim_refused"), 0u);
+}
+
+TEST_F(ControllerRedisTest, AZeroRetentionLeavesTheStreamsToTheAgentsCap) {
+  ASSERT_TRUE(conn_->Command({"CONFIG", "SET", "stream-node-max-entries", "1"}).ok());
+  RegisterRank0();
+  const std::int64_t old_ms = NowNs() / 1'000'000 - 600'000;
+  for (int i = 0; i < 10; ++i) AddIterations({1.0}, std::to_string(old_ms + i) + "-0");
+  StartController("--stream-retention-s 0");
+  for (int i = 0; i < 3; ++i) AddIterations({1.0}, "*");
+  ASSERT_TRUE(SavedAfter(NowNs() + 2'500'000'000)) << ReadFile(log_);  // past a trim's 1 s period, twice
+  EXPECT_EQ(XLen(Key(protocol::kIterationsStream)), 13);
+}
+
+// A server that refuses XTRIM MINID (before Redis 6.2, or an ACL without it) leaves the streams to
+// the agents' cap: warned once, never asked again, and the controller goes on.
+TEST_F(ControllerRedisTest, ARefusedTrimIsWarnedOnceAndTheControllerGoesOn) {
+  ASSERT_TRUE(conn_->Command({"ACL", "SETUSER", "default", "-xtrim"}).ok());
+  RegisterRank0();
+  AddIterations({1.0}, std::to_string(NowNs() / 1'000'000 - 600'000) + "-0");
+  StartController("--stream-retention-s 1");
+  AddIterations({1.0});
+  ASSERT_TRUE(WaitUntil([&] { return Count(ReadFile(log_), "event=stream_trim_refused") == 1; }, 20))
+      << ReadFile(log_);
+  ASSERT_TRUE(SavedAfter(NowNs() + 3'000'000'000)) << ReadFile(log_);  // three trim periods on
+  const std::string text = ReadFile(log_);
+  EXPECT_EQ(Count(text, "event=stream_trim_refused"), 1u) << text;
+  EXPECT_EQ(Count(text, "step_failed"), 0u) << text;
+  EXPECT_EQ(XLen(Key(protocol::kIterationsStream)), 2);
 }
 
 TEST_F(ControllerRedisTest, WrongTypeStreamIsSetAsideWithBackoffAndTheRestGoesOn) {

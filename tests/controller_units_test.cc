@@ -2005,7 +2005,11 @@ TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {
              {" 1-2", false},
              {"18446744073709551616-0", false},
              {"$", false}};
-  for (const Case& c : ids) EXPECT_EQ(ValidStreamId(c.id), c.valid) << '"' << c.id << '"';
+  for (const Case& c : ids) {
+    EXPECT_EQ(ValidStreamId(c.id), c.valid) << '"' << c.id << '"';
+    EXPECT_EQ(StreamIdMs(c.id).has_value(), c.valid) << '"' << c.id << '"';
+  }
+  EXPECT_EQ(StreamIdMs("1795992312027-3"), std::optional<std::uint64_t>(1795992312027));
   struct Order {
     const char* a;
     const char* b;
@@ -2026,6 +2030,11 @@ TEST(ControllerMetricsTest, TheViewRefreshAndStateWriteTimesAreGaugesOfTheJob) {
   EXPECT_NE(text.find("falcon_controller_state_save_seconds{job=\"j\",host=\"\"} 0.125"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE falcon_controller_view_refresh_seconds gauge"), std::string::npos) << text;
   EXPECT_NE(text.find("falcon_controller_view_refresh_seconds{job=\"j\",host=\"\"} 0.25"), std::string::npos) << text;
+  m.stream_trimmed = 12345;
+  const std::string trimmed = RenderControllerMetrics(m);
+  EXPECT_NE(trimmed.find("# TYPE falcon_controller_stream_trimmed_total counter"), std::string::npos) << trimmed;
+  EXPECT_NE(trimmed.find("falcon_controller_stream_trimmed_total{job=\"j\",host=\"\"} 12345"), std::string::npos)
+      << trimmed;
 }
 
 }  // namespace

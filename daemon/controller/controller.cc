@@ -159,6 +159,7 @@ void Controller::Turn() {
       log_->debug("event=state_save_failed error={}", daemon::LogQuoted(saved.message()));
     }
   }
+  if (s.ok() && config_.stream_retention_s > 0 && !trim_refused_ && WallNs() >= next_trim_ns_) TrimStreams(WallNs());
   // The next read starts when the turn is done, so it takes in everything that arrived during
   // the turn at once, as the blocking loop did: a read per turn, not a turn per entry.
   if (s.ok()) s = ProbeStreams(WallNs(), false);
@@ -216,6 +217,7 @@ void Controller::PublishMetrics() {
   m.cpu_seconds = daemon::ProcessCpuSeconds();
   m.view_refresh_seconds = static_cast<double>(view_refresh_ns_) / 1e9;
   m.state_save_seconds = static_cast<double>(state_save_ns_) / 1e9;
+  m.stream_trimmed = trimmed_total_;
   std::string health = std::string("ok\nredis ") + (m.redis_connected ? "up" : "down") + "\nphase " + m.phase + "\n";
   metrics_->Publish(RenderControllerMetrics(m), std::move(health));
 }

@@ -220,6 +220,13 @@ class Controller {
   std::int64_t state_save_ns_ = 0;       // how long the last write of the state document took
   std::int64_t save_not_before_ns_ = 0;  // a dirty state is written from then on
   static constexpr std::int64_t kSaveShareInverse = 4;  // writes take at most a quarter of the loop
+  // The busy report streams trimmed behind what was read (TrimStreams): the cursors of the last
+  // state written, so that nothing a restarted controller would read on from is trimmed.
+  std::map<std::string, std::string> saved_cursors_;
+  std::int64_t next_trim_ns_ = 0;
+  bool trim_refused_ = false;        // Redis refused XTRIM MINID (before 6.2, an ACL): not asked again
+  std::uint64_t trimmed_total_ = 0;  // entries removed
+  void TrimStreams(std::int64_t now_ns);
   bool dirty_ = true;
   ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)
   // While re-balanced micro-batches hold for slow GPUs: their groups profiled, their recovery

@@ -157,6 +157,11 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
         "(0: the recheck-s timer alone)");
   Entry(app, "incidents-maxlen", c.incidents_maxlen, "XADD MAXLEN ~ of the incidents stream (0: unbounded)")
       ->check(daemon::FiniteRange(0, 1099511627776.0));
+  Entry(app, "stream-retention-s", c.stream_retention_s,
+        "the iterations, signatures and profiles streams keep this much before the entries the controller has "
+        "read and saved; older ones are trimmed (XTRIM MINID ~, Redis 6.2 or later), s (0: never, the agents' "
+        "stream_maxlen alone bounds them)")
+      ->check(daemon::FiniteRange(0, 31536000.0));
 }
 
 Status ApplyConfigText(CLI::App& app, std::string_view text, std::string_view file_name,

@@ -49,6 +49,9 @@ struct ControllerConfig {
   ValidationSettings validation;
   MitigationSettings mitigation;
   std::int64_t incidents_maxlen = 10000;
+  // The busy report streams (iterations, signatures, profiles) keep this much behind what the
+  // controller has read and saved; older entries are trimmed (0: the agents' stream_maxlen alone).
+  double stream_retention_s = 30;
   // Hang diagnosis (hang_stage.h): how long to wait for the agents' progress, how often to
   // diagnose an episode that stays open.
   double hang_wait_s = 5;

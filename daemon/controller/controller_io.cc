@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "daemon/common/log_escape.h"
 #include "daemon/controller/controller.h"
@@ -169,11 +170,58 @@ Status Controller::SaveState(std::int64_t now_ns) {
   }
   dirty_ = false;
   next_save_ns_ = now_ns + std::int64_t{config_.heartbeat_ms} * 1'000'000;
-  return redis::HSet(*conn_, Key(protocol::kControllerKey),
-                     {{std::string(protocol::kPayloadField), m.dump()},
-                      {"state", PhaseName(state_.phase)},
-                      {"incident", state_.incident ? state_.incident->id : ""},
-                      {"pid", std::to_string(getpid())}});
+  Status s = redis::HSet(*conn_, Key(protocol::kControllerKey),
+                         {{std::string(protocol::kPayloadField), m.dump()},
+                          {"state", PhaseName(state_.phase)},
+                          {"incident", state_.incident ? state_.incident->id : ""},
+                          {"pid", std::to_string(getpid())}});
+  if (s.ok()) saved_cursors_ = state_.cursors;
+  return s;
+}
+
+// The agents cap each report stream at stream_maxlen messages whatever the job's size: a small
+// job's signatures stream then holds minutes of reports nobody reads again, and a hundred small
+// jobs on one Redis hold gigabytes (docs/scale.md). Once read, an entry is only history, so the
+// busy streams are trimmed behind this controller's reading: what stays is every entry after
+// the cursors of the last state written (a restarted controller reads on from there) and
+// stream-retention-s before them, for people and tools reading the recent past. The cut is an
+// entry id on Redis's own clock (the cursor's), so no host's clock skews it. Housekeeping: a
+// failure is logged and tried again later, never a failed turn.
+void Controller::TrimStreams(std::int64_t now_ns) {
+  const auto retention_ms = static_cast<std::int64_t>(config_.stream_retention_s * 1000);
+  next_trim_ns_ = now_ns + std::clamp<std::int64_t>(retention_ms / 4, 1000, 10'000) * 1'000'000;
+  std::vector<std::vector<std::string>> commands;
+  std::vector<const char*> names;
+  for (const StreamSpec& s : kStreams) {
+    const std::string name = s.name;
+    if ((name != "iterations" && name != "signatures" && name != "profiles") || unreadable_.count(name)) continue;
+    auto c = saved_cursors_.find(name);
+    if (c == saved_cursors_.end()) continue;
+    const std::optional<std::uint64_t> ms = StreamIdMs(c->second);
+    if (!ms || *ms > static_cast<std::uint64_t>(INT64_MAX)) continue;
+    const std::int64_t cut_ms = static_cast<std::int64_t>(*ms) - retention_ms;
+    if (cut_ms <= 0) continue;  // "0-0", or nothing older than the retention yet
+    commands.push_back({"XTRIM", Key(*s.key), "MINID", "~", std::to_string(cut_ms) + "-0"});
+    names.push_back(s.name);
+  }
+  if (commands.empty()) return;
+  Result<std::vector<redis::RedisReply>> r = conn_->Pipeline(commands);
+  if (!r.ok()) {
+    log_->debug("event=stream_trim_failed error={}", daemon::LogQuoted(r.status().message()));
+    return;
+  }
+  for (std::size_t i = 0; i < r.value().size() && i < names.size(); ++i) {
+    const redis::RedisReply& reply = r.value()[i];
+    if (reply.type == redis::RedisReply::Type::kInteger) {
+      trimmed_total_ += static_cast<std::uint64_t>(std::max<std::int64_t>(0, reply.integer));
+    } else if (reply.type == redis::RedisReply::Type::kError && reply.str.find("WRONGTYPE") == std::string::npos) {
+      // A server without MINID (Redis before 6.2) or an ACL without XTRIM: the agents' cap alone.
+      trim_refused_ = true;
+      log_->warn("event=stream_trim_refused stream={} error={} action=stream_maxlen_only", names[i],
+                 daemon::LogQuoted(reply.str));
+      return;
+    }
+  }
 }
 
 Status Controller::RefreshView() {

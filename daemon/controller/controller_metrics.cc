@@ -57,6 +57,9 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   w.One("state_save_seconds", "gauge",
         "How long the last write of the state document took, seconds (a changed state waits 4x that, at most).",
         m.state_save_seconds);
+  w.One("stream_trimmed_total", "counter",
+        "Entries of the iterations, signatures and profiles streams trimmed behind what was read (stream-retention-s).",
+        static_cast<double>(m.stream_trimmed));
   return w.str();
 }
 

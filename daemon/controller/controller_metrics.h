@@ -46,6 +46,7 @@ struct ControllerMetrics {
   double cpu_seconds = 0;
   double view_refresh_seconds = 0;                // how long the last re-read of the rank and agent keys took
   double state_save_seconds = 0;                  // how long the last write of the state document took
+  std::uint64_t stream_trimmed = 0;               // report stream entries trimmed behind the cursors
 };
 
 std::string RenderControllerMetrics(const ControllerMetrics& m);

@@ -78,6 +78,12 @@ bool ValidStreamId(const std::string& id) {
   return ParseId(id, &ms, &seq);
 }
 
+std::optional<std::uint64_t> StreamIdMs(const std::string& id) {
+  std::uint64_t ms = 0, seq = 0;
+  if (!ParseId(id, &ms, &seq)) return std::nullopt;
+  return ms;
+}
+
 bool StreamIdLess(const std::string& a, const std::string& b) {
   std::uint64_t am = 0, as = 0, bm = 0, bs = 0;
   if (!ParseId(a, &am, &as) || !ParseId(b, &bm, &bs)) return false;

@@ -96,5 +96,7 @@ ControllerState StateFromJson(const nlohmann::json& j, std::string* why);
 // Stream entry ids "ms-seq": true when a < b.
 bool StreamIdLess(const std::string& a, const std::string& b);
 bool ValidStreamId(const std::string& id);
+// The milliseconds part of a valid id (Redis's clock when the entry was added).
+std::optional<std::uint64_t> StreamIdMs(const std::string& id);
 
 }  // namespace falcon::controller
