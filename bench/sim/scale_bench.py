@@ -453,22 +453,25 @@ class Point:
         return out
 
     def stop(self):
-        """SIGTERM every group (sims, controllers, then redis), SIGKILL what is left after 15 s."""
+        """SIGTERM the sims and controllers, then redis once they are gone (a controller's stop writes its
+        last state and sets the shims back to track: its Redis must outlive it); SIGKILL what is left
+        15 s after each SIGTERM."""
         for node in self.nodes:
             node.close()
-        order = sorted(self.procs.items(), key=lambda kv: ("sim-", "controller-", "redis").index(
-            next(p for p in ("sim-", "controller-", "redis") if kv[0].startswith(p))))
-        for _, p in order:
-            if p.poll() is None:
-                signal_group(p, signal.SIGTERM)
-        deadline = time.time() + 15
-        for _, p in order:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
+        clients = [p for n, p in self.procs.items() if not n.startswith("redis")]
+        servers = [p for n, p in self.procs.items() if n.startswith("redis")]
+        for group in (clients, servers):
+            for p in group:
+                if p.poll() is None:
+                    signal_group(p, signal.SIGTERM)
+            deadline = time.time() + 15
+            for p in group:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    pass
         left = scan_groups([p.pid for p in self.procs.values()])
-        for _, p in order:
+        for p in clients + servers:
             if p.poll() is None or left[p.pid]["procs"]:  # the group's members still exist: ours
                 signal_group(p, signal.SIGKILL)
                 p.wait()
