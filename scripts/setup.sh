@@ -14,6 +14,7 @@ PACKAGES=(
   patchelf            # scripts/bundle.sh: $ORIGIN RPATHs
   python3-torch       # the Python package's torch.distributed hook, tested with gloo (CPU)
   prometheus python3-yaml systemd  # tests/deploy_test.sh: promtool, a live scrape, systemd-analyze
+  python3-matplotlib  # bench/sim/plot_scale.py: the cost-against-N plots (docs/scale.md)
 )
 
 check_only=0
