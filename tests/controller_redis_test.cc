@@ -109,6 +109,20 @@ class ControllerRedisTest : public ::testing::Test {
 
   void AddIterations(const json& seconds) { AddIterations(seconds, "*"); }
 
+  // Rank's slow alarm as its agent writes it.
+  json SlowAlarm(std::int64_t rank) {
+    protocol::AlarmReport a;
+    a.header = {kJob, "node0", NowNs()};
+    a.rank = rank;
+    a.pid = 100 + rank;
+    a.kind = "slow";
+    a.ratio = 2;
+    a.probability = 0.99;
+    a.level_s = 1;
+    a.baseline_s = 0.5;
+    return protocol::ToJson(a);
+  }
+
   void SetString(const std::string& key) {
     ASSERT_TRUE(conn_->Command({"SET", key, "not what the protocol says"}).ok());
   }
@@ -171,16 +185,7 @@ TEST_F(ControllerRedisTest, AnEntryPackingSeveralMessagesIsReadMessageByMessage)
   // 1's alarm. The bad one is dropped alone; the others count.
   redis::FieldList fields;
   for (std::int64_t rank : {0, -7, 1}) {
-    protocol::AlarmReport a;
-    a.header = {kJob, "node0", NowNs()};
-    a.rank = rank < 0 ? 0 : rank;
-    a.pid = 100 + a.rank;
-    a.kind = "slow";
-    a.ratio = 2;
-    a.probability = 0.99;
-    a.level_s = 1;
-    a.baseline_s = 0.5;
-    json m = protocol::ToJson(a);
+    json m = SlowAlarm(rank < 0 ? 0 : rank);
     if (rank < 0) m["ratio"] = "fast";
     fields.emplace_back("msg", m.dump());
   }
@@ -197,17 +202,8 @@ TEST_F(ControllerRedisTest, ReadReportsAreTrimmedBehindTheSavedCursorAndTheReten
   RegisterRank0();
   const std::int64_t old_ms = NowNs() / 1'000'000 - 600'000;  // ten minutes of history
   for (int i = 0; i < 10; ++i) AddIterations({1.0}, std::to_string(old_ms + i) + "-0");
-  protocol::AlarmReport a;
-  a.header = {kJob, "node0", NowNs()};
-  a.rank = 0;
-  a.pid = 100;
-  a.kind = "slow";
-  a.ratio = 2;
-  a.probability = 0.99;
-  a.level_s = 1;
-  a.baseline_s = 0.5;
   ASSERT_TRUE(conn_->Command({"XADD", Key(protocol::kAlarmsStream), std::to_string(old_ms) + "-0", "msg",
-                              protocol::ToJson(a).dump()}).ok());
+                              SlowAlarm(0).dump()}).ok());
   StartController("--stream-retention-s 5");
   ASSERT_TRUE(SavedAfter(NowNs()));
   // A fresh controller starts at the stream's end: the history is within 5 s of its cursor.

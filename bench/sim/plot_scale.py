@@ -94,7 +94,7 @@ def table(points):
     return data, growth
 
 
-def plot(points, data, out, fmt):
+def plot(points, data, out, fmt, heading=None):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -132,7 +132,7 @@ def plot(points, data, out, fmt):
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize="small")
     sources = sorted({s for _, s in points.values()})
-    fig.suptitle("Falcon at scale, one run per point: " + "; ".join(sources), fontsize="medium")
+    fig.suptitle(heading or "Falcon at scale, one run per point: " + "; ".join(sources), fontsize="medium")
     fig.tight_layout()
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"scale-cost.{fmt}")
@@ -147,6 +147,7 @@ def main():
     ap.add_argument("files", nargs="+", metavar="FILE", help="scale.json files of bench/sim/scale_bench.py")
     ap.add_argument("--out", help="directory for scale-cost.svg (default: no plot, the table only)")
     ap.add_argument("--format", choices=("svg", "png"), default="svg", help="the plot's format (default svg)")
+    ap.add_argument("--title", help="the plot's title (default: the files' directories and commits)")
     ap.add_argument("--json", action="store_true", help="print the figures and exponents as JSON instead of the table")
     args = ap.parse_args()
     try:
@@ -155,7 +156,7 @@ def main():
         print(e, file=sys.stderr)
         return 2
     data, growth = table(points)
-    path = plot(points, data, args.out, args.format) if args.out else None
+    path = plot(points, data, args.out, args.format, args.title) if args.out else None
     if args.json:
         json.dump({"points": {n: s for n, (_, s) in points.items()}, "figures": data, "growth": growth,
                    "plot": path}, sys.stdout, indent=1)

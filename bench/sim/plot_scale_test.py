@@ -101,14 +101,16 @@ class PlotScaleTest(unittest.TestCase):
     def test_the_plot_is_drawn_and_drawn_the_same_twice(self):
         path = self.write("a/scale.json", doc([record(n, 1e-4 * n, 0.01 * n, n) for n in (1024, 4096, 16384, 32768)]))
         out = os.path.join(self.dir, "img")
-        first = self.run_script(path, "--out", out)
+        first = self.run_script(path, "--out", out, "--title", "one run per point, commit abc1234")
         self.assertEqual(first.returncode, 0, first.stderr)
         svg = os.path.join(out, "scale-cost.svg")
         with open(svg) as f:
             text = f.read()
         self.assertIn("<svg", text)
-        self.assertIn("16,384", text.replace("\u2009", ""))
-        self.assertEqual(self.run_script(path, "--out", out).returncode, 0)
+        self.assertIn("16,384", text)
+        self.assertIn("one run per point, commit abc1234", text)
+        self.assertIn("falcon-controller, cores", text)
+        self.assertEqual(self.run_script(path, "--out", out, "--title", "one run per point, commit abc1234").returncode, 0)
         with open(svg) as f:
             self.assertEqual(f.read(), text)
 
