@@ -31,6 +31,8 @@
 // it releases a pause its predecessor may have left (resume to every agent) and re-validates.
 // Redis away: the loop reconnects with backoff; an interrupted validation is redone after
 // release; cursors beyond what a restarted (empty) Redis holds start over from its beginning.
+// The busy report streams are trimmed behind the cursors of the last state written, less
+// stream-retention-s (TrimStreams), so a restarted controller never misses what it reads on from.
 // A key of the wrong type costs only itself: a rank or agent key is skipped, a stream is set
 // aside and probed again with backoff; a step that keeps failing backs off (bounded), is
 // logged once per distinct error, and the state is still saved every heartbeat.
