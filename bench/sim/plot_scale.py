@@ -69,9 +69,14 @@ def load(paths):
     return dict(sorted(points.items()))
 
 
+def named(record):
+    """The point's localisation named the faulty rank and nothing else."""
+    return record.get("incidents", {}).get("verdict") == "correct"
+
+
 def value(getter, record, key):
     """The figure, or None where the run did not produce it (times of a point not named)."""
-    if key == "times" and record.get("incidents", {}).get("verdict") != "correct":
+    if key == "times" and not named(record):
         return None
     try:
         v = getter(record)
@@ -112,7 +117,7 @@ def plot(points, data, out, fmt, heading=None):
             if not xs:
                 continue
             line, = ax.plot([n for n, _ in xs], [v for _, v in xs], marker="o", label=label)
-            bad = [(n, v) for n, v in xs if points[n][0].get("incidents", {}).get("verdict") != "correct"]
+            bad = [(n, v) for n, v in xs if not named(points[n][0])]
             if bad:
                 ax.plot([n for n, _ in bad], [v for _, v in bad], "o", markerfacecolor="white",
                         markeredgecolor=line.get_color())

@@ -31,16 +31,17 @@ struct StreamSpec {
   const char* name;  // cursor name
   const protocol::KeySpec* key;
   const protocol::MessageSpec* message;
+  bool busy = false;  // written by every rank all the time: trimmed behind the reading (TrimStreams)
 };
 
 const StreamSpec kStreams[] = {
     {"alarms", &protocol::kAlarmsStream, &protocol::kAlarm},
-    {"profiles", &protocol::kProfilesStream, &protocol::kCommProfile},
+    {"profiles", &protocol::kProfilesStream, &protocol::kCommProfile, true},
     {"acks", &protocol::kAcksStream, &protocol::kAck},
-    {"iterations", &protocol::kIterationsStream, &protocol::kIterations},
+    {"iterations", &protocol::kIterationsStream, &protocol::kIterations, true},
     {"requests", &protocol::kRequestsStream, &protocol::kControllerRequest},
     {"stalls", &protocol::kStallsStream, &protocol::kStall},
-    {"signatures", &protocol::kSignaturesStream, &protocol::kCallSignatures},
+    {"signatures", &protocol::kSignaturesStream, &protocol::kCallSignatures, true},
 };
 
 // Newest entry id of `stream`, "" when it is empty or absent.
@@ -193,9 +194,8 @@ void Controller::TrimStreams(std::int64_t now_ns) {
   std::vector<std::vector<std::string>> commands;
   std::vector<const char*> names;
   for (const StreamSpec& s : kStreams) {
-    const std::string name = s.name;
-    if ((name != "iterations" && name != "signatures" && name != "profiles") || unreadable_.count(name)) continue;
-    auto c = saved_cursors_.find(name);
+    if (!s.busy || unreadable_.count(s.name)) continue;
+    auto c = saved_cursors_.find(s.name);
     if (c == saved_cursors_.end()) continue;
     const std::optional<std::uint64_t> ms = StreamIdMs(c->second);
     if (!ms || *ms > static_cast<std::uint64_t>(INT64_MAX)) continue;
