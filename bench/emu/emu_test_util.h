@@ -22,6 +22,25 @@
 
 namespace falcon::emu::testing {
 
+// A deadline catches a hang, not slowness. Sanitized builds run the emulator several times slower,
+// and ctest runs them beside other multi-process tests on few cores: a three-rank matrix that
+// takes 13 s alone under ThreadSanitizer took 116 s in a CI run. Deadlines scale with the build.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr double kDeadlineScale = 5;
+#elif defined(__SANITIZE_ADDRESS__)
+inline constexpr double kDeadlineScale = 3;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr double kDeadlineScale = 5;
+#elif __has_feature(address_sanitizer)
+inline constexpr double kDeadlineScale = 3;
+#else
+inline constexpr double kDeadlineScale = 1;
+#endif
+#else
+inline constexpr double kDeadlineScale = 1;
+#endif
+
 inline double MonoNow() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -32,12 +51,12 @@ using RankBody = std::function<int(int rank, const ncclUniqueId& id)>;
 
 struct RunOptions {
   std::map<std::string, std::string> env;  // set in every child before the body runs
-  double deadline_s = 60;
+  double deadline_s = 60;  // in an unsanitized build; times kDeadlineScale in a sanitized one
   std::function<void()> after_fork;        // runs in the parent once all children exist
 };
 
 // Returns each rank's exit status (0 = success; 128+sig when killed by a signal; -1 = killed at
-// the deadline).
+// the deadline, opt.deadline_s x kDeadlineScale).
 inline std::vector<int> RunRanks(int n, const RankBody& body, const RunOptions& opt = {}) {
   ncclUniqueId id{};
   if (ncclGetUniqueId(&id) != ncclSuccess) return std::vector<int>(static_cast<size_t>(n), -2);
@@ -59,7 +78,7 @@ inline std::vector<int> RunRanks(int n, const RankBody& body, const RunOptions& 
   if (opt.after_fork) opt.after_fork();
   std::vector<int> codes(static_cast<size_t>(n), -1);
   size_t left = pids.size();
-  const double deadline = MonoNow() + opt.deadline_s;
+  const double deadline = MonoNow() + opt.deadline_s * kDeadlineScale;
   useconds_t nap = 200;
   while (left > 0) {
     bool reaped = false;
@@ -100,9 +119,15 @@ inline bool AllZero(const std::vector<int>& codes) {
   return true;
 }
 
+// "0 0 -1(deadline) 137(signal 9)": what each rank's code means, for a failure message.
 inline std::string Codes(const std::vector<int>& codes) {
   std::string s;
-  for (int c : codes) s += std::to_string(c) + " ";
+  for (int c : codes) {
+    s += std::to_string(c);
+    if (c == -1) s += "(deadline)";
+    else if (c > 128) s += "(signal " + std::to_string(c - 128) + ")";
+    s += " ";
+  }
   return s;
 }
 
