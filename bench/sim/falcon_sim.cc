@@ -64,9 +64,17 @@ struct Options {
   std::string summary;
 };
 
-json CountersJson(const falcon::sim::SimCounters& c, double cpu_s) {
+json ByType(const std::map<std::string, std::vector<double>>& lags) {
+  json out = json::object();
+  for (const auto& [type, v] : lags) out[type] = falcon::sim::LatencySummary(v);
+  return out;
+}
+
+json CountersJson(const falcon::sim::SimCounters& c, std::vector<double> tick_ms, double cpu_s) {
   return {{"messages", c.messages}, {"commands", c.commands}, {"acks", c.acks},
-          {"redis_commands", c.redis_commands}, {"redis_errors", c.redis_errors}, {"cpu_s", cpu_s}};
+          {"redis_commands", c.redis_commands}, {"redis_errors", c.redis_errors}, {"cpu_s", cpu_s},
+          {"tick_ms", falcon::sim::LatencySummary(std::move(tick_ms))},
+          {"command_read_lag_ms", ByType(c.command_read_lag_ms)}, {"ack_lag_ms", ByType(c.ack_lag_ms)}};
 }
 
 // One worker: nodes [first, end). Writes its counters as one JSON line to fd `out` at exit.
@@ -82,6 +90,7 @@ int RunWorker(const Options& o, std::vector<falcon::sim::SimFault> faults, std::
   const std::int64_t stop_ns = o.duration_s > 0 ? start_ns + static_cast<std::int64_t>(o.duration_s * 1e9) : 0;
   bool told_ready = false;
   std::string last_error;
+  std::vector<double> tick_ms;  // how long each tick took (its sleep excluded)
   while (!g_stop && (stop_ns == 0 || WallNs() < stop_ns)) {
     const auto tick_start = std::chrono::steady_clock::now();
     if (!agents.conn().connected()) {
@@ -92,7 +101,9 @@ int RunWorker(const Options& o, std::vector<falcon::sim::SimFault> faults, std::
         continue;
       }
     }
-    if (falcon::Status s = agents.Tick(WallNs()); !s.ok()) {
+    const falcon::Status ticked = agents.Tick(WallNs());
+    tick_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tick_start).count());
+    if (falcon::Status s = ticked; !s.ok()) {
       if (s.message() != last_error) std::fprintf(stderr, "falcon-sim: worker %d: %s\n", worker, s.message().c_str());
       last_error = s.message();
       agents.conn().Close();
@@ -104,7 +115,7 @@ int RunWorker(const Options& o, std::vector<falcon::sim::SimFault> faults, std::
     }
     std::this_thread::sleep_until(tick_start + std::chrono::milliseconds(o.tick_ms));
   }
-  const std::string line = CountersJson(agents.counters(), CpuSeconds()).dump() + "\n";
+  const std::string line = CountersJson(agents.counters(), std::move(tick_ms), CpuSeconds()).dump() + "\n";
   (void)!write(out, line.data(), line.size());
   return 0;
 }
@@ -237,7 +248,7 @@ int main(int argc, char** argv) {
   json total = {{"ranks", o.shape.ranks()}, {"nodes", nodes}, {"processes", k},
                 {"shape", {{"tp", o.shape.tp}, {"pp", o.shape.pp}, {"dp", o.shape.dp}}},
                 {"messages", json::object()}, {"commands", json::object()}, {"acks", 0}, {"redis_commands", 0},
-                {"redis_errors", 0}, {"cpu_s", 0.0}};
+                {"redis_errors", 0}, {"cpu_s", 0.0}, {"latency", json::array()}};
   std::string buffer;
   char chunk[4096];
   for (ssize_t n; (n = read(counters_pipe[0], chunk, sizeof chunk)) > 0;) buffer.append(chunk, static_cast<std::size_t>(n));
@@ -253,6 +264,9 @@ int main(int argc, char** argv) {
     }
     for (const char* n : {"acks", "redis_commands", "redis_errors"}) total[n] = total[n].get<std::uint64_t>() + w[n].get<std::uint64_t>();
     total["cpu_s"] = total["cpu_s"].get<double>() + w["cpu_s"].get<double>();
+    // Percentiles do not add up: one entry per worker, each its own.
+    total["latency"].push_back({{"tick_ms", w["tick_ms"]}, {"command_read_lag_ms", w["command_read_lag_ms"]},
+                                {"ack_lag_ms", w["ack_lag_ms"]}});
   }
   total["wall_s"] = static_cast<double>(WallNs() - start_ns) / 1e9;
   if (!o.summary.empty()) {

@@ -51,6 +51,17 @@ SimAgents::SimAgents(SimJob job, std::string job_name, std::int64_t first_node, 
   }
 }
 
+nlohmann::json LatencySummary(std::vector<double> v) {
+  nlohmann::json out = {{"n", v.size()}};
+  if (v.empty()) return out;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))]; };
+  out["p50"] = at(0.5);
+  out["p99"] = at(0.99);
+  out["max"] = v.back();
+  return out;
+}
+
 protocol::ReportHeader SimAgents::Header(std::int64_t node, std::int64_t now_ns) const {
   return {job_name_, job_.Host(node), now_ns};
 }
@@ -105,18 +116,30 @@ Status SimAgents::Tick(std::int64_t now_ns) {
     counters_.redis_errors = 0;
     groups_made_ = true;
   }
-  if (now_ns >= next_heartbeat_ns_) {
-    Register(now_ns);
-    next_heartbeat_ns_ = now_ns + std::int64_t{cadence_.heartbeat_ms} * 1'000'000;
-  }
-  if (now_ns >= next_flush_ns_) {
-    PublishIterations(now_ns);
-    PublishProfiles(now_ns);
-    next_flush_ns_ = now_ns + std::int64_t{cadence_.flush_ms} * 1'000'000;
-  }
-  if (cadence_.signature_ms > 0 && now_ns >= next_signature_ns_) {
-    PublishSignatures(now_ns);
-    next_signature_ns_ = now_ns + std::int64_t{cadence_.signature_ms} * 1'000'000;
+  if (due_.empty()) due_.resize(static_cast<std::size_t>(end_node_ - first_node_));
+  for (std::int64_t node = first_node_; node < end_node_; ++node) {
+    NodeDue& d = due_[static_cast<std::size_t>(node - first_node_)];
+    // After its first report (at the first tick, so every rank registers at once), node n keeps
+    // the phase (n x golden ratio mod 1) of each cadence: spread evenly whatever the node count.
+    const double phase = std::fmod(static_cast<double>(node) * 0.6180339887498949, 1.0);
+    auto next = [&](std::int64_t& at, int cadence_ms) {
+      const auto period = std::int64_t{cadence_ms} * 1'000'000;
+      at = at == 0 ? now_ns + static_cast<std::int64_t>(phase * static_cast<double>(period)) : at + period;
+      if (at <= now_ns) at = now_ns + period;  // fell behind: skip, as a busy agent's timer would
+    };
+    if (now_ns >= d.heartbeat_ns) {
+      Register(node, now_ns);
+      next(d.heartbeat_ns, cadence_.heartbeat_ms);
+    }
+    if (now_ns >= d.flush_ns) {
+      PublishIterations(node, now_ns);
+      PublishProfiles(node, now_ns);
+      next(d.flush_ns, cadence_.flush_ms);
+    }
+    if (cadence_.signature_ms > 0 && now_ns >= d.signature_ns) {
+      PublishSignatures(node, now_ns);
+      next(d.signature_ns, cadence_.signature_ms);
+    }
   }
   SendDueAcks(now_ns);
   if (Status s = Flush(); !s.ok()) return s;
@@ -139,11 +162,17 @@ std::uint64_t SimAgents::IssuedCalls(const SimComm& c, std::int64_t rank, std::i
          static_cast<std::uint64_t>(std::floor(done * static_cast<double>(c.calls_per_iteration)));
 }
 
-void SimAgents::Register(std::int64_t now_ns) {
-  std::map<std::int64_t, std::vector<std::int64_t>> by_node;
-  for (auto& [rank, s] : ranks_) {
-    const std::int64_t node = job_.Node(rank);
-    by_node[node].push_back(rank);
+std::pair<SimAgents::RankIt, SimAgents::RankIt> SimAgents::NodeRanks(std::int64_t node) {
+  const std::int64_t gpn = job_.shape().gpus_per_node;
+  return {ranks_.lower_bound(node * gpn), ranks_.lower_bound((node + 1) * gpn)};
+}
+
+void SimAgents::Register(std::int64_t node, std::int64_t now_ns) {
+  std::vector<std::int64_t> ranks;
+  for (auto [r, end] = NodeRanks(node); r != end; ++r) {
+    const std::int64_t rank = r->first;
+    RankState& s = r->second;
+    ranks.push_back(rank);
     protocol::RankRegistration m;
     m.header = Header(node, now_ns);
     m.rank = rank;
@@ -172,23 +201,23 @@ void SimAgents::Register(std::int64_t now_ns) {
     Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
     ++counters_.messages["rank_register"];
   }
-  for (const auto& [node, ranks] : by_node) {
-    protocol::AgentHeartbeat h;
-    h.header = Header(node, now_ns);
-    h.pid = 100000 + node % 4000000;
-    h.version = kVersion;
-    h.started_ns = job_.start_ns();
-    h.ranks = ranks;
-    const std::string key = Key(protocol::kAgentKey, job_.Host(node));
-    Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
-                                {"pid", std::to_string(h.pid)}}));
-    Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
-    ++counters_.messages["agent_heartbeat"];
-  }
+  protocol::AgentHeartbeat h;
+  h.header = Header(node, now_ns);
+  h.pid = 100000 + node % 4000000;
+  h.version = kVersion;
+  h.started_ns = job_.start_ns();
+  h.ranks = std::move(ranks);
+  const std::string key = Key(protocol::kAgentKey, job_.Host(node));
+  Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
+                              {"pid", std::to_string(h.pid)}}));
+  Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
+  ++counters_.messages["agent_heartbeat"];
 }
 
-void SimAgents::PublishIterations(std::int64_t now_ns) {
-  for (auto& [rank, s] : ranks_) {
+void SimAgents::PublishIterations(std::int64_t node, std::int64_t now_ns) {
+  for (auto [r, end] = NodeRanks(node); r != end; ++r) {
+    const std::int64_t rank = r->first;
+    RankState& s = r->second;
     protocol::IterationBatch b;
     b.header = Header(job_.Node(rank), now_ns);
     b.rank = rank;
@@ -254,8 +283,10 @@ void SimAgents::Detect(RankState& r, std::uint64_t sample, std::int64_t now_ns) 
   r.level_onset.reset();
 }
 
-void SimAgents::PublishSignatures(std::int64_t now_ns) {
-  for (auto& [rank, s] : ranks_) {
+void SimAgents::PublishSignatures(std::int64_t node, std::int64_t now_ns) {
+  for (auto [r, end] = NodeRanks(node); r != end; ++r) {
+    const std::int64_t rank = r->first;
+    RankState& s = r->second;
     protocol::CallSignatures m;
     m.header = Header(job_.Node(rank), now_ns);
     m.rank = rank;

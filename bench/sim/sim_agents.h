@@ -56,7 +56,14 @@ struct SimCounters {
   std::uint64_t redis_commands = 0;                // sent by this process (pipelined included; a failed
                                                    // flush counts all it tried)
   std::uint64_t redis_errors = 0;
+  // The sim's own latency, which every measured round trip includes and a real agent per node
+  // would not add: per command, by type, how long it sat in its stream before the sim read it
+  // (issued_ns to read), and how long its ack waited past its modelled due time.
+  std::map<std::string, std::vector<double>> command_read_lag_ms, ack_lag_ms;
 };
+
+// {"n", "p50", "p99", "max"} of `v` (empty: n 0 only).
+nlohmann::json LatencySummary(std::vector<double> v);
 
 class SimAgents {
  public:
@@ -100,11 +107,15 @@ class SimAgents {
                    std::int64_t node);
   void ClosePack();
   [[nodiscard]] Status Flush();
-  void Register(std::int64_t now_ns);
-  void PublishIterations(std::int64_t now_ns);
+  // The node's ranks in ranks_ (they are contiguous), as [begin, end).
+  using RankIt = std::map<std::int64_t, RankState>::iterator;
+  std::pair<RankIt, RankIt> NodeRanks(std::int64_t node);
+  // Each publishes what one node's agent would at its cadence.
+  void Register(std::int64_t node, std::int64_t now_ns);
+  void PublishIterations(std::int64_t node, std::int64_t now_ns);
   void Detect(RankState& r, std::uint64_t sample, std::int64_t now_ns);
-  void PublishSignatures(std::int64_t now_ns);
-  void PublishProfiles(std::int64_t now_ns);
+  void PublishSignatures(std::int64_t node, std::int64_t now_ns);
+  void PublishProfiles(std::int64_t node, std::int64_t now_ns);
   [[nodiscard]] Status ReadCommands(std::int64_t now_ns);
   void Handle(const std::string& host, const protocol::Command& c, std::int64_t now_ns);
   void SendDueAcks(std::int64_t now_ns);
@@ -149,7 +160,14 @@ class SimAgents {
   };
   std::map<std::int64_t, Vcomm> vcomm_;  // by rank
   std::map<std::string, std::map<std::int64_t, std::int64_t>> vcomm_members_;  // blob -> vrank -> rank
-  std::int64_t next_heartbeat_ns_ = 0, next_flush_ns_ = 0, next_signature_ns_ = 0;
+  // When each node's agent next heartbeats, flushes its iterations (and profile windows) and its
+  // call signatures. Real agents start at different moments, so each keeps its own phase: the
+  // nodes publish spread over each cadence, not all in one tick (a tick that published a
+  // 16,384-rank job at once took up to 0.9 s, and every command waited for it).
+  struct NodeDue {
+    std::int64_t heartbeat_ns = 0, flush_ns = 0, signature_ns = 0;
+  };
+  std::vector<NodeDue> due_;  // by node - first_node_; 0: at the first tick
   bool groups_made_ = false;
   bool registered_ = false;
   SimCounters counters_;

@@ -27,10 +27,8 @@ std::string SimAgents::VcommKey() const { return "falcon-sim:{" + job_name_ + "}
 std::vector<SimAgents::RankState*> SimAgents::Targets(const std::string& host, const protocol::Command& c) {
   std::vector<RankState*> out;
   const std::int64_t node = node_of_host_.at(host);
-  if (!c.ranks) {
-    for (auto& [rank, s] : ranks_) {
-      if (job_.Node(rank) == node) out.push_back(&s);
-    }
+  if (!c.ranks) {  // the node's own ranks, not a scan of the job's (that was O(N) per host)
+    for (auto [it, end] = NodeRanks(node); it != end; ++it) out.push_back(&it->second);
     return out;
   }
   for (std::int64_t r : *c.ranks) {
@@ -73,6 +71,7 @@ Status SimAgents::ReadCommands(std::int64_t now_ns) {
         continue;
       }
       ++counters_.commands[c.value().type];
+      counters_.command_read_lag_ms[c.value().type].push_back(static_cast<double>(now_ns - c.value().issued_ns) / 1e6);
       Handle(host, c.value(), now_ns);
     }
     std::vector<std::string> xack = {"XACK", read.stream, std::string(protocol::kCommandGroup)};
@@ -249,6 +248,7 @@ void SimAgents::SendDueAcks(std::int64_t now_ns) {
   auto due = std::stable_partition(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.due_ns > now_ns; });
   for (auto it = due; it != pending_.end(); ++it) {
     it->ack.header.at_ns = now_ns;
+    counters_.ack_lag_ms[it->ack.command_type].push_back(static_cast<double>(now_ns - it->due_ns) / 1e6);
     if (it->ack.command_type == "set_mode") {
       for (std::int64_t rank : it->ack.ranks) {
         if (auto r = ranks_.find(rank); r != ranks_.end()) r->second.profile_since_ns = now_ns;
@@ -260,8 +260,10 @@ void SimAgents::SendDueAcks(std::int64_t now_ns) {
   pending_.erase(due, pending_.end());
 }
 
-void SimAgents::PublishProfiles(std::int64_t now_ns) {
-  for (auto& [rank, s] : ranks_) {
+void SimAgents::PublishProfiles(std::int64_t node, std::int64_t now_ns) {
+  for (auto [r, end] = NodeRanks(node); r != end; ++r) {
+    const std::int64_t rank = r->first;
+    RankState& s = r->second;
     if (s.mode != "profile" && s.mode != "sample") continue;
     if (now_ns - s.profile_since_ns < std::int64_t{cadence_.profile_ms} * 1'000'000) continue;
     protocol::CommProfileReport m;
