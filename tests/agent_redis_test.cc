@@ -1,11 +1,13 @@
 // The Redis client (daemon/redis/) against a real redis-server started per test: streams
-// (XADD/XRANGE/XREAD/XREADGROUP/XACK), hashes with TTL, pub/sub on its own connection and
-// thread, AUTH with a password and with an ACL user, SELECT, per-call timeouts, and recovery
-// when the server is killed and restarted (worker and subscriber reconnect with backoff).
+// (XADD/XRANGE/XREAD/XREADGROUP/XACK, and an XREAD that drains chosen streams), hashes with TTL,
+// pub/sub on its own connection and thread, AUTH with a password and with an ACL user, SELECT,
+// per-call timeouts, and recovery when the server is killed and restarted (worker and
+// subscriber reconnect with backoff).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -68,6 +70,50 @@ TEST_F(RedisClientTest, StreamsAppendReadAndConsumerGroups) {
   // An error reply is a Status, and the connection stays usable.
   EXPECT_FALSE(XReadGroup(c, "nogroup", "me", "cmds", ">", 1, -1).ok());
   EXPECT_TRUE(c.connected());
+  EXPECT_TRUE(Ping(c).ok());
+}
+
+TEST_F(RedisClientTest, ADrainedReadTakesARareStreamsWholeBurstAndOnlyACountOfTheOthers) {
+  RedisConnection c(server_.ClientOptions());
+  ASSERT_TRUE(c.Connect().ok());
+  auto fill = [&](const std::string& stream, int n) {
+    std::vector<std::vector<std::string>> xadds;
+    for (int i = 0; i < n; ++i) xadds.push_back(XAddArgs(stream, 0, {{"msg", std::to_string(i)}}));
+    ASSERT_TRUE(PipelineInRounds(c, xadds).ok());
+  };
+  fill("acks", 25);
+  fill("busy", 25);
+  fill("alarms", 7);
+  auto sizes = [](const std::vector<StreamRead>& reads) {
+    std::map<std::string, std::vector<std::string>> got;  // stream -> its msgs in order
+    for (const StreamRead& r : reads) {
+      for (const StreamEntry& e : r.entries) got[r.stream].push_back(*e.Field("msg"));
+    }
+    return got;
+  };
+  const std::vector<std::pair<std::string, std::string>> from0 = {{"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
+  // COUNT 4: the drained stream comes whole, in order, the busy one only 4, the short one whole.
+  Result<std::vector<StreamRead>> r = XReadDrained(c, from0, {true, false, true}, 4, -1, 100);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::map<std::string, std::vector<std::string>> got = sizes(r.value());
+  ASSERT_EQ(got["acks"].size(), 25u);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(got["acks"][static_cast<std::size_t>(i)], std::to_string(i));
+  EXPECT_EQ(got["busy"].size(), 4u);
+  EXPECT_EQ(got["alarms"].size(), 7u);
+  // The read-ons are bounded: 2 more reads of 4 make 12 of the 25.
+  got = sizes(XReadDrained(c, from0, {true, false, true}, 4, -1, 2).value());
+  EXPECT_EQ(got["acks"].size(), 12u);
+  // Nothing marked to drain (or a drain list shorter than the streams): a plain XREAD.
+  got = sizes(XReadDrained(c, from0, {}, 4, -1, 100).value());
+  EXPECT_EQ(got["acks"].size(), 4u);
+  EXPECT_EQ(got["alarms"].size(), 4u);
+  // A burst of exactly COUNT asks once more and finds nothing: still exactly what is there.
+  fill("exact", 4);
+  got = sizes(XReadDrained(c, {{"exact", "0"}}, {true}, 4, -1, 100).value());
+  EXPECT_EQ(got["exact"].size(), 4u);
+  // A first read Redis refuses is the error; the connection stays usable.
+  ASSERT_TRUE(HSet(c, "not-a-stream", {{"a", "1"}}).ok());
+  EXPECT_FALSE(XReadDrained(c, {{"not-a-stream", "0"}}, {true}, 4, -1, 100).ok());
   EXPECT_TRUE(Ping(c).ok());
 }
 

@@ -2,6 +2,7 @@
 #include "daemon/redis/redis_commands.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace falcon::redis {
 namespace {
@@ -106,6 +107,35 @@ Result<std::vector<StreamRead>> XRead(
   Result<RedisReply> r = c.Command(a, BlockTimeout(c, block_ms));
   if (!r.ok()) return r.status();
   return ParseStreamReads(r.value());
+}
+
+Result<std::vector<StreamRead>> XReadDrained(
+    RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
+    const std::vector<bool>& drain, std::uint64_t count, int block_ms, int max_more) {
+  Result<std::vector<StreamRead>> first = XRead(c, streams_and_ids, count, block_ms);
+  if (!first.ok() || count == 0) return first;
+  std::vector<StreamRead> reads = std::move(first).value();
+  std::vector<std::pair<std::string, std::string>> more;  // stream to read on, from its last id
+  for (const StreamRead& r : reads) {
+    for (std::size_t i = 0; i < streams_and_ids.size() && i < drain.size(); ++i) {
+      if (drain[i] && streams_and_ids[i].first == r.stream && r.entries.size() >= count) {
+        more.emplace_back(r.stream, r.entries.back().id);
+      }
+    }
+  }
+  for (int i = 0; i < max_more && !more.empty(); ++i) {
+    Result<std::vector<StreamRead>> again = XRead(c, more, count, -1);
+    if (!again.ok()) break;
+    more.clear();
+    for (StreamRead& r : again.value()) {
+      if (r.entries.empty()) continue;
+      if (r.entries.size() >= count) more.emplace_back(r.stream, r.entries.back().id);
+      for (StreamRead& into : reads) {
+        if (into.stream == r.stream) std::move(r.entries.begin(), r.entries.end(), std::back_inserter(into.entries));
+      }
+    }
+  }
+  return reads;
 }
 
 Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c, const std::string& group,

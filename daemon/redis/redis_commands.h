@@ -45,6 +45,15 @@ std::vector<std::string> XAddArgs(const std::string& stream, std::uint64_t maxle
     RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
     std::uint64_t count, int block_ms);
 
+// XRead, then each stream marked in `drain` (same order as streams_and_ids) that returned `count`
+// entries is read on at once, without BLOCK and without the others, at most `max_more` more
+// times; its entries are appended to its first read's. So a burst on a rare stream comes in one
+// call while busy streams stay bounded by `count`. A failed read-on ends the draining and what
+// was read stands (the caller's cursors go on from it); only the first read's failure is returned.
+[[nodiscard]] Result<std::vector<StreamRead>> XReadDrained(
+    RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
+    const std::vector<bool>& drain, std::uint64_t count, int block_ms, int max_more);
+
 // XREADGROUP GROUP g consumer [COUNT n] [BLOCK ms] STREAMS stream id ('>' = new entries).
 [[nodiscard]] Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c,
                                                          const std::string& group,
