@@ -33,7 +33,10 @@ reports per point:
   sim cores      falcon-sim's own cost (not Falcon's; shown to tell a saturated host)
   detect/localise the fault's onset (falcon-sim's "fault ... at_ns=" line) -> the first detection
                  / localisation entry after it, s; pause = that localisation's
-                 detail.validation.pause_s; decision = a decision entry appeared after the onset
+                 detail.validation.pause_s; decision = a decision entry appeared after the onset;
+                 below the table, each point's pause by step, beside the sim's own share of it
+                 (how long its commands sat unread and its acks waited: a real agent per node
+                 adds neither) and its tick times
   correct        correct: a localisation named exactly the faulty rank (GPU; or the faulty link /
                  NIC, hosts named node<k>), and nothing was named wrongly or before the onset;
                  wrong: something else was named; none: nothing was named
@@ -247,6 +250,35 @@ def named(loc):
             "nics": sorted(n["host"] for n in d.get("nics", []))}
 
 
+def pause_steps(loc):
+    """The steps of the localising round while the job was held, [(step, ms)]: its pause."""
+    log = ((((loc or {}).get("detail") or {}).get("validation") or {}).get("log")) or []
+    out, held = [], False
+    for e in log:
+        if e.get("step") == "paused":
+            held = True
+        elif held and isinstance(e.get("ms"), (int, float)):
+            out.append((e["step"], e["ms"]))
+    return out
+
+
+def sim_share(summary):
+    """The sim's own latency in a round trip, from its summary: per command type, p50 of the time
+    the command sat in its stream plus p50 of its ack's wait past its modelled time, ms; and the
+    worst worker's tick p99 / max."""
+    if not summary or not summary.get("latency"):
+        return None
+    share, ticks = {}, []
+    for w in summary["latency"]:
+        for t, lag in w.get("command_read_lag_ms", {}).items():
+            ack = (w.get("ack_lag_ms", {}).get(t) or {}).get("p50", 0)
+            share[t] = max(share.get(t, 0), max(0, lag.get("p50", 0)) + ack)
+        if w.get("tick_ms", {}).get("n"):
+            ticks.append((w["tick_ms"]["p99"], w["tick_ms"]["max"]))
+    return {"by_type_ms": share, "tick_p99_ms": max((t[0] for t in ticks), default=None),
+            "tick_max_ms": max((t[1] for t in ticks), default=None)}
+
+
 def judge(incidents, onset_ns, truth):
     """Timings (s after onset) and correctness of one job's incidents against its fault."""
     after = [m for m in incidents if m.get("at_ns", 0) >= onset_ns]
@@ -260,6 +292,7 @@ def judge(incidents, onset_ns, truth):
     return {"detect_s": since(det), "localise_s": since(loc), "decision_s": since(dec),
             "decision": dec is not None, "strategy": dec.get("strategy") if dec else None,
             "pause_s": ((loc.get("detail") or {}).get("validation") or {}).get("pause_s") if loc else None,
+            "pause_steps": pause_steps(loc),
             "named": named(loc) if loc else None, "truth": truth,
             "false_detections": sum(1 for m in incidents if m.get("stage") == "detection" and m["at_ns"] < onset_ns),
             "named_before_onset": len(early),
@@ -616,7 +649,7 @@ def summarise(pt, samples, incidents, exits):
         except (OSError, ValueError):
             summaries.append(None)
     r["sim"] = {"cores_steady": s_st, "cores_peak": s_pk, "hwm_mb": sum(last[n]["hwm_kb"] / 1024 for n in sims if last[n]),
-                "summaries": summaries}
+                "summaries": summaries, "latency": [sim_share(x) for x in summaries]}
     per = []
     for j in jobs:
         onset = pt.onset_ns.get(j)
@@ -704,6 +737,25 @@ def table(records, jobs):
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(cols)]
     line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"
     return "\n".join([line(cols), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def pause_lines(records):
+    """Per point, the first job's pause by step and what of it the sim's own latency was."""
+    out = []
+    for r in records:
+        per = r["incidents"]["per_job"]
+        i = next((k for k, p in enumerate(per) if p.get("pause_steps")), None)
+        if i is None:
+            continue
+        steps = " + ".join(f"{name} {ms:.0f} ms" for name, ms in per[i]["pause_steps"])
+        share = (r["sim"].get("latency") or [None] * len(per))[i]
+        line = f"# {r['ranks']} ranks, {per[i]['job']}: pause {fmt(per[i]['pause_s'])} s = {steps}"
+        if share:
+            mine = ", ".join(f"{t} {ms:.0f}" for t, ms in sorted(share["by_type_ms"].items()) if t in ("validate", "resume"))
+            line += (f"; the sim's own part (p50 read + ack lag, ms): {mine or '-'}; sim tick p99/max "
+                     f"{fmt(share['tick_p99_ms'], '.0f')}/{fmt(share['tick_max_ms'], '.0f')} ms")
+        out.append(line)
+    return out
 
 
 def preamble(args, points):
@@ -829,6 +881,8 @@ def main():
         print()
         print(table(records, args.jobs))
         print()
+        for line in pause_lines(records):
+            print(line)
     ok = sum(1 for r in records if r["ok"])
     if not args.json:
         print(f"# verdict: {'PASS' if rc == 0 and ok == len(records) else 'FAIL'}: {ok}/{len(points)} points correct; "
