@@ -219,6 +219,42 @@ TEST_F(ControllerRedisTest, ReadReportsAreTrimmedBehindTheSavedCursorAndTheReten
   EXPECT_EQ(Count(ReadFile(log_), "stream_trim_refused"), 0u);
 }
 
+// A controller that falls behind a stream by more than 10 s is warned about once (the agents' cap
+// of 100,000 messages is seconds of signatures at 16,384 ranks: it would lose what it had not
+// read), and its catching up is logged.
+TEST_F(ControllerRedisTest, FallingBehindAStreamIsWarnedOnceAndCatchingUpLogged) {
+  RegisterRank0();
+  StartController();
+  ASSERT_TRUE(SavedAfter(NowNs())) << ReadFile(log_);
+  // Stopped, so that its next read finds the whole backlog: 2,500 batches a minute old.
+  ASSERT_EQ(kill(pid_, SIGSTOP), 0);
+  protocol::IterationBatch b;
+  b.header = {kJob, "node0", NowNs()};
+  b.rank = 0;
+  b.pid = 100;
+  b.period = 9;
+  b.start_ns = {NowNs()};
+  b.seconds = {1.0};
+  const std::string m = protocol::ToJson(b).dump();
+  const std::int64_t old_ms = NowNs() / 1'000'000 - 60'000;
+  std::vector<std::vector<std::string>> xadds;
+  for (int i = 0; i < 2500; ++i) {
+    xadds.push_back({"XADD", Key(protocol::kIterationsStream), std::to_string(old_ms + i) + "-0", "msg", m});
+  }
+  ASSERT_TRUE(redis::PipelineInRounds(*conn_, xadds).ok());
+  ASSERT_EQ(kill(pid_, SIGCONT), 0);
+  ASSERT_TRUE(WaitUntil([&] { return Count(ReadFile(log_), "event=stream_caught_up stream=iterations") == 1; }, 20))
+      << ReadFile(log_);
+  const std::string text = ReadFile(log_);
+  const std::string warned = "event=stream_lagging stream=iterations lag_s=";
+  ASSERT_EQ(Count(text, warned), 1u) << text;
+  EXPECT_EQ(Count(text, "event=stream_lagging"), 1u) << text;
+  const double lag = std::stod(text.substr(text.find(warned) + warned.size()));
+  EXPECT_GE(lag, 58) << "the first page's last batch was written 59 s ago";
+  EXPECT_LE(lag, 75) << text;
+  EXPECT_LT(text.find("event=stream_lagging"), text.find("event=stream_caught_up")) << text;
+}
+
 TEST_F(ControllerRedisTest, AZeroRetentionLeavesTheStreamsToTheAgentsCap) {
   ASSERT_TRUE(conn_->Command({"CONFIG", "SET", "stream-node-max-entries", "1"}).ok());
   RegisterRank0();

@@ -499,6 +499,7 @@ TEST(ValidationStageTest, RoundIsPlannedFromTheSuspicionAndPausesBeforeItsSteps)
   EXPECT_FALSE(v.done());
   const std::vector<OutgoingCommand> first = v.Next(view, kT0 + 2 * kSec);
   ASSERT_FALSE(first.empty());
+  EXPECT_FALSE(v.holding()) << "asked, not paused: the job runs until every rank acks its cut";
   std::set<std::string> hosts;
   for (const OutgoingCommand& c : first) {
     EXPECT_EQ(c.command.id.rfind("inc-1-v1-", 0), 0u) << c.command.id;

@@ -2035,6 +2035,13 @@ TEST(ControllerMetricsTest, TheViewRefreshAndStateWriteTimesAreGaugesOfTheJob) {
   EXPECT_NE(trimmed.find("# TYPE falcon_controller_stream_trimmed_total counter"), std::string::npos) << trimmed;
   EXPECT_NE(trimmed.find("falcon_controller_stream_trimmed_total{job=\"j\",host=\"\"} 12345"), std::string::npos)
       << trimmed;
+  m.stream_lag_seconds = {{"signatures", 2.5}, {"acks", 0}};
+  const std::string lag = RenderControllerMetrics(m);
+  EXPECT_NE(lag.find("# TYPE falcon_controller_stream_lag_seconds gauge"), std::string::npos) << lag;
+  EXPECT_NE(lag.find("falcon_controller_stream_lag_seconds{job=\"j\",host=\"\",stream=\"signatures\"} 2.5"),
+            std::string::npos) << lag;
+  EXPECT_NE(lag.find("falcon_controller_stream_lag_seconds{job=\"j\",host=\"\",stream=\"acks\"} 0"),
+            std::string::npos) << lag;
 }
 
 }  // namespace

@@ -134,7 +134,11 @@ void Controller::Turn() {
     return;
   }
   Status s = Status::Ok();
-  if (now >= next_view_ns_) {
+  // While a round holds the job its steps come first: a re-read of the rank keys blocks the loop
+  // (about half a second at 16,384 ranks), and a step's acks would wait for it. The round sends
+  // to the hosts of the view it began with; the re-read comes in the turn after the resume.
+  const bool holding = validation_.holding();
+  if (now >= next_view_ns_ && !holding) {
     s = RefreshView();
     // Re-reading every rank key blocks the loop (at 16,384 ranks about half a second): spaced
     // so that it takes at most 1/kViewShareInverse of the loop, the phases keep their pace. A
@@ -148,7 +152,9 @@ void Controller::Turn() {
   // The state document grows with the job (at 16,384 ranks a sweep's suspicion alone lists
   // 17,536 communicators) and every turn that read something dirties it: a changed state waits
   // until the last write is 1/kSaveShareInverse of the loop behind, the heartbeat never.
-  if (s.ok() && ((dirty_ && WallNs() >= save_not_before_ns_) || WallNs() >= next_save_ns_)) {
+  // Likewise a write of a changed state waits for the resume; the heartbeat's does not (falcon-ctl
+  // tells a live controller by the state's age).
+  if (s.ok() && ((dirty_ && !holding && WallNs() >= save_not_before_ns_) || WallNs() >= next_save_ns_)) {
     const std::int64_t t0 = WallNs();
     s = SaveState(t0);
     state_save_ns_ = std::max<std::int64_t>(0, WallNs() - t0);
@@ -218,6 +224,7 @@ void Controller::PublishMetrics() {
   m.view_refresh_seconds = static_cast<double>(view_refresh_ns_) / 1e9;
   m.state_save_seconds = static_cast<double>(state_save_ns_) / 1e9;
   m.stream_trimmed = trimmed_total_;
+  m.stream_lag_seconds = stream_lag_s_;
   std::string health = std::string("ok\nredis ") + (m.redis_connected ? "up" : "down") + "\nphase " + m.phase + "\n";
   metrics_->Publish(RenderControllerMetrics(m), std::move(health));
 }

@@ -113,6 +113,8 @@ class Controller {
   struct ReadOutcome {
     Status status;
     std::vector<StreamMessage> entries;
+    std::vector<const char*> streams;           // the cursor names read
+    std::map<std::string, std::string> behind;  // of those, each read that stopped at its page: its last id
   };
   // Starts a read of the report streams on the reader (none in flight, connected, some stream
   // readable: ProbeStreams sets aside the others).
@@ -229,6 +231,14 @@ class Controller {
   bool trim_refused_ = false;        // Redis refused XTRIM MINID (before 6.2, an ACL): not asked again
   std::uint64_t trimmed_total_ = 0;  // entries removed
   void TrimStreams(std::int64_t now_ns);
+  // How far the reading is behind each stream, s: the age of the last entry read (its id's time
+  // on Redis's clock) when the read stopped at its page, 0 when it reached the stream's end.
+  // A lag past kLagWarnS is warned once (event=stream_lagging) until it is under kLagClearS.
+  std::map<std::string, double> stream_lag_s_;
+  std::set<std::string> lagging_;
+  static constexpr double kLagWarnS = 10;
+  static constexpr double kLagClearS = 1;
+  void NoteLag(const ReadOutcome& r, std::int64_t now_ns);
   bool dirty_ = true;
   ProfilingStage profiling_;  // the shims' mode and the profiles (profiling_stage.h)
   // While re-balanced micro-batches hold for slow GPUs: their groups profiled, their recovery

@@ -338,12 +338,15 @@ void Controller::StartRead() {
         redis::XReadDrained(c, streams, drain, kReadCount, block_ms, kDrainReads);
     out.status = r.status();
     if (r.ok()) {
+      for (const StreamSpec* spec : specs) out.streams.push_back(spec->name);
       for (const redis::StreamRead& read : r.value()) {
         const StreamSpec* spec = nullptr;
         for (std::size_t i = 0; i < streams.size(); ++i) {
           if (streams[i].first == read.stream) spec = specs[i];
         }
         if (spec == nullptr) continue;
+        const std::uint64_t page = spec->busy ? kReadCount : kReadCount * (kDrainReads + 1);
+        if (!read.entries.empty() && read.entries.size() >= page) out.behind[spec->name] = read.entries.back().id;
         for (const redis::StreamEntry& e : read.entries) {
           // An agent packs the messages of one flush into one entry: one msg field each.
           const std::vector<const std::string*> texts = e.Values(std::string(protocol::kPayloadField));
@@ -385,7 +388,25 @@ void Controller::OnRead(ReadOutcome r, std::uint64_t generation) {
     dirty_ = true;
     Dispatch(e, now);
   }
+  NoteLag(r, now);
   if (step_failures_ == 0) Turn();  // at once; after failures the backoff's turn comes first
+}
+
+void Controller::NoteLag(const ReadOutcome& r, std::int64_t now_ns) {
+  for (const char* name : r.streams) {
+    double lag = 0;
+    if (auto b = r.behind.find(name); b != r.behind.end()) {
+      if (const std::optional<std::uint64_t> ms = StreamIdMs(b->second)) {
+        lag = std::max(0.0, static_cast<double>(now_ns / 1'000'000 - static_cast<std::int64_t>(*ms)) / 1e3);
+      }
+    }
+    stream_lag_s_[name] = lag;
+    if (lag > kLagWarnS && lagging_.insert(name).second) {
+      log_->warn("event=stream_lagging stream={} lag_s={:.1f} read_count={}", name, lag, kReadCount);
+    } else if (lag < kLagClearS && lagging_.erase(name) > 0) {
+      log_->info("event=stream_caught_up stream={}", name);
+    }
+  }
 }
 
 void Controller::Dispatch(const StreamMessage& e, std::int64_t now_ns) {

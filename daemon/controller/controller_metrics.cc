@@ -57,6 +57,12 @@ std::string RenderControllerMetrics(const ControllerMetrics& m) {
   w.One("state_save_seconds", "gauge",
         "How long the last write of the state document took, seconds (a changed state waits 4x that, at most).",
         m.state_save_seconds);
+  w.Head("stream_lag_seconds", "gauge",
+         "How far the reading is behind a report stream, seconds: the age of the last entry read when the read "
+         "stopped at its page, 0 when it reached the stream's end.");
+  for (const auto& [stream, lag] : m.stream_lag_seconds) {
+    w.Line("stream_lag_seconds", "stream=\"" + daemon::PromEscape(stream) + "\"", lag);
+  }
   w.One("stream_trimmed_total", "counter",
         "Entries of the iterations, signatures and profiles streams trimmed behind what was read (stream-retention-s).",
         static_cast<double>(m.stream_trimmed));

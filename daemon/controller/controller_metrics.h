@@ -47,6 +47,7 @@ struct ControllerMetrics {
   double view_refresh_seconds = 0;                // how long the last re-read of the rank and agent keys took
   double state_save_seconds = 0;                  // how long the last write of the state document took
   std::uint64_t stream_trimmed = 0;               // report stream entries trimmed behind the cursors
+  std::map<std::string, double> stream_lag_seconds;  // per stream read: how far behind its end (0: caught up)
 };
 
 std::string RenderControllerMetrics(const ControllerMetrics& m);

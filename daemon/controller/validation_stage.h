@@ -46,6 +46,8 @@ class ValidationStage {
   Status Start(const JobView& view, const nlohmann::json& suspicion, const std::string& id, bool release_first);
   [[nodiscard]] bool running() const { return run_ != nullptr; }
   [[nodiscard]] bool done() const { return run_ != nullptr && run_->done(); }
+  // The round holds the job: every rank paused, and the round not done (its resume not yet acked).
+  [[nodiscard]] bool holding() const { return run_ != nullptr && run_->paused() && !run_->done(); }
   // A validated ack: fed to the round under way.
   void OnAck(const nlohmann::json& m);
   // The commands to send now for the round under way (none when there is none).
