@@ -25,18 +25,15 @@ namespace falcon::emu::testing {
 // A deadline catches a hang, not slowness. Sanitized builds run the emulator several times slower,
 // and ctest runs them beside other multi-process tests on few cores: a three-rank matrix that
 // takes 13 s alone under ThreadSanitizer took 116 s in a CI run. Deadlines scale with the build.
-#if defined(__SANITIZE_THREAD__)
-inline constexpr double kDeadlineScale = 5;
-#elif defined(__SANITIZE_ADDRESS__)
-inline constexpr double kDeadlineScale = 3;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr double kDeadlineScale = 5;
-#elif __has_feature(address_sanitizer)
-inline constexpr double kDeadlineScale = 3;
+#if defined(__has_feature)
+#define FALCON_EMU_HAS_FEATURE(f) __has_feature(f)  // clang; GCC says __SANITIZE_*__
 #else
-inline constexpr double kDeadlineScale = 1;
+#define FALCON_EMU_HAS_FEATURE(f) 0
 #endif
+#if defined(__SANITIZE_THREAD__) || FALCON_EMU_HAS_FEATURE(thread_sanitizer)
+inline constexpr double kDeadlineScale = 5;
+#elif defined(__SANITIZE_ADDRESS__) || FALCON_EMU_HAS_FEATURE(address_sanitizer)
+inline constexpr double kDeadlineScale = 3;
 #else
 inline constexpr double kDeadlineScale = 1;
 #endif

@@ -219,7 +219,7 @@ void SimAgents::PublishIterations(std::int64_t node, std::int64_t now_ns) {
     const std::int64_t rank = r->first;
     RankState& s = r->second;
     protocol::IterationBatch b;
-    b.header = Header(job_.Node(rank), now_ns);
+    b.header = Header(node, now_ns);
     b.rank = rank;
     b.pid = s.pid;
     b.period = job_.Period(rank);
@@ -235,7 +235,7 @@ void SimAgents::PublishIterations(std::int64_t node, std::int64_t now_ns) {
       Detect(s, s.next_sample, now_ns);
       ++s.next_sample;
     }
-    if (!b.seconds.empty()) QueueReport(protocol::kIterationsStream, protocol::ToJson(b), "iterations", job_.Node(rank));
+    if (!b.seconds.empty()) QueueReport(protocol::kIterationsStream, protocol::ToJson(b), "iterations", node);
   }
 }
 
@@ -288,7 +288,7 @@ void SimAgents::PublishSignatures(std::int64_t node, std::int64_t now_ns) {
     const std::int64_t rank = r->first;
     RankState& s = r->second;
     protocol::CallSignatures m;
-    m.header = Header(job_.Node(rank), now_ns);
+    m.header = Header(node, now_ns);
     m.rank = rank;
     m.pid = s.pid;
     for (const SimComm& c : s.comms) {
@@ -331,7 +331,7 @@ void SimAgents::PublishSignatures(std::int64_t node, std::int64_t now_ns) {
       }
       if (!cd.blocks.empty()) m.digests.push_back(std::move(cd));
     }
-    if (!m.comms.empty() || !m.digests.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures", job_.Node(rank));
+    if (!m.comms.empty() || !m.digests.empty()) QueueReport(protocol::kSignaturesStream, protocol::ToJson(m), "call_signatures", node);
   }
 }
 

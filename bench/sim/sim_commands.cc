@@ -267,7 +267,7 @@ void SimAgents::PublishProfiles(std::int64_t node, std::int64_t now_ns) {
     if (s.mode != "profile" && s.mode != "sample") continue;
     if (now_ns - s.profile_since_ns < std::int64_t{cadence_.profile_ms} * 1'000'000) continue;
     protocol::CommProfileReport m;
-    m.header = Header(job_.Node(rank), now_ns);
+    m.header = Header(node, now_ns);
     m.rank = rank;
     m.pid = s.pid;
     m.since_ns = s.profile_since_ns;
@@ -291,7 +291,7 @@ void SimAgents::PublishProfiles(std::int64_t node, std::int64_t now_ns) {
       }
       m.comms.push_back(std::move(cp));
     }
-    QueueReport(protocol::kProfilesStream, protocol::ToJson(m), "comm_profile", job_.Node(rank));
+    QueueReport(protocol::kProfilesStream, protocol::ToJson(m), "comm_profile", node);
     s.profile_since_ns = now_ns;
   }
 }
