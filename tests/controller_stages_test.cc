@@ -214,6 +214,98 @@ TEST(ProfilingStageTest, NothingSuspiciousSweepsEveryCommunicatorOfTwoOrMore) {
   EXPECT_EQ(Strings(none["suspicious"]), want);
 }
 
+// A job of `pairs` TP pairs and a world communicator, 8 ranks a node, every rank profiled with
+// the same AllReduce time in its pair (nothing suspicious); pair `slow` (if any) twice as long.
+struct WideJob {
+  JobView view;
+  std::map<std::int64_t, json> profiles;
+};
+WideJob Wide(std::int64_t pairs, std::int64_t slow = -1) {
+  const std::int64_t n = 2 * pairs;
+  std::vector<json> ranks;
+  std::set<std::string> hosts;
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto rank = static_cast<std::int32_t>(r);
+    const std::string host = "node" + std::to_string(r / 8);
+    hosts.insert(host);
+    ranks.push_back(RankMsg({.rank = r,
+                             .host = host,
+                             .comms = {{kWorld, rank, static_cast<std::int32_t>(n), "world", 100},
+                                       {TpId(r / 2), rank % 2, 2, "tp", 100}}}));
+  }
+  std::vector<json> agents;
+  for (const std::string& h : hosts) agents.push_back(AgentMsg(h));
+  WideJob j;
+  j.view.Update(ranks, agents);
+  for (std::int64_t r = 0; r < n; ++r) {
+    protocol::CommProfileReport m;
+    m.header = {"job", "node" + std::to_string(r / 8), kT0 + 10 * kSec};
+    m.rank = r;
+    m.pid = 1000 + r;
+    m.since_ns = kT0;
+    m.mode = "profile";
+    protocol::SignatureProfile p{"AllReduce", 1 << 20, -1, 100, {}, {}, {}};
+    p.mean_us = p.median_us = r / 2 == slow ? 800 : 400;
+    m.comms = {protocol::CommProfile{TpId(r / 2), static_cast<std::int32_t>(r % 2), 2, {p}}};
+    j.profiles[r] = Validated(protocol::ToJson(m), protocol::kCommProfile);
+  }
+  return j;
+}
+
+TEST(ProfilingStageTest, ALargeJobsSuspicionGrowsWithWhatIsSuspiciousNotWithTheJob) {
+  constexpr std::int64_t kPairs = 300;  // 301 communicators: past kListedComms
+  static_assert(kPairs + 1 > ProfilingStage::kListedComms);
+  {
+    // Nothing suspicious: a sweep of every communicator, counted, not listed; the evidence of
+    // 300 healthy pairs counted by verdict.
+    std::ostringstream log;
+    ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
+    WideJob j = Wide(kPairs);
+    for (const auto& [r, m] : j.profiles) p.OnProfile(m);
+    const json s = p.Analyze(j.view, kT0);
+    EXPECT_EQ(s["sweep"], true);
+    EXPECT_FALSE(s.contains("suspicious")) << "a sweep past kListedComms is its count";
+    EXPECT_EQ(s["suspicious_count"], kPairs + 1);
+    ASSERT_TRUE(s["comms"].is_array());
+    EXPECT_TRUE(s["comms"].empty()) << s["comms"].dump();
+    EXPECT_EQ(s["omitted"].value("healthy", 0), kPairs) << s["omitted"].dump();
+    EXPECT_LT(s.dump().size(), 1000u);
+    EXPECT_NE(log.str().find("event=profiled profiles=600 suspicious=301 peers="), std::string::npos) << log.str();
+
+    // The round plans the same steps from the count as from the list it stands for.
+    ValidationStage counted(ValidationSettings{}, StepOptions{}), listed(ValidationSettings{}, StepOptions{});
+    json full = s;
+    full["suspicious"] = json::array();
+    for (std::uint64_t id : SweepComms(j.view)) full["suspicious"].push_back(protocol::CommIdHex(id));
+    ASSERT_EQ(full["suspicious"].size(), static_cast<std::size_t>(kPairs + 1));
+    ASSERT_TRUE(counted.Start(j.view, s, "inc-1-v1", false).ok());
+    ASSERT_TRUE(listed.Start(j.view, full, "inc-1-v1", false).ok());
+    const json a = counted.Finish(j.view).detail["validation"], b = listed.Finish(j.view).detail["validation"];
+    EXPECT_GT(a["steps_planned"].get<int>(), 1);
+    EXPECT_EQ(a["steps_planned"], b["steps_planned"]);
+    ValidationStage none(ValidationSettings{}, StepOptions{});
+    ASSERT_TRUE(none.Start(j.view, {{"sweep", true}, {"suspicious", json::array()}}, "inc-1-v1", false).ok());
+    EXPECT_LT(none.Finish(j.view).detail["validation"]["steps_planned"].get<int>(), a["steps_planned"].get<int>())
+        << "an empty list is not a sweep's count";
+  }
+  {
+    // One slow pair: its evidence is kept whole, the healthy pairs' counted; no sweep.
+    std::ostringstream log;
+    ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));
+    WideJob j = Wide(kPairs, 7);
+    for (const auto& [r, m] : j.profiles) p.OnProfile(m);
+    const json s = p.Analyze(j.view, kT0);
+    EXPECT_FALSE(s.contains("sweep"));
+    EXPECT_EQ(Strings(s["suspicious"]), std::vector<std::string>{protocol::CommIdHex(TpId(7))});
+    ASSERT_EQ(s["comms"].size(), 1u) << s["comms"].dump();
+    EXPECT_EQ(s["comms"][0]["comm"], protocol::CommIdHex(TpId(7)));
+    EXPECT_EQ(s["comms"][0]["verdict"], "suspicious");
+    std::size_t omitted = 0;
+    for (const auto& [verdict, n] : s["omitted"].items()) omitted += n.get<std::size_t>();
+    EXPECT_EQ(omitted + 1, static_cast<std::size_t>(kPairs)) << s["omitted"].dump();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // DecisionStage
 

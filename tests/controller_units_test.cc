@@ -810,6 +810,30 @@ json CutInfoAck(const OutgoingCommand& c) {
   return AckTo(c, "ok", results);
 }
 
+TEST(ValidationRunTest, GemmTimesListEveryRankOfASmallJobAndTheSlowestOfALargeOne) {
+  std::vector<analyzer::GemmMeasurement> gemms;
+  for (std::int32_t r = 0; r < 5; ++r) gemms.push_back({r, r / 8, 0.010 + 0.001 * r});
+  const json small = GemmTimesJson(gemms, 5);
+  EXPECT_EQ(small["gemm_s"].size(), 5u);
+  EXPECT_DOUBLE_EQ(small["gemm_s"]["0"].get<double>(), 0.010);
+  EXPECT_FALSE(small.contains("gemm_spread"));
+
+  // 1,000 ranks, rank 617 slow: the table keeps the slowest `listed`, the spread covers all.
+  gemms.clear();
+  for (std::int32_t r = 0; r < 1000; ++r) gemms.push_back({r, r / 8, r == 617 ? 0.025 : 0.010 + 1e-6 * (r % 7)});
+  const json large = GemmTimesJson(gemms, 16);
+  ASSERT_EQ(large["gemm_s"].size(), 16u);
+  EXPECT_DOUBLE_EQ(large["gemm_s"]["617"].get<double>(), 0.025) << "the slow GPU is listed";
+  for (const auto& [rank, t] : large["gemm_s"].items()) {
+    EXPECT_TRUE(rank == "617" || std::stoi(rank) % 7 == 6) << rank << " is not among the slowest";
+  }
+  EXPECT_EQ(large["gemm_spread"]["ranks"], 1000);
+  EXPECT_DOUBLE_EQ(large["gemm_spread"]["max_s"].get<double>(), 0.025);
+  EXPECT_DOUBLE_EQ(large["gemm_spread"]["min_s"].get<double>(), 0.010);
+  EXPECT_NEAR(large["gemm_spread"]["median_s"].get<double>(), 0.010003, 2e-6);
+  EXPECT_EQ(GemmTimesJson({}, 16), json({{"gemm_s", json::object()}}));
+}
+
 TEST(ValidationRunTest, PlannedCutGivesEveryRankConsistentTargets) {
   const JobView view = RunningJob();
   ValidationSettings s;

@@ -673,10 +673,11 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
   inc.last_round_ns = now_ns;
   inc.best_since_round_s = 0;
   if (inc.plan_level_after_ns != 0 || inc.plan_level_s > 0) SettlePlanLevel(inc, now_ns, true);
-  log_->debug("event=localisation detail={}", detail.dump());
+  if (log_->should_log(spdlog::level::debug)) log_->debug("event=localisation detail={}", detail.dump());
   Enter(Phase::kTracking, now_ns);
   json fields = {{"at_ns", now_ns}, {"ranks", ranks}, {"cause", cause}, {"detail", detail}};
-  if (detail.contains("suspicion")) fields["comms"] = state_.suspicion.value("suspicious", json::array());
+  // A large sweep has no list (profiling_stage.h, "Size"): every shared communicator was tested.
+  if (detail.contains("suspicion") && state_.suspicion.contains("suspicious")) fields["comms"] = state_.suspicion["suspicious"];
   Mitigator* m = decision_.Current(inc);
   const bool mitigating = m != nullptr && !m->stopped();
   if (mitigating && !inc.localised && !failure.empty()) {

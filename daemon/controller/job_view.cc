@@ -232,4 +232,12 @@ std::optional<std::uint64_t> JobView::Period() const {
   return best;
 }
 
+std::vector<std::uint64_t> SweepComms(const JobView& view) {
+  std::vector<std::uint64_t> out;
+  for (const auto& [id, c] : view.comms()) {
+    if (c.members.size() >= 2) out.push_back(id);
+  }
+  return out;
+}
+
 }  // namespace falcon::controller

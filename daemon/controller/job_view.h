@@ -140,4 +140,7 @@ class JobView {
   void ApplyNodes();
 };
 
+// The communicators a validation sweep tests: every one of two or more members, by id.
+[[nodiscard]] std::vector<std::uint64_t> SweepComms(const JobView& view);
+
 }  // namespace falcon::controller

@@ -107,15 +107,39 @@ json ProfilingStage::Analyze(const JobView& view, std::int64_t from_ns) const {
     suspicion["error"] = v.status().message();
   }
   // Nothing suspicious (or no timings): every class is tested, each against its own members.
-  if (suspicion["suspicious"].empty()) {
+  std::size_t suspicious = suspicion["suspicious"].size();
+  if (suspicious == 0) {
     suspicion["sweep"] = true;
-    for (const auto& [id, c] : view.comms()) {
-      if (c.members.size() >= 2) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
+    const std::vector<std::uint64_t> sweep = SweepComms(view);
+    suspicious = sweep.size();
+    if (suspicious > kListedComms) {
+      suspicion.erase("suspicious");
+      suspicion["suspicious_count"] = suspicious;
+    } else {
+      for (std::uint64_t id : sweep) suspicion["suspicious"].push_back(protocol::CommIdHex(id));
     }
   }
-  log_->info("event=profiled profiles={} suspicious={} peers={} compute_suspects={}", current.size(),
-             suspicion["suspicious"].size(), suspicion["peers"].size(), suspicion["compute_suspects"].size());
+  // The evidence of a large job: the suspicious communicators' own, the others counted.
+  if (json& evidence = suspicion["comms"]; evidence.is_array() && evidence.size() > kListedComms) {
+    json kept = json::array(), omitted = json::object();
+    for (json& e : evidence) {
+      const json* verdict = e.is_object() ? &e["verdict"] : nullptr;
+      if (verdict != nullptr && *verdict == "suspicious") {
+        kept.push_back(std::move(e));
+      } else {
+        const std::string name = verdict != nullptr && verdict->is_string() ? verdict->get<std::string>() : "?";
+        omitted[name] = omitted.value(name, std::size_t{0}) + 1;
+      }
+    }
+    evidence = std::move(kept);
+    suspicion["omitted"] = std::move(omitted);
+  } else if (evidence.is_null()) {
+    suspicion.erase("comms");  // the analysis failed: no evidence, as before
+  }
+  log_->info("event=profiled profiles={} suspicious={} peers={} compute_suspects={}", current.size(), suspicious,
+             suspicion["peers"].size(), suspicion["compute_suspects"].size());
   return suspicion;
 }
+
 
 }  // namespace falcon::controller

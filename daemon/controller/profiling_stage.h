@@ -18,6 +18,13 @@
 //    document (ControllerState::suspicion): suspicious communicators, their class mates (peers),
 //    compute suspects, the evidence. When nothing is suspicious (or nothing could be timed), every
 //    communicator of two or more members is, each against its own members (`sweep`).
+//  - Size: the document is persisted with every state write and published in the incident, so
+//    it grows with what is suspicious, not with the job. Past kListedComms communicators, the
+//    evidence keeps the suspicious ones and counts the others by verdict (`omitted`), and a
+//    sweep's list gives way to its count (`suspicious_count`): the validation stage expands it
+//    again from the view (SweepComms). At 16,384 ranks a sweep listed 17,536 communicators with
+//    their evidence: 3 MB in every state write of the incident, twice (the suspicion, and the
+//    incident's findings).
 // Thread-safety: a value type for one thread (the controller loop). Must never: send or write
 // anything (commands go out through SetMode's return value), read a clock (times are the
 // caller's), or use a message it was not given validated. Its only side effect is its log lines.
@@ -54,6 +61,9 @@ struct ProfilingStageOptions {
 
 class ProfilingStage {
  public:
+  // Lists and evidence longer than this are cut to what is suspicious (see "Size" above).
+  static constexpr std::size_t kListedComms = 256;
+
   // `log` must not be null.
   ProfilingStage(ProfilingStageOptions options, std::shared_ptr<spdlog::logger> log);
 

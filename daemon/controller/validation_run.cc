@@ -800,6 +800,24 @@ analyzer::LocalizationInput ValidationRun::Input() const {
   return in;
 }
 
+json GemmTimesJson(const std::vector<analyzer::GemmMeasurement>& gemms, std::size_t listed) {
+  std::vector<const analyzer::GemmMeasurement*> by_time;
+  for (const analyzer::GemmMeasurement& g : gemms) by_time.push_back(&g);
+  std::sort(by_time.begin(), by_time.end(), [](const auto* a, const auto* b) {
+    return a->median_s > b->median_s || (a->median_s == b->median_s && a->rank < b->rank);
+  });
+  json times = json::object();
+  for (std::size_t i = 0; i < by_time.size() && i < listed; ++i) times[std::to_string(by_time[i]->rank)] = by_time[i]->median_s;
+  json out = {{"gemm_s", std::move(times)}};
+  if (by_time.size() > listed) {
+    out["gemm_spread"] = {{"ranks", by_time.size()},
+                          {"max_s", by_time.front()->median_s},
+                          {"median_s", by_time[by_time.size() / 2]->median_s},
+                          {"min_s", by_time.back()->median_s}};
+  }
+  return out;
+}
+
 json ValidationRun::Summary() const {
   json s = {{"steps_planned", steps_.size()},
             {"steps_done", steps_done_},
@@ -809,9 +827,7 @@ json ValidationRun::Summary() const {
             {"transfers", transfers_.size()},
             {"peer_transfers", peer_transfers_.size()},
             {"log", log_}};
-  json gemm = json::object();
-  for (const analyzer::GemmMeasurement& g : gemms_) gemm[std::to_string(g.rank)] = g.median_s;
-  s["gemm_s"] = gemm;
+  s.update(GemmTimesJson(gemms_));
   json p2p = json::array();
   for (const auto* list : {&transfers_, &peer_transfers_}) {
     for (const analyzer::TransferMeasurement& t : *list) {

@@ -98,6 +98,14 @@ struct OutgoingCommand {
 // less than `marginal_ratio` x its baseline is ambiguous whatever else was found (0: none is).
 [[nodiscard]] std::string RemeasureReason(const analyzer::Localization& findings, double marginal_ratio = 0);
 
+// The round's GEMM times as the incident shows them: {"gemm_s": {rank: s}} with every rank up to
+// `listed` ranks; past that the slowest `listed`, and "gemm_spread" {ranks, max_s, median_s,
+// min_s} over them all. The summary is the incident's, in every state write while it lasts: at
+// 16,384 ranks the whole table was 0.46 MB.
+inline constexpr std::size_t kListedGemms = 256;
+[[nodiscard]] nlohmann::json GemmTimesJson(const std::vector<analyzer::GemmMeasurement>& gemms,
+                                           std::size_t listed = kListedGemms);
+
 class ValidationRun {
  public:
   // `id` prefixes every command id ("<id>-1", ...). Steps come from PlanValidationSteps.
@@ -125,7 +133,7 @@ class ValidationRun {
 
   // The measurements, as Localize() wants them (views into this object: keep it alive).
   [[nodiscard]] analyzer::LocalizationInput Input() const;
-  // Pause length, steps, failures, per-rank results: for the incident's evidence.
+  // Pause length, steps, failures, per-rank results (GemmTimesJson): for the incident's evidence.
   [[nodiscard]] nlohmann::json Summary() const;
 
  private:

@@ -27,6 +27,8 @@ Status ValidationStage::Start(const JobView& view, const json& suspicion, const 
       if (const auto v = protocol::ParseCommIdHex(c.get<std::string>())) out->push_back(*v);
     }
   }
+  // A large sweep comes as its count (profiling_stage.h, "Size"): every shared communicator.
+  if (suspicion.value("sweep", false) && !suspicion.contains("suspicious")) judged = SweepComms(view);
   Result<std::vector<ValidationStep>> steps = PlanValidationSteps(view, judged, peers, steps_);
   if (!steps.ok()) return steps.status();
   run_ = std::make_unique<ValidationRun>(id, std::move(steps.value()), settings_, release_first);
