@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -574,6 +576,49 @@ TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) 
   EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view, 3), 0.2) << "rank 1's 0.2 is now the worst";
   EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view, 0), *t.CurrentIterationS(view, 1)) << "at least one";
   EXPECT_DOUBLE_EQ(*t.CurrentIterationS(view, 100), 0.4) << "at most kRecentIterations";
+}
+
+// The iteration time is kept up to date as reports arrive (tracking_stage.h): against a
+// recomputation from every rank's samples, over random reports, windows asked for at any
+// moment (a window asked late is built from what came before), ties and ranks out of the view.
+TEST(TrackingStageTest, IterationTimeKeptAsReportsArriveMatchesARecomputation) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob({{6, "exited"}, {3, "exited"}});
+  std::map<std::int64_t, std::vector<double>> all;  // every sample, per rank
+  auto expected = [&](std::size_t last) -> std::optional<double> {
+    last = std::clamp<std::size_t>(last, 1, TrackingStage::kRecentIterations);
+    std::optional<double> worst;
+    for (const auto& [rank, v] : all) {
+      if (v.empty() || !view.ranks().count(rank)) continue;
+      std::vector<double> tail(v.end() - static_cast<std::ptrdiff_t>(std::min(last, v.size())), v.end());
+      std::sort(tail.begin(), tail.end());
+      const std::size_t n = tail.size();
+      const double m = n % 2 ? tail[n / 2] : (tail[n / 2 - 1] + tail[n / 2]) / 2;
+      if (!worst || m > *worst) worst = m;
+    }
+    return worst;
+  };
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int64_t> rank_of(0, kRanks - 1);
+  std::uniform_int_distribution<int> count_of(1, 11), level_of(1, 6), ask(0, 9);  // a batch has a sample
+  for (int step = 0; step < 2000; ++step) {
+    const std::int64_t r = rank_of(rng);
+    std::vector<double> batch;
+    for (int i = count_of(rng); i > 0; --i) batch.push_back(0.1 * level_of(rng));  // coarse: ties
+    t.OnIterations(Iterations(r, batch));
+    all[r].insert(all[r].end(), batch.begin(), batch.end());
+    if (ask(rng) != 0) continue;
+    for (std::size_t last : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5},
+                             std::size_t{8}, std::size_t{100}}) {
+      if (step < 300 && last == 5) continue;  // the 5-sample window is first asked for late
+      const std::optional<double> got = t.CurrentIterationS(view, last), want = expected(last);
+      ASSERT_EQ(got.has_value(), want.has_value()) << "step " << step << " last " << last;
+      if (want) {
+        ASSERT_DOUBLE_EQ(*got, *want) << "step " << step << " last " << last;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

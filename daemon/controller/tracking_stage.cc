@@ -2,7 +2,9 @@
 #include "daemon/controller/tracking_stage.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
+#include <span>
 
 #include "analyzer/robust.h"
 
@@ -24,12 +26,39 @@ std::optional<SlowRank> TrackingStage::OnAlarm(const nlohmann::json& m) {
 void TrackingStage::OnIterations(const nlohmann::json& m) {
   const std::int64_t rank = m["rank"].get<std::int64_t>();
   if (rank < 0) return;
-  std::deque<double>& q = recent_[rank];
+  auto it = recent_.find(rank);
+  const bool had = it != recent_.end();
+  if (!had) it = recent_.emplace(rank, Recent{}).first;
+  Recent& r = it->second;
   for (const nlohmann::json& s : m["seconds"]) {
     if (!s.is_number()) continue;
-    q.push_back(s.get<double>());
-    if (q.size() > kRecentIterations) q.pop_front();
+    r.samples.push_back(s.get<double>());
+    if (r.samples.size() > kRecentIterations) r.samples.pop_front();
   }
+  if (r.samples.empty()) {  // nothing numeric: as before, an empty record ranks nowhere
+    if (!had) recent_.erase(it);
+    return;
+  }
+  if (had) {  // its entries in the orderings are its old medians
+    for (auto& [last, ordered] : by_median_) ordered.erase({r.median[last], rank});
+  }
+  std::array<double, kRecentIterations> newest{};  // newest first
+  const std::size_t have = r.samples.size();
+  std::copy(r.samples.rbegin(), r.samples.rend(), newest.begin());
+  std::vector<double> scratch;
+  scratch.reserve(kRecentIterations);
+  for (std::size_t n = 1; n <= kRecentIterations; ++n) {
+    r.median[n] = analyzer::Median(std::span<const double>(newest.data(), std::min(n, have)), scratch);
+  }
+  for (auto& [last, ordered] : by_median_) ordered.insert({r.median[last], rank});
+}
+
+TrackingStage::Ordered& TrackingStage::OrderedFor(std::size_t last) const {
+  auto it = by_median_.find(last);
+  if (it != by_median_.end()) return it->second;
+  Ordered& ordered = by_median_[last];
+  for (const auto& [rank, r] : recent_) ordered.insert({r.median[last], rank});
+  return ordered;
 }
 
 std::vector<std::int64_t> TrackingStage::LiveSlow(const JobView& view) const {
@@ -49,16 +78,12 @@ std::vector<std::int64_t> TrackingStage::Outbreak(const JobView& view, double mi
 }
 
 std::optional<double> TrackingStage::CurrentIterationS(const JobView& view, std::size_t last) const {
-  std::optional<double> worst;
-  std::vector<double> scratch;
   last = std::clamp<std::size_t>(last, 1, kRecentIterations);
-  for (const auto& [rank, q] : recent_) {
-    if (q.empty() || !view.ranks().count(rank)) continue;
-    const std::vector<double> v(q.end() - static_cast<std::ptrdiff_t>(std::min(last, q.size())), q.end());
-    const double m = analyzer::Median(v, scratch);
-    if (!worst || m > *worst) worst = m;
+  const Ordered& ordered = OrderedFor(last);
+  for (auto it = ordered.rbegin(); it != ordered.rend(); ++it) {
+    if (view.ranks().count(it->second)) return it->first;  // the worst live rank
   }
-  return worst;
+  return std::nullopt;
 }
 
 }  // namespace falcon::controller
