@@ -557,6 +557,26 @@ TEST(TrackingStageTest, OnlyLiveRanksCountAndAnOutbreakNeedsTheMinimumFraction) 
   EXPECT_EQ(t.Outbreak(view, 0.5), (std::vector<std::int64_t>{1, 2, 3, 4}));
 }
 
+// LiveSlow is kept between questions (tracking_stage.h): it follows every alarm, every view
+// update, a view it was not asked about before, and a slow-rank map replaced from outside.
+TEST(TrackingStageTest, TheLiveSlowRanksFollowAlarmsViewsAndAReloadedMap) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  JobView seven = RunningJob({{7, "exited"}});
+  const JobView all = RunningJob();
+  for (std::int64_t r : {5, 7}) ASSERT_TRUE(t.OnAlarm(Alarm(r, "slow", 0.2, kT0)).has_value());
+  EXPECT_EQ(t.LiveSlow(seven), std::vector<std::int64_t>{5});
+  EXPECT_EQ(t.LiveSlow(all), (std::vector<std::int64_t>{5, 7})) << "another view";
+  EXPECT_EQ(t.LiveSlow(seven), std::vector<std::int64_t>{5}) << "and back";
+  seven.Update(JobRanks(1200, kT0 + 2 * kSec, {{5, "exited"}}), JobAgents());
+  EXPECT_EQ(t.LiveSlow(seven), std::vector<std::int64_t>{7}) << "the same view, updated: 5 exited, 7 is back";
+  EXPECT_FALSE(t.OnAlarm(Alarm(5, "recovered", 0.1, kT0 + 3 * kSec)).has_value());
+  EXPECT_EQ(t.LiveSlow(all), std::vector<std::int64_t>{7}) << "an alarm";
+  slow = {{2, SlowRank{2.0, 0.4, 0.2, kT0}}};  // a restored state
+  t.Reload();
+  EXPECT_EQ(t.LiveSlow(all), std::vector<std::int64_t>{2});
+}
+
 TEST(TrackingStageTest, IterationTimeIsTheWorstLiveRanksMedianOfItsLastSamples) {
   std::map<std::int64_t, SlowRank> slow;
   TrackingStage t(slow);

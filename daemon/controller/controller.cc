@@ -229,7 +229,7 @@ void Controller::PublishMetrics() {
   metrics_->Publish(RenderControllerMetrics(m), std::move(health));
 }
 
-std::vector<std::int64_t> Controller::LiveSlow() const { return tracking_.LiveSlow(view_); }
+const std::vector<std::int64_t>& Controller::LiveSlow() const { return tracking_.LiveSlow(view_); }
 
 std::optional<double> Controller::CurrentIterationS() const { return tracking_.CurrentIterationS(view_); }
 

@@ -185,7 +185,7 @@ class Controller {
   UnderPlan FasterUnderPlan(std::int64_t now_ns);
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
-  std::vector<std::int64_t> LiveSlow() const;
+  const std::vector<std::int64_t>& LiveSlow() const;
   std::optional<double> CurrentIterationS() const;
 
   const ControllerConfig config_;

@@ -100,7 +100,10 @@ Status Controller::LoadState(std::int64_t now_ns) {
   if (!fresh) {
     Result<json> m = protocol::ParseMessage(msg->second, protocol::kControllerState);
     std::string why = m.ok() ? "" : m.status().message();
-    if (m.ok()) state_ = StateFromJson(m.value()["state_doc"], &why);
+    if (m.ok()) {
+      state_ = StateFromJson(m.value()["state_doc"], &why);
+      tracking_.Reload();  // its slow-rank map is state_'s
+    }
     if (!why.empty()) log_->error("event=state_unreadable action=start_fresh error={}", daemon::LogQuoted(why));
     fresh = !m.ok();
     if (m.ok()) {

@@ -2,6 +2,7 @@
 #include "daemon/controller/job_view.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <iterator>
 #include <set>
@@ -61,6 +62,8 @@ bool CommInfo::complete() const {
 
 void JobView::Update(const std::vector<nlohmann::json>& ranks,
                      const std::vector<nlohmann::json>& agents) {
+  static std::atomic<std::uint64_t> updates{0};  // one sequence over every view: versions never collide
+  version_ = ++updates;
   std::map<std::uint64_t, CommInfo> old = std::move(comms_);
   ranks_.clear();
   comms_.clear();

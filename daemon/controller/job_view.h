@@ -91,6 +91,9 @@ class JobView {
   void Update(const std::vector<nlohmann::json>& ranks, const std::vector<nlohmann::json>& agents);
 
   const std::map<std::int64_t, RankInfo>& ranks() const { return ranks_; }
+  // Changes with every Update, and no two views' updates share one (0: never updated): what is
+  // computed from the live ranks can be kept until it changes.
+  [[nodiscard]] std::uint64_t version() const { return version_; }
   const std::map<std::uint64_t, CommInfo>& comms() const { return comms_; }
   const std::vector<std::string>& agents() const { return agents_; }  // live agent hosts, sorted
   // Hosts that run live ranks, sorted (or in SetNodes' order, then hosts it did not list); a
@@ -119,6 +122,7 @@ class JobView {
   void IndexNodes();  // after hosts_ changes
 
   std::map<std::int64_t, RankInfo> ranks_;
+  std::uint64_t version_ = 0;
   std::map<std::uint64_t, CommInfo> comms_;
   std::vector<std::string> agents_;
   std::vector<std::string> hosts_;

@@ -13,6 +13,7 @@ namespace falcon::controller {
 std::optional<SlowRank> TrackingStage::OnAlarm(const nlohmann::json& m) {
   const std::int64_t rank = m["rank"].get<std::int64_t>();
   if (rank < 0) return std::nullopt;
+  ++slow_version_;
   if (m["kind"] != "slow") {
     slow_.erase(rank);
     return std::nullopt;
@@ -61,12 +62,18 @@ TrackingStage::Ordered& TrackingStage::OrderedFor(std::size_t last) const {
   return ordered;
 }
 
-std::vector<std::int64_t> TrackingStage::LiveSlow(const JobView& view) const {
-  std::vector<std::int64_t> out;
-  for (const auto& [rank, s] : slow_) {
-    if (view.ranks().count(rank)) out.push_back(rank);
+const std::vector<std::int64_t>& TrackingStage::LiveSlow(const JobView& view) const {
+  if (live_slow_.slow_version == slow_version_ && live_slow_.view_version == view.version() &&
+      view.version() != 0) {
+    return live_slow_.ranks;
   }
-  return out;
+  live_slow_.ranks.clear();
+  for (const auto& [rank, s] : slow_) {
+    if (view.ranks().count(rank)) live_slow_.ranks.push_back(rank);
+  }
+  live_slow_.slow_version = slow_version_;
+  live_slow_.view_version = view.version();
+  return live_slow_.ranks;
 }
 
 std::vector<std::int64_t> TrackingStage::Outbreak(const JobView& view, double min_fraction) const {

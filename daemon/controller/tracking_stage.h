@@ -48,8 +48,11 @@ class TrackingStage {
   // A validated `iterations` message: its samples, the last kRecentIterations kept.
   void OnIterations(const nlohmann::json& m);
 
-  // The live ranks that are slow, ascending.
-  [[nodiscard]] std::vector<std::int64_t> LiveSlow(const JobView& view) const;
+  // The live ranks that are slow, ascending. Kept until an alarm changes the slow ranks or the
+  // view is updated (asked every turn: at 16,384 ranks slow, a scan took milliseconds).
+  [[nodiscard]] const std::vector<std::int64_t>& LiveSlow(const JobView& view) const;
+  // The slow-rank map was replaced from outside (a restored state): forget what was kept.
+  void Reload() { ++slow_version_; }
   // The live slow ranks when they are at least `min_fraction` of the live ranks; else none.
   [[nodiscard]] std::vector<std::int64_t> Outbreak(const JobView& view, double min_fraction) const;
   // The job's iteration time now, s, from each rank's `last` (1..kRecentIterations) iterations:
@@ -68,6 +71,12 @@ class TrackingStage {
   Ordered& OrderedFor(std::size_t last) const;
 
   std::map<std::int64_t, SlowRank>& slow_;
+  std::uint64_t slow_version_ = 1;  // changes with slow_
+  struct LiveSlowKept {
+    std::uint64_t slow_version = 0, view_version = 0;  // what it was computed from; 0: nothing
+    std::vector<std::int64_t> ranks;
+  };
+  mutable LiveSlowKept live_slow_;
   std::map<std::int64_t, Recent> recent_;  // per rank with at least one sample
   mutable std::map<std::size_t, Ordered> by_median_;  // per `last` asked for
 };
