@@ -2010,6 +2010,29 @@ TEST(ControllerStateTest, InvalidCursorsAreDroppedFromAnOtherwiseGoodDocument) {
   EXPECT_TRUE(s.incident.has_value());
 }
 
+// The state write splices the slow ranks, kept serialised, into the rest of the document: what
+// is read back is the document ToJson makes whole.
+TEST(ControllerStateTest, TheSplicedDocumentReadsBackAsTheWholeOne) {
+  const ControllerState full = FullState();
+  ASSERT_FALSE(full.slow.empty());
+  const json whole = ToJson(full);
+  const json without = ToJson(full, /*with_slow=*/false);
+  EXPECT_FALSE(without.contains("slow"));
+  const std::string spliced = JsonWithMember(without.dump(), "slow", SlowJson(full.slow).dump());
+  EXPECT_EQ(json::parse(spliced), whole);
+  std::string why;
+  const ControllerState back = StateFromJson(json::parse(spliced), &why);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(ToJson(back), whole);
+  // One level up, as the payload is made; and into empty objects.
+  const json outer = json::parse(JsonWithMember(R"({"job":"j","v":1})", "state_doc", spliced));
+  EXPECT_EQ(outer["state_doc"], whole);
+  EXPECT_EQ(outer["job"], "j");
+  EXPECT_EQ(json::parse(JsonWithMember("{}", "a", "[1,2]")), json({{"a", {1, 2}}}));
+  EXPECT_EQ(json::parse(JsonWithMember("{ }", "a", "null")), json({{"a", nullptr}}));
+  EXPECT_EQ(JsonWithMember(R"({"b":2})", "a", "1"), R"({"a":1,"b":2})");
+}
+
 TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {
   struct Case {
     const char* id;

@@ -160,7 +160,7 @@ Status Controller::SaveState(std::int64_t now_ns) {
             {"since_ns", state_.since_ns},   {"ranks", view_.ranks().size()},
             {"agents", view_.agents().size()}, {"mode", profiling_.mode()},
             {"slow_ranks", LiveSlow()},      {"incidents", state_.incidents},
-            {"state_doc", ToJson(state_)}};
+            {"state_doc", json::object()}};  // validated as an object; its text is spliced in below
   if (const std::optional<double> cur = CurrentIterationS()) m["current_s"] = *cur;
   const std::optional<double> healthy = state_.incident ? std::optional(state_.incident->healthy_s) : state_.healthy_s;
   if (healthy && *healthy > 0) m["healthy_s"] = *healthy;
@@ -176,10 +176,19 @@ Status Controller::SaveState(std::int64_t now_ns) {
   if (Status s = protocol::ValidateMessage(m, protocol::kControllerState); !s.ok()) {
     return Status::Internal("controller_state would be invalid: " + s.message());
   }
+  // The slow ranks are kept serialised until an alarm changes them: during an outbreak at
+  // 16,384 ranks they are most of the document (1.5 MB), written every heartbeat.
+  if (slow_text_version_ != tracking_.slow_version()) {
+    slow_text_ = SlowJson(state_.slow).dump();
+    slow_text_version_ = tracking_.slow_version();
+  }
+  m.erase("state_doc");
+  std::string payload =
+      JsonWithMember(m.dump(), "state_doc", JsonWithMember(ToJson(state_, /*with_slow=*/false).dump(), "slow", slow_text_));
   dirty_ = false;
   next_save_ns_ = now_ns + std::int64_t{config_.heartbeat_ms} * 1'000'000;
   Status s = redis::HSet(*conn_, Key(protocol::kControllerKey),
-                         {{std::string(protocol::kPayloadField), m.dump()},
+                         {{std::string(protocol::kPayloadField), std::move(payload)},
                           {"state", PhaseName(state_.phase)},
                           {"incident", state_.incident ? state_.incident->id : ""},
                           {"pid", std::to_string(getpid())}});

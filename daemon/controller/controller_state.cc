@@ -90,15 +90,35 @@ bool StreamIdLess(const std::string& a, const std::string& b) {
   return am < bm || (am == bm && as < bs);
 }
 
-json ToJson(const ControllerState& s) {
-  json slow = json::object();
-  for (const auto& [rank, r] : s.slow) {
-    slow[std::to_string(rank)] = {{"ratio", r.ratio}, {"level_s", r.level_s},
-                                  {"baseline_s", r.baseline_s}, {"onset_ns", r.onset_ns}};
+json SlowJson(const std::map<std::int64_t, SlowRank>& slow) {
+  json out = json::object();
+  for (const auto& [rank, r] : slow) {
+    out[std::to_string(rank)] = {{"ratio", r.ratio}, {"level_s", r.level_s},
+                                 {"baseline_s", r.baseline_s}, {"onset_ns", r.onset_ns}};
   }
+  return out;
+}
+
+std::string JsonWithMember(std::string_view object, std::string_view key, std::string_view value) {
+  std::string out;
+  out.reserve(object.size() + key.size() + value.size() + 4);
+  out += "{\"";
+  out += key;
+  out += "\":";
+  out += value;
+  const std::string_view rest = object.substr(1);  // after the "{"
+  if (rest.find_first_not_of(" \t\r\n") != std::string_view::npos && rest[rest.find_first_not_of(" \t\r\n")] != '}') {
+    out += ',';
+  }
+  out += rest;
+  return out;
+}
+
+json ToJson(const ControllerState& s, bool with_slow) {
   json j = {{"phase", PhaseName(s.phase)}, {"since_ns", s.since_ns},  {"incidents", s.incidents},
-            {"cursors", s.cursors},         {"slow", slow},            {"profile_from_ns", s.profile_from_ns},
+            {"cursors", s.cursors},         {"profile_from_ns", s.profile_from_ns},
             {"suspicion", s.suspicion}};
+  if (with_slow) j["slow"] = SlowJson(s.slow);
   if (s.incident) j["incident"] = IncidentJson(*s.incident);
   if (s.healthy_s) j["healthy_s"] = *s.healthy_s;
   j["plan_version"] = s.plan_version;

@@ -53,6 +53,8 @@ class TrackingStage {
   [[nodiscard]] const std::vector<std::int64_t>& LiveSlow(const JobView& view) const;
   // The slow-rank map was replaced from outside (a restored state): forget what was kept.
   void Reload() { ++slow_version_; }
+  // Changes whenever the slow-rank map does (alarms, Reload).
+  [[nodiscard]] std::uint64_t slow_version() const { return slow_version_; }
   // The live slow ranks when they are at least `min_fraction` of the live ranks; else none.
   [[nodiscard]] std::vector<std::int64_t> Outbreak(const JobView& view, double min_fraction) const;
   // The job's iteration time now, s, from each rank's `last` (1..kRecentIterations) iterations:
