@@ -2031,6 +2031,7 @@ TEST(ControllerStateTest, TheSplicedDocumentReadsBackAsTheWholeOne) {
   EXPECT_EQ(json::parse(JsonWithMember("{}", "a", "[1,2]")), json({{"a", {1, 2}}}));
   EXPECT_EQ(json::parse(JsonWithMember("{ }", "a", "null")), json({{"a", nullptr}}));
   EXPECT_EQ(JsonWithMember(R"({"b":2})", "a", "1"), R"({"a":1,"b":2})");
+  EXPECT_EQ(JsonWithMember("", "a", "1"), R"({"a":1})") << "not an object's text: as an empty one";
 }
 
 TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {

@@ -106,10 +106,10 @@ std::string JsonWithMember(std::string_view object, std::string_view key, std::s
   out += key;
   out += "\":";
   out += value;
-  const std::string_view rest = object.substr(1);  // after the "{"
-  if (rest.find_first_not_of(" \t\r\n") != std::string_view::npos && rest[rest.find_first_not_of(" \t\r\n")] != '}') {
-    out += ',';
-  }
+  // After the "{" (an object's text always has one; anything shorter is taken as "{}").
+  const std::string_view rest = object.size() >= 2 ? object.substr(1) : std::string_view("}");
+  const std::size_t first = rest.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && rest[first] != '}') out += ',';
   out += rest;
   return out;
 }

@@ -141,5 +141,4 @@ json ProfilingStage::Analyze(const JobView& view, std::int64_t from_ns) const {
   return suspicion;
 }
 
-
 }  // namespace falcon::controller
