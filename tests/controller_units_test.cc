@@ -28,6 +28,7 @@
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/validation_run.h"
+#include "daemon/controller/validation_stage.h"
 #include "daemon/controller/validation_steps.h"
 #include "daemon/protocol/messages.h"
 #include "daemon/protocol/validate.h"
@@ -1433,6 +1434,51 @@ Responder P2pTimes(std::function<double(const OutgoingCommand&, std::int64_t, st
     }
     return AckTo(cmd, "ok", results);
   };
+}
+
+// The controller defers its view re-reads and dirty state writes while a round holds the job
+// (validation_stage.h): holding() is true from the moment every rank acked the pause until the
+// resume is acked, through every step, and false before and after.
+TEST(ValidationStageTest, HoldsTheJobFromThePauseAckedToTheResumeAcked) {
+  const JobView view = RunningJob();
+  ValidationStage v(ValidationSettings{}, StepOptions{});
+  const json suspicion = {{"suspicious", {protocol::CommIdHex(TpId(0))}}, {"peers", {protocol::CommIdHex(TpId(1))}}};
+  ASSERT_TRUE(v.Start(view, suspicion, "inc-1-v1", false).ok());
+  int gemm_commands = 0;
+  const Responder gemm = GemmTimes({}, {}, gemm_commands);
+  const Responder p2p = P2pTimes([](const OutgoingCommand&, std::int64_t, std::int64_t) { return 0.002; });
+  std::vector<std::string> seen;  // per command sent: type, holding when sent, holding after its ack
+  std::int64_t now = kReportedNs;
+  for (int i = 0; i < 60 && !v.done(); ++i) {
+    std::vector<OutgoingCommand> cmds = v.Next(view, now);
+    if (!cmds.empty() && cmds[0].command.type == "cut_info") {
+      for (const OutgoingCommand& c : cmds) v.OnAck(AckTo(c, "failed"));
+      cmds = v.Next(view, now);
+    }
+    for (const OutgoingCommand& c : cmds) {
+      const bool sent_holding = v.holding();
+      const Responder& respond = c.command.type == "validate" && c.command.task == "gemm" ? gemm : p2p;
+      if (std::optional<json> a = respond(c)) v.OnAck(*a);
+      seen.push_back(c.command.type + (c.command.task.empty() ? "" : ":" + c.command.task) + " " +
+                     (sent_holding ? "held" : "free"));
+    }
+    now += kSec;
+  }
+  ASSERT_TRUE(v.done()) << ::testing::PrintToString(seen);
+  EXPECT_FALSE(v.holding()) << "the resume is acked";
+  std::set<std::string> kinds(seen.begin(), seen.end());
+  EXPECT_TRUE(kinds.count("pause free")) << ::testing::PrintToString(seen);
+  EXPECT_FALSE(kinds.count("pause held")) << "not held before every rank acked";
+  EXPECT_TRUE(kinds.count("validate:gemm held")) << ::testing::PrintToString(seen);
+  EXPECT_TRUE(kinds.count("validate:p2p held")) << ::testing::PrintToString(seen);
+  EXPECT_TRUE(kinds.count("resume held")) << ::testing::PrintToString(seen);
+  for (const std::string& k : kinds) {
+    if (k.rfind("validate", 0) == 0 || k.rfind("resume", 0) == 0) {
+      EXPECT_NE(k.find("held"), std::string::npos) << k;
+    }
+  }
+  (void)v.Finish(view);
+  EXPECT_FALSE(v.holding()) << "no round";
 }
 
 // Four intra-node exchanges 0-1, 2-3 (node0), 4-5, 6-7 (node1), each on its TP group.
