@@ -64,16 +64,16 @@ struct Options {
   std::string summary;
 };
 
-json ByType(const std::map<std::string, std::vector<double>>& lags) {
+json ByType(const std::map<std::string, falcon::sim::LatencySample>& lags) {
   json out = json::object();
   for (const auto& [type, v] : lags) out[type] = falcon::sim::LatencySummary(v);
   return out;
 }
 
-json CountersJson(const falcon::sim::SimCounters& c, std::vector<double> tick_ms, double cpu_s) {
+json CountersJson(const falcon::sim::SimCounters& c, const falcon::sim::LatencySample& tick_ms, double cpu_s) {
   return {{"messages", c.messages}, {"commands", c.commands}, {"acks", c.acks},
           {"redis_commands", c.redis_commands}, {"redis_errors", c.redis_errors}, {"cpu_s", cpu_s},
-          {"tick_ms", falcon::sim::LatencySummary(std::move(tick_ms))},
+          {"tick_ms", falcon::sim::LatencySummary(tick_ms)},
           {"command_read_lag_ms", ByType(c.command_read_lag_ms)}, {"ack_lag_ms", ByType(c.ack_lag_ms)}};
 }
 
@@ -90,7 +90,7 @@ int RunWorker(const Options& o, std::vector<falcon::sim::SimFault> faults, std::
   const std::int64_t stop_ns = o.duration_s > 0 ? start_ns + static_cast<std::int64_t>(o.duration_s * 1e9) : 0;
   bool told_ready = false;
   std::string last_error;
-  std::vector<double> tick_ms;  // how long each tick took (its sleep excluded)
+  falcon::sim::LatencySample tick_ms;  // how long each tick took (its sleep excluded)
   while (!g_stop && (stop_ns == 0 || WallNs() < stop_ns)) {
     const auto tick_start = std::chrono::steady_clock::now();
     if (!agents.conn().connected()) {
@@ -102,7 +102,7 @@ int RunWorker(const Options& o, std::vector<falcon::sim::SimFault> faults, std::
       }
     }
     const falcon::Status ticked = agents.Tick(WallNs());
-    tick_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tick_start).count());
+    tick_ms.Add(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tick_start).count());
     if (falcon::Status s = ticked; !s.ok()) {
       if (s.message() != last_error) std::fprintf(stderr, "falcon-sim: worker %d: %s\n", worker, s.message().c_str());
       last_error = s.message();
@@ -115,7 +115,7 @@ int RunWorker(const Options& o, std::vector<falcon::sim::SimFault> faults, std::
     }
     std::this_thread::sleep_until(tick_start + std::chrono::milliseconds(o.tick_ms));
   }
-  const std::string line = CountersJson(agents.counters(), std::move(tick_ms), CpuSeconds()).dump() + "\n";
+  const std::string line = CountersJson(agents.counters(), tick_ms, CpuSeconds()).dump() + "\n";
   (void)!write(out, line.data(), line.size());
   return 0;
 }

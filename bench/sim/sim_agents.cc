@@ -62,6 +62,27 @@ nlohmann::json LatencySummary(std::vector<double> v) {
   return out;
 }
 
+void LatencySample::Add(double v) {
+  max_ = n_ == 0 ? v : std::max(max_, v);
+  ++n_;
+  if (kept_.size() < capacity_) {
+    kept_.push_back(v);
+    return;
+  }
+  rng_ ^= rng_ << 13;
+  rng_ ^= rng_ >> 7;
+  rng_ ^= rng_ << 17;
+  const std::uint64_t j = rng_ % n_;  // keep the n-th value with probability capacity / n
+  if (j < capacity_) kept_[j] = v;
+}
+
+nlohmann::json LatencySummary(const LatencySample& s) {
+  nlohmann::json out = LatencySummary(s.kept());
+  out["n"] = s.n();
+  if (s.n() > 0) out["max"] = s.max();
+  return out;
+}
+
 protocol::ReportHeader SimAgents::Header(std::int64_t node, std::int64_t now_ns) const {
   return {job_name_, job_.Host(node), now_ns};
 }

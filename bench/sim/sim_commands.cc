@@ -71,7 +71,7 @@ Status SimAgents::ReadCommands(std::int64_t now_ns) {
         continue;
       }
       ++counters_.commands[c.value().type];
-      counters_.command_read_lag_ms[c.value().type].push_back(static_cast<double>(now_ns - c.value().issued_ns) / 1e6);
+      counters_.command_read_lag_ms[c.value().type].Add(static_cast<double>(now_ns - c.value().issued_ns) / 1e6);
       Handle(host, c.value(), now_ns);
     }
     std::vector<std::string> xack = {"XACK", read.stream, std::string(protocol::kCommandGroup)};
@@ -248,7 +248,7 @@ void SimAgents::SendDueAcks(std::int64_t now_ns) {
   auto due = std::stable_partition(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.due_ns > now_ns; });
   for (auto it = due; it != pending_.end(); ++it) {
     it->ack.header.at_ns = now_ns;
-    counters_.ack_lag_ms[it->ack.command_type].push_back(static_cast<double>(now_ns - it->due_ns) / 1e6);
+    counters_.ack_lag_ms[it->ack.command_type].Add(static_cast<double>(now_ns - it->due_ns) / 1e6);
     if (it->ack.command_type == "set_mode") {
       for (std::int64_t rank : it->ack.ranks) {
         if (auto r = ranks_.find(rank); r != ranks_.end()) r->second.profile_since_ns = now_ns;

@@ -2,6 +2,7 @@
 // admits the consistent cuts the controller plans, its clock and faults, and the fault plan's
 // errors.
 #include "bench/sim/sim_job.h"
+#include "bench/sim/sim_agents.h"
 
 #include <map>
 
@@ -17,6 +18,31 @@ SimShape Shape(int tp, int pp, int dp) {
   s.dp = dp;
   s.micro_batches = 4;
   return s;
+}
+
+// The sim's latency figures stay bounded over a long run: n and max exact, quantiles from a
+// uniform sample.
+TEST(LatencySampleTest, KeepsEveryValueUpToItsCapacityThenAUniformSample) {
+  LatencySample small(8);
+  for (double v : {5.0, 1.0, 3.0}) small.Add(v);
+  EXPECT_EQ(LatencySummary(small), LatencySummary(std::vector<double>{5.0, 1.0, 3.0}));
+  EXPECT_EQ(LatencySummary(LatencySample()), nlohmann::json({{"n", 0}}));
+
+  // A million values rising 0..999,999, 4,096 kept: a sample of the first ones would show it.
+  LatencySample big(4096);
+  constexpr std::uint64_t kN = 1'000'000;
+  for (std::uint64_t i = 0; i < kN; ++i) big.Add(static_cast<double>(i));
+  EXPECT_EQ(big.n(), kN);
+  EXPECT_EQ(big.kept().size(), 4096u);
+  const nlohmann::json s = LatencySummary(big);
+  EXPECT_EQ(s["n"], kN);
+  EXPECT_DOUBLE_EQ(s["max"].get<double>(), 999'999.0) << "the maximum is exact, sampled or not";
+  EXPECT_NEAR(s["p50"].get<double>(), 500'000.0, 30'000.0);
+  EXPECT_NEAR(s["p99"].get<double>(), 990'000.0, 8'000.0);
+  // Neither early nor late values are favoured: the sample's mean is the whole stream's.
+  double sum = 0;
+  for (double v : big.kept()) sum += v;
+  EXPECT_NEAR(sum / 4096.0, 499'999.5, 15'000.0);
 }
 
 TEST(SimJobTest, EveryMemberOfACommunicatorAgreesOnItsIdSizeAndCallsPerIteration) {
