@@ -31,11 +31,6 @@ struct CommReport {
   std::map<std::int32_t, std::map<SigKey, SigStat>> members;
 };
 
-double Number(const json& o, const char* key) {
-  auto it = o.find(key);
-  return it != o.end() && it->is_number() ? it->get<double>() : kNaN;
-}
-
 // Folds one rank's comm_profile into `reports`; entries of the wrong shape are skipped.
 void Collect(const json& profile, std::map<std::uint64_t, CommReport>& reports) {
   for (const json& c : profile["comms"]) {
@@ -44,20 +39,20 @@ void Collect(const json& profile, std::map<std::uint64_t, CommReport>& reports) 
       continue;
     }
     const auto id = protocol::ParseCommIdHex(c["id"].get<std::string>());
-    const double rank = Number(c, "rank"), nranks = Number(c, "nranks");
+    const double rank = ProfileNumber(c, "rank"), nranks = ProfileNumber(c, "nranks");
     if (!id || !(nranks >= 1 && nranks <= (1 << 24)) || !(rank >= 0 && rank < nranks)) continue;
     CommReport& r = reports[*id];
     r.nranks = static_cast<std::int32_t>(nranks);
     auto& sigs = r.members[static_cast<std::int32_t>(rank)];
     for (const json& s : c["sigs"]) {
       if (!s.is_object() || !s.contains("op") || !s["op"].is_string()) continue;
-      const double bytes = Number(s, "bytes"), peer = Number(s, "peer"), count = Number(s, "count");
+      const double bytes = ProfileNumber(s, "bytes"), peer = ProfileNumber(s, "peer"), count = ProfileNumber(s, "count");
       if (!(bytes >= 0) || !(count >= 0) || !(peer >= -1)) continue;
       SigStat& st = sigs[{s["op"].get<std::string>(), static_cast<std::uint64_t>(bytes),
                           static_cast<std::int32_t>(peer)}];
       st.count = static_cast<std::uint64_t>(count);
-      st.mean_us = Number(s, "mean_us");
-      st.median_us = Number(s, "median_us");
+      st.mean_us = ProfileNumber(s, "mean_us");
+      st.median_us = ProfileNumber(s, "median_us");
     }
   }
 }
@@ -214,6 +209,11 @@ Result<ProfileVerdict> AnalyzeProfiles(const JobView& view,
     if (std::optional<ComputeSuspectFinding> s = SuspectIn(id, r, view)) v.compute_suspects.push_back(*s);
   }
   return v;
+}
+
+double ProfileNumber(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_number() ? it->get<double>() : kNaN;
 }
 
 }  // namespace falcon::controller

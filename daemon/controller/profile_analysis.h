@@ -48,4 +48,8 @@ struct ProfileVerdict {
     const JobView& view, const std::map<std::int64_t, nlohmann::json>& profiles,
     const analyzer::SuspicionOptions& suspicion);
 
+// A comm_profile's numeric member `key` of `o`, NaN when absent or not a number (the profiles
+// are validated as a whole, their signature entries field by field where they are read).
+[[nodiscard]] double ProfileNumber(const nlohmann::json& o, const char* key);
+
 }  // namespace falcon::controller

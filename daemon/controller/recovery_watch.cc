@@ -6,6 +6,7 @@
 #include <set>
 
 #include "analyzer/robust.h"
+#include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/profiling_stage.h"
 #include "daemon/protocol/messages.h"
 
@@ -24,11 +25,6 @@ const json* CommEntry(const json& profile, std::uint64_t comm) {
     if (id && *id == comm) return &c;
   }
   return nullptr;
-}
-
-double Field(const json& o, const char* key) {
-  auto it = o.find(key);
-  return it != o.end() && it->is_number() ? it->get<double>() : std::nan("");
 }
 
 bool PointToPoint(const std::string& op) { return op == "Send" || op == "Recv"; }
@@ -72,13 +68,13 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
   const json* sig = nullptr;
   for (const json& s : (*entry)["sigs"]) {
     if (!s.is_object() || !s.contains("op") || !s["op"].is_string() || PointToPoint(s["op"].get<std::string>())) continue;
-    const double median = Field(s, "median_us"), count = Field(s, "count");
+    const double median = ProfileNumber(s, "median_us"), count = ProfileNumber(s, "count");
     if (!std::isfinite(median) || median < 0 || !(count >= static_cast<double>(min_calls))) continue;
-    if (sig == nullptr || count > Field(*sig, "count")) sig = &s;
+    if (sig == nullptr || count > ProfileNumber(*sig, "count")) sig = &s;
   }
   if (sig == nullptr) return std::nullopt;
   const std::string op = (*sig)["op"].get<std::string>();
-  const double bytes = Field(*sig, "bytes");
+  const double bytes = ProfileNumber(*sig, "bytes");
   std::vector<double> others;
   for (const std::int64_t m : t.members) {
     if (m == t.culprit) continue;
@@ -87,7 +83,7 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
     if (e == nullptr) return std::nullopt;
     double median = std::nan("");
     for (const json& s : (*e)["sigs"]) {
-      if (s.is_object() && s.contains("op") && s["op"] == op && Field(s, "bytes") == bytes) median = Field(s, "median_us");
+      if (s.is_object() && s.contains("op") && s["op"] == op && ProfileNumber(s, "bytes") == bytes) median = ProfileNumber(s, "median_us");
     }
     if (!std::isfinite(median) || median < 0) return std::nullopt;
     others.push_back(median);
@@ -96,7 +92,7 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
   std::vector<double> scratch;
   const double mid = analyzer::Median(others, scratch);
   // A microsecond floor: a culprit's median of 0 (timer resolution) must not divide by zero.
-  return std::max(mid, 1.0) / std::max(Field(*sig, "median_us"), 1.0);
+  return std::max(mid, 1.0) / std::max(ProfileNumber(*sig, "median_us"), 1.0);
 }
 
 std::vector<OutgoingCommand> RecoveryWatch::ModeCommands(const JobView& view, const std::string& mode,
