@@ -194,6 +194,88 @@ TEST_F(ControllerRedisTest, AnEntryPackingSeveralMessagesIsReadMessageByMessage)
       << State().dump() << "\n" << ReadFile(log_);
 }
 
+// The slow ranks are a field of their own in the controller's hash, written when an alarm changes
+// them and not with every heartbeat (at 16,384 slow ranks they are 1.5 MB). A restarted
+// controller reads them back from it; one whose field is unreadable reads the alarms again
+// rather than lose a slow rank.
+TEST_F(ControllerRedisTest, TheSlowRanksAreWrittenWhenTheyChangeAndReadBackOnRestart) {
+  const std::string key = Key(protocol::kControllerKey);
+  const std::string field(protocol::kControllerSlowField);
+  auto register_ranks = [&] {
+    RegisterRank0();
+    protocol::RankRegistration r1;
+    r1.header = {kJob, "node0", NowNs()};
+    r1.rank = 1;
+    r1.pid = 101;
+    r1.started_ns = 1;
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 1), {{"msg", protocol::ToJson(r1).dump()}}).ok());
+  };
+  auto slow_field = [&]() -> std::string {
+    auto h = redis::HGetAll(*conn_, key);
+    return h.ok() && h.value().count(field) ? h.value().at(field) : std::string();
+  };
+  auto restart = [&] {
+    kill(pid_, SIGTERM);
+    ASSERT_EQ(testing::WaitFor(pid_, 20), 0);
+    pid_ = -1;
+    register_ranks();
+    StartController();
+  };
+  register_ranks();
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
+      << ReadFile(log_);
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAlarmsStream), 0, {{"msg", SlowAlarm(0).dump()}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["slow_ranks"] == json({0}); }, 20))
+      << State().dump() << "\n" << ReadFile(log_);
+  json written = json::parse(slow_field());
+  ASSERT_TRUE(written.is_object() && written.size() == 1 && written.contains("0")) << written.dump();
+  EXPECT_EQ(written["0"]["ratio"], 2.0);
+  EXPECT_FALSE(State()["state_doc"].contains("slow")) << "the document does not carry them";
+  // Unchanged slow ranks are not written again: a stand-in stays through several heartbeats.
+  ASSERT_TRUE(redis::HSet(*conn_, key, {{field, "{}"}}).ok());
+  ASSERT_TRUE(SavedAfter(NowNs() + 600'000'000));
+  EXPECT_EQ(slow_field(), "{}") << "rewritten although no alarm changed them";
+  // An alarm changes them: written whole.
+  ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAlarmsStream), 0, {{"msg", SlowAlarm(1).dump()}}).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    const std::string text = slow_field();
+    return text.find("\"0\"") != std::string::npos && text.find("\"1\"") != std::string::npos;
+  }, 20)) << slow_field() << "\n" << ReadFile(log_);
+  ASSERT_TRUE(WaitUntil([&] { return State()["slow_ranks"] == json({0, 1}); }, 20)) << State().dump();
+  // Restarted: what the field says is what it starts with (the alarms are not read again, so a
+  // field naming rank 1 alone gives rank 1 alone).
+  written = json::parse(slow_field());
+  written.erase("0");
+  ASSERT_TRUE(redis::HSet(*conn_, key, {{field, written.dump()}}).ok());
+  restart();
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["pid"] == pid_ && s["ranks"] == 2;
+  }, 20)) << ReadFile(log_);
+  EXPECT_EQ(State()["slow_ranks"], json({1})) << ReadFile(log_);
+  // An unreadable field: the alarms are read again from the stream's start.
+  ASSERT_TRUE(redis::HSet(*conn_, key, {{field, "[not json"}}).ok());
+  restart();
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find("event=state_unreadable part=slow action=replay_alarms") !=
+                                     std::string::npos; }, 20)) << ReadFile(log_);
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["pid"] == pid_ && s["slow_ranks"] == json({0, 1});
+  }, 20)) << State().dump() << "\n" << ReadFile(log_);
+  EXPECT_EQ(json::parse(slow_field()).size(), 2u) << "the replayed slow ranks are written back";
+  // Redis restarted without persistence: the controller writes what it has again, though no
+  // alarm changed it.
+  redis_.Kill();
+  ASSERT_TRUE(redis_.Start().ok()) << redis_.Log();
+  conn_ = std::make_unique<redis::RedisConnection>(redis_.ClientOptions());
+  ASSERT_TRUE(conn_->Connect().ok());
+  register_ranks();
+  ASSERT_TRUE(WaitUntil([&] { return !slow_field().empty(); }, 20)) << ReadFile(log_);
+  written = json::parse(slow_field());
+  EXPECT_TRUE(written.contains("0") && written.contains("1")) << written.dump();
+}
+
 // The busy report streams are trimmed behind what the controller has read and saved, keeping
 // stream-retention-s before it; what it has not read, and the rare streams (alarms), never are.
 TEST_F(ControllerRedisTest, ReadReportsAreTrimmedBehindTheSavedCursorAndTheRetentionKept) {

@@ -2056,28 +2056,54 @@ TEST(ControllerStateTest, InvalidCursorsAreDroppedFromAnOtherwiseGoodDocument) {
   EXPECT_TRUE(s.incident.has_value());
 }
 
-// The state write splices the slow ranks, kept serialised, into the rest of the document: what
-// is read back is the document ToJson makes whole.
-TEST(ControllerStateTest, TheSplicedDocumentReadsBackAsTheWholeOne) {
+// The state write puts the slow ranks in a field of their own: the document without them and
+// the field read back as the whole state; an older controller's document, with them inside,
+// still reads.
+TEST(ControllerStateTest, TheSlowRanksWrittenApartReadBackAsTheWholeState) {
   const ControllerState full = FullState();
   ASSERT_FALSE(full.slow.empty());
   const json whole = ToJson(full);
   const json without = ToJson(full, /*with_slow=*/false);
   EXPECT_FALSE(without.contains("slow"));
-  const std::string spliced = JsonWithMember(without.dump(), "slow", SlowJson(full.slow).dump());
-  EXPECT_EQ(json::parse(spliced), whole);
   std::string why;
-  const ControllerState back = StateFromJson(json::parse(spliced), &why);
+  ControllerState back = StateFromJson(json::parse(without.dump()), &why);
   EXPECT_EQ(why, "");
+  EXPECT_TRUE(back.slow.empty());
+  back.slow = SlowFromJson(json::parse(SlowJson(full.slow).dump()));
   EXPECT_EQ(ToJson(back), whole);
-  // One level up, as the payload is made; and into empty objects.
-  const json outer = json::parse(JsonWithMember(R"({"job":"j","v":1})", "state_doc", spliced));
-  EXPECT_EQ(outer["state_doc"], whole);
-  EXPECT_EQ(outer["job"], "j");
-  EXPECT_EQ(json::parse(JsonWithMember("{}", "a", "[1,2]")), json({{"a", {1, 2}}}));
-  EXPECT_EQ(json::parse(JsonWithMember("{ }", "a", "null")), json({{"a", nullptr}}));
-  EXPECT_EQ(JsonWithMember(R"({"b":2})", "a", "1"), R"({"a":1,"b":2})");
-  EXPECT_EQ(JsonWithMember("", "a", "1"), R"({"a":1})") << "not an object's text: as an empty one";
+  EXPECT_EQ(ToJson(StateFromJson(whole, &why)), whole) << "an older controller's document";
+  EXPECT_EQ(why, "");
+}
+
+TEST(ControllerStateTest, AnUnreadableSlowFieldSaysWhatIsWrong) {
+  const json good = SlowJson(FullState().slow);
+  const std::string first = good.begin().key();
+  struct Case {
+    const char* name;
+    json value;
+    const char* says;
+  };
+  json missing = good;
+  missing[first].erase("onset_ns");
+  json wrong_type = good;
+  wrong_type[first]["ratio"] = "fast";
+  json negative = good;
+  negative["-3"] = good[first];
+  const std::vector<Case> cases = {{"not an object", json::array({1, 2}), "not an object"},
+                                   {"a member missing", missing, "onset_ns"},
+                                   {"a number as text", wrong_type, "slow: "},
+                                   {"a negative rank", negative, "'-3' is not a rank"},
+                                   {"a rank with junk", json{{"7x", good[first]}}, "'7x' is not a rank"}};
+  for (const Case& c : cases) {
+    try {
+      (void)SlowFromJson(c.value);
+      ADD_FAILURE() << c.name << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.name << ": " << e.what();
+    }
+  }
+  EXPECT_TRUE(SlowFromJson(json::object()).empty());
+  EXPECT_EQ(SlowFromJson(good).size(), FullState().slow.size());
 }
 
 TEST(ControllerStateTest, StreamIdsCompareNumericallyAndInvalidOnesNeverOrder) {

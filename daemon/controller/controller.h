@@ -224,8 +224,9 @@ class Controller {
   std::int64_t state_save_ns_ = 0;       // how long the last write of the state document took
   std::int64_t save_not_before_ns_ = 0;  // a dirty state is written from then on
   static constexpr std::int64_t kSaveShareInverse = 4;  // writes take at most a quarter of the loop
-  std::string slow_text_;              // SlowJson(state_.slow).dump(), as of slow_text_version_
-  std::uint64_t slow_text_version_ = 0;  // tracking_.slow_version() it was made at (0: never)
+  // tracking_.slow_version() of the slow ranks last written to the hash (0: none since connecting;
+  // a Redis restarted without persistence has lost them).
+  std::uint64_t slow_written_version_ = 0;
   // The busy report streams trimmed behind what was read (TrimStreams): the cursors of the last
   // state written, so that nothing a restarted controller would read on from is trimmed.
   std::map<std::string, std::string> saved_cursors_;

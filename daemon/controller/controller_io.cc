@@ -89,6 +89,7 @@ bool Controller::EnsureConnected(std::int64_t now_ns) {
   next_view_ns_ = 0;
   ++read_generation_;  // CheckCursors may have moved the cursors a read in flight started from
   dirty_ = true;
+  slow_written_version_ = 0;  // a Redis restarted without persistence lost them: written again
   return true;
 }
 
@@ -101,7 +102,22 @@ Status Controller::LoadState(std::int64_t now_ns) {
     Result<json> m = protocol::ParseMessage(msg->second, protocol::kControllerState);
     std::string why = m.ok() ? "" : m.status().message();
     if (m.ok()) {
-      state_ = StateFromJson(m.value()["state_doc"], &why);
+      const json& doc = m.value()["state_doc"];
+      state_ = StateFromJson(doc, &why);
+      // The slow ranks are the hash's own field, unless an older controller wrote the document
+      // (it holds them itself then). An unreadable field costs no slow rank: the alarms are read
+      // again from the stream's start, a rank's last report winning, as a fresh start does. Read
+      // even when the document is not: its cursors are kept then, and so are these.
+      auto slow = h.value().find(std::string(protocol::kControllerSlowField));
+      if (!(doc.is_object() && doc.contains("slow")) && slow != h.value().end()) {
+        try {
+          state_.slow = SlowFromJson(json::parse(slow->second));
+        } catch (const std::exception& e) {
+          log_->error("event=state_unreadable part=slow action=replay_alarms error={}", daemon::LogQuoted(e.what()));
+          state_.slow.clear();
+          state_.cursors["alarms"] = "0-0";
+        }
+      }
       tracking_.Reload();  // its slow-rank map is state_'s
     }
     if (!why.empty()) log_->error("event=state_unreadable action=start_fresh error={}", daemon::LogQuoted(why));
@@ -160,7 +176,7 @@ Status Controller::SaveState(std::int64_t now_ns) {
             {"since_ns", state_.since_ns},   {"ranks", view_.ranks().size()},
             {"agents", view_.agents().size()}, {"mode", profiling_.mode()},
             {"slow_ranks", LiveSlow()},      {"incidents", state_.incidents},
-            {"state_doc", json::object()}};  // validated as an object; its text is spliced in below
+            {"state_doc", ToJson(state_, /*with_slow=*/false)}};
   if (const std::optional<double> cur = CurrentIterationS()) m["current_s"] = *cur;
   const std::optional<double> healthy = state_.incident ? std::optional(state_.incident->healthy_s) : state_.healthy_s;
   if (healthy && *healthy > 0) m["healthy_s"] = *healthy;
@@ -176,22 +192,21 @@ Status Controller::SaveState(std::int64_t now_ns) {
   if (Status s = protocol::ValidateMessage(m, protocol::kControllerState); !s.ok()) {
     return Status::Internal("controller_state would be invalid: " + s.message());
   }
-  // The slow ranks are kept serialised until an alarm changes them: during an outbreak at
-  // 16,384 ranks they are most of the document (1.5 MB), written every heartbeat.
-  if (slow_text_version_ != tracking_.slow_version()) {
-    slow_text_ = SlowJson(state_.slow).dump();
-    slow_text_version_ = tracking_.slow_version();
-  }
-  m.erase("state_doc");
-  std::string payload =
-      JsonWithMember(m.dump(), "state_doc", JsonWithMember(ToJson(state_, /*with_slow=*/false).dump(), "slow", slow_text_));
   dirty_ = false;
   next_save_ns_ = now_ns + std::int64_t{config_.heartbeat_ms} * 1'000'000;
-  Status s = redis::HSet(*conn_, Key(protocol::kControllerKey),
-                         {{std::string(protocol::kPayloadField), std::move(payload)},
-                          {"state", PhaseName(state_.phase)},
-                          {"incident", state_.incident ? state_.incident->id : ""},
-                          {"pid", std::to_string(getpid())}});
+  redis::FieldList fields = {{std::string(protocol::kPayloadField), m.dump()},
+                             {"state", PhaseName(state_.phase)},
+                             {"incident", state_.incident ? state_.incident->id : ""},
+                             {"pid", std::to_string(getpid())}};
+  // The slow ranks go in their own field, only when an alarm changed them: during an outbreak at
+  // 16,384 ranks they are 1.5 MB, and the document is written every heartbeat. The same HSET
+  // writes both, so a reader never sees a document and slow ranks from different writes.
+  const std::uint64_t slow_version = tracking_.slow_version();
+  if (slow_written_version_ != slow_version) {
+    fields.emplace_back(std::string(protocol::kControllerSlowField), SlowJson(state_.slow).dump());
+  }
+  Status s = redis::HSet(*conn_, Key(protocol::kControllerKey), std::move(fields));
+  if (s.ok()) slow_written_version_ = slow_version;
   if (s.ok()) saved_cursors_ = state_.cursors;
   return s;
 }

@@ -99,18 +99,22 @@ json SlowJson(const std::map<std::int64_t, SlowRank>& slow) {
   return out;
 }
 
-std::string JsonWithMember(std::string_view object, std::string_view key, std::string_view value) {
-  std::string out;
-  out.reserve(object.size() + key.size() + value.size() + 4);
-  out += "{\"";
-  out += key;
-  out += "\":";
-  out += value;
-  // After the "{" (an object's text always has one; anything shorter is taken as "{}").
-  const std::string_view rest = object.size() >= 2 ? object.substr(1) : std::string_view("}");
-  const std::size_t first = rest.find_first_not_of(" \t\r\n");
-  if (first != std::string_view::npos && rest[first] != '}') out += ',';
-  out += rest;
+std::map<std::int64_t, SlowRank> SlowFromJson(const json& j) {
+  if (!j.is_object()) throw std::invalid_argument("slow: not an object");
+  std::map<std::int64_t, SlowRank> out;
+  try {
+    for (const auto& [rank, r] : j.items()) {
+      std::int64_t n = -1;
+      const auto [end, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), n);
+      if (ec != std::errc() || end != rank.data() + rank.size() || n < 0) {
+        throw std::invalid_argument("slow: '" + rank + "' is not a rank");
+      }
+      out[n] = {r.at("ratio").get<double>(), r.at("level_s").get<double>(), r.at("baseline_s").get<double>(),
+                r.at("onset_ns").get<std::int64_t>()};
+    }
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(std::string("slow: ") + e.what());
+  }
   return out;
 }
 
@@ -147,15 +151,9 @@ ControllerState StateFromJson(const json& j, std::string* why) {
       throw std::invalid_argument("incidents: negative");
     }
     s.incidents = j.at("incidents").get<std::uint64_t>();
-    for (const auto& [rank, r] : j.at("slow").items()) {
-      std::int64_t n = -1;
-      const auto [end, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), n);
-      if (ec != std::errc() || end != rank.data() + rank.size() || n < 0) {
-        throw std::invalid_argument("slow: '" + rank + "' is not a rank");
-      }
-      s.slow[n] = {r.at("ratio").get<double>(), r.at("level_s").get<double>(), r.at("baseline_s").get<double>(),
-                   r.at("onset_ns").get<std::int64_t>()};
-    }
+    // Written beside the document since the slow ranks moved to their own field; an older
+    // controller's document has them inside.
+    if (j.contains("slow")) s.slow = SlowFromJson(j["slow"]);
     if (j.contains("incident")) s.incident = IncidentFromJson(j["incident"]);
     s.profile_from_ns = j.at("profile_from_ns").get<std::int64_t>();
     s.suspicion = j.at("suspicion");

@@ -1,7 +1,8 @@
 // ControllerState: everything the controller must not lose when it restarts (it lives in Redis,
 // hash falcon:{job}:controller, message controller_state, field state_doc): the phase, the
 // stream cursors (so no alarm, profile or ack is read twice or skipped), the ranks whose last
-// alarm said slow, the open incident and the profiling verdict that validation works from.
+// alarm said slow (written apart, in the hash's field "slow": SlowJson), the open incident and
+// the profiling verdict that validation works from.
 // FromJson never trusts its input: a field of the wrong shape is reported and the state falls
 // back to a fresh one (cursors kept where they are valid), so a corrupt hash costs at most a
 // re-detection, never a crash.
@@ -90,14 +91,14 @@ struct ControllerState {
   std::vector<std::int32_t> pending_excluded;
 };
 
-// `with_slow` false leaves out "slow" (SlowJson's): a caller that keeps it serialised splices it
-// in (JsonWithMember). At 16,384 ranks slow it is 1.5 MB, the bulk of the document, and it
-// changes only with an alarm.
+// `with_slow` false leaves out "slow" (SlowJson's). The controller writes the slow ranks beside
+// the document, in the hash's own field and only when an alarm changed them: at 16,384 ranks
+// slow they are 1.5 MB, most of what the document would be, and the document is written every
+// heartbeat.
 nlohmann::json ToJson(const ControllerState& s, bool with_slow = true);
 nlohmann::json SlowJson(const std::map<std::int64_t, SlowRank>& slow);
-// The serialised JSON object `object` with member `key` (a plain name, no escapes) set to the
-// serialised JSON value `value`, which it must not have already. Member order is not JSON's.
-std::string JsonWithMember(std::string_view object, std::string_view key, std::string_view value);
+// SlowJson's inverse; throws std::invalid_argument saying what is wrong ("slow: ...").
+std::map<std::int64_t, SlowRank> SlowFromJson(const nlohmann::json& j);
 // `why` gets what was wrong (empty when all was fine).
 ControllerState StateFromJson(const nlohmann::json& j, std::string* why);
 

@@ -123,7 +123,8 @@ json ProfilingStage::Analyze(const JobView& view, std::int64_t from_ns) const {
   if (json& evidence = suspicion["comms"]; evidence.is_array() && evidence.size() > kListedComms) {
     json kept = json::array(), omitted = json::object();
     for (json& e : evidence) {
-      const json* verdict = e.is_object() ? &e["verdict"] : nullptr;
+      auto found = e.is_object() ? e.find("verdict") : e.end();  // looked up, never inserted
+      const json* verdict = e.is_object() && found != e.end() ? &*found : nullptr;
       if (verdict != nullptr && *verdict == "suspicious") {
         kept.push_back(std::move(e));
       } else {

@@ -99,6 +99,9 @@ inline constexpr KeySpec kControllerKey{
     "controller_state",
     "the controller's state (tracking, profiling, validating), open incident and stream cursors; "
     "written at every transition and heartbeat, read back when a controller (re)starts"};
+// The controller hash's field with the ranks whose last alarm said slow, {rank: {ratio, level_s,
+// baseline_s, onset_ns}}: written beside kPayloadField, only when an alarm changed them.
+inline constexpr std::string_view kControllerSlowField = "slow";
 
 inline constexpr KeySpec kRequestsStream{
     "requests", "falcon:{job}:requests", KeyKind::kStream, Direction::kAgentToController,
