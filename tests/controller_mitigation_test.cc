@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <numeric>
+#include <set>
 
 #include "analyzer/pipeline_schedule.h"
 #include "daemon/controller/mitigation.h"
@@ -668,11 +669,44 @@ TEST(RecoveryWatchTest, WatchesTheCulpritsBusiestSmallGroup) {
   EXPECT_EQ(off[0].command.ranks, on[0].command.ranks);
   EXPECT_NE(off[0].command.id, on[0].command.id);
   EXPECT_FALSE(w.armed());
-  EXPECT_TRUE(w.Disarm(view, kT0 + 2).empty()) << "nothing to switch back twice";
+  // Until the caller says the switch back went out, the ranks are owed it: sent again.
+  const std::vector<OutgoingCommand> again = w.Disarm(view, kT0 + 2);
+  ASSERT_EQ(again.size(), 1u) << "a lost switch back would leave the pair profiling";
+  EXPECT_EQ(again[0].command.mode, "track");
+  EXPECT_EQ(again[0].command.ranks, on[0].command.ranks);
+  EXPECT_NE(again[0].command.id, off[0].command.id);
+  w.Delivered();
+  EXPECT_TRUE(w.Disarm(view, kT0 + 3).empty()) << "nothing to switch back twice";
   EXPECT_TRUE(w.Arm(view, {99}, kT0).empty());
   EXPECT_FALSE(w.armed()) << "no target: nothing watched";
   EXPECT_TRUE(w.Arm(view, {5, 99}, kT0).empty());
   EXPECT_FALSE(w.armed()) << "a culprit without a group: its recovery could not be seen, so none is watched";
+}
+
+// Ranks owed a switch back to track stay owed across a new arming (unless profiled again by it)
+// and are forgotten only when a round switches every shim's mode.
+TEST(RecoveryWatchTest, ASwitchBackNotDeliveredIsOwedUntilItIs) {
+  const JobView view = View(2, 4, 2);
+  RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
+  ASSERT_EQ(w.Arm(view, {5}, kT0).size(), 1u);
+  ASSERT_EQ(w.Disarm(view, kT0 + 1).size(), 1u);  // {4, 5}: not delivered
+  // Armed on rank 11 ({10, 11}, another host) before the switch back went out: 4 and 5 stay owed.
+  const std::vector<OutgoingCommand> on = w.Arm(view, {11}, kT0 + 2);
+  ASSERT_EQ(on.size(), 1u);
+  EXPECT_EQ(on[0].command.ranks, (std::vector<std::int64_t>{10, 11}));
+  std::set<std::int64_t> back;
+  for (const OutgoingCommand& c : w.Disarm(view, kT0 + 3)) {
+    EXPECT_EQ(c.command.mode, "track");
+    back.insert(c.command.ranks->begin(), c.command.ranks->end());
+  }
+  EXPECT_EQ(back, (std::set<std::int64_t>{4, 5, 10, 11}));
+  // Armed again on rank 5 with {4, 5} owed: profiled again, they are no longer owed.
+  ASSERT_EQ(w.Arm(view, {5}, kT0 + 4).size(), 1u);
+  back.clear();
+  for (const OutgoingCommand& c : w.Disarm(view, kT0 + 5)) back.insert(c.command.ranks->begin(), c.command.ranks->end());
+  EXPECT_EQ(back, (std::set<std::int64_t>{4, 5, 10, 11})) << "10 and 11 still owed, 4 and 5 watched";
+  w.Forget();
+  EXPECT_TRUE(w.Disarm(view, kT0 + 6).empty()) << "a round switches every shim: nothing owed";
 }
 
 // The peer waits 16x the culprit's time per call while the GPU is slow; once the two arrive

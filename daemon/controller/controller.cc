@@ -584,17 +584,26 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
       if (g.is_object() && g.contains("rank") && g["rank"].is_number_integer()) gpus.push_back(g["rank"].get<std::int64_t>());
     }
   }
+  // A switch back to track that did not go out is sent again at the next turn (the watch keeps
+  // those ranks owed until then); likewise an arming that did not go out is redone.
+  auto disarm = [&]() -> Status {
+    const std::vector<OutgoingCommand> commands = watch_.Disarm(view_, now_ns);
+    if (commands.empty()) return Status::Ok();
+    Status s = Send(commands);
+    if (s.ok()) watch_.Delivered();
+    return s;
+  };
   if (gpus.empty()) {
     watch_key_.clear();
-    if (Status s = Send(watch_.Disarm(view_, now_ns)); !s.ok()) return s;
+    if (Status s = disarm(); !s.ok()) return s;
     return std::optional<std::string>();
   }
   const Incident& inc = *state_.incident;
   const std::string key = inc.id + "/" + std::to_string(state_.plan_version) + "/" + std::to_string(inc.attempts);
   if (key != watch_key_) {  // a new plan, or a round since: (re-)arm
-    watch_key_ = key;
-    if (Status s = Send(watch_.Disarm(view_, now_ns)); !s.ok()) return s;
+    if (Status s = disarm(); !s.ok()) return s;
     if (Status s = Send(watch_.Arm(view_, gpus, now_ns)); !s.ok()) return s;
+    watch_key_ = key;
     json targets = json::array();
     for (const WatchTarget& t : watch_.targets()) {
       targets.push_back({{"rank", t.culprit}, {"comm", protocol::CommIdHex(t.comm)}, {"members", t.members}});

@@ -96,24 +96,22 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
 }
 
 std::vector<OutgoingCommand> RecoveryWatch::ModeCommands(const JobView& view, const std::string& mode,
-                                                         std::int64_t now_ns) {
+                                                         const std::set<std::int64_t>& ranks, std::int64_t now_ns) {
   std::map<std::string, std::set<std::int64_t>> by_host;
-  for (const WatchTarget& t : targets_) {
-    for (const std::int64_t m : t.members) {
-      if (const std::string* host = view.AgentOf(m)) by_host[*host].insert(m);
-    }
+  for (const std::int64_t m : ranks) {
+    if (const std::string* host = view.AgentOf(m)) by_host[*host].insert(m);
   }
   std::vector<OutgoingCommand> out;
-  for (const auto& [host, ranks] : by_host) {
+  for (const auto& [host, on_host] : by_host) {
     out.push_back({host, SetModeCommand(options_.command_prefix + "-w" + std::to_string(++commands_), mode, now_ns,
-                                        options_.ack_timeout_s, std::vector<std::int64_t>(ranks.begin(), ranks.end()))});
+                                        options_.ack_timeout_s, std::vector<std::int64_t>(on_host.begin(), on_host.end()))});
   }
   return out;
 }
 
 std::vector<OutgoingCommand> RecoveryWatch::Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
                                                 std::int64_t now_ns) {
-  Forget();
+  Reset();
   targets_ = WatchTargets(view, culprits);
   // A culprit without a group to watch could stay slow unseen: then the watch tells nothing.
   if (targets_.empty() || targets_.size() != std::set<std::int64_t>(culprits.begin(), culprits.end()).size()) {
@@ -122,21 +120,28 @@ std::vector<OutgoingCommand> RecoveryWatch::Arm(const JobView& view, const std::
   }
   armed_ = true;
   from_ns_ = now_ns;
-  return ModeCommands(view, "profile", now_ns);
+  std::set<std::int64_t> members;
+  for (const WatchTarget& t : targets_) members.insert(t.members.begin(), t.members.end());
+  for (const std::int64_t m : members) owed_.erase(m);  // profiled again: no longer owed a switch back
+  return ModeCommands(view, "profile", members, now_ns);
 }
 
 std::vector<OutgoingCommand> RecoveryWatch::Disarm(const JobView& view, std::int64_t now_ns) {
-  if (!armed_) return {};
-  std::vector<OutgoingCommand> out = ModeCommands(view, "track", now_ns);
-  Forget();
-  return out;
+  for (const WatchTarget& t : targets_) owed_.insert(t.members.begin(), t.members.end());
+  Reset();
+  return owed_.empty() ? std::vector<OutgoingCommand>{} : ModeCommands(view, "track", owed_, now_ns);
 }
 
-void RecoveryWatch::Forget() {
+void RecoveryWatch::Reset() {
   armed_ = false;
   targets_.clear();
   level_.clear();
   level_at_ns_.clear();
+}
+
+void RecoveryWatch::Forget() {
+  Reset();
+  owed_.clear();
 }
 
 RecoveryWatch::Verdict RecoveryWatch::Observe(const std::map<std::int64_t, json>& profiles) {

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,9 +76,15 @@ class RecoveryWatch {
   // a recovery of the others would say nothing about it).
   std::vector<OutgoingCommand> Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
                                    std::int64_t now_ns);
-  // Stops: the set_mode track commands for the watched ranks (none when not armed).
+  // Stops: the set_mode track commands for the watched ranks, and for any earlier disarm's ranks
+  // not yet Delivered() (none when there are neither). A shim left in profile mode by a lost
+  // command would pay for profiling until the next round: those ranks stay owed until the
+  // caller says the commands went out.
   std::vector<OutgoingCommand> Disarm(const JobView& view, std::int64_t now_ns);
-  // Forgets the watch without sending anything: a round switches every shim's mode itself.
+  // The commands of the last Disarm() were sent: nothing is owed any more.
+  void Delivered() { owed_.clear(); }
+  // Forgets the watch, owed ranks included, without sending anything: a round switches every
+  // shim's mode itself.
   void Forget();
 
   struct Reading {
@@ -96,7 +103,9 @@ class RecoveryWatch {
   [[nodiscard]] const std::vector<WatchTarget>& targets() const { return targets_; }
 
  private:
-  std::vector<OutgoingCommand> ModeCommands(const JobView& view, const std::string& mode, std::int64_t now_ns);
+  std::vector<OutgoingCommand> ModeCommands(const JobView& view, const std::string& mode,
+                                           const std::set<std::int64_t>& ranks, std::int64_t now_ns);
+  void Reset();  // the watch itself: targets, levels (not what is owed)
 
   RecoveryWatchOptions options_;
   bool armed_ = false;
@@ -105,6 +114,7 @@ class RecoveryWatch {
   std::vector<WatchTarget> targets_;
   std::map<std::int64_t, double> level_;             // per culprit
   std::map<std::int64_t, std::int64_t> level_at_ns_;  // the culprit's window it was read from
+  std::set<std::int64_t> owed_;                       // ranks whose switch back to track is not known sent
 };
 
 }  // namespace falcon::controller
