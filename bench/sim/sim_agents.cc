@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/protocol/keys.h"
@@ -21,6 +22,12 @@ constexpr std::uint64_t kBlock = protocol::kSignatureBlockCalls;
 constexpr const char* kVersion = "sim-0.1";
 
 }  // namespace
+
+std::int64_t SimAgents::ClockNs(std::int64_t not_before_ns) {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return std::max(not_before_ns, static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec);
+}
 
 std::string SimAgents::Key(const protocol::KeySpec& spec, const std::string& host, std::optional<std::int64_t> rank) const {
   Result<std::string> k = protocol::FormatKey(spec, {job_name_, host, rank});
@@ -165,7 +172,7 @@ Status SimAgents::Tick(std::int64_t now_ns) {
   SendDueAcks(now_ns);
   if (Status s = Flush(); !s.ok()) return s;
   if (Status s = ReadCommands(now_ns); !s.ok()) return s;
-  SendDueAcks(now_ns);
+  SendDueAcks(ClockNs(now_ns));
   if (Status s = Flush(); !s.ok()) return s;
   registered_ = true;
   return Status::Ok();

@@ -140,7 +140,12 @@ class SimAgents {
   void Detect(RankState& r, std::uint64_t sample, std::int64_t now_ns);
   void PublishSignatures(std::int64_t node, std::int64_t now_ns);
   void PublishProfiles(std::int64_t node, std::int64_t now_ns);
+  // Reads the commands and handles them at the moment the read returned (not the tick's start: a
+  // command the controller issued during the tick's publishing would read with a negative lag,
+  // and its modelled ack be due early).
   [[nodiscard]] Status ReadCommands(std::int64_t now_ns);
+  // The wall clock now, never before `not_before_ns` (the tick's own time).
+  static std::int64_t ClockNs(std::int64_t not_before_ns);
   void Handle(const std::string& host, const protocol::Command& c, std::int64_t now_ns);
   void SendDueAcks(std::int64_t now_ns);
   std::vector<RankState*> Targets(const std::string& host, const protocol::Command& c);

@@ -56,6 +56,7 @@ Status SimAgents::ReadCommands(std::int64_t now_ns) {
   }
   Result<std::vector<redis::StreamRead>> reads = redis::ParseStreamReads(reply.value());
   if (!reads.ok()) return reads.status();
+  now_ns = ClockNs(now_ns);  // read now
   for (const redis::StreamRead& read : reads.value()) {
     // The key's last part is the host.
     const std::string host = read.stream.substr(read.stream.rfind(':') + 1);
