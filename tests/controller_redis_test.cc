@@ -72,15 +72,20 @@ class ControllerRedisTest : public ::testing::Test {
     return protocol::FormatKey(spec, {kJob, host, rank}).value();
   }
 
-  // A live rank 0 on node0 and node0's agent, as an agent writes them.
-  void RegisterRank0() {
+  // A live rank on node0 (pid 100 + rank), as its agent writes it.
+  void WriteRank(std::int64_t rank, std::vector<protocol::CommSummary> comms = {}) {
     protocol::RankRegistration r;
     r.header = {kJob, "node0", NowNs()};
-    r.rank = 0;
-    r.pid = 100;
+    r.rank = rank;
+    r.pid = 100 + rank;
     r.started_ns = 1;
-    r.comms = {{0xabcdef0123456789ull, 0, 1, "world", 10}};
-    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 0), {{"msg", protocol::ToJson(r).dump()}}).ok());
+    r.comms = std::move(comms);
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", rank), {{"msg", protocol::ToJson(r).dump()}}).ok());
+  }
+
+  // A live rank 0 on node0 and node0's agent, as an agent writes them.
+  void RegisterRank0() {
+    WriteRank(0, {{0xabcdef0123456789ull, 0, 1, "world", 10}});
     protocol::AgentHeartbeat a;
     a.header = {kJob, "node0", NowNs()};
     a.pid = 7;
@@ -88,6 +93,9 @@ class ControllerRedisTest : public ::testing::Test {
     a.ranks = {0};
     ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, "node0"), {{"msg", protocol::ToJson(a).dump()}}).ok());
   }
+
+  // A live rank 1 on node0 (after RegisterRank0: its agent is node0's).
+  void RegisterRank1() { WriteRank(1); }
 
   // An iterations batch as an entry with the given id ("*": Redis's clock).
   void AddIterations(const json& seconds, const std::string& id) {
@@ -172,12 +180,7 @@ TEST_F(ControllerRedisTest, WrongTypeRankOrAgentKeyIsSkippedAndLoggedOnce) {
 
 TEST_F(ControllerRedisTest, AnEntryPackingSeveralMessagesIsReadMessageByMessage) {
   RegisterRank0();
-  protocol::RankRegistration r1;
-  r1.header = {kJob, "node0", NowNs()};
-  r1.rank = 1;
-  r1.pid = 101;
-  r1.started_ns = 1;
-  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 1), {{"msg", protocol::ToJson(r1).dump()}}).ok());
+  RegisterRank1();
   StartController();
   ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
       << ReadFile(log_);
@@ -203,12 +206,7 @@ TEST_F(ControllerRedisTest, TheSlowRanksAreWrittenWhenTheyChangeAndReadBackOnRes
   const std::string field(protocol::kControllerSlowField);
   auto register_ranks = [&] {
     RegisterRank0();
-    protocol::RankRegistration r1;
-    r1.header = {kJob, "node0", NowNs()};
-    r1.rank = 1;
-    r1.pid = 101;
-    r1.started_ns = 1;
-    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 1), {{"msg", protocol::ToJson(r1).dump()}}).ok());
+    RegisterRank1();
   };
   auto slow_field = [&]() -> std::string {
     auto h = redis::HGetAll(*conn_, key);
