@@ -649,8 +649,8 @@ TEST(RecoveryWatchTest, WatchesTheCulpritsBusiestSmallGroup) {
   EXPECT_EQ(t[0].members, (std::vector<std::int64_t>{4, 5}));
   EXPECT_EQ(t[1].members, (std::vector<std::int64_t>{10, 11}));
   EXPECT_TRUE(WatchTargets(view, {5}, 1).empty()) << "no group small enough";
-  // TP 1: the pipeline pair is the busiest small group (its sends and receives time no wait, so
-  // the watch will read nothing there and the re-check timer alone tells).
+  // TP 1: the pipeline pair is the busiest small group (it carries sends and receives only, and
+  // the watch compares collectives, so it reads nothing there and the re-check timer alone tells).
   const std::vector<WatchTarget> pp = WatchTargets(View(1, 4, 2), {5}, 3);
   ASSERT_EQ(pp.size(), 1u);
   EXPECT_EQ(pp[0].members, (std::vector<std::int64_t>{1, 5})) << "rank 5 = stage 1 of replica 1";
