@@ -10,11 +10,13 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/protocol/keys.h"
@@ -72,10 +74,10 @@ class ControllerRedisTest : public ::testing::Test {
     return protocol::FormatKey(spec, {kJob, host, rank}).value();
   }
 
-  // A live rank on node0 (pid 100 + rank), as its agent writes it.
-  void WriteRank(std::int64_t rank, std::vector<protocol::CommSummary> comms = {}) {
+  // A live rank (pid 100 + rank), as its agent writes it.
+  void WriteRank(std::int64_t rank, std::vector<protocol::CommSummary> comms = {}, const std::string& host = "node0") {
     protocol::RankRegistration r;
-    r.header = {kJob, "node0", NowNs()};
+    r.header = {kJob, host, NowNs()};
     r.rank = rank;
     r.pid = 100 + rank;
     r.started_ns = 1;
@@ -83,26 +85,32 @@ class ControllerRedisTest : public ::testing::Test {
     ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", rank), {{"msg", protocol::ToJson(r).dump()}}).ok());
   }
 
+  // A host's agent, as it writes itself.
+  void WriteAgent(const std::string& host, std::vector<std::int64_t> ranks) {
+    protocol::AgentHeartbeat a;
+    a.header = {kJob, host, NowNs()};
+    a.pid = 7;
+    a.version = "0.1.0";
+    a.ranks = std::move(ranks);
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, host), {{"msg", protocol::ToJson(a).dump()}}).ok());
+  }
+
   // A live rank 0 on node0 and node0's agent, as an agent writes them.
   void RegisterRank0() {
     WriteRank(0, {{0xabcdef0123456789ull, 0, 1, "world", 10}});
-    protocol::AgentHeartbeat a;
-    a.header = {kJob, "node0", NowNs()};
-    a.pid = 7;
-    a.version = "0.1.0";
-    a.ranks = {0};
-    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, "node0"), {{"msg", protocol::ToJson(a).dump()}}).ok());
+    WriteAgent("node0", {0});
   }
 
   // A live rank 1 on node0 (after RegisterRank0: its agent is node0's).
   void RegisterRank1() { WriteRank(1); }
 
-  // An iterations batch as an entry with the given id ("*": Redis's clock).
-  void AddIterations(const json& seconds, const std::string& id) {
+  // An iterations batch of a rank on a host as an entry with the given id ("*": Redis's clock).
+  void AddIterations(const json& seconds, const std::string& id, std::int64_t rank = 0,
+                     const std::string& host = "node0") {
     protocol::IterationBatch b;
-    b.header = {kJob, "node0", NowNs()};
-    b.rank = 0;
-    b.pid = 100;
+    b.header = {kJob, host, NowNs()};
+    b.rank = rank;
+    b.pid = 100 + rank;
     b.period = 9;
     for (std::size_t i = 0; i < seconds.size(); ++i) b.start_ns.push_back(NowNs());
     json m = protocol::ToJson(b);
@@ -272,6 +280,86 @@ TEST_F(ControllerRedisTest, TheSlowRanksAreWrittenWhenTheyChangeAndReadBackOnRes
   ASSERT_TRUE(WaitUntil([&] { return !slow_field().empty(); }, 20)) << ReadFile(log_);
   written = json::parse(slow_field());
   EXPECT_TRUE(written.contains("0") && written.contains("1")) << written.dump();
+}
+
+// The recovery watch's commands are best effort. Here node1's commands key is a string, so Redis
+// refuses every command to it while the job runs under a re-balance (act mode) whose culprit is
+// on node1. The refusal is logged once and retried with a backoff. It does not fail the turn:
+// the rest of tracking goes on (the plan's level is measured), no step fails, and node0's ranks
+// are not switched every turn. Once the key is mended, the arming goes out.
+TEST_F(ControllerRedisTest, ARefusedWatchCommandIsLoggedOnceAndTrackingGoesOn) {
+  const std::uint64_t group = 0x1234abcd5678ef01ull;
+  auto register_job = [&] {
+    WriteRank(0, {{group, 0, 2, "tp", 10}}, "node0");
+    WriteRank(1, {{group, 1, 2, "tp", 10}}, "node1");
+    WriteAgent("node0", {0});
+    WriteAgent("node1", {1});
+  };
+  register_job();
+  StartController("--mitigation act");
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
+      << ReadFile(log_);
+  kill(pid_, SIGTERM);
+  ASSERT_EQ(testing::WaitFor(pid_, 20), 0);
+  pid_ = -1;
+
+  // What a controller leaves after localising rank 1's GPU and putting S2 in force: the plan's
+  // level to be measured now, and no re-check due for an hour.
+  const std::string key = Key(protocol::kControllerKey);
+  auto h = redis::HGetAll(*conn_, key);
+  ASSERT_TRUE(h.ok() && h.value().count("msg"));
+  json msg = json::parse(h.value().at("msg"));
+  const std::int64_t now = NowNs();
+  msg["state_doc"]["plan_version"] = 1;
+  msg["state_doc"]["incident"] = {
+      {"id", "inc-1"}, {"opened_ns", now}, {"ranks", {1}}, {"healthy_s", 0.1}, {"localised", true},
+      {"attempts", 1}, {"next_attempt_ns", 0}, {"cause", "compute"}, {"findings", {{"gpus", {{{"rank", 1}}}}}},
+      {"last_round_ns", now}, {"plan_level_after_ns", 1},
+      {"mitigation", {{"cause", "compute"}, {"candidates", {{"S2", {{"overhead_s", 1}, {"plan", {{"strategy", "S2"}}}}}}},
+                      {"applied", {"S2"}}, {"rebalance_in_effect", true}, {"pipeline_in_effect", false},
+                      {"stopped", false}, {"slowdown_s", 0}, {"paid_s", 0}, {"last_time_s", 0},
+                      {"calm_samples", 0}}}};
+  ASSERT_TRUE(redis::HSet(*conn_, key, {{"msg", msg.dump()}}).ok());
+  const std::string node0 = Key(protocol::kCommandsStream, "node0");
+  const std::string node1 = Key(protocol::kCommandsStream, "node1");
+  SetString(node1);
+  const std::int64_t node0_before = std::max<std::int64_t>(0, XLen(node0));
+
+  register_job();
+  StartController("--mitigation act --recheck-s 3600");
+  for (int i = 0; i < 3; ++i) {
+    AddIterations({0.1, 0.1, 0.1, 0.1}, "*", 0, "node0");
+    AddIterations({0.1, 0.1, 0.1, 0.1}, "*", 1, "node1");
+  }
+  // Tracking goes on past the watch: the plan's level is measured and saved.
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["pid"] == pid_ && s["state_doc"].contains("incident") &&
+           s["state_doc"]["incident"]["plan_level_s"].get<double>() > 0;
+  }, 20)) << State().dump() << "\n" << ReadFile(log_);
+  // Some turns later (50 ms each): one warning, no failed step, and node0's rank switched once
+  // per retry (1 s, then 2 s), not once per turn.
+  ASSERT_TRUE(WaitUntil([&] { return Count(ReadFile(log_), "event=recovery_watch_unsent action=arm") == 1; }, 20))
+      << ReadFile(log_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::string log = ReadFile(log_);
+  EXPECT_EQ(Count(log, "event=recovery_watch_unsent"), 1u) << log;
+  EXPECT_NE(log.find("WRONGTYPE"), std::string::npos) << log;
+  EXPECT_EQ(log.find("event=step_failed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("event=recovery_watch incident"), std::string::npos) << "armed although refused\n" << log;
+  const std::int64_t sent = XLen(node0) - node0_before;
+  EXPECT_GE(sent, 2) << "the refused arming is sent again";
+  EXPECT_LE(sent, 3) << "sent again every turn";
+
+  // Mended: the next retry arms the watch, on both hosts.
+  ASSERT_TRUE(conn_->Command({"DEL", node1}).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    return ReadFile(log_).find("event=recovery_watch incident=inc-1 action=armed") != std::string::npos;
+  }, 20)) << ReadFile(log_);
+  log = ReadFile(log_);
+  EXPECT_NE(log.find("event=recovery_watch_sent action=arm"), std::string::npos) << log;
+  EXPECT_EQ(XLen(node1), 1);
+  EXPECT_EQ(log.find("event=step_failed"), std::string::npos) << log;
 }
 
 // The busy report streams are trimmed behind what the controller has read and saved, keeping

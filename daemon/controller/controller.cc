@@ -25,6 +25,8 @@ constexpr std::int64_t kNsPerS = 1'000'000'000;
 // After a failed step the loop waits this long, doubling per consecutive failure.
 constexpr int kStepBackoffMinMs = 50;
 constexpr int kStepBackoffMaxMs = 5000;
+constexpr int kWatchRetryMinMs = 1000;
+constexpr int kWatchRetryMaxMs = 60000;
 
 std::int64_t MonotonicNs() {
   timespec ts{};
@@ -584,32 +586,43 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
       if (g.is_object() && g.contains("rank") && g["rank"].is_number_integer()) gpus.push_back(g["rank"].get<std::int64_t>());
     }
   }
-  // A switch back to track that did not go out is sent again at the next turn (the watch keeps
-  // those ranks owed until then); likewise an arming that did not go out is redone.
+  // A switch back to track that did not go out stays owed (the watch keeps those ranks) and is
+  // sent again with the next Disarm; an arming that did not go out is sent again as it is,
+  // without switching its ranks back first.
+  const bool may_send = now_ns >= watch_retry_ns_;
   auto disarm = [&]() -> Status {
     const std::vector<OutgoingCommand> commands = watch_.Disarm(view_, now_ns);
-    if (commands.empty()) return Status::Ok();
-    Status s = Send(commands);
-    if (s.ok()) watch_.Delivered();
-    return s;
+    if (commands.empty() || !may_send) return Status::Ok();
+    Result<bool> sent = SendWatch(commands, "disarm", now_ns);
+    if (!sent.ok()) return sent.status();
+    if (sent.value()) watch_.Delivered();
+    return Status::Ok();
   };
   if (gpus.empty()) {
     watch_key_.clear();
+    arming_key_.clear();
     if (Status s = disarm(); !s.ok()) return s;
     return std::optional<std::string>();
   }
   const Incident& inc = *state_.incident;
   const std::string key = inc.id + "/" + std::to_string(state_.plan_version) + "/" + std::to_string(inc.attempts);
-  if (key != watch_key_) {  // a new plan, or a round since: (re-)arm
-    if (Status s = disarm(); !s.ok()) return s;
-    if (Status s = Send(watch_.Arm(view_, gpus, now_ns)); !s.ok()) return s;
-    watch_key_ = key;
-    json targets = json::array();
-    for (const WatchTarget& t : watch_.targets()) {
-      targets.push_back({{"rank", t.culprit}, {"comm", protocol::CommIdHex(t.comm)}, {"members", t.members}});
+  if (key != watch_key_ && may_send) {  // a new plan, or a round since: (re-)arm
+    if (key != arming_key_) {
+      if (Status s = disarm(); !s.ok()) return s;
     }
-    log_->info("event=recovery_watch incident={} action={} targets={}", daemon::LogValue(inc.id),
-               watch_.armed() ? "armed" : "none", daemon::LogValue(targets.dump()));
+    arming_key_ = key;
+    Result<bool> sent = SendWatch(watch_.Arm(view_, gpus, now_ns), "arm", now_ns);
+    if (!sent.ok()) return sent.status();
+    if (sent.value()) {
+      watch_key_ = key;
+      arming_key_.clear();
+      json targets = json::array();
+      for (const WatchTarget& t : watch_.targets()) {
+        targets.push_back({{"rank", t.culprit}, {"comm", protocol::CommIdHex(t.comm)}, {"members", t.members}});
+      }
+      log_->info("event=recovery_watch incident={} action={} targets={}", daemon::LogValue(inc.id),
+                 watch_.armed() ? "armed" : "none", daemon::LogValue(targets.dump()));
+    }
   }
   if (!watch_.armed()) return std::optional<std::string>();
   const RecoveryWatch::Verdict v = watch_.Observe(profiling_.profiles());
@@ -624,9 +637,31 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
                                     "arrive together again (" + detail + ")");
 }
 
+Result<bool> Controller::SendWatch(const std::vector<OutgoingCommand>& commands, const char* action,
+                                   std::int64_t now_ns) {
+  const Status s = Send(commands);
+  if (s.ok()) {
+    if (!watch_unsent_.empty()) log_->info("event=recovery_watch_sent action={}", action);
+    watch_unsent_.clear();
+    watch_retry_ms_ = 0;
+    watch_retry_ns_ = 0;
+    return true;
+  }
+  if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kCorrupt) return s;
+  watch_retry_ms_ = std::clamp(watch_retry_ms_ * 2, kWatchRetryMinMs, kWatchRetryMaxMs);
+  watch_retry_ns_ = now_ns + std::int64_t{watch_retry_ms_} * 1'000'000;
+  if (s.message() != watch_unsent_) {  // only a change is news
+    watch_unsent_ = s.message();
+    log_->warn("event=recovery_watch_unsent action={} retry_ms={} error={}", action, watch_retry_ms_,
+               daemon::LogQuoted(s.message()));
+  }
+  return false;
+}
+
 Status Controller::StartProfiling(std::int64_t now_ns) {
   watch_.Forget();  // the round switches every shim's mode; the watch re-arms after it
   watch_key_.clear();
+  arming_key_.clear();
   state_.profile_from_ns = now_ns;
   state_.suspicion = json::object();
   Enter(Phase::kProfiling, now_ns);

@@ -248,10 +248,21 @@ class Controller {
   // read from the peers' waits (recovery_watch.h). Not persisted: re-armed after a restart or a
   // round (which switches every shim's mode itself).
   RecoveryWatch watch_;
-  std::string watch_key_;  // the incident, plan version and round the watch was armed for
+  std::string watch_key_;     // the incident, plan version and round the watch was armed for
+  std::string arming_key_;    // the one whose arming Redis has not taken yet (sent again as is)
+  // The watch's commands are best effort: one that Redis refuses (a commands stream of the wrong
+  // type) must not fail the rest of every tracking turn, nor go again each turn (every set_mode
+  // restarts its ranks' profile windows). After a refusal they wait watch_retry_ns_, doubling
+  // from 1 s to 60 s; a lost connection is the turn's failure, as anywhere else.
+  std::int64_t watch_retry_ns_ = 0;
+  int watch_retry_ms_ = 0;
+  std::string watch_unsent_;  // the refusal last logged (event=recovery_watch_unsent), once each
   // Arms, re-arms or disarms the watch for the plan in force; the verdict's line when the
   // culprits' GPUs have all recovered (then the plan is undone), else nullopt.
   Result<std::optional<std::string>> Watch(std::int64_t now_ns);
+  // Sends the watch's commands: true when Redis took them all, false when it refused some (logged
+  // and backed off), an error only for a lost connection.
+  Result<bool> SendWatch(const std::vector<OutgoingCommand>& commands, const char* action, std::int64_t now_ns);
   ValidationStage validation_;  // the round under way and its verdict (validation_stage.h)
   MismatchStage mismatch_;  // mismatches while the job runs (mismatch_stage.h), fed and run the same way
   HangStage hang_;  // hang diagnosis (hang_stage.h): its own unit, fed here, run by AdvanceHang
