@@ -462,8 +462,11 @@ class ControllerEndToEndActS2Test : public ControllerEndToEndActTest {
 // A slow GPU: S2 gives its DP replica fewer micro-batches (all 16 still done), iterations get
 // shorter while the fault lasts, and once the GPU recovers the plan is undone within a few
 // iterations (the recovery watch: its TP peer no longer waits for it), never while it is slow.
+// The fault ends at 60 s: between the first re-check round (recheck-s 10 s after the
+// localisation, about 30 s in, so about 40 to 50 s) and the second (20 s after the first ends),
+// where only the watch can tell. A fault ending inside a round is that round's to tell.
 TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceIsUndoneAfterIt) {
-  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":35,"factor":2.5})", 105, TrainerArgs());
+  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":45,"factor":2.5})", 105, TrainerArgs());
   EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
   const json slow = Report(5);
   ASSERT_TRUE(slow.is_object()) << "no report from rank 5";
@@ -491,7 +494,16 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
   });
   ASSERT_GT(before, 0.0);
   ASSERT_GT(during, 0.0) << "no slow iteration ran under the S2 plan";
-  EXPECT_LT(during, 0.85 * before) << "S2 did not shorten the slow iterations: " << during << " s vs " << before;
+  // At best the plan runs at its fullest replica's share of the healthy time (a replica doing
+  // 5 of 16 micro-batches where an even split gives 4 takes 5/4 of it): at least half the way
+  // from the unmitigated time to that.
+  const double healthy_before = MedianIteration(slow, [](const json& it) {
+    return it["compute_factor"].get<double>() == 1.0 && it["plan_version"] == 0 && it["start_s"].get<double>() < 15;
+  });
+  const double even = (m[0] + m[1] + m[2] + m[3]) / 4.0;
+  const double ideal = healthy_before * *std::max_element(m.begin(), m.end()) / even;
+  EXPECT_LT(during, (before + ideal) / 2) << "S2 did not shorten the slow iterations: " << during << " s vs " << before
+                                          << " s unmitigated, " << ideal << " s at best";
   // Only the recheck-s timer re-checks a lasting fault: the rounds' pauses and the plan's change
   // shift the ranks' series, and alarms about that must not start rounds of their own.
   const std::string log = ReadFile(dir_.path() + "/controller.log");
@@ -502,7 +514,7 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
   EXPECT_LE(revalidations, 1u) << "re-checks started by alarms about the job's own plan and pauses";
   // After the fault: the iterations still under the re-balanced split before the undo.
   const auto healed = [&](const json& it) {
-    return it["compute_factor"].get<double>() == 1.0 && it["plan_version"] == s2 && it["start_s"].get<double>() > 50;
+    return it["compute_factor"].get<double>() == 1.0 && it["plan_version"] == s2 && it["start_s"].get<double>() > 60;
   };
   std::size_t kept = 0;
   for (const json& it : slow["iterations"]) kept += healed(it) ? 1 : 0;

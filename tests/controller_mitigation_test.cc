@@ -742,9 +742,53 @@ TEST(RecoveryWatchTest, TellsTheRecoveryFromThePeersWaitsOnly) {
   v = w.Observe(p);
   EXPECT_TRUE(v.recovered);
   EXPECT_NEAR(v.readings[0].imbalance, 60.0 / 55.0, 1e-9);
-  // A round forgets everything: levels are read afresh after it.
+  // A round forgets the watch: nothing is read until it is armed again.
   w.Forget();
   EXPECT_FALSE(w.Observe(p).recovered);
+}
+
+// A round re-checks the culprits in the middle of a plan and the watch is armed again after it.
+// The fault may end during that round. Then the first window after it is healthy, and read as
+// the level it would never show a recovery. So a level read earlier in the same episode (the
+// incident) on the same group is kept. Another episode, or another group, reads it afresh.
+TEST(RecoveryWatchTest, ALevelOutlivesARoundOfTheSameEpisodeOnly) {
+  const JobView view = View(2, 4, 2);
+  RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
+  (void)w.Arm(view, {5}, kT0, "inc-1");
+  std::map<std::int64_t, json> p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
+  ASSERT_FALSE(w.Observe(p).recovered);
+  ASSERT_EQ(w.LevelOf(5), 16.0);
+  // The round: every shim switched, the watch forgotten; the fault ends meanwhile.
+  w.Forget();
+  const std::int64_t after = kT0 + 10'000'000'000;
+  (void)w.Arm(view, {5}, after, "inc-1");
+  EXPECT_EQ(w.LevelOf(5), 16.0) << "kept through the round";
+  p = {{4, watch::TpWindow(4, after + 1, 52)}, {5, watch::TpWindow(5, after + 1, 50)}};
+  RecoveryWatch::Verdict v = w.Observe(p);
+  EXPECT_TRUE(v.recovered) << "the first window after the round is the recovery, not the level";
+  ASSERT_EQ(v.readings.size(), 1u);
+  EXPECT_DOUBLE_EQ(v.readings[0].level, 16.0);
+  // Still slow after the round: no recovery.
+  (void)w.Arm(view, {5}, after, "inc-1");
+  p = {{4, watch::TpWindow(4, after + 1, 700)}, {5, watch::TpWindow(5, after + 1, 50)}};
+  EXPECT_FALSE(w.Observe(p).recovered);
+  // Another incident: the level is read afresh (here from a healthy window: nothing visible).
+  (void)w.Arm(view, {5}, after, "inc-2");
+  EXPECT_FALSE(w.LevelOf(5).has_value());
+  p = {{4, watch::TpWindow(4, after + 1, 52)}, {5, watch::TpWindow(5, after + 1, 50)}};
+  EXPECT_FALSE(w.Observe(p).recovered);
+  EXPECT_NEAR(*w.LevelOf(5), 52.0 / 50.0, 1e-9);
+  // No episode: never kept.
+  (void)w.Arm(view, {5}, after, "");
+  EXPECT_FALSE(w.LevelOf(5).has_value());
+  // Another culprit in the same episode: its own level; rank 5's is dropped with its target.
+  (void)w.Arm(view, {5}, kT0, "inc-3");
+  p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
+  (void)w.Observe(p);
+  ASSERT_TRUE(w.LevelOf(5).has_value());
+  (void)w.Arm(view, {11}, after, "inc-3");
+  EXPECT_FALSE(w.LevelOf(5).has_value());
+  EXPECT_FALSE(w.LevelOf(11).has_value());
 }
 
 // A level below min_level (a mild fault, or transfers that dwarf the compute) is not visible: the

@@ -611,7 +611,7 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
       if (Status s = disarm(); !s.ok()) return s;
     }
     arming_key_ = key;
-    Result<bool> sent = SendWatch(watch_.Arm(view_, gpus, now_ns), "arm", now_ns);
+    Result<bool> sent = SendWatch(watch_.Arm(view_, gpus, now_ns, inc.id), "arm", now_ns);
     if (!sent.ok()) return sent.status();
     if (sent.value()) {
       watch_key_ = key;
@@ -619,6 +619,7 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
       json targets = json::array();
       for (const WatchTarget& t : watch_.targets()) {
         targets.push_back({{"rank", t.culprit}, {"comm", protocol::CommIdHex(t.comm)}, {"members", t.members}});
+        if (const auto level = watch_.LevelOf(t.culprit)) targets.back()["level"] = *level;  // kept from before a round
       }
       log_->info("event=recovery_watch incident={} action={} targets={}", daemon::LogValue(inc.id),
                  watch_.armed() ? "armed" : "none", daemon::LogValue(targets.dump()));

@@ -110,9 +110,15 @@ std::vector<OutgoingCommand> RecoveryWatch::ModeCommands(const JobView& view, co
 }
 
 std::vector<OutgoingCommand> RecoveryWatch::Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
-                                                std::int64_t now_ns) {
+                                                std::int64_t now_ns, const std::string& episode) {
   Reset();
+  if (episode.empty() || episode != episode_) level_.clear();
+  episode_ = episode;
   targets_ = WatchTargets(view, culprits);
+  std::erase_if(level_, [&](const auto& l) {
+    return std::none_of(targets_.begin(), targets_.end(),
+                        [&](const WatchTarget& t) { return t.culprit == l.first && t.comm == l.second.comm; });
+  });
   // A culprit without a group to watch could stay slow unseen: then the watch tells nothing.
   if (targets_.empty() || targets_.size() != std::set<std::int64_t>(culprits.begin(), culprits.end()).size()) {
     targets_.clear();
@@ -135,8 +141,6 @@ std::vector<OutgoingCommand> RecoveryWatch::Disarm(const JobView& view, std::int
 void RecoveryWatch::Reset() {
   armed_ = false;
   targets_.clear();
-  level_.clear();
-  level_at_ns_.clear();
 }
 
 void RecoveryWatch::Forget() {
@@ -152,19 +156,16 @@ RecoveryWatch::Verdict RecoveryWatch::Observe(const std::map<std::int64_t, json>
     const std::optional<double> now = WaitImbalance(t, profiles, from_ns_);
     const json* own = Window(profiles, t.culprit, from_ns_);
     const std::int64_t at = own == nullptr ? 0 : (*own)["at_ns"].get<std::int64_t>();
-    if (now && !level_.contains(t.culprit)) {
-      level_[t.culprit] = *now;
-      level_at_ns_[t.culprit] = at;
-    }
+    if (now && !level_.contains(t.culprit)) level_[t.culprit] = {*now, at, t.comm};
     auto l = level_.find(t.culprit);
     if (l == level_.end()) {
       all = false;
       continue;
     }
-    v.readings.push_back({t.culprit, l->second, now.value_or(0)});
+    const Level& level = l->second;
+    v.readings.push_back({t.culprit, level.value, now.value_or(0)});
     // Visible, and a newer window than the level's below the geometric midpoint of it and 1.
-    const bool recovered = l->second >= options_.min_level && now && at > level_at_ns_[t.culprit] &&
-                           *now < std::sqrt(l->second);
+    const bool recovered = level.value >= options_.min_level && now && at > level.at_ns && *now < std::sqrt(level.value);
     all = all && recovered;
   }
   v.recovered = all && !v.readings.empty();

@@ -20,7 +20,11 @@
 //    median covers its last 64 calls, so it shows the last moments of the window.
 //  - Level and recovery (RecoveryWatch::Observe): the first imbalance of each culprit is its level
 //    under the fault; a level of at least `min_level` (2: the peers wait as long again as the
-//    transfer takes) is visible. The GPU has recovered once a newer window's imbalance is below
+//    transfer takes) is visible. A level outlives a re-arming of the same episode (the caller's
+//    incident) on the same communicator: a round that re-checks the culprits switches every
+//    shim's mode, so the watch is armed again after it, and a fault that ended during that round
+//    would otherwise show its first window after the round as the level, healthy, and never be
+//    told. The GPU has recovered once a newer window's imbalance is below
 //    the geometric midpoint of the level and 1 (healthy members wait alike): every culprit
 //    visible and recovered means the fault has ended. A level below min_level (a mild fault, or
 //    a transfer that dwarfs the compute) tells nothing: the caller keeps its re-check timer.
@@ -73,9 +77,10 @@ class RecoveryWatch {
 
   // Starts watching `culprits` (GPU ranks): the set_mode profile commands for their targets'
   // members, one per agent host. Empty when some culprit has no target (nothing is watched then:
-  // a recovery of the others would say nothing about it).
+  // a recovery of the others would say nothing about it). Levels read in the same non-empty
+  // `episode` on the same communicator are kept; any other episode starts afresh.
   std::vector<OutgoingCommand> Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
-                                   std::int64_t now_ns);
+                                   std::int64_t now_ns, const std::string& episode = "");
   // Stops: the set_mode track commands for the watched ranks, and for any earlier disarm's ranks
   // not yet Delivered() (none when there are neither). A shim left in profile mode by a lost
   // command would pay for profiling until the next round: those ranks stay owed until the
@@ -84,7 +89,7 @@ class RecoveryWatch {
   // The commands of the last Disarm() were sent: nothing is owed any more.
   void Delivered() { owed_.clear(); }
   // Forgets the watch, owed ranks included, without sending anything: a round switches every
-  // shim's mode itself.
+  // shim's mode itself. The episode's levels stay (see Arm).
   void Forget();
 
   struct Reading {
@@ -101,19 +106,29 @@ class RecoveryWatch {
 
   [[nodiscard]] bool armed() const { return armed_; }
   [[nodiscard]] const std::vector<WatchTarget>& targets() const { return targets_; }
+  // The culprit's level under the fault, once read (or kept from earlier in the episode).
+  [[nodiscard]] std::optional<double> LevelOf(std::int64_t culprit) const {
+    auto l = level_.find(culprit);
+    return l == level_.end() ? std::nullopt : std::optional(l->second.value);
+  }
 
  private:
   std::vector<OutgoingCommand> ModeCommands(const JobView& view, const std::string& mode,
                                            const std::set<std::int64_t>& ranks, std::int64_t now_ns);
-  void Reset();  // the watch itself: targets, levels (not what is owed)
+  void Reset();  // the watch itself: targets (not the levels, nor what is owed)
 
   RecoveryWatchOptions options_;
   bool armed_ = false;
   std::int64_t from_ns_ = 0;
   std::uint64_t commands_ = 0;
   std::vector<WatchTarget> targets_;
-  std::map<std::int64_t, double> level_;             // per culprit
-  std::map<std::int64_t, std::int64_t> level_at_ns_;  // the culprit's window it was read from
+  struct Level {
+    double value = 0;
+    std::int64_t at_ns = 0;  // the culprit's window it was read from
+    std::uint64_t comm = 0;  // on which communicator
+  };
+  std::string episode_;
+  std::map<std::int64_t, Level> level_;  // per culprit
   std::set<std::int64_t> owed_;                       // ranks whose switch back to track is not known sent
 };
 
