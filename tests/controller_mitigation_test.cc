@@ -683,6 +683,27 @@ TEST(RecoveryWatchTest, WatchesTheCulpritsBusiestSmallGroup) {
   EXPECT_FALSE(w.armed()) << "a culprit without a group: its recovery could not be seen, so none is watched";
 }
 
+// Under re-balanced micro-batches a group spanning the DP replicas loses its wait (the replicas
+// are evened out): where the job's shape is known, only groups inside the culprit's replica are
+// watched, however busy the data-parallel group is.
+TEST(RecoveryWatchTest, WatchesAGroupInsideTheCulpritsReplicaWhereTheShapeIsKnown) {
+  const JobView busy_dp = View(1, 4, 4, 2, [](protocol::RankRegistration& m) {
+    for (protocol::CommSummary& c : m.comms) {
+      if (c.name == "dp") c.calls = 5000;
+    }
+  });
+  const std::vector<WatchTarget> any = WatchTargets(busy_dp, {5});
+  ASSERT_EQ(any.size(), 1u);
+  EXPECT_EQ(any[0].members, (std::vector<std::int64_t>{4, 5, 6, 7})) << "the busiest: data parallel";
+  const std::vector<WatchTarget> inside = WatchTargets(busy_dp, {5}, 64, analyzer::JobShape{1, 4, 4});
+  ASSERT_EQ(inside.size(), 1u);
+  EXPECT_EQ(inside[0].members, (std::vector<std::int64_t>{1, 5, 9, 13})) << "the pipeline group of replica 1";
+  // A shape that does not fit the job is ignored, as is one without data parallelism.
+  EXPECT_EQ(WatchTargets(busy_dp, {5}, 64, analyzer::JobShape{1, 2, 2})[0].members, any[0].members);
+  EXPECT_EQ(WatchTargets(View(2, 4, 2), {5}, 64, analyzer::JobShape{2, 4, 2})[0].members,
+            (std::vector<std::int64_t>{4, 5})) << "the TP pair is inside the replica";
+}
+
 // Ranks owed a switch back to track stay owed across a new arming (unless profiled again by it)
 // and are forgotten only when a round switches every shim's mode.
 TEST(RecoveryWatchTest, ASwitchBackNotDeliveredIsOwedUntilItIs) {

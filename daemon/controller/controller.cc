@@ -611,7 +611,12 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
       if (Status s = disarm(); !s.ok()) return s;
     }
     arming_key_ = key;
-    Result<bool> sent = SendWatch(watch_.Arm(view_, gpus, now_ns, inc.id), "arm", now_ns);
+    // The shape tells the culprit's replica, whose groups keep their waits under the plan.
+    std::optional<analyzer::JobShape> shape;
+    if (const Result<JobLayout> l = InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes); l.ok()) {
+      shape = l.value().placement.shape;
+    }
+    Result<bool> sent = SendWatch(watch_.Arm(view_, gpus, now_ns, inc.id, shape), "arm", now_ns);
     if (!sent.ok()) return sent.status();
     if (sent.value()) {
       watch_key_ = key;

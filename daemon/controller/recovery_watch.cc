@@ -6,6 +6,7 @@
 #include <set>
 
 #include "analyzer/robust.h"
+#include "analyzer/topology_plan.h"
 #include "daemon/controller/profile_analysis.h"
 #include "daemon/controller/profiling_stage.h"
 #include "daemon/protocol/messages.h"
@@ -41,7 +42,12 @@ const json* Window(const std::map<std::int64_t, json>& profiles, std::int64_t ra
 }  // namespace
 
 std::vector<WatchTarget> WatchTargets(const JobView& view, const std::vector<std::int64_t>& culprits,
-                                      std::int32_t max_members) {
+                                      std::int32_t max_members, std::optional<analyzer::JobShape> shape) {
+  const auto world = static_cast<std::int64_t>(view.ranks().size());
+  if (shape && (shape->dp < 2 || std::int64_t{shape->tp} * shape->dp * shape->pp != world)) shape.reset();
+  auto replica = [&](std::int64_t rank) {
+    return analyzer::CoordOf(*shape, static_cast<std::int32_t>(rank)).dp_index;
+  };
   std::vector<WatchTarget> out;
   for (const std::int64_t culprit : culprits) {
     auto r = view.ranks().find(culprit);
@@ -51,6 +57,14 @@ std::vector<WatchTarget> WatchTargets(const JobView& view, const std::vector<std
       if (c.nranks < 2 || c.nranks > max_members) continue;
       auto info = view.comms().find(c.id);
       if (info == view.comms().end() || !info->second.complete()) continue;
+      // Re-balanced micro-batches even out the replicas, and with them the waits of a group that
+      // spans them (data parallelism): only a group inside the culprit's replica keeps its wait.
+      const std::vector<std::int64_t>& members = info->second.members;
+      if (shape && culprit < world && std::any_of(members.begin(), members.end(), [&](std::int64_t m) {
+            return m < 0 || m >= world || replica(m) != replica(culprit);
+          })) {
+        continue;
+      }
       if (best == nullptr || c.calls > best->calls) best = &c;
     }
     if (best == nullptr || best->calls == 0) continue;
@@ -110,11 +124,12 @@ std::vector<OutgoingCommand> RecoveryWatch::ModeCommands(const JobView& view, co
 }
 
 std::vector<OutgoingCommand> RecoveryWatch::Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
-                                                std::int64_t now_ns, const std::string& episode) {
+                                                std::int64_t now_ns, const std::string& episode,
+                                                std::optional<analyzer::JobShape> shape) {
   Reset();
   if (episode.empty() || episode != episode_) level_.clear();
   episode_ = episode;
-  targets_ = WatchTargets(view, culprits);
+  targets_ = WatchTargets(view, culprits, 64, shape);
   std::erase_if(level_, [&](const auto& l) {
     return std::none_of(targets_.begin(), targets_.end(),
                         [&](const WatchTarget& t) { return t.culprit == l.first && t.comm == l.second.comm; });

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "analyzer/topology_plan.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/validation_run.h"
 
@@ -53,10 +54,12 @@ struct WatchTarget {
   std::vector<std::int64_t> members;  // its members' global ranks, the culprit included
 };
 
-// Per culprit, its busiest communicator of 2..max_members members whose members are all known;
-// culprits without one are left out.
+// Per culprit, its busiest communicator of 2..max_members members whose members are all known,
+// and, where the job's `shape` is known (and has data parallelism), all in the culprit's
+// replica; culprits without one are left out.
 [[nodiscard]] std::vector<WatchTarget> WatchTargets(const JobView& view, const std::vector<std::int64_t>& culprits,
-                                                    std::int32_t max_members = 64);
+                                                    std::int32_t max_members = 64,
+                                                    std::optional<analyzer::JobShape> shape = std::nullopt);
 
 // The culprit's wait imbalance in `t` (above) from `profiles` (newest validated comm_profile per
 // rank): nullopt unless every member has a window taken in profile mode since `from_ns` with a
@@ -80,7 +83,8 @@ class RecoveryWatch {
   // a recovery of the others would say nothing about it). Levels read in the same non-empty
   // `episode` on the same communicator are kept; any other episode starts afresh.
   std::vector<OutgoingCommand> Arm(const JobView& view, const std::vector<std::int64_t>& culprits,
-                                   std::int64_t now_ns, const std::string& episode = "");
+                                   std::int64_t now_ns, const std::string& episode = "",
+                                   std::optional<analyzer::JobShape> shape = std::nullopt);
   // Stops: the set_mode track commands for the watched ranks, and for any earlier disarm's ranks
   // not yet Delivered() (none when there are neither). A shim left in profile mode by a lost
   // command would pay for profiling until the next round: those ranks stay owed until the
