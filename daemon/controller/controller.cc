@@ -25,8 +25,6 @@ constexpr std::int64_t kNsPerS = 1'000'000'000;
 // After a failed step the loop waits this long, doubling per consecutive failure.
 constexpr int kStepBackoffMinMs = 50;
 constexpr int kStepBackoffMaxMs = 5000;
-constexpr int kWatchRetryMinMs = 1000;
-constexpr int kWatchRetryMaxMs = 60000;
 
 std::int64_t MonotonicNs() {
   timespec ts{};
@@ -589,7 +587,7 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
   // A switch back to track that did not go out stays owed (the watch keeps those ranks) and is
   // sent again with the next Disarm; an arming that did not go out is sent again as it is,
   // without switching its ranks back first.
-  const bool may_send = now_ns >= watch_retry_ns_;
+  const bool may_send = watch_retry_.Due(now_ns);
   auto disarm = [&]() -> Status {
     const std::vector<OutgoingCommand> commands = watch_.Disarm(view_, now_ns);
     if (commands.empty() || !may_send) return Status::Ok();
@@ -649,16 +647,14 @@ Result<bool> Controller::SendWatch(const std::vector<OutgoingCommand>& commands,
   if (s.ok()) {
     if (!watch_unsent_.empty()) log_->info("event=recovery_watch_sent action={}", action);
     watch_unsent_.clear();
-    watch_retry_ms_ = 0;
-    watch_retry_ns_ = 0;
+    watch_retry_ = {};
     return true;
   }
   if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kCorrupt) return s;
-  watch_retry_ms_ = std::clamp(watch_retry_ms_ * 2, kWatchRetryMinMs, kWatchRetryMaxMs);
-  watch_retry_ns_ = now_ns + std::int64_t{watch_retry_ms_} * 1'000'000;
+  watch_retry_.Refused(now_ns);
   if (s.message() != watch_unsent_) {  // only a change is news
     watch_unsent_ = s.message();
-    log_->warn("event=recovery_watch_unsent action={} retry_ms={} error={}", action, watch_retry_ms_,
+    log_->warn("event=recovery_watch_unsent action={} retry_ms={} error={}", action, watch_retry_.backoff_ms,
                daemon::LogQuoted(s.message()));
   }
   return false;

@@ -207,11 +207,20 @@ class Controller {
   std::uint64_t step_failures_ = 0;
   std::string step_error_;        // the failure last logged
   std::set<std::string> bad_keys_;  // rank/agent keys Redis refused at the last refresh
-  struct Unreadable {
-    std::int64_t retry_ns = 0;  // wall ns of the next probe
+  // What Redis refused (a key of the wrong type) is tried again after 1 s, doubling to 60 s per
+  // refusal: a stream set aside, the recovery watch's commands.
+  struct RefusedRetry {
+    static constexpr int kMinMs = 1000;
+    static constexpr int kMaxMs = 60000;
+    std::int64_t retry_ns = 0;  // wall ns of the next try
     int backoff_ms = 0;
+    void Refused(std::int64_t now_ns) {
+      backoff_ms = std::clamp(backoff_ms * 2, kMinMs, kMaxMs);
+      retry_ns = now_ns + std::int64_t{backoff_ms} * 1'000'000;
+    }
+    [[nodiscard]] bool Due(std::int64_t now_ns) const { return now_ns >= retry_ns; }
   };
-  std::map<std::string, Unreadable> unreadable_;  // streams set aside, by cursor name
+  std::map<std::string, RefusedRetry> unreadable_;  // streams set aside, by cursor name
   bool state_loaded_ = false;
 
   ControllerState state_;
@@ -252,10 +261,9 @@ class Controller {
   std::string arming_key_;    // the one whose arming Redis has not taken yet (sent again as is)
   // The watch's commands are best effort: one that Redis refuses (a commands stream of the wrong
   // type) must not fail the rest of every tracking turn, nor go again each turn (every set_mode
-  // restarts its ranks' profile windows). After a refusal they wait watch_retry_ns_, doubling
-  // from 1 s to 60 s; a lost connection is the turn's failure, as anywhere else.
-  std::int64_t watch_retry_ns_ = 0;
-  int watch_retry_ms_ = 0;
+  // restarts its ranks' profile windows). After a refusal they wait for watch_retry_; a lost
+  // connection is the turn's failure, as anywhere else.
+  RefusedRetry watch_retry_;
   std::string watch_unsent_;  // the refusal last logged (event=recovery_watch_unsent), once each
   // Arms, re-arms or disarms the watch for the plan in force; the verdict's line when the
   // culprits' GPUs have all recovered (then the plan is undone), else nullopt.

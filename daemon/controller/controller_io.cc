@@ -26,10 +26,6 @@ constexpr std::uint64_t kReadCount = 1000;  // stream entries per XREAD at most
 // times at most (so one turn carries up to 64,000 of its entries).
 constexpr int kDrainReads = 63;
 
-// A stream Redis refuses to read is probed again after this long, doubling per failed probe.
-constexpr int kStreamRetryMinMs = 1000;
-constexpr int kStreamRetryMaxMs = 60000;
-
 struct StreamSpec {
   const char* name;  // cursor name
   const protocol::KeySpec* key;
@@ -318,7 +314,7 @@ Status Controller::RefreshView() {
 Status Controller::ProbeStreams(std::int64_t now_ns, bool all) {
   for (const StreamSpec& s : kStreams) {
     auto bad = unreadable_.find(s.name);
-    if (!all && (bad == unreadable_.end() || now_ns < bad->second.retry_ns)) continue;
+    if (!all && (bad == unreadable_.end() || !bad->second.Due(now_ns))) continue;
     Result<redis::RedisReply> type = conn_->Command({"TYPE", Key(*s.key)});
     if (!type.ok()) return type.status();
     const std::string& t = type.value().str;
@@ -330,13 +326,11 @@ Status Controller::ProbeStreams(std::int64_t now_ns, bool all) {
       continue;
     }
     if (bad == unreadable_.end()) {
-      bad = unreadable_.emplace(s.name, Unreadable{}).first;
+      bad = unreadable_.emplace(s.name, RefusedRetry{}).first;
       log_->warn("event=stream_unreadable stream={} key={} type={} action=skipped retry_max_ms={}", s.name,
-                 daemon::LogValue(Key(*s.key)), daemon::LogValue(t), kStreamRetryMaxMs);
+                 daemon::LogValue(Key(*s.key)), daemon::LogValue(t), RefusedRetry::kMaxMs);
     }
-    Unreadable& u = bad->second;
-    u.backoff_ms = std::clamp(u.backoff_ms * 2, kStreamRetryMinMs, kStreamRetryMaxMs);
-    u.retry_ns = now_ns + std::int64_t{u.backoff_ms} * 1'000'000;
+    bad->second.Refused(now_ns);
   }
   return Status::Ok();
 }
