@@ -11,24 +11,26 @@
 namespace falcon::analyzer {
 namespace {
 
-// One rank's pattern, indexed for E(x) in O(log units).
+// One rank's pattern, indexed for E(x) in O(log units). Counters 0..comms-1 are the
+// communicators' totals (what the shim's triggers count); then each communicator's channels.
 struct Rank {
   const RankCallPattern* p = nullptr;
   std::uint64_t units = 0;
-  std::vector<std::uint64_t> per_period;                 // calls per period, per comm index
-  std::vector<std::vector<std::uint32_t>> unit_index;    // per comm: units that call it, ascending
-  std::vector<std::vector<std::uint64_t>> cum;           // per comm: calls through that unit
+  std::vector<std::uint32_t> channel_at;                 // per comm: its first channel's counter
+  std::vector<std::uint64_t> base;                       // per counter: calls before position 0
+  std::vector<std::uint64_t> per_period;                 // per counter: calls per period
+  std::vector<std::vector<std::uint32_t>> unit_index;    // per counter: units that call it, ascending
+  std::vector<std::vector<std::uint64_t>> cum;           // per counter: calls through that unit
   std::vector<bool> valid;                               // per unit residue: a stop position
   std::uint64_t lo = 0, hi = 0;
 
-  std::uint64_t Issued(std::uint32_t c, std::uint64_t x) const {
-    const std::uint64_t base = p->comms[c].base_seq;
-    if (units == 0 || per_period[c] == 0) return base;
+  std::uint64_t Issued(std::uint32_t k, std::uint64_t x) const {
+    if (units == 0 || per_period[k] == 0) return base[k];
     const std::uint64_t r = x % units;
-    const auto& idx = unit_index[c];
+    const auto& idx = unit_index[k];
     const auto it = std::lower_bound(idx.begin(), idx.end(), static_cast<std::uint32_t>(r));
-    const std::uint64_t within = it == idx.begin() ? 0 : cum[c][static_cast<std::size_t>(it - idx.begin()) - 1];
-    return base + (x / units) * per_period[c] + within;
+    const std::uint64_t within = it == idx.begin() ? 0 : cum[k][static_cast<std::size_t>(it - idx.begin()) - 1];
+    return base[k] + (x / units) * per_period[k] + within;
   }
   bool Valid(std::uint64_t x) const { return units == 0 || valid[x % units]; }
   // The first stop position >= x (a valid residue exists: see Index).
@@ -46,25 +48,38 @@ struct Rank {
   }
 };
 
+void Count(Rank* r, std::uint32_t k, std::size_t u, std::uint64_t n) {
+  r->per_period[k] += n;
+  auto& idx = r->unit_index[k];
+  if (idx.empty() || idx.back() != u) {
+    idx.push_back(static_cast<std::uint32_t>(u));
+    r->cum[k].push_back(r->per_period[k]);
+  } else {
+    r->cum[k].back() = r->per_period[k];
+  }
+}
+
 // A position x is a stop position unless the unit at x is a group that an ungrouped call
 // precedes: the shim stops before an ungrouped call, or right after a group, never before one.
 void Index(const RankCallPattern& p, Rank* r) {
   r->p = &p;
   r->units = p.units.size();
   const std::size_t nc = p.comms.size();
-  r->per_period.assign(nc, 0);
-  r->unit_index.assign(nc, {});
-  r->cum.assign(nc, {});
+  r->channel_at.assign(nc, 0);
+  r->base.clear();
+  for (const PatternComm& c : p.comms) r->base.push_back(c.base_seq);
+  for (std::size_t c = 0; c < nc; ++c) {
+    r->channel_at[c] = static_cast<std::uint32_t>(r->base.size());
+    for (const PatternChannel& ch : p.comms[c].channels) r->base.push_back(ch.base);
+  }
+  const std::size_t nk = r->base.size();
+  r->per_period.assign(nk, 0);
+  r->unit_index.assign(nk, {});
+  r->cum.assign(nk, {});
   for (std::size_t u = 0; u < p.units.size(); ++u) {
     for (const UnitCalls& call : p.units[u].calls) {
-      r->per_period[call.comm] += call.count;
-      auto& idx = r->unit_index[call.comm];
-      if (idx.empty() || idx.back() != u) {
-        idx.push_back(static_cast<std::uint32_t>(u));
-        r->cum[call.comm].push_back(r->per_period[call.comm]);
-      } else {
-        r->cum[call.comm].back() = r->per_period[call.comm];
-      }
+      Count(r, call.comm, u, call.count);
+      if (!p.comms[call.comm].channels.empty()) Count(r, r->channel_at[call.comm] + call.channel, u, call.count);
     }
   }
   r->valid.assign(p.units.size(), true);
@@ -86,12 +101,78 @@ struct Member {
   std::uint32_t comm;   // index into that rank's comms
 };
 
+// Counts that must agree at the cut: one communicator's totals, its collectives, or the sends
+// from one member to another with the receiver's receives from it. `zero`: a member that never
+// used the channel, whose count stays 0.
+struct Constraint {
+  std::string what;  // for messages: "the members of communicator ... cannot agree on ..."
+  std::vector<std::pair<std::size_t, std::uint32_t>> members;  // (rank index, counter)
+  bool zero = false;
+};
+
+// The communicator's members' channels as constraints, or a reason to count it by its totals.
+std::string ChannelConstraints(std::uint64_t id, const std::vector<Member>& members,
+                               std::span<const RankCallPattern> ranks, const std::vector<Rank>& rs,
+                               std::vector<Constraint>* out) {
+  std::map<std::int32_t, std::size_t> by_comm_rank;  // comm rank -> index into members
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    const PatternComm& c = ranks[members[m].rank].comms[members[m].comm];
+    if (c.channels.empty()) return "rank " + std::to_string(ranks[members[m].rank].rank) + " carries no channels";
+    if (c.rank < 0 || c.rank >= c.nranks || !by_comm_rank.emplace(c.rank, m).second) {
+      return "comm rank " + std::to_string(c.rank) + " of rank " + std::to_string(ranks[members[m].rank].rank) +
+             " is unknown or taken twice";
+    }
+  }
+  Constraint coll{"the members of communicator " + Hex(id) + " cannot agree on a collective count", {}, false};
+  std::map<std::pair<std::int32_t, std::int32_t>, Constraint> p2p;  // (sender, receiver) comm ranks
+  std::vector<bool> in_coll(members.size(), false);
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    const Member& mem = members[m];
+    const PatternComm& c = ranks[mem.rank].comms[mem.comm];
+    for (std::uint32_t k = 0; k < c.channels.size(); ++k) {
+      const PatternChannel& ch = c.channels[k];
+      const std::uint32_t counter = rs[mem.rank].channel_at[mem.comm] + k;
+      if (ch.kind == ChannelKind::kCollective) {
+        coll.members.emplace_back(mem.rank, counter);
+        in_coll[m] = true;
+        continue;
+      }
+      if (!by_comm_rank.contains(ch.peer)) {
+        return "rank " + std::to_string(ranks[mem.rank].rank) + " names peer " + std::to_string(ch.peer) +
+               ", which no member has as its comm rank";
+      }
+      const auto key = ch.kind == ChannelKind::kSend ? std::pair{c.rank, ch.peer} : std::pair{ch.peer, c.rank};
+      Constraint& p = p2p[key];
+      if (p.what.empty()) {
+        p.what = "comm ranks " + std::to_string(key.first) + " and " + std::to_string(key.second) + " of communicator " +
+                 Hex(id) + " cannot agree on the sends from " + std::to_string(key.first) + " to " +
+                 std::to_string(key.second);
+      }
+      p.members.emplace_back(mem.rank, counter);
+    }
+  }
+  for (std::size_t m = 0; m < members.size(); ++m) coll.zero = coll.zero || !in_coll[m];
+  if (!coll.members.empty()) out->push_back(std::move(coll));
+  for (auto& [key, p] : p2p) {
+    p.zero = p.members.size() < 2;  // one end never used it
+    out->push_back(std::move(p));
+  }
+  return {};
+}
+
 }  // namespace
 
 std::uint64_t IssuedBefore(const RankCallPattern& p, std::uint32_t comm, std::uint64_t position) {
   Rank r;
   Index(p, &r);
   return r.Issued(comm, position);
+}
+
+std::uint64_t IssuedOnChannelBefore(const RankCallPattern& p, std::uint32_t comm, std::uint32_t channel,
+                                    std::uint64_t position) {
+  Rank r;
+  Index(p, &r);
+  return r.Issued(r.channel_at[comm] + channel, position);
 }
 
 namespace {
@@ -158,18 +239,49 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
     rs[root].lo = rs[root].hi = x;
   }
 
-  // Bounds propagation over communicators, worklist driven.
-  std::deque<std::uint64_t> work;
-  std::unordered_map<std::uint64_t, bool> queued;
+  // The constraints: per communicator, its channels where every member counts them, else its
+  // totals.
+  std::vector<Constraint> constraints;
   for (const auto& [id, members] : comms) {
-    work.push_back(id);
-    queued[id] = true;
+    std::vector<Constraint> channels;
+    const std::string why = ChannelConstraints(id, members, ranks, rs, &channels);
+    if (why.empty()) {
+      for (Constraint& c : channels) constraints.push_back(std::move(c));
+      continue;
+    }
+    // By totals, members must call it alike: where they do not (sends and receives), equal
+    // totals can come where the members are iterations apart, and a cut there would hang.
+    Constraint total{"the members of communicator " + Hex(id) + " cannot agree on a call count", {}, false};
+    for (const Member& m : members) {
+      total.members.emplace_back(m.rank, m.comm);
+      const Member& first = members.front();
+      if (rs[m.rank].per_period[m.comm] != rs[first.rank].per_period[first.comm]) {
+        out.failure = "communicator " + Hex(id) + ": rank " + std::to_string(ranks[first.rank].rank) + " issues " +
+                      std::to_string(rs[first.rank].per_period[first.comm]) + " calls per period on it, rank " +
+                      std::to_string(ranks[m.rank].rank) + " " + std::to_string(rs[m.rank].per_period[m.comm]) +
+                      ": it carries sends and receives, and not every member's agent counts them per channel (" +
+                      why + ")";
+        return out;
+      }
+    }
+    constraints.push_back(std::move(total));
   }
+  std::vector<std::vector<std::size_t>> of_rank(rs.size());
+  for (std::size_t k = 0; k < constraints.size(); ++k) {
+    for (const auto& [rank, counter] : constraints[k].members) {
+      if (of_rank[rank].empty() || of_rank[rank].back() != k) of_rank[rank].push_back(k);
+    }
+  }
+
+  // Bounds propagation over the constraints, worklist driven.
+  std::deque<std::size_t> work;
+  std::vector<bool> queued(constraints.size(), true);
+  for (std::size_t k = 0; k < constraints.size(); ++k) work.push_back(k);
   auto requeue = [&](std::size_t i) {
-    for (const PatternComm& c : ranks[i].comms) {
-      if (!queued[c.id]) {
-        queued[c.id] = true;
-        work.push_back(c.id);
+    for (std::size_t k : of_rank[i]) {
+      if (!queued[k]) {
+        queued[k] = true;
+        work.push_back(k);
       }
     }
   };
@@ -179,39 +291,39 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
       out.failure = "no consistent cut found within " + std::to_string(options.max_rounds) + " propagation rounds";
       return out;
     }
-    const std::uint64_t id = work.front();
+    const std::size_t k = work.front();
     work.pop_front();
-    queued[id] = false;
-    const std::vector<Member>& members = comms.at(id);
+    queued[k] = false;
+    const Constraint& con = constraints[k];
     std::uint64_t a = 0, b = std::numeric_limits<std::uint64_t>::max();
-    for (const Member& m : members) {
-      a = std::max(a, rs[m.rank].Issued(m.comm, rs[m.rank].lo));
-      b = std::min(b, rs[m.rank].Issued(m.comm, rs[m.rank].hi));
+    if (con.zero) b = 0;
+    for (const auto& [rank, counter] : con.members) {
+      a = std::max(a, rs[rank].Issued(counter, rs[rank].lo));
+      b = std::min(b, rs[rank].Issued(counter, rs[rank].hi));
     }
     if (a > b) {
-      out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) +
-                    " periods: the members of communicator " + Hex(id) +
-                    " cannot agree on a call count (their call patterns disagree)";
+      out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) + " periods: " + con.what +
+                    " (their call patterns disagree)";
       return out;
     }
-    for (const Member& m : members) {
-      Rank& r = rs[m.rank];
+    for (const auto& [rank, counter] : con.members) {
+      Rank& r = rs[rank];
       bool changed = false;
-      if (r.Issued(m.comm, r.lo) < a) {  // raise lo: the first x with E(x) >= a
+      if (r.Issued(counter, r.lo) < a) {  // raise lo: the first x with E(x) >= a
         std::uint64_t l = r.lo, h = r.hi;
         while (l < h) {
           const std::uint64_t mid = l + (h - l) / 2;
-          if (r.Issued(m.comm, mid) >= a) h = mid;
+          if (r.Issued(counter, mid) >= a) h = mid;
           else l = mid + 1;
         }
         r.lo = r.NextValid(l);
         changed = true;
       }
-      if (r.Issued(m.comm, r.hi) > b) {  // lower hi: the last x with E(x) <= b
+      if (r.Issued(counter, r.hi) > b) {  // lower hi: the last x with E(x) <= b
         std::uint64_t l = r.lo, h = r.hi;
         while (l < h) {
           const std::uint64_t mid = l + (h - l + 1) / 2;
-          if (r.Issued(m.comm, mid) <= b) l = mid;
+          if (r.Issued(counter, mid) <= b) l = mid;
           else h = mid - 1;
         }
         const auto prev = r.PrevValid(l);
@@ -219,20 +331,21 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
         changed = true;
       }
       if (r.lo > r.hi) {
-        out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) +
-                      " periods of rank " + std::to_string(ranks[m.rank].rank) + " (communicator " + Hex(id) + ")";
+        out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) + " periods of rank " +
+                      std::to_string(ranks[rank].rank) + " (" + con.what + ")";
         return out;
       }
-      if (changed) requeue(m.rank);
+      if (changed) requeue(rank);
     }
   }
 
   // The lower bounds are a solution at the fixpoint; check it rather than trust it.
-  for (const auto& [id, members] : comms) {
-    const std::uint64_t want = rs[members[0].rank].Issued(members[0].comm, rs[members[0].rank].lo);
-    for (const Member& m : members) {
-      if (rs[m.rank].Issued(m.comm, rs[m.rank].lo) != want) {
-        out.failure = "internal: propagation ended without agreement on communicator " + Hex(id);
+  for (const Constraint& con : constraints) {
+    const auto& [r0, k0] = con.members.front();
+    const std::uint64_t want = con.zero ? 0 : rs[r0].Issued(k0, rs[r0].lo);
+    for (const auto& [rank, counter] : con.members) {
+      if (rs[rank].Issued(counter, rs[rank].lo) != want) {
+        out.failure = "internal: propagation ended without agreement (" + con.what + ")";
         return out;
       }
     }

@@ -16,6 +16,16 @@
 // before the first call whose sequence number reaches it; inside a group, right after the group)
 // and the count every member must have issued once stopped (the agent checks it).
 //
+// Point-to-point traffic: a communicator whose members issue sends and receives (a pipeline
+// group whose stages exchange activations on it, as PyTorch's batched isend/irecv do) has no
+// common call count: a middle stage calls it twice as often as an end stage. There the counts
+// are kept per channel instead: the collectives on c (every member alike), and for each ordered
+// pair of members (i, j) the sends from i to j, which must equal j's receives from i. A prefix of
+// a run that completes, whose every channel's counts agree, leaves no issued call unmatched: each
+// call in it waits only on earlier calls of its own rank and on its partners, which are in it.
+// A communicator is counted per channel when every member's pattern carries channels and its
+// own comm rank; otherwise by its total (the older agents' report).
+//
 // Solving: each E_{r,c} is non-decreasing in x, so the solutions are closed under pointwise min;
 // bounds propagation over [min_position, min_position + horizon] (lower bounds raised until
 // every communicator's members agree) reaches the earliest consistent cut, or proves that
@@ -31,10 +41,12 @@
 
 namespace falcon::analyzer {
 
-// Calls of one unit on one communicator (index into RankCallPattern::comms).
+// Calls of one unit on one communicator (index into RankCallPattern::comms) and, where that
+// communicator carries channels, on one of them (index into PatternComm::channels).
 struct UnitCalls {
   std::uint32_t comm = 0;
   std::uint32_t count = 0;
+  std::uint32_t channel = 0;
 };
 
 // One call outside a group (one entry, count 1), or one group (its calls per communicator).
@@ -43,10 +55,24 @@ struct CallUnit {
   std::vector<UnitCalls> calls;
 };
 
+enum class ChannelKind : std::uint8_t { kCollective = 0, kSend = 1, kRecv = 2 };
+
+// One channel of a rank on a communicator: its collectives (and every other ordered call all
+// members make: init, split, finalize), or its sends to / receives from one peer.
+struct PatternChannel {
+  ChannelKind kind = ChannelKind::kCollective;
+  std::int32_t peer = -1;  // the peer's comm rank (kSend, kRecv); -1 for kCollective
+  std::uint64_t base = 0;  // calls on the channel before position 0
+};
+
 struct PatternComm {
   std::uint64_t id = 0;         // the communicator id every member computes alike
   std::int64_t nranks = 0;      // members; a cut needs the pattern of every one of them
   std::uint64_t base_seq = 0;   // calls issued on it before position 0 (the next call's comm_seq)
+  std::int32_t rank = -1;       // the rank's own comm rank; -1: unknown
+  // Every channel with a call since the communicator was created; empty: not counted per
+  // channel (unknown), and the units' `channel` means nothing.
+  std::vector<PatternChannel> channels;
 };
 
 struct RankCallPattern {
@@ -96,8 +122,12 @@ struct CutPlan {
 
 // E_{r,c}(position): calls issued on comm index c of `p` before `position`.
 std::uint64_t IssuedBefore(const RankCallPattern& p, std::uint32_t comm, std::uint64_t position);
+// The same for one channel of that communicator (index into its channels).
+std::uint64_t IssuedOnChannelBefore(const RankCallPattern& p, std::uint32_t comm, std::uint32_t channel,
+                                    std::uint64_t position);
 
-// REQUIRES: each pattern's unit calls name comm indices < comms.size().
+// REQUIRES: each pattern's unit calls name comm indices < comms.size() and, where that comm has
+// channels, channel indices < its channels.size() (ParseCutPattern checks both).
 CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options = {});
 
 }  // namespace falcon::analyzer

@@ -395,7 +395,7 @@ TEST(ProtocolDumpTest, CallSignaturesDumpIsToJsonsTextByteForByte) {
 TEST(ProtocolCutTest, PatternsAndTargetsRoundTripAndBadOnesAreRefused) {
   CutPatternMessage m;
   m.pattern.rank = 5;
-  m.pattern.comms = {{0xabc, 4, 3}, {0xdef, 2, 77}};
+  m.pattern.comms = {{0xabc, 4, 3, -1, {}}, {0xdef, 2, 77, -1, {}}};
   m.pattern.units = {{false, {{1, 1}}}, {false, {{1, 1}}}, {false, {{1, 1}}}, {true, {{0, 1}, {1, 2}}}};
   m.pattern.iteration_at_start = 12;
   m.position = 40;
@@ -430,6 +430,56 @@ TEST(ProtocolCutTest, PatternsAndTargetsRoundTripAndBadOnesAreRefused) {
     f(bad);
     EXPECT_FALSE(ParseCutPattern(bad).ok()) << what;
   }
+
+  // With channels: a pipeline communicator of 3 members, this rank comm rank 1 of it.
+  CutPatternMessage ch = m;
+  using analyzer::ChannelKind;
+  ch.pattern.comms[0].rank = 1;
+  ch.pattern.comms[0].channels = {{ChannelKind::kCollective, -1, 3}, {ChannelKind::kSend, 2, 40}, {ChannelKind::kRecv, 0, 41}};
+  ch.pattern.units = {{true, {{0, 1, 1}, {0, 1, 2}}}, {false, {{1, 1, 0}}}, {true, {{0, 1, 2}, {0, 1, 1}}}};
+  const json jc = CutPatternToJson(ch);
+  ASSERT_TRUE(jc.contains("channels") && jc.contains("channel_units")) << jc.dump();
+  EXPECT_EQ(jc["units"][0], json::parse("[1, 1, 0, 2]")) << "older readers get the unit's calls per comm";
+  const auto chback = ParseCutPattern(jc);
+  ASSERT_TRUE(chback.ok()) << chback.status().ToString();
+  EXPECT_EQ(chback.value().pattern.comms[0].rank, 1);
+  ASSERT_EQ(chback.value().pattern.comms[0].channels.size(), 3u);
+  EXPECT_EQ(chback.value().pattern.comms[0].channels[2].kind, ChannelKind::kRecv);
+  EXPECT_EQ(chback.value().pattern.comms[0].channels[2].base, 41u);
+  EXPECT_EQ(chback.value().pattern.comms[1].rank, -1);
+  ASSERT_EQ(chback.value().pattern.units.size(), 3u);
+  EXPECT_EQ(chback.value().pattern.units[2].calls[0].channel, 2u);
+  EXPECT_EQ(chback.value().pattern.units[2].calls[1].channel, 1u);
+  json legacy = jc;  // what an older controller reads: the channels ignored
+  legacy.erase("channels");
+  legacy.erase("channel_units");
+  const auto lback = ParseCutPattern(legacy);
+  ASSERT_TRUE(lback.ok()) << lback.status().ToString();
+  EXPECT_TRUE(lback.value().pattern.comms[0].channels.empty());
+  EXPECT_EQ(lback.value().pattern.units[0].calls[0].count, 2u);
+  const std::vector<std::pair<const char*, std::function<void(json&)>>> channel_breaks = {
+      {"channels alone", [](json& x) { x.erase("channel_units"); }},
+      {"channel units alone", [](json& x) { x.erase("channels"); }},
+      {"one entry short", [](json& x) { x["channels"].erase(1); }},
+      {"comm rank past nranks", [](json& x) { x["channels"][0][0] = 4; }},
+      {"channels without a comm rank", [](json& x) { x["channels"][0][0] = -1; }},
+      {"a comm rank without channels", [](json& x) { x["channels"][1][0] = 0; }},
+      {"unknown kind", [](json& x) { x["channels"][0][1][1][0] = 3; }},
+      {"send to itself", [](json& x) { x["channels"][0][1][1][1] = 1; }},
+      {"send past nranks", [](json& x) { x["channels"][0][1][1][1] = 4; }},
+      {"collective with a peer", [](json& x) { x["channels"][0][1][0][1] = 0; }},
+      {"channel twice", [](json& x) { x["channels"][0][1][2] = x["channels"][0][1][1]; }},
+      {"negative base", [](json& x) { x["channels"][0][1][0][2] = -1; }},
+      {"unknown channel index", [](json& x) { x["channel_units"][0][3] = 3; }},
+      {"channel of a comm without", [](json& x) { x["channel_units"][1][3] = 1; }},
+      {"two-field entry", [](json& x) { x["channel_units"][1] = json::parse("[1, 0, 1, 1]"); }},
+  };
+  for (const auto& [what, f] : channel_breaks) {
+    json bad = jc;
+    f(bad);
+    EXPECT_FALSE(ParseCutPattern(bad).ok()) << what << ": " << bad.dump();
+  }
+
   // pause targets
   Command c;
   c.type = "pause";

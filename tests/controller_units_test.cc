@@ -799,7 +799,7 @@ json CutInfoAck(const OutgoingCommand& c) {
     protocol::CutPatternMessage m;
     m.pattern.rank = r;
     const auto k = static_cast<std::uint64_t>(r % 3);  // periods this rank's report is ahead
-    m.pattern.comms = {{kWorld, kRanks, 3}, {TpId(r / 2), 2, 100 + 2 * k}, {DpId(r % 2), kRanks / 2, 50 + 2 * k}};
+    m.pattern.comms = {{kWorld, kRanks, 3, -1, {}}, {TpId(r / 2), 2, 100 + 2 * k, -1, {}}, {DpId(r % 2), kRanks / 2, 50 + 2 * k, -1, {}}};
     m.pattern.units = {{false, {{1, 1}}}, {false, {{1, 1}}}, {true, {{2, 2}}}};
     m.position = static_cast<std::uint64_t>(r);
     m.units_per_s = 300;

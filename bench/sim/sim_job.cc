@@ -133,7 +133,7 @@ analyzer::RankCallPattern SimJob::Pattern(std::int64_t r, std::uint64_t iteratio
   const std::vector<SimComm> comms = Comms(r);
   std::optional<std::uint32_t> tp, dp, prev, next;
   for (std::uint32_t i = 0; i < comms.size(); ++i) {
-    p.comms.push_back({comms[i].id, comms[i].nranks, comms[i].calls_per_iteration * iterations_done});
+    p.comms.push_back({comms[i].id, comms[i].nranks, comms[i].calls_per_iteration * iterations_done, -1, {}});
     if (comms[i].kind == "tp") tp = i;
     if (comms[i].kind == "dp") dp = i;
     if (comms[i].kind == "pp" && comms[i].peer_prev >= 0) prev = i;

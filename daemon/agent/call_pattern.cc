@@ -91,7 +91,7 @@ Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<co
   for (const PatternCommInfo& c : comms) {
     if (index.contains(c.id)) continue;
     index[c.id] = static_cast<std::uint32_t>(p.comms.size());
-    p.comms.push_back({c.id, c.nranks, c.calls});
+    p.comms.push_back({c.id, c.nranks, c.calls, -1, {}});
   }
   std::map<std::uint64_t, bool> based;
   for (std::size_t i = s; i < s + period; ++i) {

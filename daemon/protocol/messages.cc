@@ -574,32 +574,80 @@ json CutTargetsToJson(const Command::RankTargets& t) {
   return {{"rank", t.rank}, {"t", std::move(list)}};
 }
 
-// Units are run-length encoded: [repeat, group (0/1), comm index, count, comm index, count, ...].
+namespace {
+
+// Units, run-length encoded: [repeat, group (0/1), then per call entry its fields], where an
+// entry is (comm index, count) in "units", or (comm index, channel index, count) in
+// "channel_units".
+json UnitRuns(const std::vector<analyzer::CallUnit>& units, bool channels) {
+  auto same = [&](const analyzer::CallUnit& a, const analyzer::CallUnit& b) {
+    if (a.group != b.group || a.calls.size() != b.calls.size()) return false;
+    for (std::size_t x = 0; x < a.calls.size(); ++x) {
+      if (a.calls[x].comm != b.calls[x].comm || a.calls[x].count != b.calls[x].count ||
+          (channels && a.calls[x].channel != b.calls[x].channel)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  json runs = json::array();
+  for (std::size_t i = 0; i < units.size();) {
+    std::size_t k = i + 1;
+    while (k < units.size() && same(units[k], units[i])) ++k;
+    json u = {k - i, units[i].group ? 1 : 0};
+    for (const analyzer::UnitCalls& c : units[i].calls) {
+      u.push_back(c.comm);
+      if (channels) u.push_back(c.channel);
+      u.push_back(c.count);
+    }
+    runs.push_back(std::move(u));
+    i = k;
+  }
+  return runs;
+}
+
+// A unit's calls per communicator, channels merged: what "units" carries for older readers.
+std::vector<analyzer::CallUnit> ByComm(const std::vector<analyzer::CallUnit>& units) {
+  std::vector<analyzer::CallUnit> out;
+  out.reserve(units.size());
+  for (const analyzer::CallUnit& u : units) {
+    analyzer::CallUnit merged{u.group, {}};
+    for (const analyzer::UnitCalls& c : u.calls) {
+      auto it = std::find_if(merged.calls.begin(), merged.calls.end(),
+                             [&](const analyzer::UnitCalls& x) { return x.comm == c.comm; });
+      if (it == merged.calls.end()) merged.calls.push_back({c.comm, c.count, 0});
+      else it->count += c.count;
+    }
+    out.push_back(std::move(merged));
+  }
+  return out;
+}
+
+}  // namespace
+
+// "comms" and "units" count calls per communicator, as every controller reads them; where the
+// rank's agent counts calls per channel, "channels" (per comm: [own comm rank, [[kind, peer,
+// base], ...]]) and "channel_units" carry them too.
 json CutPatternToJson(const CutPatternMessage& m) {
   const analyzer::RankCallPattern& p = m.pattern;
   json comms = json::array();
-  for (const analyzer::PatternComm& c : p.comms) comms.push_back({CommIdHex(c.id), c.nranks, c.base_seq});
-  json units = json::array();
-  for (std::size_t i = 0; i < p.units.size();) {
-    std::size_t k = i + 1;
-    auto same = [&](const analyzer::CallUnit& a, const analyzer::CallUnit& b) {
-      if (a.group != b.group || a.calls.size() != b.calls.size()) return false;
-      for (std::size_t x = 0; x < a.calls.size(); ++x) {
-        if (a.calls[x].comm != b.calls[x].comm || a.calls[x].count != b.calls[x].count) return false;
-      }
-      return true;
-    };
-    while (k < p.units.size() && same(p.units[k], p.units[i])) ++k;
-    json u = {k - i, p.units[i].group ? 1 : 0};
-    for (const analyzer::UnitCalls& c : p.units[i].calls) {
-      u.push_back(c.comm);
-      u.push_back(c.count);
-    }
-    units.push_back(std::move(u));
-    i = k;
+  bool channels = false;
+  for (const analyzer::PatternComm& c : p.comms) {
+    comms.push_back({CommIdHex(c.id), c.nranks, c.base_seq});
+    channels = channels || !c.channels.empty();
   }
-  json j = {{"rank", p.rank}, {"comms", std::move(comms)}, {"units", std::move(units)}, {"position", m.position},
-            {"units_per_s", m.units_per_s}, {"age_s", m.age_s}};
+  json j = {{"rank", p.rank}, {"comms", std::move(comms)}, {"units", UnitRuns(ByComm(p.units), false)},
+            {"position", m.position}, {"units_per_s", m.units_per_s}, {"age_s", m.age_s}};
+  if (channels) {
+    json per_comm = json::array();
+    for (const analyzer::PatternComm& c : p.comms) {
+      json list = json::array();
+      for (const analyzer::PatternChannel& ch : c.channels) list.push_back({static_cast<int>(ch.kind), ch.peer, ch.base});
+      per_comm.push_back({c.rank, std::move(list)});
+    }
+    j["channels"] = std::move(per_comm);
+    j["channel_units"] = UnitRuns(p.units, true);
+  }
   if (p.iteration_at_start) j["iteration"] = *p.iteration_at_start;
   return j;
 }
@@ -634,23 +682,67 @@ Result<CutPatternMessage> ParseCutPattern(const json& j) {
     if (!id || c[1].get<std::int64_t>() < 1 || static_cast<double>(c[1].get<std::int64_t>()) > kMaxRank) {
       return bad("a comm is [id (16 hex), nranks 1..max, base_seq]");
     }
-    m.pattern.comms.push_back({*id, c[1].get<std::int64_t>(), c[2].get<std::uint64_t>()});
+    m.pattern.comms.push_back({*id, c[1].get<std::int64_t>(), c[2].get<std::uint64_t>(), -1, {}});
   }
-  for (const json& u : j["units"]) {
-    if (!u.is_array() || u.size() < 4 || u.size() % 2 != 0 || !NonNegative(u[0]) || !NonNegative(u[1])) {
-      return bad("a unit run is [repeat, group, comm, count, ...]");
+  if (j.contains("channels") != j.contains("channel_units")) return bad("channels and channel_units come together");
+  const bool channels = j.contains("channels");
+  if (channels) {
+    const json& per_comm = j["channels"];
+    if (!per_comm.is_array() || per_comm.size() != m.pattern.comms.size()) return bad("channels: one entry per comm");
+    for (std::size_t c = 0; c < per_comm.size(); ++c) {
+      analyzer::PatternComm& comm = m.pattern.comms[c];
+      const json& e = per_comm[c];
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !e[1].is_array() ||
+          e[0].get<std::int64_t>() < -1 || e[0].get<std::int64_t>() >= comm.nranks || e[1].size() > kMaxComms) {
+        return bad("a comm's channels are [own comm rank (-1..nranks-1), [channel, ...]] (at most 4096)");
+      }
+      comm.rank = static_cast<std::int32_t>(e[0].get<std::int64_t>());
+      for (const json& ch : e[1]) {
+        if (!ch.is_array() || ch.size() != 3 || !NonNegative(ch[0]) || ch[0].get<std::uint64_t>() > 2 ||
+            !ch[1].is_number_integer() || !NonNegative(ch[2])) {
+          return bad("a channel is [kind 0..2, peer, base]");
+        }
+        const auto kind = static_cast<analyzer::ChannelKind>(ch[0].get<std::uint64_t>());
+        const std::int64_t peer = ch[1].get<std::int64_t>();
+        const bool p2p = kind != analyzer::ChannelKind::kCollective;
+        if (p2p ? (peer < 0 || peer >= comm.nranks || peer == comm.rank) : peer != -1) {
+          return bad("a send's or receive's peer is another member's comm rank; a collective's is -1");
+        }
+        for (const analyzer::PatternChannel& seen : comm.channels) {
+          if (seen.kind == kind && seen.peer == peer) return bad("a channel is listed twice");
+        }
+        comm.channels.push_back({kind, static_cast<std::int32_t>(peer), ch[2].get<std::uint64_t>()});
+      }
+      if (comm.channels.empty() != (comm.rank < 0)) return bad("a comm with channels has its own comm rank, and only then");
+    }
+  }
+  const json& runs = channels ? j["channel_units"] : j["units"];
+  const std::size_t entry = channels ? 3 : 2;
+  if (!runs.is_array()) return bad("units missing");
+  for (const json& u : runs) {
+    if (!u.is_array() || u.size() < 2 + entry || (u.size() - 2) % entry != 0 || !NonNegative(u[0]) || !NonNegative(u[1])) {
+      return bad(channels ? "a unit run is [repeat, group, comm, channel, count, ...]" : "a unit run is [repeat, group, comm, count, ...]");
     }
     const std::uint64_t repeat = u[0].get<std::uint64_t>();
     if (repeat < 1 || repeat > kMaxUnits || m.pattern.units.size() + repeat > kMaxUnits) return bad("too many units");
     analyzer::CallUnit unit{u[1].get<std::uint64_t>() != 0, {}};
-    for (std::size_t x = 2; x < u.size(); x += 2) {
-      if (!NonNegative(u[x]) || !NonNegative(u[x + 1]) ||
-          u[x].get<std::uint64_t>() >= m.pattern.comms.size() || u[x + 1].get<std::uint64_t>() < 1 ||
-          u[x + 1].get<std::uint64_t>() > kMaxUnits) {
+    for (std::size_t x = 2; x < u.size(); x += entry) {
+      for (std::size_t f = 0; f < entry; ++f) {
+        if (!NonNegative(u[x + f])) return bad("a unit's fields are non-negative integers");
+      }
+      const std::uint64_t comm = u[x].get<std::uint64_t>(), count = u[x + entry - 1].get<std::uint64_t>();
+      if (comm >= m.pattern.comms.size() || count < 1 || count > kMaxUnits) {
         return bad("a unit names an unknown comm index or a count outside [1, 2^20]");
       }
-      unit.calls.push_back({static_cast<std::uint32_t>(u[x].get<std::uint64_t>()),
-                            static_cast<std::uint32_t>(u[x + 1].get<std::uint64_t>())});
+      std::uint64_t channel = 0;
+      if (channels) {
+        channel = u[x + 1].get<std::uint64_t>();
+        const auto& list = m.pattern.comms[comm].channels;
+        if (!list.empty() && channel >= list.size()) return bad("a unit names an unknown channel index");
+        if (list.empty() && channel != 0) return bad("a unit names a channel of a comm without channels");
+      }
+      unit.calls.push_back({static_cast<std::uint32_t>(comm), static_cast<std::uint32_t>(count),
+                            static_cast<std::uint32_t>(channel)});
     }
     m.pattern.units.insert(m.pattern.units.end(), repeat, unit);
   }
