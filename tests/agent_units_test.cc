@@ -602,7 +602,7 @@ TEST(CallPatternTest, CallsOfTwoThreadsMakeOnePeriod) {
     group(1, 2);          // gradients to the previous stage (same ordinal as lane 0's group)
   }
   ASSERT_EQ(log.size(), static_cast<std::size_t>(6 * kPeriods)) << "no call of either thread is dropped";
-  const std::vector<PatternCommInfo> comms{{kTp, 2, tp_seq}, {kPp, 2, pp_seq}};
+  const std::vector<PatternCommInfo> comms{{kTp, 2, tp_seq, FALCON_NO_COMM, -1}, {kPp, 2, pp_seq, FALCON_NO_COMM, -1}};
   const Result<CallPatternReport> r = log.Build(6, comms);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   // One period, wherever the window starts: two single TP calls and two groups of two PP calls.
@@ -642,6 +642,159 @@ TEST(CallPatternTest, CallsOfTwoThreadsMakeOnePeriod) {
   const Result<CallPatternReport> a = adj.Build(2, comms);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a.value().pattern.units.size(), 2u);
+}
+
+// One stage of a pipeline whose stages exchange on one communicator of all of them (batched
+// sends, as PyTorch's batch_isend_irecv make): its records, numbered as the shim numbers them.
+struct StageRun {
+  int stage = 0, stages = 3, micro = 4;
+  static constexpr std::uint32_t kTpSlot = 0, kPpSlot = 1;
+  static constexpr std::uint64_t kPp = 0x9900;
+  std::uint64_t seq[2] = {0, 0};
+  std::int64_t t = 1000;
+  std::vector<FalconRecord> records;
+
+  std::uint64_t TpId() const { return 0x100 + static_cast<std::uint64_t>(stage); }
+  void Rec(std::uint8_t op, std::uint32_t slot, std::int32_t peer, bool grouped) {
+    FalconRecord r{};
+    r.op = op;
+    r.comm_slot = slot;
+    r.comm_seq = seq[slot]++;
+    r.peer = peer;
+    r.t_start_ns = t += 10;
+    r.flags = grouped ? kFalconFlagInGroup : 0;
+    records.push_back(r);
+  }
+  void Group(std::vector<std::pair<std::uint8_t, std::int32_t>> calls) {
+    FalconRecord g{};
+    g.op = kFalconOpGroupStart;
+    g.comm_slot = FALCON_NO_COMM;
+    g.comm_seq = ~std::uint64_t{0};
+    g.t_start_ns = t += 10;
+    records.push_back(g);
+    for (const auto& [op, peer] : calls) Rec(op, kPpSlot, peer, true);
+  }
+  void Start() {  // both communicators' init
+    Rec(kFalconOpCommInitRank, kTpSlot, -1, false);
+    Rec(kFalconOpCommInitRank, kPpSlot, -1, false);
+  }
+  void Iteration() {  // forwards then backwards, each on the stage's TP group, then its exchange
+    for (int m = 0; m < micro; ++m) {
+      if (stage > 0) Group({{kFalconOpRecv, stage - 1}});
+      Rec(kFalconOpAllReduce, kTpSlot, -1, false);
+      if (stage < stages - 1) Group({{kFalconOpSend, stage + 1}});
+    }
+    for (int m = 0; m < micro; ++m) {
+      if (stage < stages - 1) Group({{kFalconOpRecv, stage + 1}});
+      Rec(kFalconOpAllReduce, kTpSlot, -1, false);
+      if (stage > 0) Group({{kFalconOpSend, stage - 1}});
+    }
+  }
+  std::size_t Period() const { return 2 * static_cast<std::size_t>(micro) * (1 + (stage > 0) + (stage < stages - 1)); }
+  std::vector<PatternCommInfo> Comms() const {
+    return {{TpId(), 1, seq[kTpSlot], kTpSlot, 0}, {kPp, stages, seq[kPpSlot], kPpSlot, stage}};
+  }
+  CallPatternLog Log(std::size_t from = 0) const {
+    CallPatternLog log;
+    for (std::size_t i = from; i < records.size(); ++i) {
+      const FalconRecord& r = records[i];
+      log.Push(r, r.comm_slot == kTpSlot ? TpId() : r.comm_slot == kPpSlot ? kPp : 0);
+    }
+    return log;
+  }
+};
+
+// The middle stage of a batched pipeline calls the pipeline communicator twice as often as the
+// end stages: its report counts the calls per channel, and the three stages' reports, taken at
+// different points of their runs, make a consistent cut.
+TEST(CallPatternTest, ChannelsCountSendsAndReceivesPerPeerAndMakeACut) {
+  std::vector<StageRun> stages(3);
+  std::vector<analyzer::RankCallPattern> patterns;
+  for (int s = 0; s < 3; ++s) {
+    StageRun& run = stages[static_cast<std::size_t>(s)];
+    run.stage = s;
+    run.Start();
+    for (int it = 0; it < 6 + s; ++it) run.Iteration();  // later stages are iterations ahead
+    const CallPatternLog log = run.Log();
+    const Result<CallPatternReport> r = log.Build(run.Period(), run.Comms());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const analyzer::RankCallPattern& p = r.value().pattern;
+    ASSERT_EQ(p.comms.size(), 2u);
+    const analyzer::PatternComm& pp = p.comms[1];
+    EXPECT_EQ(pp.rank, s);
+    // Init counts as the communicator's one collective; then a send and a receive channel per
+    // neighbour, each with the calls before the window.
+    std::size_t sends = 0, recvs = 0;
+    for (const analyzer::PatternChannel& ch : pp.channels) {
+      if (ch.kind == analyzer::ChannelKind::kCollective) {
+        EXPECT_EQ(ch.base, 1u);
+        continue;
+      }
+      (ch.kind == analyzer::ChannelKind::kSend ? sends : recvs) += 1;
+      // The window is the last period before the last group (which may still be open): one
+      // iteration's 4 calls, perhaps with that group's call after it.
+      const std::uint64_t total = 4u * static_cast<std::uint64_t>(6 + s);
+      EXPECT_GE(total - ch.base, 4u) << "kind " << static_cast<int>(ch.kind) << " peer " << ch.peer;
+      EXPECT_LE(total - ch.base, 5u) << "kind " << static_cast<int>(ch.kind) << " peer " << ch.peer;
+      EXPECT_EQ(ch.peer == s - 1 || ch.peer == s + 1, true) << ch.peer;
+    }
+    EXPECT_EQ(sends, s == 1 ? 2u : 1u);
+    EXPECT_EQ(recvs, s == 1 ? 2u : 1u);
+    EXPECT_EQ(p.comms[0].channels.size(), 1u) << "the TP group: collectives only";
+    patterns.push_back(p);
+    patterns.back().rank = s;
+    patterns.back().min_position = 1;
+  }
+  const analyzer::CutPlan plan = analyzer::PlanCut(patterns);
+  ASSERT_TRUE(plan.ok()) << plan.failure;
+  // Where the stages stop, each sends as many to its neighbour as the neighbour receives.
+  for (int s = 0; s + 1 < 3; ++s) {
+    const auto& lo = patterns[static_cast<std::size_t>(s)];
+    const auto& hi = patterns[static_cast<std::size_t>(s + 1)];
+    auto at = [&](const analyzer::RankCallPattern& p, analyzer::ChannelKind kind, int peer) {
+      const auto& list = p.comms[1].channels;
+      for (std::uint32_t k = 0; k < list.size(); ++k) {
+        if (list[k].kind == kind && list[k].peer == peer) {
+          return analyzer::IssuedOnChannelBefore(p, 1, k, plan.ranks[static_cast<std::size_t>(p.rank)].position);
+        }
+      }
+      return ~std::uint64_t{0};
+    };
+    EXPECT_EQ(at(lo, analyzer::ChannelKind::kSend, s + 1), at(hi, analyzer::ChannelKind::kRecv, s));
+    EXPECT_EQ(at(hi, analyzer::ChannelKind::kSend, s), at(lo, analyzer::ChannelKind::kRecv, s + 1));
+  }
+}
+
+// Counts are known only from a communicator's first call on, without a gap.
+TEST(CallPatternTest, AGapOrALateStartLeavesThatCommunicatorWithoutChannels) {
+  StageRun run;
+  run.stage = 1;
+  run.Start();
+  for (int it = 0; it < 5; ++it) run.Iteration();
+  // Came late: the log holds nothing of either communicator's start.
+  const Result<CallPatternReport> late = run.Log(40).Build(run.Period(), run.Comms());
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_TRUE(late.value().pattern.comms[0].channels.empty());
+  EXPECT_TRUE(late.value().pattern.comms[1].channels.empty());
+  EXPECT_EQ(late.value().pattern.comms[1].rank, -1);
+  // A record of the pipeline communicator lost: that communicator alone loses its channels.
+  StageRun lossy = run;
+  const auto lost = std::find_if(lossy.records.begin() + 10, lossy.records.end(),
+                                 [](const FalconRecord& r) { return r.comm_slot == StageRun::kPpSlot; });
+  ASSERT_NE(lost, lossy.records.end());
+  lossy.records.erase(lost);
+  const Result<CallPatternReport> gap = lossy.Log().Build(run.Period(), run.Comms());
+  ASSERT_TRUE(gap.ok()) << gap.status().ToString();
+  EXPECT_EQ(gap.value().pattern.comms[0].channels.size(), 1u);
+  EXPECT_TRUE(gap.value().pattern.comms[1].channels.empty());
+  // A communicator newly created in a slot reused: counted afresh from its comm_seq 0.
+  StageRun again = lossy;
+  again.seq[StageRun::kPpSlot] = 0;
+  again.Rec(kFalconOpCommInitRank, StageRun::kPpSlot, -1, false);
+  for (int it = 0; it < 3; ++it) again.Iteration();
+  const Result<CallPatternReport> fresh = again.Log().Build(run.Period(), again.Comms());
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_EQ(fresh.value().pattern.comms[1].channels.size(), 5u) << "collectives, and a send and a receive per neighbour";
 }
 
 FalconRecord Call(std::uint8_t op, std::uint64_t seq, std::uint64_t count, std::int16_t redop = 0, std::int32_t peer = -1) {

@@ -3,13 +3,42 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 namespace falcon::agent {
 namespace {
 
 bool IsCollectiveOrP2p(std::uint8_t op) { return op >= kFalconOpAllReduce && op <= kFalconOpRecv; }
 
+analyzer::ChannelKind KindOf(std::uint8_t op) {
+  if (op == kFalconOpSend) return analyzer::ChannelKind::kSend;
+  if (op == kFalconOpRecv) return analyzer::ChannelKind::kRecv;
+  return analyzer::ChannelKind::kCollective;
+}
+
 }  // namespace
+
+std::uint64_t& CallPatternLog::Channels::Of(analyzer::ChannelKind kind, std::int32_t peer) {
+  if (kind == analyzer::ChannelKind::kSend) return sends[peer];
+  if (kind == analyzer::ChannelKind::kRecv) return recvs[peer];
+  return collectives;
+}
+
+std::uint64_t CallPatternLog::CountChannel(const FalconRecord& r, analyzer::ChannelKind kind) {
+  Channels& c = channels_[r.comm_slot];
+  if (r.comm_seq == 0) {  // the communicator's first call (in a slot perhaps reused)
+    c = Channels{};
+    c.known = true;
+  }
+  const bool in_order = c.known && r.comm_seq == c.next;
+  c.next = r.comm_seq + 1;
+  if (!in_order || (kind != analyzer::ChannelKind::kCollective && r.peer < 0)) {
+    c.known = false;  // a gap (records lost, or the agent came later): no telling any more
+    return kUnknown;
+  }
+  return c.Of(kind, r.peer)++;
+}
 
 void CallPatternLog::Push(const FalconRecord& r, std::uint64_t comm_id) {
   if ((r.flags & kFalconFlagBenchmark) != 0) return;
@@ -17,11 +46,15 @@ void CallPatternLog::Push(const FalconRecord& r, std::uint64_t comm_id) {
     ++group_ordinal_[r.lane];
     return;
   }
-  if (!IsCollectiveOrP2p(r.op) || r.comm_seq == ~std::uint64_t{0} || comm_id == 0) return;
+  if (r.comm_seq == ~std::uint64_t{0} || r.comm_slot == FALCON_NO_COMM || !FalconOpIsOrdered(r.op)) return;
+  const analyzer::ChannelKind kind = KindOf(r.op);
+  const std::uint64_t channel_seq = CountChannel(r, kind);
+  if (!IsCollectiveOrP2p(r.op) || comm_id == 0) return;
   const bool grouped = (r.flags & kFalconFlagInGroup) != 0;
   const std::uint64_t group =
       grouped ? (std::uint64_t{r.lane} + 1) << 32 | std::max<std::uint32_t>(group_ordinal_[r.lane], 1) : 0;
-  calls_.push_back({comm_id, r.comm_seq, r.t_start_ns, group});  // full: overwrites the oldest
+  const std::int32_t peer = kind == analyzer::ChannelKind::kCollective ? -1 : r.peer;
+  calls_.push_back({comm_id, r.comm_seq, r.t_start_ns, group, channel_seq, peer, kind});  // full: overwrites the oldest
 }
 
 Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<const PatternCommInfo> comms) const {
@@ -80,18 +113,58 @@ Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<co
   for (std::size_t i = s - period; i < s; ++i) {
     const Call& a = calls_[i];
     const Call& b = calls_[i + period];
-    if (a.comm != b.comm || (a.group == 0) != (b.group == 0) || same_unit(i) != same_unit(i + period) ||
-        b.seq - a.seq != per_period[a.comm]) {
+    if (a.comm != b.comm || a.kind != b.kind || a.peer != b.peer || (a.group == 0) != (b.group == 0) ||
+        same_unit(i) != same_unit(i + period) || b.seq - a.seq != per_period[a.comm]) {
       return Status::Unavailable("the last two periods of " + std::to_string(period) + " calls differ");
     }
   }
   CallPatternReport out;
   analyzer::RankCallPattern& p = out.pattern;
   std::map<std::uint64_t, std::uint32_t> index;
+  std::vector<const PatternCommInfo*> infos;
   for (const PatternCommInfo& c : comms) {
     if (index.contains(c.id)) continue;
     index[c.id] = static_cast<std::uint32_t>(p.comms.size());
     p.comms.push_back({c.id, c.nranks, c.calls, -1, {}});
+    infos.push_back(&c);
+  }
+  // Per comm index: the channels' order in its list, where its counts are known.
+  using ChannelKey = std::pair<analyzer::ChannelKind, std::int32_t>;
+  std::vector<std::map<ChannelKey, std::uint32_t>> channel_index(p.comms.size());
+  for (std::size_t ci = 0; ci < p.comms.size(); ++ci) {
+    const PatternCommInfo& info = *infos[ci];
+    const auto known = channels_.find(info.slot);
+    if (info.rank < 0 || info.rank >= info.nranks || known == channels_.end() || !known->second.known) continue;
+    const Channels& ch = known->second;
+    // Since the window's start: per channel, its first call's count (exact), and calls.
+    std::map<ChannelKey, std::uint64_t> first, since;
+    bool whole = true;
+    for (std::size_t i = s; i < n && whole; ++i) {
+      const Call& c = calls_[i];
+      if (c.comm != info.id) continue;
+      whole = c.channel_seq != kUnknown;
+      first.try_emplace({c.kind, c.peer}, c.channel_seq);
+      ++since[{c.kind, c.peer}];
+    }
+    if (!whole) continue;
+    std::vector<std::pair<ChannelKey, std::uint64_t>> now;
+    if (ch.collectives > 0) now.push_back({{analyzer::ChannelKind::kCollective, -1}, ch.collectives});
+    for (const auto& [peer, count] : ch.sends) now.push_back({{analyzer::ChannelKind::kSend, peer}, count});
+    for (const auto& [peer, count] : ch.recvs) now.push_back({{analyzer::ChannelKind::kRecv, peer}, count});
+    analyzer::PatternComm& pc = p.comms[ci];
+    for (const auto& [key, count] : now) {
+      if (key.first != analyzer::ChannelKind::kCollective && (key.second < 0 || key.second >= info.nranks || key.second == info.rank)) {
+        pc.channels.clear();  // a peer outside the communicator: a damaged record
+        channel_index[ci].clear();
+        break;
+      }
+      const auto f = first.find(key);
+      const auto sn = since.find(key);
+      const std::uint64_t base = f != first.end() ? f->second : count - std::min(count, sn == since.end() ? 0 : sn->second);
+      channel_index[ci][key] = static_cast<std::uint32_t>(pc.channels.size());
+      pc.channels.push_back({key.first, key.second, base});
+    }
+    if (!pc.channels.empty()) pc.rank = info.rank;
   }
   std::map<std::uint64_t, bool> based;
   for (std::size_t i = s; i < s + period; ++i) {
@@ -102,10 +175,14 @@ Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<co
       based[c.comm] = true;
       p.comms[it->second].base_seq = c.seq;
     }
+    std::uint32_t channel = 0;
+    if (!p.comms[it->second].channels.empty()) channel = channel_index[it->second].at({c.kind, c.peer});
     if (!same_unit(i) || i == s) p.units.push_back({c.group != 0, {}});
     auto& calls = p.units.back().calls;
-    const auto cu = std::find_if(calls.begin(), calls.end(), [&](const analyzer::UnitCalls& u) { return u.comm == it->second; });
-    if (cu == calls.end()) calls.push_back({it->second, 1});
+    const auto cu = std::find_if(calls.begin(), calls.end(), [&](const analyzer::UnitCalls& u) {
+      return u.comm == it->second && u.channel == channel;
+    });
+    if (cu == calls.end()) calls.push_back({it->second, 1, channel});
     else ++cu->count;
   }
   p.iteration_at_start = iteration;

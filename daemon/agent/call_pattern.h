@@ -10,7 +10,14 @@
 // the "other" lane left 4 calls where two periods of 28 were needed). Polls and other queries
 // are never ordered and never recorded (shm_abi.h). Groups are told apart by (lane, the lane's
 // outermost ncclGroupStart ordinal).
-// Memory: at most `capacity` calls (24 bytes each). Cost: Push O(1); Build O(period).
+//
+// Channels: per communicator slot the log counts every ordered call since the communicator's
+// first (comm_seq 0) per channel: its collectives (and init, split, finalize), and its sends to
+// and receives from each peer. A communicator's counts are known only while its comm_seqs came
+// without a gap from 0: an agent that started after the communicator, or lost records, reports it
+// without channels, and the controller counts it by its totals.
+// Memory: at most `capacity` calls (48 bytes each), and one counter per channel. Cost: Push
+// O(log peers); Build O(period + the calls since it + channels).
 // Thread-safety: plain value object, one owner (the agent loop). Must never: do I/O or throw.
 #pragma once
 
@@ -18,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,7 +40,9 @@ namespace falcon::agent {
 struct PatternCommInfo {
   std::uint64_t id = 0;
   std::int64_t nranks = 0;
-  std::uint64_t calls = 0;  // ordered calls issued so far (FalconCommEntry::calls)
+  std::uint64_t calls = 0;            // ordered calls issued so far (FalconCommEntry::calls)
+  std::uint32_t slot = FALCON_NO_COMM;  // its comm table slot: the records' comm_slot
+  std::int32_t rank = -1;             // the rank's comm rank in it
 };
 
 struct CallPatternReport {
@@ -46,8 +56,9 @@ class CallPatternLog {
  public:
   explicit CallPatternLog(std::size_t capacity = 1 << 16) : calls_(capacity) {}
 
-  // One record of the rank, in time order across lanes (SegmentReader::Read's merge). `comm_id`:
-  // the communicator's id (0 if none).
+  // One record of the rank, in time order across lanes (SegmentReader::Read's merge), every one
+  // the agent reads (records the rank lost leave a gap in comm_seq). `comm_id`: the
+  // communicator's id (0 if none or not known yet).
   void Push(const FalconRecord& r, std::uint64_t comm_id);
   // The latest iteration sample's anchor (its first call's t_start_ns) and index.
   void SetIteration(std::int64_t anchor_ns, std::uint64_t index) {
@@ -69,12 +80,27 @@ class CallPatternLog {
     std::uint64_t seq = 0;
     std::int64_t t_ns = 0;
     std::uint64_t group = 0;  // 0: outside a group; else (lane + 1) << 32 | the lane's group ordinal
+    std::uint64_t channel_seq = kUnknown;  // calls on its channel before it
+    std::int32_t peer = -1;                // send/recv: the peer's comm rank
+    analyzer::ChannelKind kind = analyzer::ChannelKind::kCollective;
   };
+  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
+  // One communicator slot's channel counts since its comm_seq 0.
+  struct Channels {
+    bool known = false;  // every comm_seq from 0 came, in order
+    std::uint64_t next = 0;
+    std::uint64_t collectives = 0;
+    std::map<std::int32_t, std::uint64_t> sends, recvs;  // per peer
+    std::uint64_t& Of(analyzer::ChannelKind kind, std::int32_t peer);
+  };
+  // The record's channel count before it, or kUnknown.
+  std::uint64_t CountChannel(const FalconRecord& r, analyzer::ChannelKind kind);
 
   // Every lane's, oldest first; a ring of `capacity` (a deque would allocate and free a block
   // every few calls).
   boost::circular_buffer<Call> calls_;
   std::unordered_map<int, std::uint32_t> group_ordinal_;  // per lane: outermost groups begun
+  std::unordered_map<std::uint32_t, Channels> channels_;   // per comm slot
   std::int64_t anchor_ns_ = 0;
   std::uint64_t anchor_index_ = 0;
 };

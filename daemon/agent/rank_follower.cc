@@ -136,7 +136,7 @@ Result<CallPatternReport> RankFollower::CutPattern() const {
   std::vector<PatternCommInfo> comms;
   for (const auto& [slot, c] : comms_) {
     if (c.state == kFalconCommDestroyed) continue;
-    comms.push_back({c.comm_id, c.nranks, seg_.CommCalls(slot)});
+    comms.push_back({c.comm_id, c.nranks, seg_.CommCalls(slot), slot, c.rank});
   }
   return pattern_.Build(analysis_.period(), comms);
 }
