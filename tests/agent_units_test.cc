@@ -795,6 +795,18 @@ TEST(CallPatternTest, AGapOrALateStartLeavesThatCommunicatorWithoutChannels) {
   const Result<CallPatternReport> fresh = again.Log().Build(run.Period(), again.Comms());
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   EXPECT_EQ(fresh.value().pattern.comms[1].channels.size(), 5u) << "collectives, and a send and a receive per neighbour";
+  // Damaged records: a send to no member, or to no peer at all, leaves the communicator without.
+  for (std::int32_t peer : {7, -1}) {
+    StageRun damaged = run;
+    const auto send = std::find_if(damaged.records.begin() + 10, damaged.records.end(),
+                                   [](const FalconRecord& r) { return r.op == kFalconOpSend; });
+    ASSERT_NE(send, damaged.records.end());
+    send->peer = peer;
+    const Result<CallPatternReport> d = damaged.Log().Build(run.Period(), run.Comms());
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_TRUE(d.value().pattern.comms[1].channels.empty()) << "peer " << peer;
+    EXPECT_EQ(d.value().pattern.comms[0].channels.size(), 1u);
+  }
 }
 
 FalconRecord Call(std::uint8_t op, std::uint64_t seq, std::uint64_t count, std::int16_t redop = 0, std::int32_t peer = -1) {

@@ -131,38 +131,42 @@ Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<co
   // Per comm index: the channels' order in its list, where its counts are known.
   using ChannelKey = std::pair<analyzer::ChannelKind, std::int32_t>;
   std::vector<std::map<ChannelKey, std::uint32_t>> channel_index(p.comms.size());
+  // Since the window's start, per comm index: each channel's count before its first call there,
+  // and whether every call there was counted.
+  std::vector<std::map<ChannelKey, std::uint64_t>> first(p.comms.size());
+  std::vector<bool> whole(p.comms.size(), true);
+  for (std::size_t i = s; i < n; ++i) {
+    const auto it = index.find(calls_[i].comm);
+    if (it == index.end()) continue;
+    const Call& c = calls_[i];
+    whole[it->second] = whole[it->second] && c.channel_seq != kUnknown;
+    first[it->second].try_emplace({c.kind, c.peer}, c.channel_seq);
+  }
   for (std::size_t ci = 0; ci < p.comms.size(); ++ci) {
     const PatternCommInfo& info = *infos[ci];
     const auto known = channels_.find(info.slot);
-    if (info.rank < 0 || info.rank >= info.nranks || known == channels_.end() || !known->second.known) continue;
-    const Channels& ch = known->second;
-    // Since the window's start: per channel, its first call's count (exact), and calls.
-    std::map<ChannelKey, std::uint64_t> first, since;
-    bool whole = true;
-    for (std::size_t i = s; i < n && whole; ++i) {
-      const Call& c = calls_[i];
-      if (c.comm != info.id) continue;
-      whole = c.channel_seq != kUnknown;
-      first.try_emplace({c.kind, c.peer}, c.channel_seq);
-      ++since[{c.kind, c.peer}];
+    if (!whole[ci] || info.rank < 0 || info.rank >= info.nranks || known == channels_.end() || !known->second.known) {
+      continue;
     }
-    if (!whole) continue;
-    std::vector<std::pair<ChannelKey, std::uint64_t>> now;
+    const Channels& ch = known->second;
+    std::vector<std::pair<ChannelKey, std::uint64_t>> now;  // every channel, with its count now
     if (ch.collectives > 0) now.push_back({{analyzer::ChannelKind::kCollective, -1}, ch.collectives});
     for (const auto& [peer, count] : ch.sends) now.push_back({{analyzer::ChannelKind::kSend, peer}, count});
     for (const auto& [peer, count] : ch.recvs) now.push_back({{analyzer::ChannelKind::kRecv, peer}, count});
     analyzer::PatternComm& pc = p.comms[ci];
+    bool sound = true;
     for (const auto& [key, count] : now) {
-      if (key.first != analyzer::ChannelKind::kCollective && (key.second < 0 || key.second >= info.nranks || key.second == info.rank)) {
-        pc.channels.clear();  // a peer outside the communicator: a damaged record
-        channel_index[ci].clear();
-        break;
-      }
-      const auto f = first.find(key);
-      const auto sn = since.find(key);
-      const std::uint64_t base = f != first.end() ? f->second : count - std::min(count, sn == since.end() ? 0 : sn->second);
+      const bool p2p = key.first != analyzer::ChannelKind::kCollective;
+      sound = sound && (!p2p || (key.second >= 0 && key.second < info.nranks && key.second != info.rank));
+      const auto f = first[ci].find(key);
       channel_index[ci][key] = static_cast<std::uint32_t>(pc.channels.size());
-      pc.channels.push_back({key.first, key.second, base});
+      pc.channels.push_back({key.first, key.second, f != first[ci].end() ? f->second : count});
+    }
+    for (const auto& [key, seq] : first[ci]) sound = sound && channel_index[ci].contains(key);
+    if (!sound) {  // a peer outside the communicator (a damaged record), or counts not matching the calls
+      pc.channels.clear();
+      channel_index[ci].clear();
+      continue;
     }
     if (!pc.channels.empty()) pc.rank = info.rank;
   }
@@ -176,7 +180,7 @@ Result<CallPatternReport> CallPatternLog::Build(std::size_t period, std::span<co
       p.comms[it->second].base_seq = c.seq;
     }
     std::uint32_t channel = 0;
-    if (!p.comms[it->second].channels.empty()) channel = channel_index[it->second].at({c.kind, c.peer});
+    if (!p.comms[it->second].channels.empty()) channel = channel_index[it->second].find({c.kind, c.peer})->second;
     if (!same_unit(i) || i == s) p.units.push_back({c.group != 0, {}});
     auto& calls = p.units.back().calls;
     const auto cu = std::find_if(calls.begin(), calls.end(), [&](const analyzer::UnitCalls& u) {
