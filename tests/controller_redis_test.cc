@@ -367,6 +367,59 @@ TEST_F(ControllerRedisTest, ARefusedWatchCommandIsLoggedOnceAndTrackingGoesOn) {
 
 // The busy report streams are trimmed behind what the controller has read and saved, keeping
 // stream-retention-s before it; what it has not read, and the rare streams (alarms), never are.
+// After an incident is resolved (a plan undone), the agents' detectors can take tens of seconds to
+// call the ranks recovered: their slow alarms from before the resolution open no new incident
+// while the job runs at its healthy pace, and do once it is slow again.
+TEST_F(ControllerRedisTest, AlarmsFromBeforeTheLastResolutionOpenNothingWhileTheJobIsHealthy) {
+  RegisterRank0();
+  RegisterRank1();
+  StartController();
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
+      << ReadFile(log_);
+  kill(pid_, SIGTERM);
+  ASSERT_EQ(testing::WaitFor(pid_, 20), 0);
+  pid_ = -1;
+  const std::string key = Key(protocol::kControllerKey);
+  auto h = redis::HGetAll(*conn_, key);
+  ASSERT_TRUE(h.ok() && h.value().count("msg"));
+  json msg = json::parse(h.value().at("msg"));
+  const std::int64_t resolved = NowNs();
+  msg["state_doc"]["resolved_ns"] = resolved;
+  msg["state_doc"]["healthy_s"] = 0.1;
+  ASSERT_TRUE(redis::HSet(*conn_, key, {{"msg", msg.dump()}}).ok());
+
+  RegisterRank0();
+  RegisterRank1();
+  StartController();
+  auto iterations = [&](double s) {
+    for (std::int64_t r : {0, 1}) AddIterations(json(std::vector<double>(6, s)), "*", r);
+  };
+  iterations(0.1);
+  for (std::int64_t r : {0, 1}) {
+    json a = SlowAlarm(r);
+    a["onset_ns"] = resolved - 10'000'000'000;  // the incident's own slowdown
+    ASSERT_TRUE(redis::XAdd(*conn_, Key(protocol::kAlarmsStream), 0, {{"msg", a.dump()}}).ok());
+  }
+  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["slow_ranks"] == json({0, 1}); }, 20))
+      << State().dump() << "\n" << ReadFile(log_);
+  // Past the settling time (10 healthy iterations, at least 1 s) at the healthy pace: held.
+  ASSERT_TRUE(WaitUntil([&] { return NowNs() - resolved > 2'500'000'000; }, 10));
+  iterations(0.1);
+  ASSERT_TRUE(SavedAfter(NowNs()));
+  ASSERT_TRUE(SavedAfter(NowNs()));
+  std::string log = ReadFile(log_);
+  EXPECT_EQ(Count(log, "event=stale_alarms action=held"), 1u) << log;
+  EXPECT_EQ(log.find("stage=detection"), std::string::npos) << log;
+  EXPECT_FALSE(State()["state_doc"].contains("incident")) << State().dump();
+  // Three times the healthy pace: the slowdown is still there, and the incident opens.
+  iterations(0.3);
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(log_).find("stage=detection") != std::string::npos; }, 20))
+      << ReadFile(log_);
+  log = ReadFile(log_);
+  EXPECT_NE(log.find("event=stale_alarms action=released"), std::string::npos) << log;
+  EXPECT_LT(log.find("event=stale_alarms action=released"), log.find("stage=detection")) << log;
+}
+
 TEST_F(ControllerRedisTest, ReadReportsAreTrimmedBehindTheSavedCursorAndTheRetentionKept) {
   // One entry per macro node, so that MINID ~ trims entry by entry, as it does a long stream.
   ASSERT_TRUE(conn_->Command({"CONFIG", "SET", "stream-node-max-entries", "1"}).ok());

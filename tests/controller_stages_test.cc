@@ -557,6 +557,22 @@ TEST(TrackingStageTest, OnlyLiveRanksCountAndAnOutbreakNeedsTheMinimumFraction) 
   EXPECT_EQ(t.Outbreak(view, 0.5), (std::vector<std::int64_t>{1, 2, 3, 4}));
 }
 
+// Alarms whose slowdown began before a time (the last resolution) are left out of an outbreak
+// when the caller asks; later ones count as usual.
+TEST(TrackingStageTest, AnOutbreakCanLeaveOutSlowdownsThatBeganBeforeATime) {
+  std::map<std::int64_t, SlowRank> slow;
+  TrackingStage t(slow);
+  const JobView view = RunningJob();  // 8 ranks
+  for (std::int64_t r : {0, 1, 2, 3}) ASSERT_TRUE(t.OnAlarm(Alarm(r, "slow", 0.2, kT0)).has_value());
+  EXPECT_EQ(t.Outbreak(view, 0.5).size(), 4u);
+  EXPECT_TRUE(t.Outbreak(view, 0.5, kT0).empty()) << "onset at the resolution: about that incident";
+  EXPECT_EQ(t.Outbreak(view, 0.5, kT0 - 1).size(), 4u);
+  for (std::int64_t r : {4, 5, 6, 7}) ASSERT_TRUE(t.OnAlarm(Alarm(r, "slow", 0.2, kT0 + kSec)).has_value());
+  EXPECT_EQ(t.Outbreak(view, 0.5, kT0), (std::vector<std::int64_t>{4, 5, 6, 7})) << "began since: news";
+  EXPECT_TRUE(t.Outbreak(view, 0.75, kT0).empty()) << "and still needs the minimum fraction";
+  EXPECT_EQ(t.LiveSlow(view).size(), 8u) << "the slow ranks themselves are kept";
+}
+
 // LiveSlow is kept between questions (tracking_stage.h): it follows every alarm, every view
 // update, a view it was not asked about before, and a slow-rank map replaced from outside.
 TEST(TrackingStageTest, TheLiveSlowRanksFollowAlarmsViewsAndAReloadedMap) {

@@ -1972,6 +1972,7 @@ TEST(ControllerStateTest, JsonRoundTripKeepsEveryField) {
   ControllerState tracking;
   tracking.cursors = {{"alarms", "5-1"}};
   tracking.slow[0] = {1.3, 0.65, 0.5, 7};
+  tracking.resolved_ns = 1'796'000'000'000'000'000;
   struct Case {
     const char* name;
     ControllerState state;
@@ -1989,7 +1990,16 @@ TEST(ControllerStateTest, JsonRoundTripKeepsEveryField) {
     EXPECT_EQ(back.slow.size(), c.state.slow.size());
     EXPECT_EQ(back.incident.has_value(), c.state.incident.has_value());
     EXPECT_EQ(back.healthy_s, c.state.healthy_s);
+    EXPECT_EQ(back.resolved_ns, c.state.resolved_ns);
   }
+  json older = ToJson(tracking);  // an older controller's document: no resolution recorded
+  older.erase("resolved_ns");
+  std::string why;
+  EXPECT_EQ(StateFromJson(older, &why).resolved_ns, 0);
+  EXPECT_EQ(why, "");
+  older["resolved_ns"] = -5;
+  EXPECT_EQ(StateFromJson(older, &why).resolved_ns, 0);
+  EXPECT_NE(why.find("resolved_ns"), std::string::npos) << why;
   EXPECT_STREQ(PhaseName(Phase::kTracking), "tracking");
   EXPECT_STREQ(PhaseName(Phase::kProfiling), "profiling");
   EXPECT_STREQ(PhaseName(Phase::kValidating), "validating");

@@ -361,7 +361,8 @@ Status Controller::Track(std::int64_t now_ns) {
       if (const auto cur = CurrentIterationS()) state_.healthy_s = *cur;
       return Status::Ok();
     }
-    const std::vector<std::int64_t> outbreak = tracking_.Outbreak(view_, config_.min_slow_fraction);
+    const std::vector<std::int64_t> outbreak =
+        tracking_.Outbreak(view_, config_.min_slow_fraction, StaleBefore(now_ns));
     if (outbreak.empty()) return Status::Ok();
     if (Status s = OpenIncident(now_ns, outbreak); !s.ok()) return s;
     return StartProfiling(now_ns);
@@ -792,6 +793,20 @@ double Controller::RecheckIntervalS(const Incident& inc) const {
   return inc.recheck_interval_s > 0 ? inc.recheck_interval_s : config_.mitigation.recheck_s;
 }
 
+std::int64_t Controller::StaleBefore(std::int64_t now_ns) {
+  if (state_.resolved_ns <= 0 || !state_.healthy_s || *state_.healthy_s <= 0) return 0;
+  const double healthy = *state_.healthy_s;
+  const std::int64_t settle = std::max(Seconds(1.0), Seconds(kSettleIterations * healthy));
+  const std::optional<double> cur = tracking_.CurrentIterationS(view_, kJudgeIterations);
+  const bool held = now_ns - state_.resolved_ns < settle || (cur && *cur <= healthy * config_.suspicious_ratio);
+  if (stale_held_ != held) {
+    stale_held_ = held;
+    log_->info("event=stale_alarms action={} resolved_ns={} current_s={:.4f} healthy_s={:.4f}",
+               held ? "held" : "released", state_.resolved_ns, cur.value_or(0), healthy);
+  }
+  return held ? state_.resolved_ns : 0;
+}
+
 Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
   if (Mitigator* m = decision_.Current(*state_.incident); m != nullptr && !m->stopped()) {
     Result<Decision> d = decision_.End(*state_.incident, now_ns);
@@ -815,6 +830,8 @@ Status Controller::Resolve(std::int64_t now_ns, const std::string& why) {
                     "info");
   if (!s.ok()) return s;
   state_.incident.reset();
+  state_.resolved_ns = now_ns;
+  stale_held_.reset();
   decision_.Forget();
   state_.suspicion = json::object();
   validation_.Abandon();

@@ -183,6 +183,13 @@ class Controller {
     kUndo,     // a plan whose fault-free pace is known, and the job back at it: the fault ended
   };
   UnderPlan FasterUnderPlan(std::int64_t now_ns);
+  // Slow alarms from before the last resolution (onset at or before the returned time) open no
+  // incident while the job runs at its healthy pace: kSettleIterations healthy iterations for
+  // an undone plan to take effect, then as long as the last kJudgeIterations are within the
+  // suspicious ratio of healthy. 0: every alarm counts.
+  static constexpr double kSettleIterations = 10;
+  static constexpr std::size_t kJudgeIterations = 5;
+  std::int64_t StaleBefore(std::int64_t now_ns);
   void AdoptAppliedPlacement();
   void Enter(Phase p, std::int64_t now_ns);
   const std::vector<std::int64_t>& LiveSlow() const;
@@ -198,6 +205,7 @@ class Controller {
   boost::asio::steady_timer stop_poll_{io_};
   std::unique_ptr<redis::RedisWorker> reader_;  // the blocking stream reads (Run() starts it)
   bool read_in_flight_ = false;
+  std::optional<bool> stale_held_;  // StaleBefore's last answer since the resolution, for its log
   std::uint64_t read_generation_ = 0;  // bumped at every (re)connect: older reads are stale
 
   std::unique_ptr<redis::RedisConnection> conn_;

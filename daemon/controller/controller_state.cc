@@ -125,6 +125,7 @@ json ToJson(const ControllerState& s, bool with_slow) {
   if (with_slow) j["slow"] = SlowJson(s.slow);
   if (s.incident) j["incident"] = IncidentJson(*s.incident);
   if (s.healthy_s) j["healthy_s"] = *s.healthy_s;
+  j["resolved_ns"] = s.resolved_ns;
   j["plan_version"] = s.plan_version;
   j["nodes"] = {{"hosts", s.node_hosts}, {"placement", s.placement}, {"excluded", s.excluded_nodes},
                 {"pending_version", s.pending_version}, {"pending_placement", s.pending_placement},
@@ -158,6 +159,8 @@ ControllerState StateFromJson(const json& j, std::string* why) {
     s.profile_from_ns = j.at("profile_from_ns").get<std::int64_t>();
     s.suspicion = j.at("suspicion");
     if (j.contains("healthy_s")) s.healthy_s = j["healthy_s"].get<double>();
+    s.resolved_ns = j.value("resolved_ns", std::int64_t{0});  // an older controller's document has none
+    if (s.resolved_ns < 0) throw std::invalid_argument("resolved_ns: negative");
     s.plan_version = j.value("plan_version", std::int32_t{0});
     if (s.plan_version < 0) throw std::invalid_argument("plan_version: negative");
     if (j.contains("nodes")) {

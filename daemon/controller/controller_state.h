@@ -77,6 +77,10 @@ struct ControllerState {
   std::int64_t profile_from_ns = 0;  // profiles must start after this to count
   nlohmann::json suspicion = nlohmann::json::object();  // ProfileVerdict as JSON
   std::optional<double> healthy_s;
+  // When the last incident was resolved (0: none yet). Slow alarms from before it are about that
+  // incident: the agents' detectors can take tens of seconds to call a rank recovered after a
+  // plan is undone, so they open no new incident unless the job is slow again (Controller::Track).
+  std::int64_t resolved_ns = 0;
   std::int32_t plan_version = 0;  // of the last plan published (falcon:{job}:plan)
   // Node numbering of the plans (JobView::SetNodes): fixed when the first mitigation starts, the
   // job's hosts sorted then the configured spares ("spare0", ...); empty until then.

@@ -76,8 +76,12 @@ const std::vector<std::int64_t>& TrackingStage::LiveSlow(const JobView& view) co
   return live_slow_.ranks;
 }
 
-std::vector<std::int64_t> TrackingStage::Outbreak(const JobView& view, double min_fraction) const {
+std::vector<std::int64_t> TrackingStage::Outbreak(const JobView& view, double min_fraction,
+                                                  std::int64_t stale_before_ns) const {
   std::vector<std::int64_t> slow = LiveSlow(view);
+  if (stale_before_ns > 0) {
+    std::erase_if(slow, [&](std::int64_t r) { return slow_.at(r).onset_ns <= stale_before_ns; });
+  }
   if (slow.empty()) return slow;
   const double fraction = static_cast<double>(slow.size()) / static_cast<double>(view.ranks().size());
   if (fraction < min_fraction) slow.clear();

@@ -55,8 +55,10 @@ class TrackingStage {
   void Reload() { ++slow_version_; }
   // Changes whenever the slow-rank map does (alarms, Reload).
   [[nodiscard]] std::uint64_t slow_version() const { return slow_version_; }
-  // The live slow ranks when they are at least `min_fraction` of the live ranks; else none.
-  [[nodiscard]] std::vector<std::int64_t> Outbreak(const JobView& view, double min_fraction) const;
+  // The live slow ranks whose slowdown began after `stale_before_ns`, when they are at least
+  // `min_fraction` of the live ranks; else none.
+  [[nodiscard]] std::vector<std::int64_t> Outbreak(const JobView& view, double min_fraction,
+                                                   std::int64_t stale_before_ns = 0) const;
   // The job's iteration time now, s, from each rank's `last` (1..kRecentIterations) iterations:
   // the default is steady, fewer follow a change sooner. None before any live rank reported one.
   [[nodiscard]] std::optional<double> CurrentIterationS(const JobView& view,
