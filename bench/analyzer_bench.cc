@@ -1,14 +1,18 @@
 // Micro-benchmarks of the analyzer's detection core: BOCD throughput with pruning, the full
-// detector per sample, period detection on a 100,000-call window, and memory per tracked rank.
+// detector per sample, period detection on a 100,000-call window, and memory per tracked rank;
+// and the consistent-cut planner at scale (one pipeline communicator counted per channel, side by
+// side with two-rank pipeline communicators counted by totals).
 // Run: falcon-analyzer-bench [--benchmark_filter=...]. Prints a '#' preamble with the config.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <vector>
 
 #include "analyzer/bocd.h"
+#include "analyzer/cut_plan.h"
 #include "analyzer/detector.h"
 #include "analyzer/period.h"
 #include "analyzer/period_tracker.h"
@@ -134,6 +138,117 @@ void BM_TrackerPushLocked(benchmark::State& state) {
   state.counters["wrong"] = wrong ? 1.0 : 0.0;
 }
 BENCHMARK(BM_TrackerPushLocked)->Arg(200)->Arg(2400);
+
+// A TP 8 x PP 8 x DP (ranks / 64) job, 4 micro-batches: per micro-batch a forward (receive,
+// 2 TP all-reduces, send) and a backward the other way, then a DP all-reduce. `shared`: every
+// stage of a pipeline exchanges on one communicator of all its stages, counted per channel (a
+// batched pipeline); else on a two-rank communicator per stage pair, counted by totals. Every
+// rank reports from a different point: min_position 1 + rank % 7.
+std::vector<falcon::analyzer::RankCallPattern> CutJob(std::int64_t ranks, bool shared) {
+  using falcon::analyzer::CallUnit;
+  using falcon::analyzer::ChannelKind;
+  using falcon::analyzer::PatternComm;
+  constexpr std::int64_t kTp = 8, kPp = 8, kMicro = 4;
+  const std::int64_t dp = ranks / (kTp * kPp);
+  std::vector<falcon::analyzer::RankCallPattern> out;
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    const std::int64_t t = r % kTp, p = (r / kTp) % kPp, d = r / (kTp * kPp);
+    falcon::analyzer::RankCallPattern pat;
+    pat.rank = r;
+    pat.min_position = 1 + static_cast<std::uint64_t>(r % 7);
+    const auto id = [](std::uint64_t kind, std::int64_t a, std::int64_t b) {
+      return kind << 56 | static_cast<std::uint64_t>(a) << 28 | static_cast<std::uint64_t>(b);
+    };
+    pat.comms.push_back({id(1, p, d), kTp, 0, -1, {}});  // 0: TP
+    pat.comms.push_back({id(2, t, p), dp, 0, -1, {}});   // 1: DP
+    std::uint32_t prev = 0, next = 0;                     // the pipeline exchanges' comm indices
+    std::uint32_t send_prev = 0, recv_prev = 0, send_next = 0, recv_next = 0;  // their channels
+    if (shared) {
+      PatternComm pc{id(3, t, d), kPp, 0, static_cast<std::int32_t>(p), {{ChannelKind::kCollective, -1, 1}}};
+      auto channel = [&](ChannelKind kind, std::int64_t peer) {
+        pc.channels.push_back({kind, static_cast<std::int32_t>(peer), 0});
+        return static_cast<std::uint32_t>(pc.channels.size() - 1);
+      };
+      if (p > 0) send_prev = channel(ChannelKind::kSend, p - 1), recv_prev = channel(ChannelKind::kRecv, p - 1);
+      if (p < kPp - 1) send_next = channel(ChannelKind::kSend, p + 1), recv_next = channel(ChannelKind::kRecv, p + 1);
+      pat.comms.push_back(pc);
+      prev = next = 2;
+    } else {
+      if (p > 0) {
+        prev = static_cast<std::uint32_t>(pat.comms.size());
+        pat.comms.push_back({id(4, t * kPp + p - 1, d), 2, 0, -1, {}});
+      }
+      if (p < kPp - 1) {
+        next = static_cast<std::uint32_t>(pat.comms.size());
+        pat.comms.push_back({id(4, t * kPp + p, d), 2, 0, -1, {}});
+      }
+    }
+    auto exchange = [&](std::uint32_t comm, std::uint32_t channel) { pat.units.push_back(CallUnit{true, {{comm, 1, channel}}}); };
+    auto tp = [&] { pat.units.push_back(CallUnit{false, {{0, 2, 0}}}); };
+    for (std::int64_t m = 0; m < kMicro; ++m) {
+      if (p > 0) exchange(prev, recv_prev);
+      tp();
+      if (p < kPp - 1) exchange(next, send_next);
+    }
+    for (std::int64_t m = 0; m < kMicro; ++m) {
+      if (p < kPp - 1) exchange(next, recv_next);
+      tp();
+      if (p > 0) exchange(prev, send_prev);
+    }
+    pat.units.push_back(CallUnit{false, {{1, 1, 0}}});
+    out.push_back(std::move(pat));
+  }
+  return out;
+}
+
+// Correctness: where the plan stops them, each stage's sends to its neighbour equal the
+// neighbour's receives from it (read per channel or per two-rank communicator alike).
+bool CutMatches(const std::vector<falcon::analyzer::RankCallPattern>& job, const falcon::analyzer::CutPlan& plan) {
+  if (!plan.ok() || plan.ranks.size() != job.size()) return false;
+  std::vector<std::map<std::uint64_t, std::uint64_t>> at(job.size());  // per rank: comm id -> expect_seq
+  for (std::size_t i = 0; i < job.size(); ++i) {
+    for (const auto& t : plan.ranks[i].targets) at[i][t.comm] = t.expect_seq;
+  }
+  for (std::size_t i = 0; i < job.size(); ++i) {  // every communicator's members: the same count
+    for (const auto& c : job[i].comms) {
+      if (!c.channels.empty()) continue;
+      for (std::size_t j = 0; j < job.size(); j += 97) {
+        const auto it = at[j].find(c.id);
+        if (it != at[j].end() && it->second != at[i][c.id]) return false;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < job.size(); ++i) {  // shared pipeline communicators: per channel
+    for (std::uint32_t c = 0; c < job[i].comms.size(); ++c) {
+      const auto& pc = job[i].comms[c];
+      for (std::uint32_t k = 0; k < pc.channels.size(); ++k) {
+        if (pc.channels[k].kind != falcon::analyzer::ChannelKind::kSend) continue;
+        const std::size_t peer = i + static_cast<std::size_t>((pc.channels[k].peer - pc.rank) * 8);  // TP 8
+        const auto& qc = job[peer].comms[c];
+        for (std::uint32_t q = 0; q < qc.channels.size(); ++q) {
+          if (qc.channels[q].kind == falcon::analyzer::ChannelKind::kRecv && qc.channels[q].peer == pc.rank &&
+              falcon::analyzer::IssuedOnChannelBefore(job[i], c, k, plan.ranks[i].position) !=
+                  falcon::analyzer::IssuedOnChannelBefore(job[peer], c, q, plan.ranks[peer].position)) {
+            return false;
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+
+void BM_PlanCut(benchmark::State& state) {
+  const std::vector<falcon::analyzer::RankCallPattern> job = CutJob(state.range(0), state.range(1) != 0);
+  falcon::analyzer::CutPlan plan;
+  for (auto _ : state) {
+    plan = falcon::analyzer::PlanCut(job);
+    benchmark::DoNotOptimize(plan);
+  }
+  state.counters["ok"] = CutMatches(job, plan) ? 1 : 0;
+}
+BENCHMARK(BM_PlanCut)->ArgNames({"ranks", "shared"})->Args({1024, 0})->Args({1024, 1})->Args({4096, 0})
+    ->Args({4096, 1})->Args({16384, 0})->Args({16384, 1})->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
