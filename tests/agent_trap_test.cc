@@ -74,7 +74,10 @@ class AgentTrapTest : public ::testing::Test {
 
   // The agent and the job; returns once the agent follows all 4 ranks (their keys exist) and
   // the test has every rank's segment, ordered by world rank.
-  void Start(int iters, int poll_ms = 20, int flush_ms = 100, std::vector<std::string> job_args = {}) {
+  // `program`: the job's command line instead of falcon-emu-job's (then `iters` and `job_args`
+  // are not used).
+  void Start(int iters, int poll_ms = 20, int flush_ms = 100, std::vector<std::string> job_args = {},
+             std::vector<std::string> program = {}) {
     const std::string agent = testing::BinDir("daemon") + "/falcon-agent";
     const std::string cmd = "exec '" + agent + "' --job " + kJob + " --host " + kHost + " --shm-dir '" + shm_ +
                             "' --redis-port " + std::to_string(redis_.port()) +
@@ -86,10 +89,13 @@ class AgentTrapTest : public ::testing::Test {
     ASSERT_GT(agent_, 0);
     std::vector<std::string> argv = {testing::BinDir("bench/emu") + "/falcon-emu-run", "-n", std::to_string(kRanks),
                                      "--ranks-per-node", "2", "--job-timeout", "300", "--lib-dir", testing::EmuLibDir(),
-                                     "--preload", testing::PreloadValue(), "--",
-                                     testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters", std::to_string(iters),
-                                     "--compute-ms", "2", "--bytes", "65536", "--check"};
-    argv.insert(argv.end(), job_args.begin(), job_args.end());
+                                     "--preload", testing::PreloadValue(), "--"};
+    if (program.empty()) {
+      program = {testing::BinDir("bench/emu") + "/falcon-emu-job", "--iters", std::to_string(iters),
+                 "--compute-ms", "2", "--bytes", "65536", "--check"};
+      program.insert(program.end(), job_args.begin(), job_args.end());
+    }
+    argv.insert(argv.end(), program.begin(), program.end());
     job_ = testing::Spawn(argv, {"FALCON_SHM_DIR=" + shm_, "FALCON_JOB=" + std::string(kJob)});
     ASSERT_GT(job_, 0);
     ASSERT_TRUE(WaitUntil([&] { return OpenAll(); }, 30)) << "segments did not appear";
@@ -409,6 +415,69 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
   const std::uint64_t before = segs_[0].CommCalls(1);
   EXPECT_TRUE(WaitUntil([&] { return segs_[0].CommCalls(1) > before + 20; }, 30)) << "training did not go on";
+}
+
+// A pipeline of four stages that exchange on one communicator of all of them (the trainer's
+// sends are batched, as PyTorch's batch_isend_irecv are: they ride the group's communicator):
+// a middle stage calls it twice as often as an end stage, so only counts per channel place a
+// cut. Every rank must stop at its trigger (a receive left waiting on a stopped sender would
+// keep its rank from ever reaching it), and the job's checked data must come through.
+TEST_F(AgentTrapTest, ABatchedFourStagePipelineIsCutPerChannel) {
+  Start(0, 20, 100, {},
+        {testing::BinDir("bench/train") + "/falcon-train-emu", "--tp", "1", "--dp", "1", "--pp", "4",
+         "--compute-ms", "2", "--iters", "100000", "--check"});
+  std::vector<analyzer::RankCallPattern> patterns;
+  ASSERT_TRUE(WaitUntil([&] {
+    const json info = Send(NewCommand("cut_info"), 15);
+    if (info["status"] != "ok") return false;
+    patterns.clear();
+    for (const json& r : info["results"]) {
+      auto m = protocol::ParseCutPattern(r["pattern"]);
+      EXPECT_TRUE(m.ok()) << m.status().ToString();
+      if (!m.ok()) return false;
+      analyzer::RankCallPattern p = m.value().pattern;
+      p.min_position = m.value().position + static_cast<std::uint64_t>(m.value().units_per_s * 3.0) + 1;
+      patterns.push_back(p);
+    }
+    return patterns.size() == kRanks;
+  }, 60)) << ReadFile(agent_log_);
+  std::string dump;
+  for (const auto& p : patterns) dump += protocol::CutPatternToJson({p, p.min_position, 0, 0}).dump() + "\n";
+  for (const auto& p : patterns) {
+    // The pipeline communicator: sends and receives per neighbour, counted from its first call.
+    int p2p = 0;
+    for (const auto& c : p.comms) {
+      for (const auto& ch : c.channels) p2p += ch.kind != analyzer::ChannelKind::kCollective;
+    }
+    EXPECT_EQ(p2p, p.rank == 0 || p.rank == kRanks - 1 ? 2 : 4) << "rank " << p.rank << "\n" << dump;
+  }
+  std::vector<analyzer::RankCallPattern> totals = patterns;  // what an older agent would report
+  for (auto& p : totals) {
+    for (auto& c : p.comms) c.channels.clear(), c.rank = -1;
+  }
+  EXPECT_NE(analyzer::PlanCut(totals).failure.find("calls per period"), std::string::npos);
+  const analyzer::CutPlan plan = analyzer::PlanCut(patterns);
+  ASSERT_TRUE(plan.ok()) << plan.failure << "\n" << dump;
+  protocol::Command pause = NewCommand("pause");
+  pause.max_pause_s = 20;
+  for (const auto& r : plan.ranks) pause.targets.push_back({r.rank, r.targets});
+  const json paused = Send(pause, 30);
+  ASSERT_EQ(paused["status"], "ok") << paused.dump() << "\n" << dump;
+  for (const json& r : paused["results"]) EXPECT_EQ(r["state"], "trapped") << paused.dump();
+  protocol::Command gemm = NewCommand("validate");
+  gemm.task = "gemm";
+  gemm.size = 32;
+  gemm.repeats = 2;
+  EXPECT_EQ(Send(gemm, 30)["status"], "ok");
+  ASSERT_EQ(Send(NewCommand("resume"), 30)["status"], "ok");
+  std::uint32_t busiest = 0;  // rank 0's busiest communicator: its sends and receives
+  for (const auto& c : segs_[0].Comms()) {
+    if (segs_[0].CommCalls(c.slot) > segs_[0].CommCalls(busiest)) busiest = c.slot;
+  }
+  const std::uint64_t before = segs_[0].CommCalls(busiest);
+  EXPECT_TRUE(WaitUntil([&] { return segs_[0].CommCalls(busiest) > before + 20; }, 30)) << "training did not go on";
+  int status = 0;
+  EXPECT_EQ(::waitpid(job_, &status, WNOHANG), 0) << "the job ended (its own data checks fail it)";
 }
 
 TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {
