@@ -286,9 +286,10 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
     }
   };
   std::uint64_t rounds = 0;
+  const std::uint64_t max_rounds = std::max<std::uint64_t>(options.max_rounds, 64 * constraints.size());
   while (!work.empty()) {
-    if (++rounds > options.max_rounds) {
-      out.failure = "no consistent cut found within " + std::to_string(options.max_rounds) + " propagation rounds";
+    if (++rounds > max_rounds) {
+      out.failure = "no consistent cut found within " + std::to_string(max_rounds) + " propagation rounds";
       return out;
     }
     const std::size_t k = work.front();

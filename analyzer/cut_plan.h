@@ -102,7 +102,10 @@ struct CutOptions {
   // whose reports were taken far apart (each rank's minimum is where it will be, not a common
   // point; the cut lands near the furthest of them). Cost grows with log(horizon) only.
   std::uint64_t horizon_periods = 4096;
-  std::uint64_t max_rounds = 100000;   // propagation rounds before giving up
+  // Propagation rounds before giving up: at least this many, and at least 64 per constraint (a
+  // job of 16,384 ranks whose pipelines are counted per channel has 33,000 of them, each visited
+  // once before any is visited again).
+  std::uint64_t max_rounds = 100000;
   // Stop the lowest rank exactly at the start of this iteration (falcon-ctl pause --iteration);
   // needs that rank's iteration_at_start.
   std::optional<std::uint64_t> iteration;
