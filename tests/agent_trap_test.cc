@@ -152,6 +152,23 @@ class AgentTrapTest : public ::testing::Test {
     return acks;
   }
 
+  // One cut_info: every rank's pattern, its minimum position 3 s of its pace past where it is
+  // (true once the agent has locked every rank's period, after a few iterations).
+  bool CutPatterns(std::vector<analyzer::RankCallPattern>* patterns) {
+    const json info = Send(NewCommand("cut_info"), 15);
+    if (info["status"] != "ok") return false;
+    patterns->clear();
+    for (const json& r : info["results"]) {
+      auto m = protocol::ParseCutPattern(r["pattern"]);
+      EXPECT_TRUE(m.ok()) << m.status().ToString();
+      if (!m.ok()) return false;
+      analyzer::RankCallPattern p = m.value().pattern;
+      p.min_position = m.value().position + static_cast<std::uint64_t>(m.value().units_per_s * 3.0) + 1;
+      patterns->push_back(p);
+    }
+    return patterns->size() == kRanks;
+  }
+
   // XADDs `c` and returns its ack (validated), or a null json after `timeout_s`.
   json Send(const protocol::Command& c, double timeout_s) {
     EXPECT_TRUE(redis::XAdd(*c_, Key(protocol::kCommandsStream), 0, {{"msg", protocol::ToJson(c).dump()}}).ok());
@@ -321,20 +338,7 @@ void ExpectConsistentCut(const std::vector<daemon::SegmentReader>& segs) {
 TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
   Start(/*iters=*/100000, 20, 100, {"--no-world", "--watchdog"});
   std::vector<analyzer::RankCallPattern> patterns;
-  ASSERT_TRUE(WaitUntil([&] {  // the agent locks every rank's period after a few iterations
-    const json info = Send(NewCommand("cut_info"), 15);
-    if (info["status"] != "ok") return false;
-    patterns.clear();
-    for (const json& r : info["results"]) {
-      auto m = protocol::ParseCutPattern(r["pattern"]);
-      EXPECT_TRUE(m.ok()) << m.status().ToString();
-      if (!m.ok()) return false;
-      analyzer::RankCallPattern p = m.value().pattern;
-      p.min_position = m.value().position + static_cast<std::uint64_t>(m.value().units_per_s * 3.0) + 1;
-      patterns.push_back(p);
-    }
-    return patterns.size() == kRanks;
-  }, 60)) << ReadFile(agent_log_);
+  ASSERT_TRUE(WaitUntil([&] { return CutPatterns(&patterns); }, 60)) << ReadFile(agent_log_);
   for (const auto& p : patterns) {
     EXPECT_EQ(p.comms.size(), 3u) << "world, TP and DP";
     EXPECT_FALSE(p.units.empty());
@@ -427,20 +431,7 @@ TEST_F(AgentTrapTest, ABatchedFourStagePipelineIsCutPerChannel) {
         {testing::BinDir("bench/train") + "/falcon-train-emu", "--tp", "1", "--dp", "1", "--pp", "4",
          "--compute-ms", "2", "--iters", "100000", "--check"});
   std::vector<analyzer::RankCallPattern> patterns;
-  ASSERT_TRUE(WaitUntil([&] {
-    const json info = Send(NewCommand("cut_info"), 15);
-    if (info["status"] != "ok") return false;
-    patterns.clear();
-    for (const json& r : info["results"]) {
-      auto m = protocol::ParseCutPattern(r["pattern"]);
-      EXPECT_TRUE(m.ok()) << m.status().ToString();
-      if (!m.ok()) return false;
-      analyzer::RankCallPattern p = m.value().pattern;
-      p.min_position = m.value().position + static_cast<std::uint64_t>(m.value().units_per_s * 3.0) + 1;
-      patterns.push_back(p);
-    }
-    return patterns.size() == kRanks;
-  }, 60)) << ReadFile(agent_log_);
+  ASSERT_TRUE(WaitUntil([&] { return CutPatterns(&patterns); }, 60)) << ReadFile(agent_log_);
   std::string dump;
   for (const auto& p : patterns) dump += protocol::CutPatternToJson({p, p.min_position, 0, 0}).dump() + "\n";
   for (const auto& p : patterns) {

@@ -144,6 +144,23 @@ class ControllerRedisTest : public ::testing::Test {
     ASSERT_TRUE(conn_->Command({"SET", key, "not what the protocol says"}).ok());
   }
 
+  // The state message a controller started with `flags` saves once it sees the two registered
+  // ranks, read back after it stopped: a test edits it to start the next controller from.
+  json StoppedControllerState(const std::string& flags = "") {
+    StartController(flags);
+    EXPECT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
+        << ReadFile(log_);
+    kill(pid_, SIGTERM);
+    EXPECT_EQ(testing::WaitFor(pid_, 20), 0);
+    pid_ = -1;
+    auto h = redis::HGetAll(*conn_, Key(protocol::kControllerKey));
+    if (!h.ok() || h.value().count("msg") == 0) {
+      ADD_FAILURE() << "no saved state";
+      return json::object();
+    }
+    return json::parse(h.value().at("msg"));
+  }
+
   // The controller's persisted state, validated; null while there is none.
   json State() {
     auto h = redis::HGetAll(*conn_, Key(protocol::kControllerKey));
@@ -297,19 +314,12 @@ TEST_F(ControllerRedisTest, ARefusedWatchCommandIsLoggedOnceAndTrackingGoesOn) {
     WriteAgent("node1", {1});
   };
   register_job();
-  StartController("--mitigation act");
-  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
-      << ReadFile(log_);
-  kill(pid_, SIGTERM);
-  ASSERT_EQ(testing::WaitFor(pid_, 20), 0);
-  pid_ = -1;
+  json msg = StoppedControllerState("--mitigation act");
+  ASSERT_FALSE(HasFailure());
 
   // What a controller leaves after localising rank 1's GPU and putting S2 in force: the plan's
   // level to be measured now, and no re-check due for an hour.
   const std::string key = Key(protocol::kControllerKey);
-  auto h = redis::HGetAll(*conn_, key);
-  ASSERT_TRUE(h.ok() && h.value().count("msg"));
-  json msg = json::parse(h.value().at("msg"));
   const std::int64_t now = NowNs();
   msg["state_doc"]["plan_version"] = 1;
   msg["state_doc"]["incident"] = {
@@ -373,16 +383,9 @@ TEST_F(ControllerRedisTest, ARefusedWatchCommandIsLoggedOnceAndTrackingGoesOn) {
 TEST_F(ControllerRedisTest, AlarmsFromBeforeTheLastResolutionOpenNothingWhileTheJobIsHealthy) {
   RegisterRank0();
   RegisterRank1();
-  StartController();
-  ASSERT_TRUE(WaitUntil([&] { const json s = State(); return s.is_object() && s["ranks"] == 2; }, 20))
-      << ReadFile(log_);
-  kill(pid_, SIGTERM);
-  ASSERT_EQ(testing::WaitFor(pid_, 20), 0);
-  pid_ = -1;
+  json msg = StoppedControllerState();
+  ASSERT_FALSE(HasFailure());
   const std::string key = Key(protocol::kControllerKey);
-  auto h = redis::HGetAll(*conn_, key);
-  ASSERT_TRUE(h.ok() && h.value().count("msg"));
-  json msg = json::parse(h.value().at("msg"));
   const std::int64_t resolved = NowNs();
   msg["state_doc"]["resolved_ns"] = resolved;
   msg["state_doc"]["healthy_s"] = 0.1;
