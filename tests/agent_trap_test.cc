@@ -152,6 +152,15 @@ class AgentTrapTest : public ::testing::Test {
     return acks;
   }
 
+  // A GEMM validation of `size` x `size` matrices, `repeats` times, on every paused rank.
+  protocol::Command Gemm(std::int64_t size, std::int64_t repeats) {
+    protocol::Command c = NewCommand("validate");
+    c.task = "gemm";
+    c.size = size;
+    c.repeats = repeats;
+    return c;
+  }
+
   // One cut_info: every rank's pattern, its minimum position 3 s of its pace past where it is
   // (true once the agent has locked every rank's period, after a few iterations).
   bool CutPatterns(std::vector<analyzer::RankCallPattern>* patterns) {
@@ -228,10 +237,7 @@ TEST_F(AgentTrapTest, PauseValidateResumeThroughRedisLosesNoTrainingData) {
   EXPECT_GE(cut, target);
   for (const auto& s : segs_) EXPECT_EQ(s.CommCalls(0), cut) << "every rank stopped at the same call";
 
-  protocol::Command gemm = NewCommand("validate");
-  gemm.task = "gemm";
-  gemm.size = 48;
-  gemm.repeats = 3;
+  const protocol::Command gemm = Gemm(48, 3);
   // Transfers run on a validation communicator: rank 0 makes its id, every rank joins it.
   protocol::Command id = NewCommand("validate");
   id.task = "vcomm_id";
@@ -305,10 +311,7 @@ TEST_F(AgentTrapTest, CommandsAreAnsweredWithoutWaitingForTheTickOrTheFlush) {
   Start(/*iters=*/100000, kPollMs, kFlushMs);
   const json paused = Send(Pause(WorldCalls() + 300, 60), 30);
   ASSERT_EQ(paused["status"], "ok") << paused.dump();
-  protocol::Command gemm = NewCommand("validate");
-  gemm.task = "gemm";
-  gemm.size = 32;
-  gemm.repeats = 1;
+  const protocol::Command gemm = Gemm(32, 1);
   for (const protocol::Command& c : {gemm, NewCommand("resume")}) {
     const auto t0 = std::chrono::steady_clock::now();
     const json ack = Send(c, 30);
@@ -366,10 +369,7 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
   ASSERT_EQ(paused["status"], "ok") << paused.dump() << "\n" << why << dump;
   for (const json& r : paused["results"]) EXPECT_EQ(r["state"], "trapped") << paused.dump();
   ExpectConsistentCut(segs_);
-  protocol::Command gemm = NewCommand("validate");
-  gemm.task = "gemm";
-  gemm.size = 32;
-  gemm.repeats = 2;
+  const protocol::Command gemm = Gemm(32, 2);
   EXPECT_EQ(Send(gemm, 30)["status"], "ok");
   ASSERT_EQ(Send(NewCommand("resume"), 30)["status"], "ok");
 
@@ -455,10 +455,7 @@ TEST_F(AgentTrapTest, ABatchedFourStagePipelineIsCutPerChannel) {
   const json paused = Send(pause, 30);
   ASSERT_EQ(paused["status"], "ok") << paused.dump() << "\n" << dump;
   for (const json& r : paused["results"]) EXPECT_EQ(r["state"], "trapped") << paused.dump();
-  protocol::Command gemm = NewCommand("validate");
-  gemm.task = "gemm";
-  gemm.size = 32;
-  gemm.repeats = 2;
+  const protocol::Command gemm = Gemm(32, 2);
   EXPECT_EQ(Send(gemm, 30)["status"], "ok");
   ASSERT_EQ(Send(NewCommand("resume"), 30)["status"], "ok");
   std::uint32_t busiest = 0;  // rank 0's busiest communicator: its sends and receives
