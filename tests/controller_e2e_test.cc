@@ -462,9 +462,9 @@ class ControllerEndToEndActS2Test : public ControllerEndToEndActTest {
 // A slow GPU: S2 gives its DP replica fewer micro-batches (all 16 still done), iterations get
 // shorter while the fault lasts, and once the GPU recovers the plan is undone within a few
 // iterations (the recovery watch: its TP peer no longer waits for it), never while it is slow.
-// The fault ends at 60 s: between the first re-check round (recheck-s 10 s after the
-// localisation, about 30 s in, so about 40 to 50 s) and the second (20 s after the first ends),
-// where only the watch can tell. A fault ending inside a round is that round's to tell.
+// The watch also sees the GPU still slow while the fault lasts, which stands in for the recheck-s
+// (10 s) rounds: the fault ends at 60 s, about 30 s after the localisation, and only the watch
+// tells it (a fault ending inside a round would be that round's to tell).
 TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceIsUndoneAfterIt) {
   StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":45,"factor":2.5})", 105, TrainerArgs());
   EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
@@ -527,10 +527,15 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
   }
   EXPECT_LE(kept, 10u) << "iterations under S2 after the GPU recovered";
   EXPECT_NE(log.find("action=undo detail="), std::string::npos);
+  EXPECT_NE(log.find("action=sees_fault"), std::string::npos) << "the watch never saw the GPU still slow";
+  std::size_t rechecks = 0;
+  for (std::size_t at = log.find("summary=\"re-check:"); at != std::string::npos; at = log.find("summary=\"re-check:", at + 1)) {
+    ++rechecks;
+  }
   std::printf("[ act S2   ] slow GPU: %.0f ms per iteration unmitigated, %.0f ms under S2 %s, %.0f ms healthy, "
-              "%.0f ms under S2 once healthy, for %zu iterations; %zu alarm-started re-check(s)\n",
+              "%.0f ms under S2 once healthy, for %zu iterations; %zu alarm-started re-check(s), %zu re-check round(s)\n",
               before * 1e3, during * 1e3, plans[0]["micro_batches"].dump().c_str(), healthy * 1e3,
-              MedianIteration(slow, healed) * 1e3, kept, revalidations);
+              MedianIteration(slow, healed) * 1e3, kept, revalidations, rechecks);
 }
 
 // The controller's Redis user may not write the plan hash until the test allows it: the S2

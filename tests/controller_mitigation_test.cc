@@ -812,6 +812,37 @@ TEST(RecoveryWatchTest, ALevelOutlivesARoundOfTheSameEpisodeOnly) {
   EXPECT_FALSE(w.LevelOf(11).has_value());
 }
 
+// The watch says when it last saw every culprit's group still waiting for it (what a re-check
+// round would find): the level's own window counts; a window below the midpoint, a culprit
+// without a level, or a level too mild to be visible says nothing.
+TEST(RecoveryWatchTest, SaysWhenItLastSawTheWholeFault) {
+  const JobView view = View(2, 4, 2);
+  RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
+  (void)w.Arm(view, {5, 11}, kT0);
+  std::map<std::int64_t, json> p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
+  EXPECT_EQ(w.Observe(p).seen_ns, 0) << "rank 11 has no level yet";
+  p[10] = watch::TpWindow(10, kT0 + 5, 900);
+  p[11] = watch::TpWindow(11, kT0 + 5, 50);
+  EXPECT_EQ(w.Observe(p).seen_ns, kT0 + 1 + 2'000'000'000) << "the older of the two level windows";
+  // Newer windows, one noisy but above the midpoint (4): the older of the two again.
+  p[4] = watch::TpWindow(4, kT0 + 4'000'000'000, 250);
+  p[5] = watch::TpWindow(5, kT0 + 4'000'000'000, 50);
+  p[10] = watch::TpWindow(10, kT0 + 3'000'000'000, 900);
+  p[11] = watch::TpWindow(11, kT0 + 3'000'000'000, 50);
+  EXPECT_EQ(w.Observe(p).seen_ns, kT0 + 5'000'000'000);
+  // Rank 5 recovers: the whole fault is no longer seen (and rank 11 keeps it from a recovery).
+  p[4] = watch::TpWindow(4, kT0 + 6'000'000'000, 52);
+  p[5] = watch::TpWindow(5, kT0 + 6'000'000'000, 50);
+  RecoveryWatch::Verdict v = w.Observe(p);
+  EXPECT_EQ(v.seen_ns, 0);
+  EXPECT_FALSE(v.recovered);
+
+  RecoveryWatch mild(RecoveryWatchOptions{"t", 5, 2});
+  (void)mild.Arm(view, {5}, kT0);
+  p = {{4, watch::TpWindow(4, kT0 + 1, 75)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
+  EXPECT_EQ(mild.Observe(p).seen_ns, 0) << "1.5x is not visible: it tells nothing either way";
+}
+
 // A level below min_level (a mild fault, or transfers that dwarf the compute) is not visible: the
 // watch never calls it recovered, and the caller keeps its re-check timer. With two culprits both
 // must recover.

@@ -161,6 +161,45 @@ class ControllerRedisTest : public ::testing::Test {
     return json::parse(h.value().at("msg"));
   }
 
+  // What a controller leaves after localising rank 1's GPU (its TP pair with rank 0 on `group`,
+  // rank 0 on node0, rank 1 on node1) and putting S2 in force in act mode: the plan's level to
+  // be measured now, the last round just ended. Written as the controller's saved state.
+  void ReBalancedState(std::uint64_t group) {
+    RegisterTpPair(group);
+    json msg = StoppedControllerState("--mitigation act");
+    if (HasFailure()) return;
+    const std::int64_t now = NowNs();
+    msg["state_doc"]["plan_version"] = 1;
+    msg["state_doc"]["incident"] = {
+        {"id", "inc-1"}, {"opened_ns", now}, {"ranks", {1}}, {"healthy_s", 0.1}, {"localised", true},
+        {"attempts", 1}, {"next_attempt_ns", 0}, {"cause", "compute"}, {"findings", {{"gpus", {{{"rank", 1}}}}}},
+        {"last_round_ns", now}, {"plan_level_after_ns", 1},
+        {"mitigation", {{"cause", "compute"}, {"candidates", {{"S2", {{"overhead_s", 1}, {"plan", {{"strategy", "S2"}}}}}}},
+                        {"applied", {"S2"}}, {"rebalance_in_effect", true}, {"pipeline_in_effect", false},
+                        {"stopped", false}, {"slowdown_s", 0}, {"paid_s", 0}, {"last_time_s", 0},
+                        {"calm_samples", 0}}}};
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kControllerKey), {{"msg", msg.dump()}}).ok());
+  }
+
+  // Ranks 0 (node0) and 1 (node1), a TP pair on `group`, and their agents, as agents write them.
+  void RegisterTpPair(std::uint64_t group) {
+    WriteRank(0, {{group, 0, 2, "tp", 10}}, "node0");
+    WriteRank(1, {{group, 1, 2, "tp", 10}}, "node1");
+    WriteAgent("node0", {0});
+    WriteAgent("node1", {1});
+  }
+
+  // Rank's comm_profile window on the TP pair `group`, taken in profile mode from since_ns to
+  // now: its busiest collective took median_us a call.
+  void AddTpWindow(std::int64_t rank, std::uint64_t group, std::int64_t since_ns, double median_us) {
+    const json m = {{"v", 2}, {"type", "comm_profile"}, {"job", kJob}, {"host", rank == 0 ? "node0" : "node1"},
+                    {"at_ns", NowNs()}, {"rank", rank}, {"pid", 100 + rank}, {"since_ns", since_ns}, {"mode", "profile"},
+                    {"comms", {{{"id", protocol::CommIdHex(group)}, {"rank", rank}, {"nranks", 2},
+                                {"sigs", {{{"op", "AllReduce"}, {"bytes", 65536}, {"peer", -1}, {"count", 64},
+                                           {"median_us", median_us}, {"mean_us", median_us}}}}}}}};
+    ASSERT_TRUE(conn_->Command({"XADD", Key(protocol::kProfilesStream), "*", "msg", m.dump()}).ok());
+  }
+
   // The controller's persisted state, validated; null while there is none.
   json State() {
     auto h = redis::HGetAll(*conn_, Key(protocol::kControllerKey));
@@ -307,36 +346,14 @@ TEST_F(ControllerRedisTest, TheSlowRanksAreWrittenWhenTheyChangeAndReadBackOnRes
 // are not switched every turn. Once the key is mended, the arming goes out.
 TEST_F(ControllerRedisTest, ARefusedWatchCommandIsLoggedOnceAndTrackingGoesOn) {
   const std::uint64_t group = 0x1234abcd5678ef01ull;
-  auto register_job = [&] {
-    WriteRank(0, {{group, 0, 2, "tp", 10}}, "node0");
-    WriteRank(1, {{group, 1, 2, "tp", 10}}, "node1");
-    WriteAgent("node0", {0});
-    WriteAgent("node1", {1});
-  };
-  register_job();
-  json msg = StoppedControllerState("--mitigation act");
+  ReBalancedState(group);
   ASSERT_FALSE(HasFailure());
-
-  // What a controller leaves after localising rank 1's GPU and putting S2 in force: the plan's
-  // level to be measured now, and no re-check due for an hour.
-  const std::string key = Key(protocol::kControllerKey);
-  const std::int64_t now = NowNs();
-  msg["state_doc"]["plan_version"] = 1;
-  msg["state_doc"]["incident"] = {
-      {"id", "inc-1"}, {"opened_ns", now}, {"ranks", {1}}, {"healthy_s", 0.1}, {"localised", true},
-      {"attempts", 1}, {"next_attempt_ns", 0}, {"cause", "compute"}, {"findings", {{"gpus", {{{"rank", 1}}}}}},
-      {"last_round_ns", now}, {"plan_level_after_ns", 1},
-      {"mitigation", {{"cause", "compute"}, {"candidates", {{"S2", {{"overhead_s", 1}, {"plan", {{"strategy", "S2"}}}}}}},
-                      {"applied", {"S2"}}, {"rebalance_in_effect", true}, {"pipeline_in_effect", false},
-                      {"stopped", false}, {"slowdown_s", 0}, {"paid_s", 0}, {"last_time_s", 0},
-                      {"calm_samples", 0}}}};
-  ASSERT_TRUE(redis::HSet(*conn_, key, {{"msg", msg.dump()}}).ok());
   const std::string node0 = Key(protocol::kCommandsStream, "node0");
   const std::string node1 = Key(protocol::kCommandsStream, "node1");
   SetString(node1);
   const std::int64_t node0_before = std::max<std::int64_t>(0, XLen(node0));
 
-  register_job();
+  RegisterTpPair(group);
   const std::int64_t started_ns = NowNs();
   StartController("--mitigation act --recheck-s 3600");
   for (int i = 0; i < 3; ++i) {
@@ -373,6 +390,44 @@ TEST_F(ControllerRedisTest, ARefusedWatchCommandIsLoggedOnceAndTrackingGoesOn) {
   EXPECT_NE(log.find("event=recovery_watch_sent action=arm"), std::string::npos) << log;
   EXPECT_EQ(XLen(node1), 1);
   EXPECT_EQ(log.find("event=step_failed"), std::string::npos) << log;
+}
+
+// While S2 holds, a re-check round pauses the job to learn whether the slow GPU is still slow.
+// The recovery watch learns that without a pause: rank 1's TP peer still waits 16x its time per
+// call. While its windows say so, no round runs (recheck-s 2 s here, 8 s of windows); once they
+// stop, the timer runs from the last one and a round re-checks the culprit.
+TEST_F(ControllerRedisTest, TheRecoveryWatchSeeingTheFaultStandsInForReCheckRounds) {
+  const std::uint64_t group = 0x1234abcd5678ef01ull;
+  ReBalancedState(group);
+  ASSERT_FALSE(HasFailure());
+  StartController("--mitigation act --recheck-s 2");
+  ASSERT_TRUE(WaitUntil([&] {
+    return ReadFile(log_).find("event=recovery_watch incident=inc-1 action=armed") != std::string::npos;
+  }, 20)) << ReadFile(log_);
+  const std::int64_t armed_ns = NowNs();
+  const auto round = [&] { return ReadFile(log_).find("event=phase from=tracking to=profiling") != std::string::npos; };
+  while (NowNs() - armed_ns < 8'000'000'000 && !round()) {
+    RegisterTpPair(group);
+    AddIterations({0.1, 0.1}, "*", 0, "node0");
+    AddIterations({0.1, 0.1}, "*", 1, "node1");
+    AddTpWindow(0, group, armed_ns, 800);
+    AddTpWindow(1, group, armed_ns, 50);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::string log = ReadFile(log_);
+  EXPECT_NE(log.find("event=recovery_watch incident=inc-1 action=sees_fault"), std::string::npos) << log;
+  EXPECT_FALSE(round()) << "a round re-checked a fault the watch saw all along\n" << log;
+  const json saved = State();
+  ASSERT_TRUE(saved.is_object() && saved["state_doc"].contains("incident")) << saved.dump();
+  EXPECT_GT(saved["state_doc"]["incident"].value("watch_seen_ns", std::int64_t{0}), armed_ns) << saved.dump();
+  EXPECT_EQ(log.find("action=undo"), std::string::npos) << "still slow: nothing to undo\n" << log;
+  // The windows stop (a watch that sees nothing): the timer re-checks.
+  const std::int64_t quiet_ns = NowNs();
+  ASSERT_TRUE(WaitUntil([&] {
+    RegisterTpPair(group);
+    return round();
+  }, 20)) << ReadFile(log_);
+  EXPECT_LT(NowNs() - quiet_ns, 10'000'000'000) << "the timer runs from the watch's last window";
 }
 
 // The busy report streams are trimmed behind what the controller has read and saved, keeping

@@ -378,7 +378,11 @@ Status Controller::Track(std::int64_t now_ns) {
   // then (recheck-s, doubling while they stay slow), whether the ranks look slow or not.
   const bool rebalancing = m != nullptr && !m->stopped() && (m->rebalance_in_effect() || m->pipeline_in_effect()) &&
                            inc.localised && config_.mitigation.mode == "act";
-  auto recheck_due = [&] { return now_ns - inc.last_round_ns >= Seconds(RecheckIntervalS(inc)); };
+  // The recovery watch seeing the culprits' groups still wait for them is what a round would
+  // find: the timer runs from the later of the two.
+  auto recheck_due = [&] {
+    return now_ns - std::max(inc.last_round_ns, inc.watch_seen_ns) >= Seconds(RecheckIntervalS(inc));
+  };
   const UnderPlan under = rebalancing ? FasterUnderPlan(now_ns) : UnderPlan::kNothing;
   if (under == UnderPlan::kUndo) {
     const bool rebalanced = m->rebalance_in_effect();
@@ -603,7 +607,7 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
     if (Status s = disarm(); !s.ok()) return s;
     return std::optional<std::string>();
   }
-  const Incident& inc = *state_.incident;
+  Incident& inc = *state_.incident;
   const std::string key = inc.id + "/" + std::to_string(state_.plan_version) + "/" + std::to_string(inc.attempts);
   if (key != watch_key_ && may_send) {  // a new plan, or a round since: (re-)arm
     if (key != arming_key_) {
@@ -631,6 +635,18 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
   }
   if (!watch_.armed()) return std::optional<std::string>();
   const RecoveryWatch::Verdict v = watch_.Observe(profiling_.profiles());
+  if (v.seen_ns > inc.watch_seen_ns) {
+    if (inc.watch_seen_ns <= inc.last_round_ns) {  // the first sight since the last round: say so once
+      std::string detail;
+      for (const RecoveryWatch::Reading& r : v.readings) {
+        detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r.culprit) + "'s peers wait " +
+                  Fixed(r.imbalance, 2) + "x its time per call";
+      }
+      log_->info("event=recovery_watch incident={} action=sees_fault detail={}", daemon::LogValue(inc.id),
+                 daemon::LogQuoted(detail + ": the re-check timer runs from the watch's windows"));
+    }
+    inc.watch_seen_ns = std::min(v.seen_ns, now_ns);  // an agent clock ahead of ours defers nothing
+  }
   if (!v.recovered) return std::optional<std::string>();
   std::string detail;
   for (const RecoveryWatch::Reading& r : v.readings) {

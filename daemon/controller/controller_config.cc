@@ -150,7 +150,8 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "plan-sample-s", m.sample_s, "feed the mitigation planner the iteration time this often, s")
       ->check(daemon::FiniteRange(0.05, 3600.0));
   Entry(app, "recheck-s", m.recheck_s, "while S2 or adapted warm-up counts hold (act mode), re-validate the culprits this often to see "
-        "whether the fault is gone (doubling while they stay slow), s")
+        "whether the fault is gone (doubling while they stay slow; counted from the recovery watch's last sight of the "
+        "fault where it sees it), s")
       ->check(daemon::FiniteRange(1.0, 86400.0));
   Entry(app, "recovery-watch", m.recovery_watch, "while re-balanced micro-batches hold for slow GPUs (act mode), "
         "profile each culprit's busiest small group and undo the plan as soon as its peers stop waiting for it "

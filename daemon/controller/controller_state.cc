@@ -27,7 +27,7 @@ json IncidentJson(const Incident& i) {
           {"last_feed_ns", i.last_feed_ns}, {"recheck", i.recheck}, {"recheck_interval_s", i.recheck_interval_s},
           {"revalidate", i.revalidate}, {"deferred_rounds", i.deferred_rounds},
           {"best_since_round_s", i.best_since_round_s}, {"plan_level_s", i.plan_level_s},
-          {"plan_level_after_ns", i.plan_level_after_ns}, {"faster_since_ns", i.faster_since_ns}};
+          {"plan_level_after_ns", i.plan_level_after_ns}, {"faster_since_ns", i.faster_since_ns}, {"watch_seen_ns", i.watch_seen_ns}};
 }
 
 Incident IncidentFromJson(const json& j) {
@@ -57,6 +57,8 @@ Incident IncidentFromJson(const json& j) {
   if (!std::isfinite(i.plan_level_s) || i.plan_level_s < 0) throw std::invalid_argument("bad plan_level_s");
   i.plan_level_after_ns = j.value("plan_level_after_ns", std::int64_t{0});
   i.faster_since_ns = j.value("faster_since_ns", std::int64_t{0});
+  i.watch_seen_ns = j.value("watch_seen_ns", std::int64_t{0});  // absent in documents before it
+  if (i.watch_seen_ns < 0) throw std::invalid_argument("bad watch_seen_ns");
   if (!std::isfinite(i.recheck_interval_s) || i.recheck_interval_s < 0) throw std::invalid_argument("bad recheck_interval_s");
   if (i.id.empty() || i.id.size() > 64) throw std::invalid_argument("bad incident id");
   return i;

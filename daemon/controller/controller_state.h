@@ -65,6 +65,11 @@ struct Incident {
   double plan_level_s = 0;
   std::int64_t plan_level_after_ns = 0;  // when to (re)measure plan_level_s; 0 = nothing to measure
   std::int64_t faster_since_ns = 0;      // since when the job runs faster than plan_level_s allows
+  // When the recovery watch last saw every culprit's group still waiting for it (its window's
+  // time; 0 = never): what a re-check round would have found, so the re-check timer runs from
+  // the later of this and last_round_ns. Written with the next state write, not on its own: a
+  // restart that loses the newest value only re-checks sooner.
+  std::int64_t watch_seen_ns = 0;
 };
 
 struct ControllerState {

@@ -167,6 +167,8 @@ RecoveryWatch::Verdict RecoveryWatch::Observe(const std::map<std::int64_t, json>
   Verdict v;
   if (!armed_) return v;
   bool all = true;
+  bool seen = true;
+  std::int64_t seen_ns = 0;
   for (const WatchTarget& t : targets_) {
     const std::optional<double> now = WaitImbalance(t, profiles, from_ns_);
     const json* own = Window(profiles, t.culprit, from_ns_);
@@ -175,15 +177,22 @@ RecoveryWatch::Verdict RecoveryWatch::Observe(const std::map<std::int64_t, json>
     auto l = level_.find(t.culprit);
     if (l == level_.end()) {
       all = false;
+      seen = false;
       continue;
     }
     const Level& level = l->second;
     v.readings.push_back({t.culprit, level.value, now.value_or(0)});
     // Visible, and a newer window than the level's below the geometric midpoint of it and 1.
-    const bool recovered = level.value >= options_.min_level && now && at > level.at_ns && *now < std::sqrt(level.value);
+    const bool visible = level.value >= options_.min_level;
+    const bool recovered = visible && now && at > level.at_ns && *now < std::sqrt(level.value);
     all = all && recovered;
+    // The level's own window counts: a visible level was read under the fault.
+    const bool persists = visible && now && at >= level.at_ns && *now >= std::sqrt(level.value);
+    seen = seen && persists;
+    if (persists) seen_ns = seen_ns == 0 ? at : std::min(seen_ns, at);
   }
   v.recovered = all && !v.readings.empty();
+  v.seen_ns = seen && !v.readings.empty() ? seen_ns : 0;
   return v;
 }
 

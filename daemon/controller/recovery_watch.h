@@ -28,6 +28,9 @@
 //    the geometric midpoint of the level and 1 (healthy members wait alike): every culprit
 //    visible and recovered means the fault has ended. A level below min_level (a mild fault, or
 //    a transfer that dwarfs the compute) tells nothing: the caller keeps its re-check timer.
+//  - Persistence (Verdict::seen_ns): every culprit visible and its newest window still at or above
+//    that midpoint says the fault is there at that window's time, which is what a re-check round
+//    would have found, without pausing the job: the caller runs its re-check timer from then.
 // Thread-safety: a value type for the controller loop. Must never: send or write anything (the
 // commands go out through the caller), read a clock, or trust a profile it was not given validated.
 #pragma once
@@ -104,6 +107,10 @@ class RecoveryWatch {
   struct Verdict {
     bool recovered = false;         // every culprit visible and below its midpoint
     std::vector<Reading> readings;  // culprits with a level so far
+    // Every culprit visible and its newest window at or above its midpoint: the oldest of those
+    // windows' times (agent clocks, as the windows say), when the watch last saw the whole fault;
+    // 0 when it does not see it now.
+    std::int64_t seen_ns = 0;
   };
   // Reads the newest profiles: levels first, then recoveries.
   Verdict Observe(const std::map<std::int64_t, nlohmann::json>& profiles);
