@@ -16,7 +16,14 @@ ended and still ran under a plan decided in that window, before the S1 that undi
 when the S1 came while the fault lasted; "kept" when no S1 followed (a placement stays in force:
 there is nothing to undo).
 
+The chosen plans' ceiling (act only): each window's plan bounds the iteration time from below by
+its fault-free ratio (re-balanced micro-batches: the fullest replica's share), so no reaction
+time and no pause could take the whole-window figure past what those ratios allow; printed as
+"at most N%". With 4 micro-batches per replica some healthy replica must take a fifth:
+(5 + 1) / (4 + 1) = 1.2x under PP 2.
+
 Usage: bench/mitigation_e2e.py [--build build] [--phase-s 90] [--out DIR] [--json] [--reuse] [--keep]
+                               [--micro-batches N]
 Runs about 3 x 7 minutes (--reuse: only re-reads the reports in --out). Exit status 0 when every
 run's job passed its data checks.
 """
@@ -59,6 +66,41 @@ def under_plan(act, off, healthy):
     o_rate = o_sum / span_sum if span_sum else 0.0
     removed = (a_rate - o_rate) / (healthy - o_rate) if span_sum and healthy > o_rate else 0.0
     return {"phases": phases, "act": a_rate, "off": o_rate, "slowdown_removed": removed}
+
+
+def plan_ceiling(act, off, healthy):
+    """What the plans act chose could give at best, per fault window: a plan's fault-free ratio
+    (the controller's candidate field: for re-balanced micro-batches the fullest replica's share,
+    (its micro-batches + PP - 1) / (the job's own + PP - 1); 1 for a placement) bounds the
+    iteration time under it from below while the fault lasts, so healthy / ratio bounds its rate.
+    The whole-window figure those plans could reach reacting at once and never pausing the job:
+    sum over windows of (ceiling - off) over sum of (healthy - off)."""
+    applied = {p["version"]: p for p in act["rank0_plans"] if p["status"] == "applied"}
+    ratio_of = {}  # plan version -> the fault-free ratio of its candidate
+    candidates = {}  # incident -> its newest candidates
+    for d in act["decisions"]:
+        det = d.get("detail") or {}
+        if "candidates" in det:
+            candidates[d.get("id")] = det["candidates"]
+        plan = det.get("plan") or {}
+        v, strategy = plan.get("plan_version"), plan.get("strategy")
+        if v is not None and strategy in ("S2", "S3", "S4"):
+            c = candidates.get(d.get("id"), {}).get(strategy, {})
+            ratio_of[v] = c.get("fault_free_ratio", 1.0)
+    windows, gain, loss = {}, 0.0, 0.0
+    for ph in act["phases"]:
+        if ph["name"] in ("healthy", "after"):
+            continue
+        lo, hi = ph["start_s"], ph["end_s"]
+        ratios = [ratio_of[v] for v, p in applied.items() if v in ratio_of and lo <= p["at_s"] < hi]
+        if not ratios:
+            continue
+        ceiling = healthy / max(ratios)
+        o = off["throughput_iters_per_min"][ph["name"]]
+        windows[ph["name"]] = ceiling
+        gain += max(0.0, min(ceiling, healthy) - o)
+        loss += max(0.0, healthy - o)
+    return {"windows": windows, "slowdown_removed": gain / loss if loss > 0 else 0.0}
 
 
 def undo_per_window(act):
@@ -105,7 +147,11 @@ def main():
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     p.add_argument("--reuse", action="store_true", help="analyse the reports already in --out; run nothing")
     p.add_argument("--keep", action="store_true", help="keep each run's logs (their directories are printed)")
+    p.add_argument("--micro-batches", type=int, default=4,
+                   help="micro-batches per DP replica (default 4; the same global batch: demo.py --micro-batches)")
     args = p.parse_args()
+    if args.micro_batches < 1:
+        p.error("--micro-batches must be at least 1")
     demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "demo.py")
     runs = {}
     for mode in ("off", "advise", "act"):
@@ -113,7 +159,7 @@ def main():
         if not args.reuse:
             print(f"# run: mitigation {mode} ...", file=sys.stderr, flush=True)
             r = subprocess.run([sys.executable, demo, "--build", args.build, "--mitigation", mode, "--phase-s",
-                                str(args.phase_s), "--out", args.out, "--quiet"] + (["--keep"] if args.keep else []),
+                                str(args.phase_s), "--out", args.out, "--quiet", "--micro-batches", str(args.micro_batches)] + (["--keep"] if args.keep else []),
                                capture_output=True, text=True)
             if args.keep:
                 print(f"# logs of {mode}: {DemoWorkDir(r.stdout + r.stderr) or 'not printed'}", file=sys.stderr)
@@ -136,11 +182,13 @@ def main():
                      "switches": decisions[m]} for m in runs},
         "under_plan": under_plan(runs["act"], runs["off"], healthy),
         "undo": undo_per_window(runs["act"]),
+        "ceiling": plan_ceiling(runs["act"], runs["off"], healthy),
     }
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
-        print("# mitigation end to end: 16 ranks TP2 x DP4 x PP2, 8 emulated nodes + 1 spare; faults: GPU x2.5, "
+        print(f"# mitigation end to end: 16 ranks TP2 x DP4 x PP2, {args.micro_batches} micro-batches per replica, "
+              "8 emulated nodes + 1 spare; faults: GPU x2.5, "
               f"DP link x4, GPU x2 + link x4, {args.phase_s:.0f} s each")
         print(f"{'mode':8s} {'fault windows it/min':>21s} {'compute':>8s} {'link':>8s} {'both':>8s} "
               f"{'slowdown removed':>17s}  strategies  job")
@@ -165,6 +213,11 @@ def main():
                           f"act {ph['act']:6.1f} it/min, off {ph['off']:6.1f} it/min")
             print(f"#   under the plan: act {u['act']:.1f} it/min vs off {u['off']:.1f} it/min (healthy {healthy:.1f}): "
                   f"{100 * u['slowdown_removed']:.1f}% of the slowdown removed")
+        c = doc["ceiling"]
+        if c["windows"]:
+            print("# the chosen plans' ceiling (healthy / each plan's fault-free ratio; reacting at once, no pauses): " +
+                  ", ".join(f"{n} {v:.1f}" for n, v in c["windows"].items()) +
+                  f" it/min: at most {100 * c['slowdown_removed']:.1f}% over whole windows")
         for name, w in (doc["undo"] or {}).items():
             if w["status"] == "undone":
                 print(f"#   undo {name:8s} {w['iterations']} iterations ({w['after_fault_s']:.1f} s) after the fault ended")

@@ -105,7 +105,16 @@ SCENARIOS = {
 class Demo:
     def __init__(self, args):
         self.args = args
-        self.sc = SCENARIOS[args.scenario]
+        self.sc = dict(SCENARIOS[args.scenario])
+        if args.micro_batches is not None and args.micro_batches != self.sc["micro_batches"]:
+            # The same global batch split finer (or coarser): each micro-batch's compute scales by
+            # the old count over the new, so a replica's compute per iteration stays the same.
+            train = list(self.sc["train"])
+            if "--compute-ms" in train:
+                i = train.index("--compute-ms") + 1
+                train[i] = f"{float(train[i]) * self.sc['micro_batches'] / args.micro_batches:g}"
+            self.sc["train"] = train
+            self.sc["micro_batches"] = args.micro_batches
         self.build = os.path.abspath(args.build)
         self.bin = {
             "agent": f"{self.build}/daemon/falcon-agent",
@@ -243,7 +252,7 @@ class Demo:
         plan, phases, duration = sc["faults"](self.args.phase_s)
         say = (lambda *a: None) if self.args.quiet else (lambda *a: print(*a, flush=True))
         say(f"# Falcon demo ({self.args.scenario}): {sc['ranks']} ranks (TP {sc['tp']} x DP {sc['dp']} x PP {sc['pp']}) "
-            f"on {sc['nodes']} emulated nodes + 1 spare, "
+            f"{sc['micro_batches']} micro-batches per replica, on {sc['nodes']} emulated nodes + 1 spare, "
             f"mitigation {self.args.mitigation}, {duration:.0f} s of training; files in {self.work}")
         for f in plan["faults"]:
             where = f"rank {f['ranks'][0]}" if "ranks" in f else f"link node{f['nodes'][0]}-node{f['nodes'][1]}"
@@ -396,6 +405,9 @@ def main():
     p.add_argument("--split-backward", action="store_true",
                    help="pp-link: the trainer runs F/B/W (each backward split into B and W, ZeroBubble-style)")
     p.add_argument("--phase-s", type=float, default=90, help="length of each fault phase, s (default 90)")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="micro-batches per DP replica (default: the scenario's, 4 for mixed, 8 for pp-link); the "
+                        "global batch stays the same: each micro-batch's compute scales to match")
     p.add_argument("--out", default="falcon-demo-out", help="directory for the report (default: falcon-demo-out)")
     p.add_argument("--keep", action="store_true", help="keep logs and segments")
     p.add_argument("--quiet", action="store_true", help="no live output; the summary only")
@@ -403,6 +415,8 @@ def main():
     args = p.parse_args()
     if args.split_backward and args.scenario != "pp-link":
         p.error("--split-backward needs --scenario pp-link (per-direction pipeline traffic)")
+    if args.micro_batches is not None and not 1 <= args.micro_batches <= 64:
+        p.error("--micro-batches must be 1 to 64")
     if args.phase_s < 30:
         p.error("--phase-s must be at least 30 (detection and localisation take 10-20 s)")
     demo = Demo(args)
