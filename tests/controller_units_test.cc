@@ -1962,6 +1962,7 @@ ControllerState FullState() {
   s.incident->plan_level_s = 0.52;
   s.incident->plan_level_after_ns = kT0 + 3 * kSec;
   s.incident->faster_since_ns = kT0 + 4 * kSec;
+  s.incident->watch_seen_ns = kT0 + 5 * kSec;
   return s;
 }
 
@@ -1991,7 +1992,20 @@ TEST(ControllerStateTest, JsonRoundTripKeepsEveryField) {
     EXPECT_EQ(back.incident.has_value(), c.state.incident.has_value());
     EXPECT_EQ(back.healthy_s, c.state.healthy_s);
     EXPECT_EQ(back.resolved_ns, c.state.resolved_ns);
+    if (c.state.incident) {
+      EXPECT_EQ(back.incident->watch_seen_ns, c.state.incident->watch_seen_ns);
+    }
   }
+  // An older controller's incident has no watch time: 0, the last round's timer alone; a
+  // negative one is refused.
+  json no_watch = ToJson(FullState());
+  no_watch["incident"].erase("watch_seen_ns");
+  std::string no_watch_why;
+  ASSERT_TRUE(StateFromJson(no_watch, &no_watch_why).incident.has_value()) << no_watch_why;
+  EXPECT_EQ(StateFromJson(no_watch, &no_watch_why).incident->watch_seen_ns, 0);
+  no_watch["incident"]["watch_seen_ns"] = -1;
+  EXPECT_FALSE(StateFromJson(no_watch, &no_watch_why).incident.has_value());
+  EXPECT_NE(no_watch_why.find("watch_seen_ns"), std::string::npos) << no_watch_why;
   json older = ToJson(tracking);  // an older controller's document: no resolution recorded
   older.erase("resolved_ns");
   std::string why;
