@@ -31,17 +31,12 @@
 namespace falcon {
 namespace {
 
+using testing::Count;
 using testing::ReadFile;
 using testing::WaitUntil;
 
 constexpr const char* kJob = "logjob";
 constexpr const char* kHost = "node0";
-
-std::size_t Count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 // Lines of `log` whose message (after the "falcon-agent[pid] " prefix, or the whole line when it
 // has none: a forged line) starts with `event=forged`.

@@ -38,6 +38,7 @@ namespace falcon {
 namespace {
 
 using nlohmann::json;
+using testing::Count;
 using testing::ReadFile;
 using testing::WaitUntil;
 
@@ -507,10 +508,7 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
   // Only the recheck-s timer re-checks a lasting fault: the rounds' pauses and the plan's change
   // shift the ranks' series, and alarms about that must not start rounds of their own.
   const std::string log = ReadFile(dir_.path() + "/controller.log");
-  std::size_t revalidations = 0;
-  for (std::size_t at = log.find("action=revalidate"); at != std::string::npos; at = log.find("action=revalidate", at + 1)) {
-    ++revalidations;
-  }
+  const std::size_t revalidations = Count(log, "action=revalidate");
   EXPECT_LE(revalidations, 1u) << "re-checks started by alarms about the job's own plan and pauses";
   // After the fault: the iterations still under the re-balanced split before the undo.
   const auto healed = [&](const json& it) {
@@ -528,10 +526,7 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
   EXPECT_LE(kept, 10u) << "iterations under S2 after the GPU recovered";
   EXPECT_NE(log.find("action=undo detail="), std::string::npos);
   EXPECT_NE(log.find("action=sees_fault"), std::string::npos) << "the watch never saw the GPU still slow";
-  std::size_t rechecks = 0;
-  for (std::size_t at = log.find("summary=\"re-check:"); at != std::string::npos; at = log.find("summary=\"re-check:", at + 1)) {
-    ++rechecks;
-  }
+  const std::size_t rechecks = Count(log, "summary=\"re-check:");
   std::printf("[ act S2   ] slow GPU: %.0f ms per iteration unmitigated, %.0f ms under S2 %s, %.0f ms healthy, "
               "%.0f ms under S2 once healthy, for %zu iterations; %zu alarm-started re-check(s), %zu re-check round(s)\n",
               before * 1e3, during * 1e3, plans[0]["micro_batches"].dump().c_str(), healthy * 1e3,

@@ -31,16 +31,11 @@ namespace falcon {
 namespace {
 
 using nlohmann::json;
+using testing::Count;
 using testing::ReadFile;
 using testing::WaitUntil;
 
 constexpr const char* kJob = "hostile";
-
-std::size_t Count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 std::int64_t NowNs() {
   timespec ts{};

@@ -635,24 +635,24 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
   }
   if (!watch_.armed()) return std::optional<std::string>();
   const RecoveryWatch::Verdict v = watch_.Observe(profiling_.profiles());
+  // "rank R's peers wait Nx its time per call[, Lx under the fault]; ..." for the log and the resolution.
+  auto readings = [&v](bool with_level) {
+    std::string out;
+    for (const RecoveryWatch::Reading& r : v.readings) {
+      out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r.culprit) + "'s peers wait " +
+             Fixed(r.imbalance, 2) + "x its time per call" + (with_level ? ", " + Fixed(r.level, 2) + "x under the fault" : "");
+    }
+    return out;
+  };
   if (v.seen_ns > inc.watch_seen_ns) {
     if (inc.watch_seen_ns <= inc.last_round_ns) {  // the first sight since the last round: say so once
-      std::string detail;
-      for (const RecoveryWatch::Reading& r : v.readings) {
-        detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r.culprit) + "'s peers wait " +
-                  Fixed(r.imbalance, 2) + "x its time per call";
-      }
       log_->info("event=recovery_watch incident={} action=sees_fault detail={}", daemon::LogValue(inc.id),
-                 daemon::LogQuoted(detail + ": the re-check timer runs from the watch's windows"));
+                 daemon::LogQuoted(readings(false) + ": the re-check timer runs from the watch's windows"));
     }
     inc.watch_seen_ns = std::min(v.seen_ns, now_ns);  // an agent clock ahead of ours defers nothing
   }
   if (!v.recovered) return std::optional<std::string>();
-  std::string detail;
-  for (const RecoveryWatch::Reading& r : v.readings) {
-    detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r.culprit) + "'s peers wait " +
-              Fixed(r.imbalance, 2) + "x its time per call, " + Fixed(r.level, 2) + "x under the fault";
-  }
+  const std::string detail = readings(true);
   log_->info("event=recovery_watch incident={} action=undo detail={}", daemon::LogValue(inc.id), daemon::LogQuoted(detail));
   return std::optional<std::string>("the slow GPU recovered under the re-balanced micro-batches: its group's members "
                                     "arrive together again (" + detail + ")");

@@ -163,6 +163,12 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+std::size_t Count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 int64_t WallClockNs() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);

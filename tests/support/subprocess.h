@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include <string>
@@ -48,6 +49,9 @@ class TempDir {
 
 // The whole content of a file ("" if it cannot be read); for failure messages.
 std::string ReadFile(const std::string& path);
+
+// How often `what` occurs in `text` (overlapping occurrences counted): lines of a log.
+std::size_t Count(const std::string& text, const std::string& what);
 
 // CLOCK_REALTIME in nanoseconds (the clock of the shim's pause deadlines).
 int64_t WallClockNs();
