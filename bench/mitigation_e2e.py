@@ -147,11 +147,11 @@ def main():
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     p.add_argument("--reuse", action="store_true", help="analyse the reports already in --out; run nothing")
     p.add_argument("--keep", action="store_true", help="keep each run's logs (their directories are printed)")
-    p.add_argument("--micro-batches", type=int, default=4,
-                   help="micro-batches per DP replica (default 4; the same global batch: demo.py --micro-batches)")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="micro-batches per DP replica (default: the demo's; the same global batch: demo.py --micro-batches)")
     args = p.parse_args()
-    if args.micro_batches < 1:
-        p.error("--micro-batches must be at least 1")
+    if args.micro_batches is not None and not 1 <= args.micro_batches <= 64:
+        p.error("--micro-batches must be 1 to 64 (demo.py's bound)")
     demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "demo.py")
     runs = {}
     for mode in ("off", "advise", "act"):
@@ -159,7 +159,8 @@ def main():
         if not args.reuse:
             print(f"# run: mitigation {mode} ...", file=sys.stderr, flush=True)
             r = subprocess.run([sys.executable, demo, "--build", args.build, "--mitigation", mode, "--phase-s",
-                                str(args.phase_s), "--out", args.out, "--quiet", "--micro-batches", str(args.micro_batches)] + (["--keep"] if args.keep else []),
+                                str(args.phase_s), "--out", args.out, "--quiet"] + (["--keep"] if args.keep else []) +
+                               ([] if args.micro_batches is None else ["--micro-batches", str(args.micro_batches)]),
                                capture_output=True, text=True)
             if args.keep:
                 print(f"# logs of {mode}: {DemoWorkDir(r.stdout + r.stderr) or 'not printed'}", file=sys.stderr)
@@ -187,8 +188,8 @@ def main():
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
-        print(f"# mitigation end to end: 16 ranks TP2 x DP4 x PP2, {args.micro_batches} micro-batches per replica, "
-              "8 emulated nodes + 1 spare; faults: GPU x2.5, "
+        mb = "" if args.micro_batches is None else f"{args.micro_batches} micro-batches per replica, "
+        print(f"# mitigation end to end: 16 ranks TP2 x DP4 x PP2, {mb}8 emulated nodes + 1 spare; faults: GPU x2.5, "
               f"DP link x4, GPU x2 + link x4, {args.phase_s:.0f} s each")
         print(f"{'mode':8s} {'fault windows it/min':>21s} {'compute':>8s} {'link':>8s} {'both':>8s} "
               f"{'slowdown removed':>17s}  strategies  job")
