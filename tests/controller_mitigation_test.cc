@@ -277,6 +277,49 @@ TEST(MitigationTest, EndingWhileRebalancedPublishesTheUndo) {
   EXPECT_FALSE(m.FaultFreeRatio().has_value()) << "undone: no plan's pace to watch";
 }
 
+// One GPU of a TP pair in one of two stages is 2.4x slow in GEMM, but its replica as a whole
+// only about 1.43x (the job's iteration, which waits for that replica). S2 sized by the GEMM
+// ratio starves the replica and overloads the others ([10, 9, 4, 9]); bounded by the measured
+// pace it leaves no replica more than 9 of 8.
+TEST(MitigationTest, ASlowReplicaIsNoSlowerThanTheJobThatWaitsForIt) {
+  const Result<JobLayout> layout = InferLayout(View(2, 4, 2), "");
+  const json findings = {{"gpus", {Gpu(5, 2.4)}}, {"links", json::array()}, {"nics", json::array()}};
+  auto s2 = [&](const JobTiming& timing) {
+    return Mitigator::Start(Settings(), "compute", findings, layout, {}, timing).value().candidates()["S2"];
+  };
+  auto fullest = [](const json& c) {
+    const auto mb = c["plan"]["micro_batches"].get<std::vector<int>>();
+    EXPECT_EQ(std::accumulate(mb.begin(), mb.end(), 0), 32) << c.dump();
+    return *std::max_element(mb.begin(), mb.end());
+  };
+  const json gemm = s2({});
+  ASSERT_TRUE(gemm.contains("plan")) << gemm.dump();
+  EXPECT_DOUBLE_EQ(gemm["replica_times"][2].get<double>(), 2.4);
+  EXPECT_FALSE(gemm.contains("measured_replica_time"));
+  EXPECT_EQ(fullest(gemm), 10);
+
+  // 1F1B over 8 micro-batches and PP 2 takes 9 periods; 1.43x of that, less the one fill
+  // period at the healthy pace, over 8 micro-batches.
+  const json bounded = s2({1.0, 1.43});
+  ASSERT_TRUE(bounded.contains("plan")) << bounded.dump();
+  const double pace = (1.43 * 9 - 1) / 8;
+  EXPECT_NEAR(bounded["measured_replica_time"].get<double>(), pace, 1e-12);
+  EXPECT_NEAR(bounded["replica_times"][2].get<double>(), pace, 1e-12);
+  EXPECT_EQ(bounded["replica_times"][0], 1.0);
+  EXPECT_EQ(fullest(bounded), 9);
+  EXPECT_DOUBLE_EQ(bounded["fault_free_ratio"].get<double>(), 10.0 / 9.0);
+  EXPECT_LT(bounded["fault_free_ratio"].get<double>(), gemm["fault_free_ratio"].get<double>());
+
+  // A job slowed more than the GEMM ratio explains (something else slow too): the GEMM ratio
+  // still bounds the replica. A job not slower than healthy bounds nothing.
+  EXPECT_DOUBLE_EQ(s2({1.0, 3.0})["replica_times"][2].get<double>(), 2.4);
+  for (const JobTiming& t : {JobTiming{1.0, 0.9}, JobTiming{0.0, 1.43}, JobTiming{1.0, 1.0}}) {
+    const json c = s2(t);
+    EXPECT_DOUBLE_EQ(c["replica_times"][2].get<double>(), 2.4) << c.dump();
+    EXPECT_FALSE(c.contains("measured_replica_time")) << c.dump();
+  }
+}
+
 TEST(MitigationTest, LinkFaultGetsLinkReliefAndNoRebalance) {
   // node1 -> node2 carries DP ring traffic (replica 1 sends to replica 2 in stage 0).
   const json findings = {{"gpus", json::array()},

@@ -79,17 +79,31 @@ analyzer::JobCostModel CostModel(const MitigationSettings& s, double compute_fac
 }
 
 // Each candidate: {"overhead_s": x} plus a plan and its gain, or {"unavailable": why}.
-json PlanRebalance(const MitigationSettings& s, const json& gpus, const Result<JobLayout>& layout) {
+// S2. A culprit replica's time per micro-batch is its slow GPU's GEMM ratio, bounded by what the
+// job itself measured: the whole job waits for its slowest replica, so no replica is slower than
+// the job. A slow GPU holds up only its own stage (and TP peers), so a replica usually slows less
+// than its GEMM does. The bound per micro-batch is the pace under which 1F1B (M + PP - 1
+// micro-batch periods, the fill at the healthy pace) takes the slow iteration time measured.
+json PlanRebalance(const MitigationSettings& s, const json& gpus, const Result<JobLayout>& layout,
+                   const JobTiming& timing) {
   if (gpus.empty()) return {{"unavailable", "no slow GPU: re-balancing cannot help a communication fault"}};
   if (s.micro_batches <= 0) return {{"unavailable", "the job's micro-batches per replica are unknown (micro-batches)"}};
   if (!layout.ok()) return {{"unavailable", "job layout unknown: " + layout.status().message()}};
   const analyzer::JobPlacement& p = layout.value().placement;
+  const double fill = static_cast<double>(p.shape.pp - 1);
+  const double m_per_replica = static_cast<double>(s.micro_batches);
+  std::optional<double> measured;  // the slowest replica's pace per micro-batch, from the job's iteration time
+  if (std::isfinite(timing.healthy_s) && std::isfinite(timing.slow_s) && timing.healthy_s > 0 &&
+      timing.slow_s > timing.healthy_s) {
+    const double job = timing.slow_s / timing.healthy_s;
+    measured = (job * (m_per_replica + fill) - fill) / m_per_replica;
+  }
   std::vector<double> times(static_cast<std::size_t>(p.shape.dp), 1.0);
   for (const json& g : gpus) {
     const std::int64_t rank = g.value("rank", std::int64_t{-1});
     if (rank < 0 || rank >= static_cast<std::int64_t>(p.node_of_rank.size())) continue;
     const std::size_t dp = static_cast<std::size_t>(analyzer::CoordOf(p.shape, static_cast<std::int32_t>(rank)).dp_index);
-    times[dp] = std::max(times[dp], Ratio(g));
+    times[dp] = std::max(times[dp], measured ? std::min(Ratio(g), *measured) : Ratio(g));
   }
   const std::int64_t total = std::int64_t{s.micro_batches} * p.shape.dp;
   Result<analyzer::MicrobatchPlan> plan = analyzer::PlanMicrobatches(times, total);
@@ -101,15 +115,16 @@ json PlanRebalance(const MitigationSettings& s, const json& gpus, const Result<J
   // Once the GPUs recover, the fullest replica sets the pace: a 1F1B replica of M micro-batches
   // over PP stages runs M + PP - 1 micro-batch periods.
   const std::int64_t fullest = *std::max_element(m.microbatches.begin(), m.microbatches.end());
-  const double fill = static_cast<double>(p.shape.pp - 1);
-  const double fault_free_ratio = (static_cast<double>(fullest) + fill) / (static_cast<double>(s.micro_batches) + fill);
-  return {{"overhead_s", s.overheads.rebalance_s},
-          {"plan", {{"strategy", "S2"}, {"micro_batches", m.microbatches}}},
-          {"fault_free_ratio", fault_free_ratio},
-          {"baseline", m.baseline},
-          {"gradient_weights", m.gradient_weights},
-          {"replica_times", times},
-          {"expected_gain", 1.0 - m.bottleneck_after_s / m.bottleneck_before_s}};
+  const double fault_free_ratio = (static_cast<double>(fullest) + fill) / (m_per_replica + fill);
+  json out = {{"overhead_s", s.overheads.rebalance_s},
+              {"plan", {{"strategy", "S2"}, {"micro_batches", m.microbatches}}},
+              {"fault_free_ratio", fault_free_ratio},
+              {"baseline", m.baseline},
+              {"gradient_weights", m.gradient_weights},
+              {"replica_times", times},
+              {"expected_gain", 1.0 - m.bottleneck_after_s / m.bottleneck_before_s}};
+  if (measured) out["measured_replica_time"] = *measured;
+  return out;
 }
 
 json TopologyJson(const analyzer::TopologyPlan& t, double overhead_s, const char* kind) {
@@ -578,7 +593,7 @@ Result<Mitigator> Mitigator::Start(const MitigationSettings& settings, const std
   }
   json candidates = json::object();
   if (root == analyzer::RootCause::kCompute) {
-    candidates["S2"] = PlanRebalance(settings, findings.value("gpus", json::array()), layout);
+    candidates["S2"] = PlanRebalance(settings, findings.value("gpus", json::array()), layout, timing);
   } else {
     candidates["pipeline"] = PlanPipeline(settings, findings, layout, timing);
   }

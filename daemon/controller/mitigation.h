@@ -4,7 +4,9 @@
 // them. It prepares every candidate plan up front from the localisation and the job's layout:
 //   S2  re-balance micro-batches across DP replicas (compute culprits only; needs the job's
 //       micro-batches per replica, config micro_batches): replica i's time per micro-batch is
-//       the slowest GEMM ratio among its culprit GPUs (1 for healthy replicas);
+//       the slowest GEMM ratio among its culprit GPUs (1 for healthy replicas), bounded by the
+//       pace at which 1F1B takes the slow iteration time measured (no replica is slower than
+//       the job that waits for it);
 //   S3  re-place nodes: link relief for a slow link, straggler consolidation for slow GPUs (no
 //       S3 for a slow NIC: every placement keeps the node's inter-node traffic); when a slow
 //       GPU and a slow link were named together and S3 is link relief, its plan carries S2's
@@ -60,7 +62,8 @@ struct MitigationSettings {
   std::int32_t pipeline_activation_limit = 0;  // micro-batches' activations a stage may hold; 0: PP
 };
 
-// The job's iteration times when the mitigation starts: what sizes a slow pipeline link's delay.
+// The job's iteration times when the mitigation starts: what sizes a slow pipeline link's delay,
+// and what bounds a slow replica's pace in S2.
 struct JobTiming {
   double healthy_s = 0;
   double slow_s = 0;
