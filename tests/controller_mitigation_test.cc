@@ -311,9 +311,11 @@ TEST(MitigationTest, ASlowReplicaIsNoSlowerThanTheJobThatWaitsForIt) {
   EXPECT_LT(bounded["fault_free_ratio"].get<double>(), gemm["fault_free_ratio"].get<double>());
 
   // A job slowed more than the GEMM ratio explains (something else slow too): the GEMM ratio
-  // still bounds the replica. A job not slower than healthy bounds nothing.
+  // still bounds the replica. A job not slower than healthy bounds nothing, nor one timed under
+  // an earlier plan's re-balanced counts (the culprits changed while an S2 held).
   EXPECT_DOUBLE_EQ(s2({1.0, 3.0})["replica_times"][2].get<double>(), 2.4);
-  for (const JobTiming& t : {JobTiming{1.0, 0.9}, JobTiming{0.0, 1.43}, JobTiming{1.0, 1.0}}) {
+  for (const JobTiming& t : {JobTiming{1.0, 0.9}, JobTiming{0.0, 1.43}, JobTiming{1.0, 1.0},
+                             JobTiming{1.0, 1.43, 0.0, /*even_split=*/false}}) {
     const json c = s2(t);
     EXPECT_DOUBLE_EQ(c["replica_times"][2].get<double>(), 2.4) << c.dump();
     EXPECT_FALSE(c.contains("measured_replica_time")) << c.dump();

@@ -493,7 +493,7 @@ Controller::UnderPlan Controller::FasterUnderPlan(std::int64_t now_ns) {
 }
 
 
-Status Controller::StartMitigation(std::int64_t now_ns) {
+Status Controller::StartMitigation(std::int64_t now_ns, bool even_split) {
   Incident& inc = *state_.incident;
   if (state_.node_hosts.empty() && !view_.hosts().empty()) {  // plans name nodes: fix their numbering
     state_.node_hosts = view_.hosts();
@@ -501,7 +501,7 @@ Status Controller::StartMitigation(std::int64_t now_ns) {
     view_.SetNodes(state_.node_hosts, state_.placement);
   }
   const Result<JobLayout> layout = InferLayout(view_, config_.mitigation.job_shape, state_.excluded_nodes);
-  const std::optional<DecisionRecord> r = decision_.Start(inc, layout, view_, CurrentIterationS(), now_ns);
+  const std::optional<DecisionRecord> r = decision_.Start(inc, layout, view_, CurrentIterationS(), now_ns, even_split);
   if (!r) return Status::Ok();
   return Record("decision", r->summary, r->fields, r->severity);
 }
@@ -768,6 +768,8 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
       return Status::Ok();
     }
     if (CulpritsChanged(was_findings, inc.findings, m->current())) {
+      // The iterations measured lately ran under the old plan's counts, if it re-balanced.
+      const bool even_split = !m->rebalance_in_effect();
       Result<Decision> d = decision_.End(inc, now_ns);
       if (d.ok()) {
         d.value().summary = "the culprits changed: " + d.value().summary;
@@ -776,7 +778,7 @@ Status Controller::FinishValidation(std::int64_t now_ns) {
       decision_.Forget();
       inc.mitigation = json();
       inc.recheck_interval_s = 0;
-      if (Status s = StartMitigation(now_ns); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
+      if (Status s = StartMitigation(now_ns, even_split); !s.ok()) return RoundUnpublished(before_round, now_ns, s);
       inc.last_feed_ns = now_ns;  // the new culprits' cost counts from now, not from the detection
       return Status::Ok();
     }

@@ -162,7 +162,8 @@ class Controller {
   // The decision stage's start, feed and publication, carried out. A decision that could not be
   // published is rolled back in the stage (DecisionStage::Unpublished), so the planner decides it
   // again (and it is published) once Redis answers.
-  Status StartMitigation(std::int64_t now_ns);
+  // `even_split`: the job runs its own micro-batch counts now (no re-balance of an earlier plan).
+  Status StartMitigation(std::int64_t now_ns, bool even_split = true);
   Status FeedMitigation(std::int64_t now_ns);
   Status PublishDecision(const Decision& d, std::int64_t now_ns);
   [[nodiscard]] bool CoveredByTheRound(std::int64_t onset_ns) const;

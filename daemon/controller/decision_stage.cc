@@ -57,9 +57,10 @@ Mitigator* DecisionStage::Current(Incident& inc) {
 }
 
 std::optional<DecisionRecord> DecisionStage::Start(Incident& inc, const Result<JobLayout>& layout, const JobView& view,
-                                                   std::optional<double> iteration_s, std::int64_t now_ns) {
+                                                   std::optional<double> iteration_s, std::int64_t now_ns,
+                                                   bool even_split) {
   const std::int64_t planning_from = options_.monotonic_ns();
-  const JobTiming timing{inc.healthy_s, iteration_s.value_or(0), ProfiledLinkDelay(inc.findings, view)};
+  const JobTiming timing{inc.healthy_s, iteration_s.value_or(0), ProfiledLinkDelay(inc.findings, view), even_split};
   Result<Mitigator> m = Mitigator::Start(options_.settings, inc.cause, inc.findings, layout, Measured(view), timing);
   plan_s_ = static_cast<double>(options_.monotonic_ns() - planning_from) / kNsPerS;  // counts towards S2's from now on
   if (!m.ok()) {

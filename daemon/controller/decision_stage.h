@@ -74,9 +74,10 @@ class DecisionStage {
   Mitigator* Current(Incident& inc);
   // Starts the mitigation of localised `inc` (its cause and findings) at S1: the entry to
   // record, or nullopt when no mitigation could start (logged; `inc` unchanged).
-  // `iteration_s`: the job's iteration time now, if known.
+  // `iteration_s`: the job's iteration time now, if known; `even_split`: measured under the
+  // job's own micro-batch counts (JobTiming::even_split).
   std::optional<DecisionRecord> Start(Incident& inc, const Result<JobLayout>& layout, const JobView& view,
-                                      std::optional<double> iteration_s, std::int64_t now_ns);
+                                      std::optional<double> iteration_s, std::int64_t now_ns, bool even_split = true);
   // Feeds the running planner of `inc` the iteration time when a sample is due: the decision to
   // publish, if it switches. Nothing without a running planner, a known iteration time or a
   // healthy time.

@@ -93,7 +93,7 @@ json PlanRebalance(const MitigationSettings& s, const json& gpus, const Result<J
   const double fill = static_cast<double>(p.shape.pp - 1);
   const double m_per_replica = static_cast<double>(s.micro_batches);
   std::optional<double> measured;  // the slowest replica's pace per micro-batch, from the job's iteration time
-  if (std::isfinite(timing.healthy_s) && std::isfinite(timing.slow_s) && timing.healthy_s > 0 &&
+  if (timing.even_split && std::isfinite(timing.healthy_s) && std::isfinite(timing.slow_s) && timing.healthy_s > 0 &&
       timing.slow_s > timing.healthy_s) {
     const double job = timing.slow_s / timing.healthy_s;
     measured = (job * (m_per_replica + fill) - fill) / m_per_replica;

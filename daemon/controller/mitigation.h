@@ -70,6 +70,10 @@ struct JobTiming {
   // The slow pipeline links' delay per transfer as the round's profile timed it (0: not timed):
   // ProfiledLinkDelay.
   double profiled_link_delay_s = 0;
+  // slow_s was measured under the job's own, even micro-batch split (false: under re-balanced
+  // counts, as when the culprits change while an S2 is in force): only then does it bound a
+  // replica's pace in S2.
+  bool even_split = true;
 };
 
 // The delay per transfer that the slow links of `findings` (a localisation's detail, with its
