@@ -104,8 +104,7 @@ def plan_ceiling(act, off, healthy):
         if v is not None and strategy in ("S2", "S3", "S4"):
             c = candidates.get(d.get("id"), {}).get(strategy, {})
             ratio_of[v] = c.get("fault_free_ratio", 1.0)
-    windows, gain, loss, own_gain, own_loss = {}, 0.0, 0.0, 0.0, 0.0
-    off_lead = off["throughput_iters_per_min"]["healthy"]
+    windows, bounds = {}, []  # bounds: per window, (the plans' largest fault-free ratio, off's rate)
     for ph in act["phases"]:
         if ph["name"] in ("healthy", "after"):
             continue
@@ -113,16 +112,18 @@ def plan_ceiling(act, off, healthy):
         ratios = [ratio_of[v] for v, p in applied.items() if v in ratio_of and lo <= p["at_s"] < hi]
         if not ratios:
             continue
-        ceiling = healthy / max(ratios)
-        o = off["throughput_iters_per_min"][ph["name"]]
-        windows[ph["name"]] = ceiling
-        gain += max(0.0, min(ceiling, healthy) - o)
-        loss += max(0.0, healthy - o)
-        o_own = o / off_lead if off_lead > 0 else 1.0
-        own_gain += max(0.0, min(1.0 / max(ratios), 1.0) - o_own)
-        own_loss += max(0.0, 1.0 - o_own)
-    return {"windows": windows, "slowdown_removed": gain / loss if loss > 0 else 0.0,
-            "slowdown_removed_own_lead_in": own_gain / own_loss if own_loss > 0 else 0.0}
+        windows[ph["name"]] = healthy / max(ratios)
+        bounds.append((max(ratios), off["throughput_iters_per_min"][ph["name"]]))
+
+    def removed(reference, off_unit):
+        """The ceiling's share of the slowdown with `reference` as healthy and off's rates / off_unit."""
+        gain = sum(max(0.0, min(reference / r, reference) - o / off_unit) for r, o in bounds)
+        loss = sum(max(0.0, reference - o / off_unit) for _, o in bounds)
+        return gain / loss if loss > 0 else 0.0
+
+    off_lead = off["throughput_iters_per_min"]["healthy"]
+    return {"windows": windows, "slowdown_removed": removed(healthy, 1.0),
+            "slowdown_removed_own_lead_in": removed(1.0, off_lead) if off_lead > 0 else 0.0}
 
 
 def undo_per_window(act):
