@@ -228,12 +228,14 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
     if (*options.iteration < *p.iteration_at_start) {
       out.failure = "iteration " + std::to_string(*options.iteration) + " has passed: rank " +
                     std::to_string(p.rank) + " is past iteration " + std::to_string(*p.iteration_at_start);
+      out.later_iteration = 0;
       return out;
     }
     const std::uint64_t x = rs[root].NextValid((*options.iteration - *p.iteration_at_start) * rs[root].units);
     if (x < std::max<std::uint64_t>(p.min_position, 1)) {
       out.failure = "iteration " + std::to_string(*options.iteration) + " begins too soon on rank " +
                     std::to_string(p.rank) + " to pause every rank before it: choose a later one";
+      out.later_iteration = 0;  // marks a later one worth looking for; PlanCut finds it
       return out;
     }
     rs[root].lo = rs[root].hi = x;
@@ -367,6 +369,33 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
   return out;
 }
 
+// PlanCut at options.iteration: Plan, and where it fails, why.
+CutPlan PlanAtIteration(std::span<const RankCallPattern> ranks, const CutOptions& options) {
+  CutPlan out = Plan(ranks, options);
+  if (out.ok() || !options.iteration) return out;
+  // With the lowest rank pinned to an iteration, a failure usually means another rank will be
+  // past the matching point before a pause can reach it. Tell that apart from patterns that
+  // really disagree: plan again with the other ranks free to stop anywhere after now.
+  std::vector<RankCallPattern> relaxed(ranks.begin(), ranks.end());
+  const auto lowest = std::min_element(relaxed.begin(), relaxed.end(),
+                                       [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  for (auto it = relaxed.begin(); it != relaxed.end(); ++it) {
+    if (it != lowest) it->min_position = 0;
+  }
+  const CutPlan free = Plan(relaxed, options);
+  if (!free.ok()) return out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (free.ranks[i].position < ranks[i].min_position) {
+      out.failure = "iteration " + std::to_string(*options.iteration) + " begins too soon: rank " +
+                    std::to_string(ranks[i].rank) + " will be past its matching point before a pause reaches it; " +
+                    "choose a later one";
+      out.later_iteration = 0;
+      return out;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options) {
@@ -389,27 +418,33 @@ CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& option
     earliest.iteration_start_tries = 0;
     return Plan(ranks, earliest);
   }
-  CutPlan out = Plan(ranks, options);
-  if (out.ok() || !options.iteration) return out;
-  // With the lowest rank pinned to an iteration, a failure usually means another rank will be
-  // past the matching point before a pause can reach it. Tell that apart from patterns that
-  // really disagree: plan again with the other ranks free to stop anywhere after now.
-  std::vector<RankCallPattern> relaxed(ranks.begin(), ranks.end());
-  const auto lowest = std::min_element(relaxed.begin(), relaxed.end(),
-                                       [](const auto& a, const auto& b) { return a.rank < b.rank; });
-  for (auto it = relaxed.begin(); it != relaxed.end(); ++it) {
-    if (it != lowest) it->min_position = 0;
-  }
-  const CutPlan free = Plan(relaxed, options);
-  if (!free.ok()) return out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (free.ranks[i].position < ranks[i].min_position) {
-      out.failure = "iteration " + std::to_string(*options.iteration) + " begins too soon: rank " +
-                    std::to_string(ranks[i].rank) + " will be past its matching point before a pause reaches it; " +
-                    "choose a later one";
-      return out;
+  CutPlan out = PlanAtIteration(ranks, options);
+  if (out.ok() || !options.iteration || !out.later_iteration) return out;
+  // Passed or too soon: find a later iteration that has a cut, doubling the step from the one
+  // asked for until one does, then halving back towards the first. Later iterations leave every
+  // rank more room, so the halving takes past the first that works to work too; whatever it
+  // settles on has been planned.
+  out.later_iteration.reset();
+  const auto works = [&](std::uint64_t it) {
+    CutOptions at = options;
+    at.iteration = it;
+    return Plan(ranks, at).ok();
+  };
+  std::uint64_t bad = *options.iteration, good = 0;
+  for (std::uint64_t step = 1; step <= options.horizon_periods; step *= 2) {
+    if (works(*options.iteration + step)) {
+      good = *options.iteration + step;
+      break;
     }
+    bad = *options.iteration + step;
   }
+  if (good == 0) return out;
+  while (good - bad > 1) {
+    const std::uint64_t mid = bad + (good - bad) / 2;
+    (works(mid) ? good : bad) = mid;
+  }
+  out.later_iteration = good;
+  out.failure += " (iteration " + std::to_string(good) + " has a cut as the ranks stand now)";
   return out;
 }
 

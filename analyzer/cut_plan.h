@@ -120,6 +120,11 @@ struct CutOptions {
 struct CutPlan {
   std::vector<RankCut> ranks;  // same order as the input; empty on failure
   std::string failure;         // why there is no cut; empty on success
+  // With `iteration` given and failing only because it has passed or some rank will be past it
+  // before a pause reaches it ("too soon"): a later iteration that has a consistent cut as
+  // these reports stand, the first where later ones keep working, found in O(log) plans; unset
+  // when none is within the horizon. The job runs on while a caller acts on it: aim past it.
+  std::optional<std::uint64_t> later_iteration;
   bool ok() const { return failure.empty(); }
 };
 

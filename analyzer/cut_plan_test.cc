@@ -88,6 +88,27 @@ void ExpectConsistent(const std::vector<Program>& progs, const std::vector<std::
   for (const auto& [comm, values] : counts) EXPECT_EQ(values.size(), 1u) << "comm " << comm << " members disagree";
 }
 
+// A failure at options.iteration names a later iteration: it plans, and the one before it (if
+// after the one asked for) does not.
+void ExpectFirstLaterIteration(const std::vector<RankCallPattern>& in, const CutOptions& options) {
+  const CutPlan failed = PlanCut(in, options);
+  ASSERT_FALSE(failed.ok());
+  ASSERT_TRUE(failed.later_iteration.has_value()) << failed.failure;
+  const std::uint64_t later = *failed.later_iteration;
+  EXPECT_GT(later, *options.iteration);
+  EXPECT_NE(failed.failure.find("iteration " + std::to_string(later) + " has a cut"), std::string::npos)
+      << failed.failure;
+  CutOptions at = options;
+  at.iteration = later;
+  EXPECT_TRUE(PlanCut(in, at).ok()) << PlanCut(in, at).failure;
+  if (later - 1 > *options.iteration) {
+    at.iteration = later - 1;
+    const CutPlan before = PlanCut(in, at);
+    EXPECT_FALSE(before.ok()) << "iteration " << later - 1 << " has a cut too";
+    EXPECT_EQ(before.later_iteration, later);
+  }
+}
+
 // TP x PP (dp = 1) 1F1B-like programs: per micro-batch forward = a TP all-reduce per layer and a
 // grouped send to the next stage; the last stage starts with a grouped receive. Neighbouring
 // stages exchange on a 2-rank communicator of their own (as unbatched send/recv do in PyTorch).
@@ -212,11 +233,14 @@ TEST(CutPlanTest, IterationStopsTheLowestRankAtThatIterationsStart) {
 
   options.iteration = 2;
   EXPECT_NE(PlanCut(in, options).failure.find("has passed"), std::string::npos);
+  ExpectFirstLaterIteration(in, options);
   in[0].min_position = 5 * progs[0].units.size();
   options.iteration = 4;
   EXPECT_NE(PlanCut(in, options).failure.find("too soon"), std::string::npos);
+  ExpectFirstLaterIteration(in, options);
   in[0].iteration_at_start.reset();
   EXPECT_NE(PlanCut(in, options).failure.find("no iteration boundary"), std::string::npos);
+  EXPECT_FALSE(PlanCut(in, options).later_iteration.has_value()) << "no iteration is reachable without a boundary";
 }
 
 // The lowest rank could still stop at the iteration, but another rank will be past the matching
@@ -236,6 +260,7 @@ TEST(CutPlanTest, AnotherRankAlreadyPastTheIterationIsTooSoonNamingIt) {
   EXPECT_FALSE(plan.ok());
   EXPECT_NE(plan.failure.find("too soon"), std::string::npos) << plan.failure;
   EXPECT_NE(plan.failure.find("rank " + std::to_string(in[3].rank)), std::string::npos) << plan.failure;
+  ExpectFirstLaterIteration(in, options);
   options.iteration = 20;  // a later iteration is fine
   EXPECT_TRUE(PlanCut(in, options).ok()) << PlanCut(in, options).failure;
 }

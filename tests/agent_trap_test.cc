@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -380,6 +381,20 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
       {ctl, "pause", "--iteration", "0", "--max-pause", "20", "--port", port, "--job", kJob, "--timeout", "20"}, {}, 60);
   EXPECT_NE(early.exit_code, 0) << early.out;
   EXPECT_NE(early.err.find("has passed"), std::string::npos) << early.err;
+  // A passed iteration names a later one that has a cut, a second ahead (the default --lead);
+  // with a lead of five seconds, the one named is further on.
+  const auto named_in = [](const std::string& err) -> std::uint64_t {
+    const std::size_t at = err.find("(iteration ");
+    return at == std::string::npos || err.find(" has a cut as the ranks stand now)", at) == std::string::npos
+               ? 0
+               : std::stoull(err.substr(at + 11));
+  };
+  const std::uint64_t named_early = named_in(early.err);
+  EXPECT_GT(named_early, 0u) << early.err;
+  testing::ProcessResult far = testing::Run({ctl, "pause", "--iteration", "0", "--lead", "5", "--max-pause", "20",
+                                             "--port", port, "--job", kJob, "--timeout", "20"}, {}, 60);
+  EXPECT_NE(far.exit_code, 0) << far.out;
+  EXPECT_GT(named_in(far.err), named_early + 10) << early.err << far.err;
   testing::ProcessResult bad = testing::Run(
       {ctl, "pause", "--iteration", "5", "--ranks", "0", "--port", port, "--job", kJob}, {}, 60);
   EXPECT_NE(bad.exit_code, 0);
@@ -390,8 +405,10 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
   EXPECT_EQ(unpaired.exit_code, 2) << unpaired.err;
   EXPECT_NE(unpaired.err.find("--peers needs one entry per --ranks entry"), std::string::npos) << unpaired.err;
   // Rank 0's iteration now and its pace, fresh: aim a few seconds ahead. On a loaded machine the
-  // aim can still fall short ("too soon", naming the rank): then aim again, as a user would.
+  // aim can still fall short ("too soon", naming the rank and an iteration that had a cut): then
+  // aim past the one named, as a user would.
   testing::ProcessResult r;
+  std::optional<std::uint64_t> named;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::uint64_t iteration = 0;
     const json info = Send(NewCommand("cut_info"), 15);
@@ -402,11 +419,14 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
       if (p.rank != 0) continue;
       ASSERT_TRUE(p.iteration_at_start.has_value()) << "rank 0's pattern starts at an iteration boundary";
       const double per_s = m.value().units_per_s / static_cast<double>(p.units.size());
-      iteration = *p.iteration_at_start + static_cast<std::uint64_t>(per_s * (3.0 + 2.0 * attempt)) + 5;
+      iteration = std::max(*p.iteration_at_start, named.value_or(0)) +
+                  static_cast<std::uint64_t>(per_s * (3.0 + 2.0 * attempt)) + 5;
     }
     r = testing::Run({ctl, "pause", "--iteration", std::to_string(iteration), "--max-pause", "20", "--port", port,
                       "--job", kJob, "--timeout", "30", "--json"}, {}, 90);
     if (r.exit_code == 0 || r.err.find("too soon") == std::string::npos) break;
+    named = named_in(r.err);
+    EXPECT_GT(*named, iteration) << "a too-soon failure names a later iteration: " << r.err;
   }
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const json doc = json::parse(r.out, nullptr, false);

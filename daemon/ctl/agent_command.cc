@@ -236,7 +236,7 @@ int PlanCutFor(redis::RedisConnection& c, const SendOptions& o, const std::strin
   }
   analyzer::CutOptions options;
   options.iteration = o.command.at_iteration;
-  const analyzer::CutPlan plan = why.empty() ? analyzer::PlanCut(patterns, options) : analyzer::CutPlan{{}, why};
+  const analyzer::CutPlan plan = why.empty() ? analyzer::PlanCut(patterns, options) : analyzer::CutPlan{{}, why, std::nullopt};
   if (!plan.ok()) {
     std::fprintf(stderr, "falcon-ctl pause: no consistent cut at iteration %llu: %s\n",
                  static_cast<unsigned long long>(o.command.at_iteration), plan.failure.c_str());

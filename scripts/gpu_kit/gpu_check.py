@@ -765,22 +765,28 @@ class Kit:
     def direct_gemms(self, rec, port, job):
         """Pause every rank at an iteration start a few seconds ahead, run a 4096^3 GEMM in fp32
         and in bf16 on every rank, resume: what the controller's rounds do, by hand."""
-        # The counts in status are as old as each rank's last heartbeat, and the job runs on while
-        # falcon-ctl plans: aim a few seconds ahead, and further when the plan says it is too soon.
-        for attempt in range(3):
+        # Status counts the iteration samples each agent has analysed, which trail the ranks'
+        # own iteration numbers, and the job runs on while falcon-ctl plans: aim a few seconds
+        # past that count; when it falls short, falcon-ctl names an iteration that has a cut as
+        # the ranks stood, and the next try aims that many seconds past it.
+        later = None
+        for attempt in range(4):
             st = self.wait_status(port, job, lambda s: bool(s.get("ranks")), 10) or {}
             ranks = st.get("ranks", [])
             iters = [r.get("iterations") or 0 for r in ranks]
             ages = [r.get("heartbeat_age_s") or 0.0 for r in ranks]
             its = [r.get("current_s") for r in ranks if r.get("current_s")]
-            it_s = min(its) if its else 0.1
+            it_s = max(min(its) if its else 0.1, 1e-3)
             ahead_s = (max(ages) if ages else 0.0) + 3.0 * (attempt + 1)
-            at = (min(iters) if iters else 0) + max(20, math.ceil(ahead_s / max(it_s, 1e-3)))
+            base = later if later is not None else (min(iters) if iters else 0)
+            at = base + max(20, math.ceil(ahead_s / it_s))
             rc, out, err = self.ctl("pause", "--iteration", str(at), "--max-pause", "30", "--json", "--timeout",
                                     "30", timeout=60, port=port, job=job)
-            if rc == 0 or "choose a later one" not in err:
+            named = re.search(r"\(iteration (\d+) has a cut", err)
+            if rc == 0 or not named:
                 break
-            rec["notes"].append(f"pause --iteration {at}: {err.strip()[:200]}; aiming later")
+            later = int(named.group(1))
+            rec["notes"].append(f"pause --iteration {at}: {err.strip()[:240]}; aiming past {later}")
         states = self.ack_results(out)
         trapped = sum(1 for r in states if r.get("state") == "trapped")
         rec["rows"].append([f"falcon-ctl pause --iteration {at}", f"exit {rc}",
