@@ -662,6 +662,28 @@ TEST(MitigationTest, ThePipelineLinksDelayComesFromTheProfileWhenItTimedIt) {
   EXPECT_NEAR(c["link_delay_s"].get<double>(), 0.0284, 1e-12);
   EXPECT_GT(c["link_delay_fitted_s"].get<double>(), c["link_delay_s"].get<double>())
       << "the fit to 1.6 s needs a longer delay than 28 ms in a 1 s iteration of this model";
+
+  // Timed under an earlier S2's counts (the culprits changed from a GPU to this link): the
+  // profile's delay still sizes the plan, the fit is not reported, and without a profile there
+  // is nothing to size it from.
+  JobTiming uneven = timing;
+  uneven.even_split = false;
+  Mitigator under = Mitigator::Start(s, "link", findings, InferLayout(view, ""), {}, uneven).value();
+  const json& u = under.candidates()["pipeline"];
+  EXPECT_EQ(u["link_delay_source"], "profile") << u.dump();
+  EXPECT_NEAR(u["link_delay_s"].get<double>(), 0.0284, 1e-12);
+  EXPECT_TRUE(u["link_delay_fitted_s"].is_null()) << u.dump();
+  EXPECT_EQ(u.value("plan", json()), c.value("plan", json())) << "the same delay, the same plan";
+  uneven.profiled_link_delay_s = 0;
+  Mitigator unsized = Mitigator::Start(s, "link", findings, InferLayout(view, ""), {}, uneven).value();
+  const json& n = unsized.candidates()["pipeline"];
+  EXPECT_NE(n.value("unavailable", std::string()).find("re-balanced micro-batch counts"), std::string::npos)
+      << n.dump();
+  JobTiming even_unprofiled = uneven;
+  even_unprofiled.even_split = true;
+  Mitigator fitted = Mitigator::Start(s, "link", findings, InferLayout(view, ""), {}, even_unprofiled).value();
+  EXPECT_EQ(fitted.candidates()["pipeline"]["link_delay_source"], "iteration time")
+      << fitted.candidates()["pipeline"].dump();
 }
 
 // ---- The recovery watch (daemon/controller/recovery_watch.h) ---------------------------------

@@ -272,6 +272,14 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
   if (!(timing.healthy_s > 0) || !(timing.slow_s > timing.healthy_s)) {
     return {{"unavailable", "no slow iteration time against a healthy one to size the link's delay from"}};
   }
+  const bool profiled = timing.profiled_link_delay_s > 0 && std::isfinite(timing.profiled_link_delay_s);
+  // The fit below assumes every replica ran n micro-batches: an iteration time taken under an
+  // earlier S2's counts says nothing about this link (the counts, not the link, set its length).
+  if (!profiled && !timing.even_split) {
+    return {{"unavailable",
+             "the slow iteration time ran under re-balanced micro-batch counts and the profile timed no delay "
+             "on the link: nothing to size the link's delay from"}};
+  }
   const double period = timing.healthy_s / static_cast<double>(n + stages - 1);
   analyzer::PipelineModel model;
   model.stages.assign(static_cast<std::size_t>(stages), {period / 3, 2 * period / 3, 0});
@@ -290,9 +298,9 @@ json PlanPipeline(const MitigationSettings& s, const json& findings, const Resul
     if (!t.ok()) return {{"unavailable", t.status().message()}};
     (t.value() < timing.slow_s ? lo : hi) = mid;
   }
-  const double fitted = hi;
-  const bool profiled = timing.profiled_link_delay_s > 0 && std::isfinite(timing.profiled_link_delay_s);
-  const double delay = profiled ? timing.profiled_link_delay_s : fitted;
+  // Reported only where it means something (the job's own split).
+  const json fitted = timing.even_split ? json(hi) : json(nullptr);
+  const double delay = profiled ? timing.profiled_link_delay_s : hi;
   const char* source = profiled ? "profile" : "iteration time";
   // What the job runs now, 1F1B under that delay (not the planner's baseline, which a limit
   // below the pipeline depth would have clamped).

@@ -72,7 +72,7 @@ struct JobTiming {
   double profiled_link_delay_s = 0;
   // slow_s was measured under the job's own, even micro-batch split (false: under re-balanced
   // counts, as when the culprits change while an S2 is in force): only then does it bound a
-  // replica's pace in S2.
+  // replica's pace in S2, or size a slow pipeline link's delay the profile did not time.
   bool even_split = true;
 };
 
