@@ -421,9 +421,9 @@ CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& option
   CutPlan out = PlanAtIteration(ranks, options);
   if (out.ok() || !options.iteration || !out.later_iteration) return out;
   // Passed or too soon: find a later iteration that has a cut, doubling the step from the one
-  // asked for until one does, then halving back towards the first. Later iterations leave every
-  // rank more room, so the halving takes past the first that works to work too; whatever it
-  // settles on has been planned.
+  // asked for until one does, then halving back towards the first. The halving assumes that
+  // every iteration after one that works works too (later ones leave every rank more room);
+  // what it settles on has been planned either way.
   out.later_iteration.reset();
   const auto works = [&](std::uint64_t it) {
     CutOptions at = options;
