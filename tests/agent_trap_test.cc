@@ -437,7 +437,33 @@ TEST_F(AgentTrapTest, ConsistentCutWithoutAWorldCollective) {
   ExpectConsistentCut(segs_);
   testing::ProcessResult resumed = testing::Run({ctl, "resume", "--port", port, "--job", kJob}, {}, 60);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
-  const std::uint64_t before = segs_[0].CommCalls(1);
+  std::uint64_t before = segs_[0].CommCalls(1);
+  EXPECT_TRUE(WaitUntil([&] { return segs_[0].CommCalls(1) > before + 20; }, 30)) << "training did not go on";
+
+  // --next-iteration: no number to guess; the one chosen is printed.
+  for (const std::vector<std::string>& wrong :
+       {std::vector<std::string>{"--next-iteration", "--iteration", "5"},
+        std::vector<std::string>{"--next-iteration", "--comm", "0000000000000001", "--seq", "3"},
+        std::vector<std::string>{"--next-iteration", "--ranks", "0"}}) {
+    std::vector<std::string> argv = {ctl, "pause", "--port", port, "--job", kJob};
+    argv.insert(argv.end(), wrong.begin(), wrong.end());
+    testing::ProcessResult w = testing::Run(argv, {}, 60);
+    EXPECT_EQ(w.exit_code, 2) << wrong[1] << ": " << w.out << w.err;
+  }
+  testing::ProcessResult next = testing::Run({ctl, "pause", "--next-iteration", "--max-pause", "20", "--port", port,
+                                              "--job", kJob, "--timeout", "30", "--json"}, {}, 90);
+  ASSERT_EQ(next.exit_code, 0) << next.out << next.err;
+  const json next_doc = json::parse(next.out, nullptr, false);
+  ASSERT_TRUE(next_doc.is_object()) << next.out;
+  ASSERT_TRUE(next_doc.contains("iteration")) << next.out;
+  EXPECT_GT(next_doc["iteration"].get<std::uint64_t>(), named_early) << "a later iteration than one named before";
+  for (const json& t : next_doc["targets"]) {
+    for (const json& rr : t["ack"]["results"]) EXPECT_EQ(rr["state"], "trapped") << next.out;
+  }
+  ExpectConsistentCut(segs_);
+  resumed = testing::Run({ctl, "resume", "--port", port, "--job", kJob}, {}, 60);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  before = segs_[0].CommCalls(1);
   EXPECT_TRUE(WaitUntil([&] { return segs_[0].CommCalls(1) > before + 20; }, 30)) << "training did not go on";
 }
 

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -50,6 +51,8 @@ struct SendOptions {
   std::function<std::string()> check;  // after parsing: "" or what is wrong with the flags
   std::function<bool()> plan_cut;  // pause --iteration: plan a consistent cut from cut_info first
   double cut_lead_s = 1.0;
+  bool next_iteration = false;     // pause --next-iteration: the first iteration that has a cut
+  std::optional<std::uint64_t> planned_iteration;  // the iteration the cut stops the lowest rank at
 };
 
 protocol::KeyVars HostVars(const std::string& job, const std::string& host) {
@@ -176,12 +179,17 @@ int Report(const SendOptions& o, const std::vector<Target>& targets) {
     for (const Target& t : targets) {
       list.push_back({{"host", t.host}, {"command", t.command_id}, {"ack", t.ack ? *t.ack : json(nullptr)}});
     }
-    std::printf("%s\n", json{{"v", kJsonSchema}, {"job", o.redis.job}, {"type", o.command.type},
-                             {"targets", list}}.dump().c_str());
+    json doc = {{"v", kJsonSchema}, {"job", o.redis.job}, {"type", o.command.type}, {"targets", list}};
+    if (o.planned_iteration) doc["iteration"] = *o.planned_iteration;
+    std::printf("%s\n", doc.dump().c_str());
   } else {
     std::printf("# falcon-ctl %s 0.1.0 (protocol v%d)  job %s  %zu agent(s)  timeout %.1f s\n",
                 o.command.type.c_str(), protocol::kSchemaVersion, o.redis.job.c_str(),
                 targets.size(), o.redis.timeout_s);
+    if (o.planned_iteration) {
+      std::printf("# the cut stops the lowest rank at the start of iteration %llu\n",
+                  static_cast<unsigned long long>(*o.planned_iteration));
+    }
     std::printf("%-16s %-32s %-12s %-16s %s\n", "host", "command", "status", "ranks", "detail");
     for (const Target& t : targets) {
       const json& a = t.ack ? *t.ack : json(nullptr);
@@ -199,7 +207,9 @@ int Report(const SendOptions& o, const std::vector<Target>& targets) {
 // pause --iteration N: asks every agent for its ranks' call patterns (cut_info), plans the
 // consistent cut that stops the lowest rank at the start of iteration N (analyzer/cut_plan.h)
 // and gives each target its hosts' part. Prints why and returns non-zero when there is none.
-int PlanCutFor(redis::RedisConnection& c, const SendOptions& o, const std::string& acks, std::vector<Target>& targets) {
+// --next-iteration: N is the lowest rank's first iteration that starts after the lead, or the
+// first after it that has a cut. Sets o.planned_iteration (and the command's at_iteration).
+int PlanCutFor(redis::RedisConnection& c, SendOptions& o, const std::string& acks, std::vector<Target>& targets) {
   SendOptions info = o;
   info.command = protocol::Command{};
   info.command.type = std::string(protocol::kCutInfo.type);
@@ -234,14 +244,37 @@ int PlanCutFor(redis::RedisConnection& c, const SendOptions& o, const std::strin
       patterns.push_back(std::move(p));
     }
   }
+  if (why.empty() && patterns.empty()) why = "no agent reported a rank's call pattern";
+  if (why.empty() && o.next_iteration) {
+    const auto lowest = std::min_element(patterns.begin(), patterns.end(),
+                                         [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    if (!lowest->iteration_at_start || lowest->units.empty()) {
+      why = "rank " + std::to_string(lowest->rank) + " has no iteration boundary yet: no iteration to stop at";
+    } else {
+      const std::uint64_t units = lowest->units.size();
+      o.command.at_iteration = *lowest->iteration_at_start + (std::max<std::uint64_t>(lowest->min_position, 1) + units - 1) / units;
+    }
+  }
   analyzer::CutOptions options;
   options.iteration = o.command.at_iteration;
-  const analyzer::CutPlan plan = why.empty() ? analyzer::PlanCut(patterns, options) : analyzer::CutPlan{{}, why, std::nullopt};
+  analyzer::CutPlan plan = why.empty() ? analyzer::PlanCut(patterns, options) : analyzer::CutPlan{{}, why, std::nullopt};
+  if (!plan.ok() && o.next_iteration && plan.later_iteration) {
+    o.command.at_iteration = *plan.later_iteration;
+    options.iteration = o.command.at_iteration;
+    plan = analyzer::PlanCut(patterns, options);
+  }
   if (!plan.ok()) {
-    std::fprintf(stderr, "falcon-ctl pause: no consistent cut at iteration %llu: %s\n",
-                 static_cast<unsigned long long>(o.command.at_iteration), plan.failure.c_str());
+    if (o.next_iteration && why.empty()) {
+      std::fprintf(stderr, "falcon-ctl pause: no consistent cut at the next iteration (%llu): %s\n",
+                   static_cast<unsigned long long>(o.command.at_iteration), plan.failure.c_str());
+    } else {
+      std::fprintf(stderr, "falcon-ctl pause: no consistent cut%s: %s\n",
+                   o.next_iteration ? "" : (" at iteration " + std::to_string(o.command.at_iteration)).c_str(),
+                   plan.failure.c_str());
+    }
     return kExitFound;
   }
+  o.planned_iteration = o.command.at_iteration;
   for (const analyzer::RankCut& r : plan.ranks) targets[target_of[r.rank]].cut.push_back({r.rank, r.targets});
   return kExitOk;
 }
@@ -405,6 +438,10 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   CLI::App* p = AddSendCommand(app, ctx, "pause", "Trap the ranks at an iteration boundary and await acks", pause);
   CLI::Option* iter = p->add_option("--iteration", pause->command.at_iteration, "pause at this iteration boundary")
                           ->check(daemon::NonNegative());
+  CLI::Option* next = p->add_flag("--next-iteration", pause->next_iteration,
+                                  "pause at the first iteration boundary every rank can still reach after --lead "
+                                  "(printed, and `iteration` in --json)");
+  next->excludes(iter);
   CLI::Option* comm = p->add_option("--comm", pause->command.comm,
                                     "the cut: communicator id (16 hex digits) whose call --seq ranks stop before");
   CLI::Option* seq = p->add_option("--seq", pause->command.comm_seq,
@@ -413,14 +450,18 @@ void AddAgentCommands(CLI::App& app, CommandContext& ctx) {
   comm->needs(seq);
   seq->needs(comm);
   p->add_option("--lead", pause->cut_lead_s,
-                "with --iteration: seconds every rank must still have before its stop")
+                "with --iteration or --next-iteration: seconds every rank must still have before its stop")
       ->check(daemon::FiniteRange(0.0, 3600.0))
       ->capture_default_str();
   pause->plan_cut = [comm] { return comm->count() == 0; };
-  pause->check = [po = pause.get(), iter, comm]() -> std::string {  // raw: pause owns the check
-    if (iter->count() == 0 && comm->count() == 0) return "give --iteration N, or --comm ID --seq N";
+  pause->check = [po = pause.get(), iter, next, comm]() -> std::string {  // raw: pause owns the check
+    if (iter->count() == 0 && next->count() == 0 && comm->count() == 0) {
+      return "give --iteration N, --next-iteration, or --comm ID --seq N";
+    }
+    if (comm->count() > 0 && next->count() > 0) return "--next-iteration plans the cut itself: drop --comm and --seq";
     if (comm->count() == 0 && !po->ranks.empty()) {
-      return "--iteration pauses every rank (a cut of some ranks only would stall the others): drop --ranks";
+      return std::string(next->count() > 0 ? "--next-iteration" : "--iteration") +
+             " pauses every rank (a cut of some ranks only would stall the others): drop --ranks";
     }
     return "";
   };
