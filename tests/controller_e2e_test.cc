@@ -23,6 +23,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,6 +63,8 @@ class ControllerEndToEndTest : public ::testing::Test {
 
   // Flags a derived fixture adds to the controller's command line.
   virtual std::string ControllerExtraArgs() const { return ""; }
+  // The trainer's parallel layout (16 ranks).
+  virtual std::string Shape() const { return "--tp 2 --dp 4 --pp 2"; }
 
   void TearDown() override {
     if (job_ > 0) testing::WaitFor(job_, 0);
@@ -129,7 +132,7 @@ class ControllerEndToEndTest : public ::testing::Test {
         std::to_string(static_cast<int>(seconds) + 300) +
         " --node-shm-dirs '" + shm_ + "' --lib-dir '" + testing::EmuLibDir() + "' --preload '" +
         testing::PreloadValue() + "' --fault-plan '" + plan + "' -- '" + train +
-        "' --tp 2 --dp 4 --pp 2 --compute-ms 10 --grad-bytes 2097152 --check --progress-every 100 "
+        "' " + Shape() + " --compute-ms 10 --grad-bytes 2097152 --check --progress-every 100 "
         "--duration-s " +
         std::to_string(seconds) + " " + trainer_args + " >'" +
         dir_.path() + "/job.log' 2>&1";
@@ -531,6 +534,45 @@ TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceI
               "%.0f ms under S2 once healthy, for %zu iterations; %zu alarm-started re-check(s), %zu re-check round(s)\n",
               before * 1e3, during * 1e3, plans[0]["micro_batches"].dump().c_str(), healthy * 1e3,
               MedianIteration(slow, healed) * 1e3, kept, revalidations, rechecks);
+}
+
+// At TP 1 a slow GPU has no tensor-parallel group: its busiest group inside its replica is its
+// pipeline's, on which it only sends and receives. The watch reads the same wait from receives
+// (its pipeline neighbour waits for its activations; it finds its neighbour's gradients there)
+// and undoes the re-balance within a few iterations of the fault's end, never while it lasts.
+class ControllerEndToEndActS2Tp1Test : public ControllerEndToEndActS2Test {
+ protected:
+  std::string Shape() const override { return "--tp 1 --dp 8 --pp 2"; }
+};
+
+TEST_F(ControllerEndToEndActS2Tp1Test, SlowGpuAtTp1IsWatchedThroughItsPipelineExchanges) {
+  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":45,"factor":2.5})", 105, TrainerArgs());
+  EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
+  const json slow = Report(5);
+  ASSERT_TRUE(slow.is_object()) << "no report from rank 5";
+  const int replica = slow["coords"]["dp"].get<int>();
+  const std::vector<json> plans = Applied(slow);
+  ASSERT_GE(plans.size(), 2u) << slow["plans"].dump() << "\ndecisions: " << ::testing::PrintToString(Decisions());
+  EXPECT_EQ(plans[0]["strategy"], "S2") << plans[0].dump();
+  const std::vector<int> m = plans[0]["micro_batches"].get<std::vector<int>>();
+  ASSERT_EQ(m.size(), 8u);
+  EXPECT_EQ(std::accumulate(m.begin(), m.end(), 0), 32) << "every micro-batch is still trained";
+  EXPECT_EQ(*std::min_element(m.begin(), m.end()), m[static_cast<std::size_t>(replica)]) << plans[0].dump();
+  EXPECT_EQ(plans.back()["strategy"], "S1") << "the re-balancing was undone: " << plans.back().dump();
+  const int s2 = plans[0]["version"].get<int>();
+  const int undo = plans.back()["version"].get<int>();
+  std::size_t kept = 0;
+  for (const json& it : slow["iterations"]) {
+    EXPECT_FALSE(it["plan_version"] == undo && it["compute_factor"].get<double>() > 1.0)
+        << "the re-balance was undone while the GPU was still slow: " << it.dump();
+    kept += it["compute_factor"].get<double>() == 1.0 && it["plan_version"] == s2 && it["start_s"].get<double>() > 60;
+  }
+  EXPECT_LE(kept, 10u) << "iterations under S2 after the GPU recovered";
+  const std::string log = ReadFile(dir_.path() + "/controller.log");
+  EXPECT_NE(log.find("action=sees_fault"), std::string::npos) << "the watch never saw the GPU still slow";
+  EXPECT_NE(log.find("action=undo detail="), std::string::npos);
+  std::printf("[ act S2 TP 1 ] plan %s, %zu iterations under S2 once healthy, %zu re-check round(s)\n",
+              plans[0]["micro_batches"].dump().c_str(), kept, Count(log, "summary=\"re-check:"));
 }
 
 // The controller's Redis user may not write the plan hash until the test allows it: the S2

@@ -704,6 +704,19 @@ json TpWindow(std::int64_t rank, std::int64_t since_ns, double median_us, const 
                                  {"median_us", 9000.0}, {"mean_us", 9000.0}}}}}}}};
 }
 
+// Rank `rank`'s window on a pipeline communicator where it is comm rank `own` and exchanges
+// with comm rank `peer` only: its receives from the peer take recv_us, its sends send_us.
+json PpWindow(std::int64_t rank, std::uint64_t comm, std::int64_t own, std::int64_t peer, std::int64_t since_ns,
+              double recv_us, double send_us = 40, std::uint64_t calls = 16) {
+  return {{"v", 2}, {"type", "comm_profile"}, {"job", "job"}, {"host", Host(rank)}, {"at_ns", since_ns + 2'000'000'000},
+          {"rank", rank}, {"pid", 1000 + rank}, {"since_ns", since_ns}, {"mode", "profile"},
+          {"comms", {{{"id", protocol::CommIdHex(comm)}, {"rank", own}, {"nranks", 2},
+                      {"sigs", {{{"op", "Recv"}, {"bytes", 32768}, {"peer", peer}, {"count", calls},
+                                 {"median_us", recv_us}, {"mean_us", recv_us}},
+                                {{"op", "Send"}, {"bytes", 32768}, {"peer", peer}, {"count", calls},
+                                 {"median_us", send_us}, {"mean_us", send_us}}}}}}}};
+}
+
 }  // namespace watch
 
 // A slow GPU's busiest small group is its TP pair: the watch profiles just those two ranks.
@@ -716,8 +729,8 @@ TEST(RecoveryWatchTest, WatchesTheCulpritsBusiestSmallGroup) {
   EXPECT_EQ(t[0].members, (std::vector<std::int64_t>{4, 5}));
   EXPECT_EQ(t[1].members, (std::vector<std::int64_t>{10, 11}));
   EXPECT_TRUE(WatchTargets(view, {5}, 1).empty()) << "no group small enough";
-  // TP 1: the pipeline pair is the busiest small group (it carries sends and receives only, and
-  // the watch compares collectives, so it reads nothing there and the re-check timer alone tells).
+  // TP 1: the pipeline pair is the busiest small group (it carries sends and receives only: the
+  // watch reads the wait from its receives, below).
   const std::vector<WatchTarget> pp = WatchTargets(View(1, 4, 2), {5}, 3);
   ASSERT_EQ(pp.size(), 1u);
   EXPECT_EQ(pp[0].members, (std::vector<std::int64_t>{1, 5})) << "rank 5 = stage 1 of replica 1";
@@ -833,6 +846,45 @@ TEST(RecoveryWatchTest, TellsTheRecoveryFromThePeersWaitsOnly) {
   // A round forgets the watch: nothing is read until it is armed again.
   w.Forget();
   EXPECT_FALSE(w.Observe(p).recovered);
+}
+
+// At TP 1 the culprit's group is its pipeline pair, which only exchanges: its neighbour's
+// receives from it wait while it is slow, its own receives find the data there. Their ratio is
+// the level, and it falls back towards 1 once the GPU recovers. Sends say nothing (a send may
+// complete into the peer's buffer before the peer arrives); too few receives are not read.
+TEST(RecoveryWatchTest, TellsTheRecoveryAtTp1FromThePipelinesReceives) {
+  const JobView view = View(1, 4, 2);
+  const std::vector<WatchTarget> t = WatchTargets(view, {5}, 64, analyzer::JobShape{1, 4, 2});
+  ASSERT_EQ(t.size(), 1u);
+  ASSERT_EQ(t[0].members, (std::vector<std::int64_t>{1, 5})) << "rank 5 is comm rank 1 of its pipeline pair";
+  const std::uint64_t comm = t[0].comm;
+  RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
+  ASSERT_FALSE(w.Arm(view, {5}, kT0, "inc", analyzer::JobShape{1, 4, 2}).empty());
+  std::map<std::int64_t, json> p;
+  p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 10, 900, 3000);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 10, 60, 3000, 4);  // 4 receives: too few
+  EXPECT_TRUE(w.Observe(p).readings.empty());
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 10, 60, 3000);
+  RecoveryWatch::Verdict v = w.Observe(p);
+  ASSERT_EQ(v.readings.size(), 1u);
+  EXPECT_DOUBLE_EQ(v.readings[0].level, 15.0) << "900 us waiting for rank 5 against its 60 us";
+  EXPECT_FALSE(v.recovered);
+  EXPECT_NE(v.seen_ns, 0) << "a visible level is the fault seen";
+  // Still slow, then recovered: the neighbour's receives are as short as rank 5's.
+  p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 2'000'000'000, 500);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 2'000'000'000, 55);
+  EXPECT_FALSE(w.Observe(p).recovered);
+  p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 4'000'000'000, 70);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 4'000'000'000, 60);
+  v = w.Observe(p);
+  EXPECT_TRUE(v.recovered);
+  EXPECT_NEAR(v.readings[0].imbalance, 70.0 / 60.0, 1e-9);
+  // Receives from someone else than the culprit are not a wait for it.
+  RecoveryWatch other(RecoveryWatchOptions{"t", 5, 2});
+  (void)other.Arm(view, {5}, kT0, "inc", analyzer::JobShape{1, 4, 2});
+  p[1] = watch::PpWindow(1, comm, 0, 7, kT0 + 10, 900);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 10, 60);
+  EXPECT_TRUE(other.Observe(p).readings.empty());
 }
 
 // A round re-checks the culprits in the middle of a plan and the watch is armed again after it.

@@ -39,6 +39,52 @@ const json* Window(const std::map<std::int64_t, json>& profiles, std::int64_t ra
   return &p->second;
 }
 
+// The median time of the busiest signature of `op` from or to comm rank `peer` in a profile
+// entry that was called at least min_calls times; NaN if none.
+double BusiestP2p(const json& entry, const std::string& op, std::int64_t peer, std::uint64_t min_calls) {
+  double median = std::nan(""), most = 0;
+  for (const json& s : entry["sigs"]) {
+    if (!s.is_object() || !s.contains("op") || s["op"] != op || ProfileNumber(s, "peer") != static_cast<double>(peer)) {
+      continue;
+    }
+    const double m = ProfileNumber(s, "median_us"), count = ProfileNumber(s, "count");
+    if (!std::isfinite(m) || m < 0 || !(count >= static_cast<double>(min_calls)) || count <= most) continue;
+    median = m;
+    most = count;
+  }
+  return median;
+}
+
+// A communicator the culprit only exchanges on (a pipeline's, at TP 1): the same wait, read from
+// receives. Whoever receives from a slow GPU waits for it; the slow GPU, arriving late, finds its
+// neighbours' data there. The median over its neighbours of their receives from it, over the
+// median of its receives from them; nullopt unless some neighbour has both in windows taken in
+// profile mode since from_ns.
+std::optional<double> ExchangeImbalance(const WatchTarget& t, const json& own_entry,
+                                        const std::map<std::int64_t, json>& profiles, std::int64_t from_ns,
+                                        std::uint64_t min_calls) {
+  const auto at = std::find(t.members.begin(), t.members.end(), t.culprit);
+  if (at == t.members.end()) return std::nullopt;
+  const auto own_rank = static_cast<std::int64_t>(at - t.members.begin());  // members are in comm-rank order
+  std::vector<double> theirs, own;
+  for (std::size_t j = 0; j < t.members.size(); ++j) {
+    if (static_cast<std::int64_t>(j) == own_rank) continue;
+    const double mine = BusiestP2p(own_entry, "Recv", static_cast<std::int64_t>(j), min_calls);
+    if (!std::isfinite(mine)) continue;  // not a neighbour of the culprit
+    const json* w = Window(profiles, t.members[j], from_ns);
+    const json* e = w == nullptr ? nullptr : CommEntry(*w, t.comm);
+    if (e == nullptr) return std::nullopt;
+    const double other = BusiestP2p(*e, "Recv", own_rank, min_calls);
+    if (!std::isfinite(other)) continue;
+    own.push_back(mine);
+    theirs.push_back(other);
+  }
+  if (own.empty()) return std::nullopt;
+  std::vector<double> scratch;
+  const double num = analyzer::Median(theirs, scratch), den = analyzer::Median(own, scratch);
+  return std::max(num, 1.0) / std::max(den, 1.0);
+}
+
 }  // namespace
 
 std::vector<WatchTarget> WatchTargets(const JobView& view, const std::vector<std::int64_t>& culprits,
@@ -86,7 +132,7 @@ std::optional<double> WaitImbalance(const WatchTarget& t, const std::map<std::in
     if (!std::isfinite(median) || median < 0 || !(count >= static_cast<double>(min_calls))) continue;
     if (sig == nullptr || count > ProfileNumber(*sig, "count")) sig = &s;
   }
-  if (sig == nullptr) return std::nullopt;
+  if (sig == nullptr) return ExchangeImbalance(t, *entry, profiles, from_ns, min_calls);
   const std::string op = (*sig)["op"].get<std::string>();
   const double bytes = ProfileNumber(*sig, "bytes");
   std::vector<double> others;

@@ -17,7 +17,11 @@
 //  - Imbalance (WaitImbalance): in the newest windows taken in profile mode since the watch began,
 //    the communicator's busiest collective signature (op, bytes) in the culprit's window: the
 //    median over the other members of their median duration, over the culprit's. A window's
-//    median covers its last 64 calls, so it shows the last moments of the window.
+//    median covers its last 64 calls, so it shows the last moments of the window. A group with
+//    no collective (a pipeline's, at TP 1) is read from its receives: the median over the
+//    culprit's neighbours of their busiest receive from it, over the median of its busiest
+//    receives from them (a receive waits for its sender; a send may finish into the peer's
+//    buffer before the peer arrives, so sends are not read).
 //  - Level and recovery (RecoveryWatch::Observe): the first imbalance of each culprit is its level
 //    under the fault; a level of at least `min_level` (2: the peers wait as long again as the
 //    transfer takes) is visible. A level outlives a re-arming of the same episode (the caller's
@@ -66,7 +70,9 @@ struct WatchTarget {
 
 // The culprit's wait imbalance in `t` (above) from `profiles` (newest validated comm_profile per
 // rank): nullopt unless every member has a window taken in profile mode since `from_ns` with a
-// median for the signature, and the culprit's window holds at least `min_calls` of it.
+// median for the signature, and the culprit's window holds at least `min_calls` of it. Read from
+// receives (no collective): nullopt unless some neighbour and the culprit each received at least
+// `min_calls` times from the other in such windows.
 [[nodiscard]] std::optional<double> WaitImbalance(const WatchTarget& t,
                                                   const std::map<std::int64_t, nlohmann::json>& profiles,
                                                   std::int64_t from_ns, std::uint64_t min_calls = 8);
