@@ -76,6 +76,8 @@ class ControllerEndToEndTest : public ::testing::Test {
       std::fprintf(stderr, "---- controller log (tail) ----\n%s\n", Tail(dir_.path() + "/controller.log").c_str());
       std::fprintf(stderr, "---- job log (tail) ----\n%s\n", Tail(dir_.path() + "/job.log").c_str());
       KeepLogs();
+    } else if (std::getenv("FALCON_E2E_KEEP_LOGS") != nullptr) {  // to study a passing run
+      KeepLogs();
     }
   }
 

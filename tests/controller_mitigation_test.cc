@@ -704,6 +704,18 @@ json TpWindow(std::int64_t rank, std::int64_t since_ns, double median_us, const 
                                  {"median_us", 9000.0}, {"mean_us", 9000.0}}}}}}}};
 }
 
+// Observes the first window after arming (taken from `since`) of each culprit's TP pair
+// {culprit - 1, culprit}, the peer waiting 40x: it spans what armed the watch, and is never read
+// as the level.
+void FirstWindows(RecoveryWatch& w, const std::vector<std::int64_t>& culprits, std::int64_t since) {
+  std::map<std::int64_t, json> p;
+  for (const std::int64_t c : culprits) {
+    p[c - 1] = TpWindow(c - 1, since, 2000);
+    p[c] = TpWindow(c, since, 50);
+  }
+  EXPECT_TRUE(w.Observe(p).readings.empty()) << "the first window after arming is no level";
+}
+
 // Rank `rank`'s window on a pipeline communicator where it is comm rank `own` and exchanges
 // with comm rank `peer` only: its receives from the peer take recv_us, its sends send_us.
 json PpWindow(std::int64_t rank, std::uint64_t comm, std::int64_t own, std::int64_t peer, std::int64_t since_ns,
@@ -819,6 +831,7 @@ TEST(RecoveryWatchTest, TellsTheRecoveryFromThePeersWaitsOnly) {
   (void)w.Arm(view, {5}, kT0);
   std::map<std::int64_t, json> p;
   EXPECT_FALSE(w.Observe(p).recovered);
+  watch::FirstWindows(w, {5}, kT0);
   p[4] = watch::TpWindow(4, kT0 - 1, 800);  // began before the watch
   p[5] = watch::TpWindow(5, kT0 + 10, 50);
   EXPECT_TRUE(w.Observe(p).readings.empty());
@@ -861,6 +874,9 @@ TEST(RecoveryWatchTest, TellsTheRecoveryAtTp1FromThePipelinesReceives) {
   RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
   ASSERT_FALSE(w.Arm(view, {5}, kT0, "inc", analyzer::JobShape{1, 4, 2}).empty());
   std::map<std::int64_t, json> p;
+  p[1] = watch::PpWindow(1, comm, 0, 1, kT0, 3000);  // spans the plan's switch: no level
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0, 60);
+  EXPECT_TRUE(w.Observe(p).readings.empty());
   p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 10, 900, 3000);
   p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 10, 60, 3000, 4);  // 4 receives: too few
   EXPECT_TRUE(w.Observe(p).readings.empty());
@@ -874,6 +890,14 @@ TEST(RecoveryWatchTest, TellsTheRecoveryAtTp1FromThePipelinesReceives) {
   p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 2'000'000'000, 500);
   p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 2'000'000'000, 55);
   EXPECT_FALSE(w.Observe(p).recovered);
+  // 3x is below the midpoint (3.9x) but not a pair that waits alike: receives wait in bursts.
+  p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 3'000'000'000, 180);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 3'000'000'000, 60);
+  EXPECT_FALSE(w.Observe(p).recovered) << "3x read from receives";
+  // Nor is a window where rank 5 waits for its neighbour (0.1x).
+  p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 3'500'000'000, 6);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 3'500'000'000, 60);
+  EXPECT_FALSE(w.Observe(p).recovered) << "0.1x read from receives";
   p[1] = watch::PpWindow(1, comm, 0, 1, kT0 + 4'000'000'000, 70);
   p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 4'000'000'000, 60);
   v = w.Observe(p);
@@ -882,6 +906,9 @@ TEST(RecoveryWatchTest, TellsTheRecoveryAtTp1FromThePipelinesReceives) {
   // Receives from someone else than the culprit are not a wait for it.
   RecoveryWatch other(RecoveryWatchOptions{"t", 5, 2});
   (void)other.Arm(view, {5}, kT0, "inc", analyzer::JobShape{1, 4, 2});
+  p[1] = watch::PpWindow(1, comm, 0, 7, kT0, 900);
+  p[5] = watch::PpWindow(5, comm, 1, 0, kT0, 60);
+  EXPECT_TRUE(other.Observe(p).readings.empty());
   p[1] = watch::PpWindow(1, comm, 0, 7, kT0 + 10, 900);
   p[5] = watch::PpWindow(5, comm, 1, 0, kT0 + 10, 60);
   EXPECT_TRUE(other.Observe(p).readings.empty());
@@ -895,6 +922,7 @@ TEST(RecoveryWatchTest, ALevelOutlivesARoundOfTheSameEpisodeOnly) {
   const JobView view = View(2, 4, 2);
   RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
   (void)w.Arm(view, {5}, kT0, "inc-1");
+  watch::FirstWindows(w, {5}, kT0);
   std::map<std::int64_t, json> p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
   ASSERT_FALSE(w.Observe(p).recovered);
   ASSERT_EQ(w.LevelOf(5), 16.0);
@@ -915,6 +943,7 @@ TEST(RecoveryWatchTest, ALevelOutlivesARoundOfTheSameEpisodeOnly) {
   // Another incident: the level is read afresh (here from a healthy window: nothing visible).
   (void)w.Arm(view, {5}, after, "inc-2");
   EXPECT_FALSE(w.LevelOf(5).has_value());
+  watch::FirstWindows(w, {5}, after);
   p = {{4, watch::TpWindow(4, after + 1, 52)}, {5, watch::TpWindow(5, after + 1, 50)}};
   EXPECT_FALSE(w.Observe(p).recovered);
   EXPECT_NEAR(*w.LevelOf(5), 52.0 / 50.0, 1e-9);
@@ -923,6 +952,7 @@ TEST(RecoveryWatchTest, ALevelOutlivesARoundOfTheSameEpisodeOnly) {
   EXPECT_FALSE(w.LevelOf(5).has_value());
   // Another culprit in the same episode: its own level; rank 5's is dropped with its target.
   (void)w.Arm(view, {5}, kT0, "inc-3");
+  watch::FirstWindows(w, {5}, kT0);
   p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
   (void)w.Observe(p);
   ASSERT_TRUE(w.LevelOf(5).has_value());
@@ -938,6 +968,7 @@ TEST(RecoveryWatchTest, SaysWhenItLastSawTheWholeFault) {
   const JobView view = View(2, 4, 2);
   RecoveryWatch w(RecoveryWatchOptions{"t", 5, 2});
   (void)w.Arm(view, {5, 11}, kT0);
+  watch::FirstWindows(w, {5, 11}, kT0);
   std::map<std::int64_t, json> p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
   EXPECT_EQ(w.Observe(p).seen_ns, 0) << "rank 11 has no level yet";
   p[10] = watch::TpWindow(10, kT0 + 5, 900);
@@ -958,6 +989,7 @@ TEST(RecoveryWatchTest, SaysWhenItLastSawTheWholeFault) {
 
   RecoveryWatch mild(RecoveryWatchOptions{"t", 5, 2});
   (void)mild.Arm(view, {5}, kT0);
+  watch::FirstWindows(mild, {5}, kT0);
   p = {{4, watch::TpWindow(4, kT0 + 1, 75)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
   EXPECT_EQ(mild.Observe(p).seen_ns, 0) << "1.5x is not visible: it tells nothing either way";
 }
@@ -969,6 +1001,7 @@ TEST(RecoveryWatchTest, AMildLevelOrOneCulpritStillSlowIsNoRecovery) {
   const JobView view = View(2, 4, 2);
   RecoveryWatch mild(RecoveryWatchOptions{"t", 5, 2});
   (void)mild.Arm(view, {5}, kT0);
+  watch::FirstWindows(mild, {5}, kT0);
   std::map<std::int64_t, json> p = {{4, watch::TpWindow(4, kT0 + 1, 75)}, {5, watch::TpWindow(5, kT0 + 1, 50)}};
   EXPECT_FALSE(mild.Observe(p).recovered);
   p = {{4, watch::TpWindow(4, kT0 + 2'000'000'000, 50)}, {5, watch::TpWindow(5, kT0 + 2'000'000'000, 50)}};
@@ -976,6 +1009,7 @@ TEST(RecoveryWatchTest, AMildLevelOrOneCulpritStillSlowIsNoRecovery) {
 
   RecoveryWatch two(RecoveryWatchOptions{"t", 5, 2});
   (void)two.Arm(view, {5, 11}, kT0);
+  watch::FirstWindows(two, {5, 11}, kT0);
   p = {{4, watch::TpWindow(4, kT0 + 1, 800)}, {5, watch::TpWindow(5, kT0 + 1, 50)},
        {10, watch::TpWindow(10, kT0 + 1, 900)}, {11, watch::TpWindow(11, kT0 + 1, 50)}};
   EXPECT_FALSE(two.Observe(p).recovered);

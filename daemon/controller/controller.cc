@@ -644,6 +644,11 @@ Result<std::optional<std::string>> Controller::Watch(std::int64_t now_ns) {
     }
     return out;
   };
+  if (const std::string now = readings(true); now != watch_logged_ && !now.empty()) {
+    log_->debug("event=recovery_watch incident={} action=reading detail={}", daemon::LogValue(inc.id),
+                daemon::LogQuoted(now));
+    watch_logged_ = now;
+  }
   if (v.seen_ns > inc.watch_seen_ns) {
     if (inc.watch_seen_ns <= inc.last_round_ns) {  // the first sight since the last round: say so once
       log_->info("event=recovery_watch incident={} action=sees_fault detail={}", daemon::LogValue(inc.id),

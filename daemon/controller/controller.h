@@ -268,6 +268,7 @@ class Controller {
   RecoveryWatch watch_;
   std::string watch_key_;     // the incident, plan version and round the watch was armed for
   std::string arming_key_;    // the one whose arming Redis has not taken yet (sent again as is)
+  std::string watch_logged_;  // the watch's readings last logged (debug), to log each change once
   // The watch's commands are best effort: one that Redis refuses (a commands stream of the wrong
   // type) must not fail the rest of every tracking turn, nor go again each turn (every set_mode
   // restarts its ranks' profile windows). After a refusal they wait for watch_retry_; a lost

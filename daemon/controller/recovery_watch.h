@@ -21,10 +21,15 @@
 //    no collective (a pipeline's, at TP 1) is read from its receives: the median over the
 //    culprit's neighbours of their busiest receive from it, over the median of its busiest
 //    receives from them (a receive waits for its sender; a send may finish into the peer's
-//    buffer before the peer arrives, so sends are not read).
-//  - Level and recovery (RecoveryWatch::Observe): the first imbalance of each culprit is its level
-//    under the fault; a level of at least `min_level` (2: the peers wait as long again as the
-//    transfer takes) is visible. A level outlives a re-arming of the same episode (the caller's
+//    buffer before the peer arrives, so sends are not read). Receives wait in bursts: that ratio
+//    is heavy-tailed under the fault (0.07-78x in the TP 1 e2e runs), so a recovery read from it
+//    must also be within min_level of 1 either way (healthy neighbours read about 1.5x).
+//  - Level and recovery (RecoveryWatch::Observe): the imbalance of each culprit's second window
+//    since arming is its level under the fault. Not the first: that one spans whatever armed the
+//    watch (the plan's switch, which the ranks take at their next iteration, or a round's pause),
+//    and overstates the level (TP 1 e2e runs: 19x and 35x, then mostly 4-11x while it lasted,
+//    which once read the fault as ended). A level of at least `min_level` (2: the peers wait as
+//    long again as the transfer takes) is visible. A level outlives a re-arming of the same episode (the caller's
 //    incident) on the same communicator: a round that re-checks the culprits switches every
 //    shim's mode, so the watch is armed again after it, and a fault that ended during that round
 //    would otherwise show its first window after the round as the level, healthy, and never be
@@ -73,9 +78,11 @@ struct WatchTarget {
 // median for the signature, and the culprit's window holds at least `min_calls` of it. Read from
 // receives (no collective): nullopt unless some neighbour and the culprit each received at least
 // `min_calls` times from the other in such windows.
+// `from_receives` (optional): set to whether it was read from receives.
 [[nodiscard]] std::optional<double> WaitImbalance(const WatchTarget& t,
                                                   const std::map<std::int64_t, nlohmann::json>& profiles,
-                                                  std::int64_t from_ns, std::uint64_t min_calls = 8);
+                                                  std::int64_t from_ns, std::uint64_t min_calls = 8,
+                                                  bool* from_receives = nullptr);
 
 struct RecoveryWatchOptions {
   std::string command_prefix = "ctl";  // set_mode ids are <prefix>-w<n>
@@ -107,7 +114,7 @@ class RecoveryWatch {
 
   struct Reading {
     std::int64_t culprit = -1;
-    double level = 0;      // imbalance first seen
+    double level = 0;      // imbalance under the fault (see the header)
     double imbalance = 0;  // the newest
   };
   struct Verdict {
@@ -146,6 +153,7 @@ class RecoveryWatch {
   };
   std::string episode_;
   std::map<std::int64_t, Level> level_;  // per culprit
+  std::map<std::int64_t, std::int64_t> first_at_;  // per culprit: its first window since arming (not a level)
   std::set<std::int64_t> owed_;                       // ranks whose switch back to track is not known sent
 };
 
