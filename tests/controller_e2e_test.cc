@@ -463,6 +463,29 @@ class ControllerEndToEndActS2Test : public ControllerEndToEndActTest {
     overheads_ = "--s2-overhead-s 2 --s3-overhead-s 600 --s4-overhead-s 6000 --recheck-s 10";
     ControllerEndToEndActTest::SetUp();
   }
+
+  struct SlowGpuRun {
+    json report;              // rank 5's
+    int replica = -1;         // its DP index
+    std::vector<json> plans;  // the plans it applied, the S2 first
+    std::vector<int> m;       // the S2 plan's micro-batches per replica
+  };
+  // Rank 5's GPU x2.5 from 15 s to 60 s of a 105 s job, checked: the job's data, a first plan S2
+  // over `replicas` replicas that still trains all `total` micro-batches, a later plan.
+  void RunSlowGpu(std::size_t replicas, int total, SlowGpuRun* run) {
+    StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":45,"factor":2.5})", 105, TrainerArgs());
+    EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
+    run->report = Report(5);
+    ASSERT_TRUE(run->report.is_object()) << "no report from rank 5";
+    run->replica = run->report["coords"]["dp"].get<int>();
+    run->plans = Applied(run->report);
+    ASSERT_GE(run->plans.size(), 2u) << run->report["plans"].dump()
+                                     << "\ndecisions: " << ::testing::PrintToString(Decisions());
+    EXPECT_EQ(run->plans[0]["strategy"], "S2") << run->plans[0].dump();
+    run->m = run->plans[0]["micro_batches"].get<std::vector<int>>();
+    ASSERT_EQ(run->m.size(), replicas);
+    EXPECT_EQ(std::accumulate(run->m.begin(), run->m.end(), 0), total) << "every micro-batch is still trained";
+  }
 };
 
 // A slow GPU: S2 gives its DP replica fewer micro-batches (all 16 still done), iterations get
@@ -472,17 +495,12 @@ class ControllerEndToEndActS2Test : public ControllerEndToEndActTest {
 // (10 s) rounds: the fault ends at 60 s, about 30 s after the localisation, and only the watch
 // tells it (a fault ending inside a round would be that round's to tell).
 TEST_F(ControllerEndToEndActS2Test, SlowGpuGetsFewerMicroBatchesAndTheRebalanceIsUndoneAfterIt) {
-  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":45,"factor":2.5})", 105, TrainerArgs());
-  EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
-  const json slow = Report(5);
-  ASSERT_TRUE(slow.is_object()) << "no report from rank 5";
-  const int replica = slow["coords"]["dp"].get<int>();
-  const std::vector<json> plans = Applied(slow);
-  ASSERT_GE(plans.size(), 2u) << slow["plans"].dump() << "\ndecisions: " << ::testing::PrintToString(Decisions());
-  EXPECT_EQ(plans[0]["strategy"], "S2") << plans[0].dump();
-  const std::vector<int> m = plans[0]["micro_batches"].get<std::vector<int>>();
-  ASSERT_EQ(m.size(), 4u);
-  EXPECT_EQ(m[0] + m[1] + m[2] + m[3], 16) << "every micro-batch is still trained";
+  SlowGpuRun run;
+  ASSERT_NO_FATAL_FAILURE(RunSlowGpu(4, 16, &run));
+  const json& slow = run.report;
+  const int replica = run.replica;
+  const std::vector<json>& plans = run.plans;
+  const std::vector<int>& m = run.m;
   for (int d = 0; d < 4; ++d) {
     if (d != replica) {
       EXPECT_LT(m[static_cast<std::size_t>(replica)], m[static_cast<std::size_t>(d)]) << plans[0].dump();
@@ -548,18 +566,12 @@ class ControllerEndToEndActS2Tp1Test : public ControllerEndToEndActS2Test {
 };
 
 TEST_F(ControllerEndToEndActS2Tp1Test, SlowGpuAtTp1IsWatchedThroughItsPipelineExchanges) {
-  StartJob(R"({"kind":"compute","ranks":[5],"start_s":15,"duration_s":45,"factor":2.5})", 105, TrainerArgs());
-  EXPECT_EQ(FinishJob(240), 0) << "the job failed, or its --check found wrong data";
-  const json slow = Report(5);
-  ASSERT_TRUE(slow.is_object()) << "no report from rank 5";
-  const int replica = slow["coords"]["dp"].get<int>();
-  const std::vector<json> plans = Applied(slow);
-  ASSERT_GE(plans.size(), 2u) << slow["plans"].dump() << "\ndecisions: " << ::testing::PrintToString(Decisions());
-  EXPECT_EQ(plans[0]["strategy"], "S2") << plans[0].dump();
-  const std::vector<int> m = plans[0]["micro_batches"].get<std::vector<int>>();
-  ASSERT_EQ(m.size(), 8u);
-  EXPECT_EQ(std::accumulate(m.begin(), m.end(), 0), 32) << "every micro-batch is still trained";
-  EXPECT_EQ(*std::min_element(m.begin(), m.end()), m[static_cast<std::size_t>(replica)]) << plans[0].dump();
+  SlowGpuRun run;
+  ASSERT_NO_FATAL_FAILURE(RunSlowGpu(8, 32, &run));
+  const json& slow = run.report;
+  const std::vector<json>& plans = run.plans;
+  const std::vector<int>& m = run.m;
+  EXPECT_EQ(*std::min_element(m.begin(), m.end()), m[static_cast<std::size_t>(run.replica)]) << plans[0].dump();
   EXPECT_EQ(plans.back()["strategy"], "S1") << "the re-balancing was undone: " << plans.back().dump();
   const int s2 = plans[0]["version"].get<int>();
   const int undo = plans.back()["version"].get<int>();
