@@ -398,18 +398,22 @@ CutPlan PlanAtIteration(std::span<const RankCallPattern> ranks, const CutOptions
 
 }  // namespace
 
+std::optional<std::uint64_t> FirstReachableIteration(std::span<const RankCallPattern> ranks) {
+  if (ranks.empty()) return std::nullopt;
+  const auto lowest = std::min_element(ranks.begin(), ranks.end(),
+                                       [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  const std::uint64_t units = lowest->units.size();
+  if (!lowest->iteration_at_start || units == 0) return std::nullopt;
+  return *lowest->iteration_at_start + (std::max<std::uint64_t>(lowest->min_position, 1) + units - 1) / units;
+}
+
 CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options) {
   if (!options.iteration && options.iteration_start_tries > 0 && !ranks.empty()) {
-    const auto lowest = std::min_element(ranks.begin(), ranks.end(),
-                                         [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    const std::uint64_t units = lowest->units.size();
-    if (lowest->iteration_at_start && units > 0) {
-      // The first iteration whose start is at or after the rank's minimum position.
-      const std::uint64_t first = *lowest->iteration_at_start + (std::max<std::uint64_t>(lowest->min_position, 1) + units - 1) / units;
+    if (const std::optional<std::uint64_t> first = FirstReachableIteration(ranks)) {
       CutOptions at = options;
       at.iteration_start_tries = 0;
       for (std::uint64_t i = 0; i < options.iteration_start_tries; ++i) {
-        at.iteration = first + i;
+        at.iteration = *first + i;
         CutPlan plan = Plan(ranks, at);
         if (plan.ok()) return plan;
       }

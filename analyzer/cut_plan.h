@@ -134,6 +134,11 @@ std::uint64_t IssuedBefore(const RankCallPattern& p, std::uint32_t comm, std::ui
 std::uint64_t IssuedOnChannelBefore(const RankCallPattern& p, std::uint32_t comm, std::uint32_t channel,
                                     std::uint64_t position);
 
+// The lowest rank's first iteration whose start is at or after its min_position: what it can
+// still be stopped at. nullopt when there is no rank, or the lowest has no iteration boundary
+// or no calls.
+std::optional<std::uint64_t> FirstReachableIteration(std::span<const RankCallPattern> ranks);
+
 // REQUIRES: each pattern's unit calls name comm indices < comms.size() and, where that comm has
 // channels, channel indices < its channels.size() (ParseCutPattern checks both).
 CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options = {});

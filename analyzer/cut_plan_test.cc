@@ -238,7 +238,9 @@ TEST(CutPlanTest, IterationStopsTheLowestRankAtThatIterationsStart) {
   options.iteration = 4;
   EXPECT_NE(PlanCut(in, options).failure.find("too soon"), std::string::npos);
   ExpectFirstLaterIteration(in, options);
+  EXPECT_EQ(FirstReachableIteration(in), 8u) << "iteration 3 starts at 0: the first at or after 5 periods is 8";
   in[0].iteration_at_start.reset();
+  EXPECT_FALSE(FirstReachableIteration(in).has_value());
   EXPECT_NE(PlanCut(in, options).failure.find("no iteration boundary"), std::string::npos);
   EXPECT_FALSE(PlanCut(in, options).later_iteration.has_value()) << "no iteration is reachable without a boundary";
 }

@@ -246,13 +246,12 @@ int PlanCutFor(redis::RedisConnection& c, SendOptions& o, const std::string& ack
   }
   if (why.empty() && patterns.empty()) why = "no agent reported a rank's call pattern";
   if (why.empty() && o.next_iteration) {
-    const auto lowest = std::min_element(patterns.begin(), patterns.end(),
-                                         [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    if (!lowest->iteration_at_start || lowest->units.empty()) {
-      why = "rank " + std::to_string(lowest->rank) + " has no iteration boundary yet: no iteration to stop at";
+    if (const std::optional<std::uint64_t> first = analyzer::FirstReachableIteration(patterns)) {
+      o.command.at_iteration = *first;
     } else {
-      const std::uint64_t units = lowest->units.size();
-      o.command.at_iteration = *lowest->iteration_at_start + (std::max<std::uint64_t>(lowest->min_position, 1) + units - 1) / units;
+      const auto lowest = std::min_element(patterns.begin(), patterns.end(),
+                                           [](const auto& a, const auto& b) { return a.rank < b.rank; });
+      why = "rank " + std::to_string(lowest->rank) + " has no iteration boundary yet: no iteration to stop at";
     }
   }
   analyzer::CutOptions options;
