@@ -48,6 +48,8 @@ ended (its whole group) on exit, errors and Ctrl-C included.
   bench/sim/scale_bench.py --out out/scale --ranks 1024 --duration-s 90 --fault-at-s 30 --fault-s 45
   bench/sim/scale_bench.py --out out/jobs --ranks 64 --shape 8x8x1 --jobs 100
   bench/sim/scale_bench.py --out out/cluster --shape 8x4x8 --jobs 10 --redis-nodes 3
+  bench/sim/scale_bench.py --out out/pinned --ranks 16384 --controller-cpus 1
+                 (the controller alone on CPU 1, redis-server and the sim on the rest)
 Results, raw samples included, go to DIR/scale.json (schema "v": 1), rewritten after each point.
 """
 import argparse
@@ -329,9 +331,15 @@ class Point:
         return os.path.join(self.args.build, rel)
 
     def spawn(self, name, argv):
+        """Starts `name` with its log; with --controller-cpus, a controller on those CPUs and every
+        other process on the rest."""
+        cpus = None
+        if self.args.controller_cpus:
+            cpus = self.args.controller_cpus if name.startswith("controller-") else self.args.other_cpus
         with open(os.path.join(self.dir, name + ".log"), "w") as log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True)
+                                                start_new_session=True,
+                                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
     def start(self):
         a = self.args
@@ -779,6 +787,24 @@ def preamble(args, points):
             "points": [f"{tp}x{pp}x{dp}" for tp, pp, dp in points]}
 
 
+def parse_cpus(text):
+    """A CPU list as taskset and cpuset write it, "0", "1-3,6": a set of CPU numbers."""
+    cpus = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{part!r} is not a CPU number or range (e.g. 1 or 2-3,6)")
+        lo, hi = int(lo), int(hi) if dash else int(lo)
+        if hi < lo:
+            raise ValueError(f"{part!r} runs backwards")
+        cpus.update(range(lo, hi + 1))
+    return cpus
+
+
+def fmt_cpus(cpus):
+    return ",".join(map(str, sorted(cpus)))
+
+
 def check_binaries(args):
     for rel, target in (("daemon/falcon-controller", "falcon-controller"), ("bench/sim/falcon-sim", "falcon-sim")):
         path = os.path.join(args.build, rel)
@@ -818,8 +844,25 @@ def parse_args():
     ap.add_argument("--controller-arg", action="append", default=[], help="extra falcon-controller flags (repeatable)")
     ap.add_argument("--sim-arg", action="append", default=[],
                     help="extra falcon-sim flags (repeatable), e.g. \"--signature-ms 0\"")
+    ap.add_argument("--controller-cpus",
+                    help="CPU list (e.g. 1 or 2-3,6): the controllers run on these CPUs alone and redis-server and "
+                         "the sims on the others, so the controller's times are not those of a shared core "
+                         "(default: no pinning)")
     ap.add_argument("--json", action="store_true", help="print the JSON summary (no raw samples) instead of the table")
     args = ap.parse_args()
+    args.other_cpus = None
+    if args.controller_cpus:
+        try:
+            args.controller_cpus = parse_cpus(args.controller_cpus)
+        except ValueError as e:
+            ap.error(f"--controller-cpus: {e}")
+        allowed = os.sched_getaffinity(0)
+        if not args.controller_cpus <= allowed:
+            ap.error(f"--controller-cpus: CPUs {sorted(args.controller_cpus - allowed)} are not available here "
+                     f"(this process may use {sorted(allowed)})")
+        args.other_cpus = allowed - args.controller_cpus
+        if not args.other_cpus:
+            ap.error("--controller-cpus leaves no CPU for redis-server and the sims")
     try:
         points = ([parse_shape(s) for s in args.shape.split(",")] if args.shape
                   else [shape_for(int(n)) for n in args.ranks.split(",")])
@@ -846,7 +889,7 @@ def main():
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with SIGINT ignored
     os.makedirs(args.out, exist_ok=True)
-    doc = {"v": 1, "tool": "scale_bench", "config": {k: v for k, v in vars(args).items()}, **preamble(args, points),
+    doc = {"v": 1, "tool": "scale_bench", "config": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}, **preamble(args, points),
            "records": []}
     if doc["build_type"] not in ("Release", "RelWithDebInfo"):
         print(f"# WARNING: {args.build} is a {doc['build_type']} build: these figures are not the optimised code's",
@@ -874,7 +917,9 @@ def main():
         print(f"# falcon scale bench {doc['commit']}, {doc['build_type']} build {doc['build']}; {doc['redis']}")
         print(f"# machine: {os.cpu_count()} cpus, kernel {platform.release()}; {args.jobs} job(s) a point, sim "
               f"{args.duration_s:g} s, compute fault x{args.factor:g} at {args.fault_at_s:g} s for {args.fault_s:g} s, "
-              f"seed {args.seed}, sim processes {args.processes}, mitigation advise")
+              f"seed {args.seed}, sim processes {args.processes}, mitigation advise"
+              + (f"; controller on CPUs {fmt_cpus(args.controller_cpus)}, redis-server and sims on "
+                 f"{fmt_cpus(args.other_cpus)}" if args.controller_cpus else ""))
         print("# st: median over the steady window (ready + settle to the fault); pk: highest sample; hwm: VmHWM; "
               "MB = MiB; timings: onset -> first entry, s" + ("; with --jobs: totals, per-job medians, (worst)"
                                                             if args.jobs > 1 else ""))
