@@ -117,6 +117,63 @@ TEST_F(RedisClientTest, ADrainedReadTakesARareStreamsWholeBurstAndOnlyACountOfTh
   EXPECT_TRUE(Ping(c).ok());
 }
 
+// The held controller's read: the marked (rare) streams drained first, blocking for them alone,
+// then a short page of the others without blocking.
+TEST_F(RedisClientTest, AMarkedFirstReadWaitsForTheMarkedStreamsAndTakesAShortPageOfTheOthers) {
+  RedisConnection c(server_.ClientOptions());
+  ASSERT_TRUE(c.Connect().ok());
+  auto fill = [&](const std::string& stream, int n) {
+    std::vector<std::vector<std::string>> xadds;
+    for (int i = 0; i < n; ++i) xadds.push_back(XAddArgs(stream, 0, {{"msg", std::to_string(i)}}));
+    ASSERT_TRUE(PipelineInRounds(c, xadds).ok());
+  };
+  fill("acks", 25);
+  fill("busy", 25);
+  fill("alarms", 7);
+  auto sizes = [](const std::vector<StreamRead>& reads) {
+    std::map<std::string, std::vector<std::string>> got;
+    for (const StreamRead& r : reads) {
+      for (const StreamEntry& e : r.entries) got[r.stream].push_back(*e.Field("msg"));
+    }
+    return got;
+  };
+  const std::vector<std::pair<std::string, std::string>> from0 = {{"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
+  Result<std::vector<StreamRead>> r = XReadMarkedFirst(c, from0, {true, false, true}, 4, -1, 100, 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::map<std::string, std::vector<std::string>> got = sizes(r.value());
+  ASSERT_EQ(got["acks"].size(), 25u);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(got["acks"][static_cast<std::size_t>(i)], std::to_string(i));
+  EXPECT_EQ(got["alarms"].size(), 7u);
+  EXPECT_EQ(got["busy"], (std::vector<std::string>{"0", "1"})) << "the others' page is other_count, from the start";
+
+  // The marked streams read to their end: the read blocks for them alone, though the busy
+  // stream has 23 more entries, then brings the busy stream's page.
+  std::string acks_end, alarms_end;
+  for (const StreamRead& s : r.value()) {
+    if (s.stream == "acks") acks_end = s.entries.back().id;
+    if (s.stream == "alarms") alarms_end = s.entries.back().id;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  r = XReadMarkedFirst(c, {{"acks", acks_end}, {"busy", "0"}, {"alarms", alarms_end}}, {true, false, true}, 4, 300,
+                       100, 2);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  got = sizes(r.value());
+  EXPECT_GE(waited, std::chrono::milliseconds(250)) << "a busy stream's entries must not end the wait";
+  EXPECT_TRUE(got["acks"].empty());
+  EXPECT_EQ(got["busy"].size(), 2u);
+
+  // Nothing marked: the others are the blocking read, at other_count.
+  got = sizes(XReadMarkedFirst(c, from0, {}, 4, -1, 100, 3).value());
+  EXPECT_EQ(got["acks"].size(), 3u);
+  EXPECT_EQ(got["busy"].size(), 3u);
+  // Either read Redis refuses is the error, the other's entries dropped; the connection stays usable.
+  ASSERT_TRUE(HSet(c, "not-a-stream", {{"a", "1"}}).ok());
+  EXPECT_FALSE(XReadMarkedFirst(c, {{"acks", "0"}, {"not-a-stream", "0"}}, {true, false}, 4, -1, 100, 2).ok());
+  EXPECT_FALSE(XReadMarkedFirst(c, {{"not-a-stream", "0"}, {"busy", "0"}}, {true, false}, 4, -1, 100, 2).ok());
+  EXPECT_TRUE(Ping(c).ok());
+}
+
 TEST_F(RedisClientTest, HashesExpiryAndSelect) {
   RedisOptions o = server_.ClientOptions();
   o.db = 3;

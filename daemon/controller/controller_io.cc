@@ -25,6 +25,11 @@ constexpr std::uint64_t kReadCount = 1000;  // stream entries per XREAD at most
 // A rare stream that filled its COUNT is read on at once, without the busy ones, this many more
 // times at most (so one turn carries up to 64,000 of its entries).
 constexpr int kDrainReads = 63;
+// While a round holds the job, a read waits on the rare streams alone and then takes at most this
+// many entries of each busy stream. A held job writes little to them, but at 16,384 ranks a full
+// page of each (parsed, dispatched and freed before the turn) put 0.1-0.2 s between a step's acks
+// and the next step, twice a pause.
+constexpr std::uint64_t kHeldBusyCount = 64;
 
 struct StreamSpec {
   const char* name;  // cursor name
@@ -346,7 +351,8 @@ void Controller::StartRead() {
   }
   if (streams.empty()) return;  // nothing readable: the turns keep the pace without Redis
   const std::uint64_t generation = read_generation_;
-  auto job = [this, streams = std::move(streams), specs = std::move(specs), generation,
+  const bool held = validation_.holding();
+  auto job = [this, streams = std::move(streams), specs = std::move(specs), generation, held,
               block_ms = config_.tick_ms](redis::RedisConnection& c) {
     ReadOutcome out;
     std::vector<bool> drain;
@@ -354,9 +360,11 @@ void Controller::StartRead() {
     // A wave of acks (one per agent host: 2,048 at 16,384 ranks) or of alarms outgrows one
     // COUNT: the rare streams are read on at once, so a validation step waits one turn for its
     // acks, not one per thousand hosts, each beside a thousand entries of every busy stream (a
-    // step's acks took a second to come in at 16,384 ranks).
+    // step's acks took a second to come in at 16,384 ranks). While a round holds the job, the
+    // read waits for the rare streams and then takes a short page of the busy ones.
     Result<std::vector<redis::StreamRead>> r =
-        redis::XReadDrained(c, streams, drain, kReadCount, block_ms, kDrainReads);
+        held ? redis::XReadMarkedFirst(c, streams, drain, kReadCount, block_ms, kDrainReads, kHeldBusyCount)
+             : redis::XReadDrained(c, streams, drain, kReadCount, block_ms, kDrainReads);
     out.status = r.status();
     if (r.ok()) {
       for (const StreamSpec* spec : specs) out.streams.push_back(spec->name);
@@ -366,7 +374,8 @@ void Controller::StartRead() {
           if (streams[i].first == read.stream) spec = specs[i];
         }
         if (spec == nullptr) continue;
-        const std::uint64_t page = spec->busy ? kReadCount : kReadCount * (kDrainReads + 1);
+        const std::uint64_t page =
+            spec->busy ? (held ? kHeldBusyCount : kReadCount) : kReadCount * (kDrainReads + 1);
         if (!read.entries.empty() && read.entries.size() >= page) out.behind[spec->name] = read.entries.back().id;
         for (const redis::StreamEntry& e : read.entries) {
           // An agent packs the messages of one flush into one entry: one msg field each.

@@ -138,6 +138,24 @@ Result<std::vector<StreamRead>> XReadDrained(
   return reads;
 }
 
+Result<std::vector<StreamRead>> XReadMarkedFirst(
+    RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
+    const std::vector<bool>& drain, std::uint64_t count, int block_ms, int max_more, std::uint64_t other_count) {
+  std::vector<std::pair<std::string, std::string>> marked, others;
+  for (std::size_t i = 0; i < streams_and_ids.size(); ++i) {
+    (i < drain.size() && drain[i] ? marked : others).push_back(streams_and_ids[i]);
+  }
+  if (marked.empty()) return XRead(c, others, other_count, block_ms);
+  Result<std::vector<StreamRead>> first =
+      XReadDrained(c, marked, std::vector<bool>(marked.size(), true), count, block_ms, max_more);
+  if (!first.ok() || others.empty()) return first;
+  std::vector<StreamRead> reads = std::move(first).value();
+  Result<std::vector<StreamRead>> rest = XRead(c, others, other_count, -1);
+  if (!rest.ok()) return rest.status();
+  std::move(rest.value().begin(), rest.value().end(), std::back_inserter(reads));
+  return reads;
+}
+
 Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c, const std::string& group,
                                            const std::string& consumer, const std::string& stream,
                                            const std::string& id, std::uint64_t count,

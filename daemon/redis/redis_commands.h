@@ -54,6 +54,16 @@ std::vector<std::string> XAddArgs(const std::string& stream, std::uint64_t maxle
     RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
     const std::vector<bool>& drain, std::uint64_t count, int block_ms, int max_more);
 
+// The streams marked in `drain` first, as XReadDrained reads them (BLOCK up to block_ms for any
+// of them, a full COUNT read on up to `max_more` times), then the unmarked ones in one XREAD
+// without BLOCK, at most `other_count` entries each. For a reader that waits on a few streams
+// while the others run heavy: what it waits for is not read behind a full page of each of them.
+// With nothing marked, the unmarked ones are the blocking read. Either read's failure is the
+// result (what the other read brought is dropped: a caller's cursors stay, and read it again).
+[[nodiscard]] Result<std::vector<StreamRead>> XReadMarkedFirst(
+    RedisConnection& c, const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
+    const std::vector<bool>& drain, std::uint64_t count, int block_ms, int max_more, std::uint64_t other_count);
+
 // XREADGROUP GROUP g consumer [COUNT n] [BLOCK ms] STREAMS stream id ('>' = new entries).
 [[nodiscard]] Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c,
                                                          const std::string& group,
