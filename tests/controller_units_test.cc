@@ -1141,9 +1141,13 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     ValidationSettings s;
     s.statistic = c.statistic;
     ValidationRun run("v1", GemmThenP2p(), s, false);
+    EXPECT_FALSE(run.stopping());
     std::int64_t now = kReportedNs;
     std::vector<OutgoingCommand> cmds = Next(run, view, now);
     ExpectPause(cmds, now, s.pause_lead_s);
+    // From the pause command on, ranks may wait on the round: the first at their cut for the last.
+    EXPECT_TRUE(run.stopping());
+    EXPECT_FALSE(run.paused());
     Answer(run, cmds);
     now += kSec;
 
@@ -1182,9 +1186,11 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     cmds = Next(run, view, now);
     EXPECT_EQ(HostsOf(cmds, "resume"), kHosts);
     EXPECT_FALSE(run.done()) << "until the resumes are acked";
+    EXPECT_TRUE(run.stopping()) << "until the resumes are acked";
     Answer(run, cmds);
     EXPECT_TRUE(Next(run, view, now).empty());
     EXPECT_TRUE(run.done());
+    EXPECT_FALSE(run.stopping());
     EXPECT_TRUE(run.completed());
     EXPECT_EQ(run.failure(), "");
 

@@ -134,11 +134,12 @@ void Controller::Turn() {
     return;
   }
   Status s = Status::Ok();
-  // While a round holds the job its steps come first: a re-read of the rank keys blocks the loop
-  // (about half a second at 16,384 ranks), and a step's acks would wait for it. The round sends
+  // While ranks wait on a round (from its pause command: the first to reach their cut wait there
+  // for the last) its steps come first: a re-read of the rank keys blocks the loop (about half a
+  // second at 16,384 ranks), and the acks that end the wait would wait for it. The round sends
   // to the hosts of the view it began with; the re-read comes in the turn after the resume.
-  const bool holding = validation_.holding();
-  if (now >= next_view_ns_ && !holding) {
+  const bool ranks_wait = validation_.stopping();
+  if (now >= next_view_ns_ && !ranks_wait) {
     s = RefreshView();
     // Re-reading every rank key blocks the loop (at 16,384 ranks about half a second): spaced
     // so that it takes at most 1/kViewShareInverse of the loop, the phases keep their pace. A
@@ -154,7 +155,7 @@ void Controller::Turn() {
   // until the last write is 1/kSaveShareInverse of the loop behind, the heartbeat never.
   // Likewise a write of a changed state waits for the resume; the heartbeat's does not (falcon-ctl
   // tells a live controller by the state's age).
-  if (s.ok() && ((dirty_ && !holding && WallNs() >= save_not_before_ns_) || WallNs() >= next_save_ns_)) {
+  if (s.ok() && ((dirty_ && !ranks_wait && WallNs() >= save_not_before_ns_) || WallNs() >= next_save_ns_)) {
     const std::int64_t t0 = WallNs();
     s = SaveState(t0);
     state_save_ns_ = std::max<std::int64_t>(0, WallNs() - t0);

@@ -128,6 +128,12 @@ class ValidationRun {
 
   [[nodiscard]] bool done() const { return phase_ == Phase::kDone; }
   [[nodiscard]] bool paused() const { return paused_; }  // the pause took on every rank
+  // A pause or release is out and not yet answered in full: from the pause command (ranks stop
+  // at their cut one by one and wait there) until the resume's or release's acks.
+  [[nodiscard]] bool stopping() const {
+    return phase_ == Phase::kAwaitPause || phase_ == Phase::kStep || phase_ == Phase::kAwaitStep ||
+           phase_ == Phase::kResume || phase_ == Phase::kAwaitResume;
+  }
   [[nodiscard]] bool completed() const { return done() && paused_ && cursor_ == order_.size(); }
   [[nodiscard]] const std::string& failure() const { return failure_; }  // "" unless it failed
 

@@ -48,6 +48,9 @@ class ValidationStage {
   [[nodiscard]] bool done() const { return run_ != nullptr && run_->done(); }
   // The round holds the job: every rank paused, and the round not done (its resume not yet acked).
   [[nodiscard]] bool holding() const { return run_ != nullptr && run_->paused() && !run_->done(); }
+  // Ranks may be waiting on the round: its pause is out (the first ranks wait at their cut for
+  // the last), it holds the job, or its release is out (ValidationRun::stopping).
+  [[nodiscard]] bool stopping() const { return run_ != nullptr && run_->stopping(); }
   // A validated ack: fed to the round under way.
   void OnAck(const nlohmann::json& m);
   // The commands to send now for the round under way (none when there is none).
