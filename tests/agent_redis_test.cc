@@ -23,6 +23,22 @@ namespace {
 using testing::RedisServer;
 using testing::WaitUntil;
 
+// XADDs n entries to `stream`, each with msg = its index.
+void FillStream(RedisConnection& c, const std::string& stream, int n) {
+  std::vector<std::vector<std::string>> xadds;
+  for (int i = 0; i < n; ++i) xadds.push_back(XAddArgs(stream, 0, {{"msg", std::to_string(i)}}));
+  ASSERT_TRUE(PipelineInRounds(c, xadds).ok());
+}
+
+// stream -> the msg fields of what a read brought, in order.
+std::map<std::string, std::vector<std::string>> MsgsByStream(const std::vector<StreamRead>& reads) {
+  std::map<std::string, std::vector<std::string>> got;
+  for (const StreamRead& r : reads) {
+    for (const StreamEntry& e : r.entries) got[r.stream].push_back(*e.Field("msg"));
+  }
+  return got;
+}
+
 class RedisClientTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(server_.Start().ok()) << server_.Log(); }
@@ -76,21 +92,11 @@ TEST_F(RedisClientTest, StreamsAppendReadAndConsumerGroups) {
 TEST_F(RedisClientTest, ADrainedReadTakesARareStreamsWholeBurstAndOnlyACountOfTheOthers) {
   RedisConnection c(server_.ClientOptions());
   ASSERT_TRUE(c.Connect().ok());
-  auto fill = [&](const std::string& stream, int n) {
-    std::vector<std::vector<std::string>> xadds;
-    for (int i = 0; i < n; ++i) xadds.push_back(XAddArgs(stream, 0, {{"msg", std::to_string(i)}}));
-    ASSERT_TRUE(PipelineInRounds(c, xadds).ok());
-  };
+  auto fill = [&](const std::string& stream, int n) { FillStream(c, stream, n); };
   fill("acks", 25);
   fill("busy", 25);
   fill("alarms", 7);
-  auto sizes = [](const std::vector<StreamRead>& reads) {
-    std::map<std::string, std::vector<std::string>> got;  // stream -> its msgs in order
-    for (const StreamRead& r : reads) {
-      for (const StreamEntry& e : r.entries) got[r.stream].push_back(*e.Field("msg"));
-    }
-    return got;
-  };
+  auto sizes = MsgsByStream;
   const std::vector<std::pair<std::string, std::string>> from0 = {{"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
   // COUNT 4: the drained stream comes whole, in order, the busy one only 4, the short one whole.
   Result<std::vector<StreamRead>> r = XReadDrained(c, from0, {true, false, true}, 4, -1, 100);
@@ -122,21 +128,11 @@ TEST_F(RedisClientTest, ADrainedReadTakesARareStreamsWholeBurstAndOnlyACountOfTh
 TEST_F(RedisClientTest, AMarkedFirstReadWaitsForTheMarkedStreamsAndTakesAShortPageOfTheOthers) {
   RedisConnection c(server_.ClientOptions());
   ASSERT_TRUE(c.Connect().ok());
-  auto fill = [&](const std::string& stream, int n) {
-    std::vector<std::vector<std::string>> xadds;
-    for (int i = 0; i < n; ++i) xadds.push_back(XAddArgs(stream, 0, {{"msg", std::to_string(i)}}));
-    ASSERT_TRUE(PipelineInRounds(c, xadds).ok());
-  };
+  auto fill = [&](const std::string& stream, int n) { FillStream(c, stream, n); };
   fill("acks", 25);
   fill("busy", 25);
   fill("alarms", 7);
-  auto sizes = [](const std::vector<StreamRead>& reads) {
-    std::map<std::string, std::vector<std::string>> got;
-    for (const StreamRead& r : reads) {
-      for (const StreamEntry& e : r.entries) got[r.stream].push_back(*e.Field("msg"));
-    }
-    return got;
-  };
+  auto sizes = MsgsByStream;
   const std::vector<std::pair<std::string, std::string>> from0 = {{"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
   Result<std::vector<StreamRead>> r = XReadMarkedFirst(c, from0, {true, false, true}, 4, -1, 100, 2);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
