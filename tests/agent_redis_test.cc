@@ -30,6 +30,15 @@ void FillStream(RedisConnection& c, const std::string& stream, int n) {
   ASSERT_TRUE(PipelineInRounds(c, xadds).ok());
 }
 
+// Two rare streams and a busy one for the stream-read tests: acks 25 entries, busy 25, alarms 7.
+void FillRareAndBusy(RedisConnection& c) {
+  FillStream(c, "acks", 25);
+  FillStream(c, "busy", 25);
+  FillStream(c, "alarms", 7);
+}
+const std::vector<std::pair<std::string, std::string>> kRareAndBusyFrom0 = {
+    {"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
+
 // stream -> the msg fields of what a read brought, in order.
 std::map<std::string, std::vector<std::string>> MsgsByStream(const std::vector<StreamRead>& reads) {
   std::map<std::string, std::vector<std::string>> got;
@@ -92,30 +101,26 @@ TEST_F(RedisClientTest, StreamsAppendReadAndConsumerGroups) {
 TEST_F(RedisClientTest, ADrainedReadTakesARareStreamsWholeBurstAndOnlyACountOfTheOthers) {
   RedisConnection c(server_.ClientOptions());
   ASSERT_TRUE(c.Connect().ok());
-  auto fill = [&](const std::string& stream, int n) { FillStream(c, stream, n); };
-  fill("acks", 25);
-  fill("busy", 25);
-  fill("alarms", 7);
-  auto sizes = MsgsByStream;
-  const std::vector<std::pair<std::string, std::string>> from0 = {{"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
+  FillRareAndBusy(c);
+  const std::vector<std::pair<std::string, std::string>>& from0 = kRareAndBusyFrom0;
   // COUNT 4: the drained stream comes whole, in order, the busy one only 4, the short one whole.
   Result<std::vector<StreamRead>> r = XReadDrained(c, from0, {true, false, true}, 4, -1, 100);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  std::map<std::string, std::vector<std::string>> got = sizes(r.value());
+  std::map<std::string, std::vector<std::string>> got = MsgsByStream(r.value());
   ASSERT_EQ(got["acks"].size(), 25u);
   for (int i = 0; i < 25; ++i) EXPECT_EQ(got["acks"][static_cast<std::size_t>(i)], std::to_string(i));
   EXPECT_EQ(got["busy"].size(), 4u);
   EXPECT_EQ(got["alarms"].size(), 7u);
   // The read-ons are bounded: 2 more reads of 4 make 12 of the 25.
-  got = sizes(XReadDrained(c, from0, {true, false, true}, 4, -1, 2).value());
+  got = MsgsByStream(XReadDrained(c, from0, {true, false, true}, 4, -1, 2).value());
   EXPECT_EQ(got["acks"].size(), 12u);
   // Nothing marked to drain (or a drain list shorter than the streams): a plain XREAD.
-  got = sizes(XReadDrained(c, from0, {}, 4, -1, 100).value());
+  got = MsgsByStream(XReadDrained(c, from0, {}, 4, -1, 100).value());
   EXPECT_EQ(got["acks"].size(), 4u);
   EXPECT_EQ(got["alarms"].size(), 4u);
   // A burst of exactly COUNT asks once more and finds nothing: still exactly what is there.
-  fill("exact", 4);
-  got = sizes(XReadDrained(c, {{"exact", "0"}}, {true}, 4, -1, 100).value());
+  FillStream(c, "exact", 4);
+  got = MsgsByStream(XReadDrained(c, {{"exact", "0"}}, {true}, 4, -1, 100).value());
   EXPECT_EQ(got["exact"].size(), 4u);
   // A first read Redis refuses is the error; the connection stays usable.
   ASSERT_TRUE(HSet(c, "not-a-stream", {{"a", "1"}}).ok());
@@ -128,15 +133,11 @@ TEST_F(RedisClientTest, ADrainedReadTakesARareStreamsWholeBurstAndOnlyACountOfTh
 TEST_F(RedisClientTest, AMarkedFirstReadWaitsForTheMarkedStreamsAndTakesAShortPageOfTheOthers) {
   RedisConnection c(server_.ClientOptions());
   ASSERT_TRUE(c.Connect().ok());
-  auto fill = [&](const std::string& stream, int n) { FillStream(c, stream, n); };
-  fill("acks", 25);
-  fill("busy", 25);
-  fill("alarms", 7);
-  auto sizes = MsgsByStream;
-  const std::vector<std::pair<std::string, std::string>> from0 = {{"acks", "0"}, {"busy", "0"}, {"alarms", "0"}};
+  FillRareAndBusy(c);
+  const std::vector<std::pair<std::string, std::string>>& from0 = kRareAndBusyFrom0;
   Result<std::vector<StreamRead>> r = XReadMarkedFirst(c, from0, {true, false, true}, 4, -1, 100, 2);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  std::map<std::string, std::vector<std::string>> got = sizes(r.value());
+  std::map<std::string, std::vector<std::string>> got = MsgsByStream(r.value());
   ASSERT_EQ(got["acks"].size(), 25u);
   for (int i = 0; i < 25; ++i) EXPECT_EQ(got["acks"][static_cast<std::size_t>(i)], std::to_string(i));
   EXPECT_EQ(got["alarms"].size(), 7u);
@@ -154,13 +155,13 @@ TEST_F(RedisClientTest, AMarkedFirstReadWaitsForTheMarkedStreamsAndTakesAShortPa
                        100, 2);
   const auto waited = std::chrono::steady_clock::now() - t0;
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  got = sizes(r.value());
+  got = MsgsByStream(r.value());
   EXPECT_GE(waited, std::chrono::milliseconds(250)) << "a busy stream's entries must not end the wait";
   EXPECT_TRUE(got["acks"].empty());
   EXPECT_EQ(got["busy"].size(), 2u);
 
   // Nothing marked: the others are the blocking read, at other_count.
-  got = sizes(XReadMarkedFirst(c, from0, {}, 4, -1, 100, 3).value());
+  got = MsgsByStream(XReadMarkedFirst(c, from0, {}, 4, -1, 100, 3).value());
   EXPECT_EQ(got["acks"].size(), 3u);
   EXPECT_EQ(got["busy"].size(), 3u);
   // Either read Redis refuses is the error, the other's entries dropped; the connection stays usable.
