@@ -889,8 +889,8 @@ def main():
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with SIGINT ignored
     os.makedirs(args.out, exist_ok=True)
-    doc = {"v": 1, "tool": "scale_bench", "config": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}, **preamble(args, points),
-           "records": []}
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}  # CPU sets as lists
+    doc = {"v": 1, "tool": "scale_bench", "config": config, **preamble(args, points), "records": []}
     if doc["build_type"] not in ("Release", "RelWithDebInfo"):
         print(f"# WARNING: {args.build} is a {doc['build_type']} build: these figures are not the optimised code's",
               file=sys.stderr)
