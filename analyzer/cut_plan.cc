@@ -13,23 +13,25 @@ namespace {
 
 // One rank's pattern, indexed for E(x) in O(log units). Counters 0..comms-1 are the
 // communicators' totals (what the shim's triggers count); then each communicator's channels.
+// Per counter k, entries first[k]..first[k+1]-1 of unit_index and cum: the units that call it,
+// ascending, and its calls through each (flat: a job of 16,384 ranks has 200,000 counters).
 struct Rank {
   const RankCallPattern* p = nullptr;
   std::uint64_t units = 0;
-  std::vector<std::uint32_t> channel_at;                 // per comm: its first channel's counter
-  std::vector<std::uint64_t> base;                       // per counter: calls before position 0
-  std::vector<std::uint64_t> per_period;                 // per counter: calls per period
-  std::vector<std::vector<std::uint32_t>> unit_index;    // per counter: units that call it, ascending
-  std::vector<std::vector<std::uint64_t>> cum;           // per counter: calls through that unit
-  std::vector<bool> valid;                               // per unit residue: a stop position
-  std::uint64_t lo = 0, hi = 0;
+  std::vector<std::uint32_t> channel_at;  // per comm: its first channel's counter
+  std::vector<std::uint64_t> base;        // per counter: calls before position 0
+  std::vector<std::uint64_t> per_period;  // per counter: calls per period
+  std::vector<std::uint32_t> first;       // per counter, and one past the last
+  std::vector<std::uint32_t> unit_index;
+  std::vector<std::uint64_t> cum;
+  std::vector<bool> valid;                // per unit residue: a stop position
 
   std::uint64_t Issued(std::uint32_t k, std::uint64_t x) const {
     if (units == 0 || per_period[k] == 0) return base[k];
     const std::uint64_t r = x % units;
-    const auto& idx = unit_index[k];
-    const auto it = std::lower_bound(idx.begin(), idx.end(), static_cast<std::uint32_t>(r));
-    const std::uint64_t within = it == idx.begin() ? 0 : cum[k][static_cast<std::size_t>(it - idx.begin()) - 1];
+    const auto begin = unit_index.begin() + first[k];
+    const auto it = std::lower_bound(begin, unit_index.begin() + first[k + 1], static_cast<std::uint32_t>(r));
+    const std::uint64_t within = it == begin ? 0 : cum[static_cast<std::size_t>(it - unit_index.begin()) - 1];
     return base[k] + (x / units) * per_period[k] + within;
   }
   bool Valid(std::uint64_t x) const { return units == 0 || valid[x % units]; }
@@ -48,14 +50,17 @@ struct Rank {
   }
 };
 
-void Count(Rank* r, std::uint32_t k, std::size_t u, std::uint64_t n) {
-  r->per_period[k] += n;
-  auto& idx = r->unit_index[k];
-  if (idx.empty() || idx.back() != u) {
-    idx.push_back(static_cast<std::uint32_t>(u));
-    r->cum[k].push_back(r->per_period[k]);
-  } else {
-    r->cum[k].back() = r->per_period[k];
+// Calls f(counter, unit, count) for every call of every unit, in unit order: on its
+// communicator's total and, where the communicator carries channels, on its channel.
+template <typename F>
+void ForEachCall(const RankCallPattern& p, const Rank& r, F&& f) {
+  for (std::size_t u = 0; u < p.units.size(); ++u) {
+    for (const UnitCalls& call : p.units[u].calls) {
+      f(call.comm, static_cast<std::uint32_t>(u), call.count);
+      if (!p.comms[call.comm].channels.empty()) {
+        f(r.channel_at[call.comm] + call.channel, static_cast<std::uint32_t>(u), call.count);
+      }
+    }
   }
 }
 
@@ -73,15 +78,30 @@ void Index(const RankCallPattern& p, Rank* r) {
     for (const PatternChannel& ch : p.comms[c].channels) r->base.push_back(ch.base);
   }
   const std::size_t nk = r->base.size();
-  r->per_period.assign(nk, 0);
-  r->unit_index.assign(nk, {});
-  r->cum.assign(nk, {});
-  for (std::size_t u = 0; u < p.units.size(); ++u) {
-    for (const UnitCalls& call : p.units[u].calls) {
-      Count(r, call.comm, u, call.count);
-      if (!p.comms[call.comm].channels.empty()) Count(r, r->channel_at[call.comm] + call.channel, u, call.count);
+  constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+  // Two passes: how many units call each counter, then those units and the running counts.
+  std::vector<std::uint32_t> last(nk, kNone);
+  r->first.assign(nk + 1, 0);
+  ForEachCall(p, *r, [&](std::uint32_t k, std::uint32_t u, std::uint64_t) {
+    if (last[k] != u) {
+      last[k] = u;
+      ++r->first[k + 1];
     }
-  }
+  });
+  for (std::size_t k = 0; k < nk; ++k) r->first[k + 1] += r->first[k];
+  r->unit_index.resize(r->first[nk]);
+  r->cum.resize(r->first[nk]);
+  r->per_period.assign(nk, 0);
+  std::vector<std::uint32_t> next(r->first.begin(), r->first.end() - 1);
+  last.assign(nk, kNone);
+  ForEachCall(p, *r, [&](std::uint32_t k, std::uint32_t u, std::uint64_t n) {
+    r->per_period[k] += n;
+    if (last[k] != u) {
+      last[k] = u;
+      r->unit_index[next[k]++] = u;
+    }
+    r->cum[next[k] - 1] = r->per_period[k];
+  });
   r->valid.assign(p.units.size(), true);
   for (std::size_t u = 0; u < p.units.size(); ++u) {
     const std::size_t prev = (u + p.units.size() - 1) % p.units.size();
@@ -102,13 +122,30 @@ struct Member {
 };
 
 // Counts that must agree at the cut: one communicator's totals, its collectives, or the sends
-// from one member to another with the receiver's receives from it. `zero`: a member that never
-// used the channel, whose count stays 0.
+// from one member (comm rank `from`) to another (`to`) with the receiver's receives from it.
+// `zero`: a member that never used the channel, whose count stays 0.
 struct Constraint {
-  std::string what;  // for messages: "the members of communicator ... cannot agree on ..."
+  enum class Kind : std::uint8_t { kTotals, kCollectives, kSends };
+  Kind kind = Kind::kTotals;
+  std::uint64_t comm = 0;
+  std::int32_t from = -1, to = -1;
   std::vector<std::pair<std::size_t, std::uint32_t>> members;  // (rank index, counter)
   bool zero = false;
 };
+
+// For messages, built only when a cut fails: a job of 16,384 ranks has 33,000 constraints.
+std::string What(const Constraint& c) {
+  switch (c.kind) {
+    case Constraint::Kind::kTotals:
+      return "the members of communicator " + Hex(c.comm) + " cannot agree on a call count";
+    case Constraint::Kind::kCollectives:
+      return "the members of communicator " + Hex(c.comm) + " cannot agree on a collective count";
+    case Constraint::Kind::kSends:
+      break;
+  }
+  return "comm ranks " + std::to_string(c.from) + " and " + std::to_string(c.to) + " of communicator " + Hex(c.comm) +
+         " cannot agree on the sends from " + std::to_string(c.from) + " to " + std::to_string(c.to);
+}
 
 // The communicator's members' channels as constraints, or a reason to count it by its totals.
 std::string ChannelConstraints(std::uint64_t id, const std::vector<Member>& members,
@@ -123,7 +160,7 @@ std::string ChannelConstraints(std::uint64_t id, const std::vector<Member>& memb
              " is unknown or taken twice";
     }
   }
-  Constraint coll{"the members of communicator " + Hex(id) + " cannot agree on a collective count", {}, false};
+  Constraint coll{Constraint::Kind::kCollectives, id, -1, -1, {}, false};
   std::map<std::pair<std::int32_t, std::int32_t>, Constraint> p2p;  // (sender, receiver) comm ranks
   std::vector<bool> in_coll(members.size(), false);
   for (std::size_t m = 0; m < members.size(); ++m) {
@@ -142,12 +179,8 @@ std::string ChannelConstraints(std::uint64_t id, const std::vector<Member>& memb
                ", which no member has as its comm rank";
       }
       const auto key = ch.kind == ChannelKind::kSend ? std::pair{c.rank, ch.peer} : std::pair{ch.peer, c.rank};
-      Constraint& p = p2p[key];
-      if (p.what.empty()) {
-        p.what = "comm ranks " + std::to_string(key.first) + " and " + std::to_string(key.second) + " of communicator " +
-                 Hex(id) + " cannot agree on the sends from " + std::to_string(key.first) + " to " +
-                 std::to_string(key.second);
-      }
+      Constraint& p = p2p.try_emplace(key, Constraint{Constraint::Kind::kSends, id, key.first, key.second, {}, false})
+                          .first->second;
       p.members.emplace_back(mem.rank, counter);
     }
   }
@@ -177,21 +210,38 @@ std::uint64_t IssuedOnChannelBefore(const RankCallPattern& p, std::uint32_t comm
 
 namespace {
 
-CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) {
-  CutPlan out;
+// What every plan of one set of patterns shares: the ranks indexed, the constraints, and what
+// rules out any cut before a search starts. Built once per PlanCut, whose searches (iteration
+// tries, the later-iteration search) plan the same patterns many times.
+struct Job {
+  std::span<const RankCallPattern> ranks;
+  std::vector<Rank> rs;
+  std::vector<Constraint> constraints;
+  std::vector<std::vector<std::size_t>> of_rank;  // per rank: its constraints
+  std::size_t root = 0;                           // the lowest rank
+  std::string failure;                            // no cut whatever the options
+  // Members that count a communicator by its totals, unalike: no cut, but reported after what
+  // is wrong with the options.
+  std::string counts_failure;
+};
+
+Job Prepare(std::span<const RankCallPattern> ranks) {
+  Job job;
+  job.ranks = ranks;
   if (ranks.empty()) {
-    out.failure = "no rank to cut";
-    return out;
+    job.failure = "no rank to cut";
+    return job;
   }
-  std::vector<Rank> rs(ranks.size());
+  std::vector<Rank>& rs = job.rs;
+  rs.resize(ranks.size());
   std::map<std::uint64_t, std::vector<Member>> comms;  // ordered: deterministic messages
   std::unordered_map<std::uint64_t, std::int64_t> nranks;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const RankCallPattern& p = ranks[i];
     if (p.units.empty()) {
-      out.failure = "rank " + std::to_string(p.rank) +
+      job.failure = "rank " + std::to_string(p.rank) +
                     " issues no periodic NCCL calls: there is no call to stop it before";
-      return out;
+      return job;
     }
     Index(p, &rs[i]);
     for (std::uint32_t c = 0; c < p.comms.size(); ++c) {
@@ -201,23 +251,70 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
   }
   for (const auto& [id, members] : comms) {
     if (static_cast<std::int64_t>(members.size()) != nranks[id]) {
-      out.failure = "communicator " + Hex(id) + ": " + std::to_string(members.size()) + " of " +
+      job.failure = "communicator " + Hex(id) + ": " + std::to_string(members.size()) + " of " +
                     std::to_string(nranks[id]) + " members have a call pattern";
-      return out;
+      return job;
     }
   }
-
-  // Domains [lo, hi] of stop positions.
   const auto lowest = std::min_element(ranks.begin(), ranks.end(),
                                        [](const auto& a, const auto& b) { return a.rank < b.rank; });
-  const std::size_t root = static_cast<std::size_t>(lowest - ranks.begin());
+  job.root = static_cast<std::size_t>(lowest - ranks.begin());
+
+  // The constraints: per communicator, its channels where every member counts them, else its
+  // totals.
+  std::vector<Constraint>& constraints = job.constraints;
+  for (const auto& [id, members] : comms) {
+    std::vector<Constraint> channels;
+    const std::string why = ChannelConstraints(id, members, ranks, rs, &channels);
+    if (why.empty()) {
+      for (Constraint& c : channels) constraints.push_back(std::move(c));
+      continue;
+    }
+    // By totals, members must call it alike: where they do not (sends and receives), equal
+    // totals can come where the members are iterations apart, and a cut there would hang.
+    Constraint total{Constraint::Kind::kTotals, id, -1, -1, {}, false};
+    for (const Member& m : members) {
+      total.members.emplace_back(m.rank, m.comm);
+      const Member& first = members.front();
+      if (rs[m.rank].per_period[m.comm] != rs[first.rank].per_period[first.comm]) {
+        job.counts_failure = "communicator " + Hex(id) + ": rank " + std::to_string(ranks[first.rank].rank) +
+                             " issues " + std::to_string(rs[first.rank].per_period[first.comm]) +
+                             " calls per period on it, rank " + std::to_string(ranks[m.rank].rank) + " " +
+                             std::to_string(rs[m.rank].per_period[m.comm]) +
+                             ": it carries sends and receives, and not every member's agent counts them per "
+                             "channel (" + why + ")";
+        return job;
+      }
+    }
+    constraints.push_back(std::move(total));
+  }
+  job.of_rank.resize(rs.size());
+  for (std::size_t k = 0; k < constraints.size(); ++k) {
+    for (const auto& [rank, counter] : constraints[k].members) {
+      if (job.of_rank[rank].empty() || job.of_rank[rank].back() != k) job.of_rank[rank].push_back(k);
+    }
+  }
+  return job;
+}
+
+// The earliest consistent cut with each rank i stopping at or after min_position[i].
+CutPlan Solve(const Job& job, std::span<const std::uint64_t> min_position, const CutOptions& options) {
+  CutPlan out;
+  if (!job.failure.empty()) {
+    out.failure = job.failure;
+    return out;
+  }
+  const std::span<const RankCallPattern> ranks = job.ranks;
+  const std::vector<Rank>& rs = job.rs;
+  const std::size_t root = job.root;
+  // Domains [lo, hi] of stop positions.
+  std::vector<std::uint64_t> lo(rs.size()), hi(rs.size());
   for (std::size_t i = 0; i < rs.size(); ++i) {
-    Rank& r = rs[i];
-    r.lo = r.NextValid(std::max<std::uint64_t>(ranks[i].min_position, 1));  // 0 is the past
+    const Rank& r = rs[i];
+    lo[i] = r.NextValid(std::max<std::uint64_t>(min_position[i], 1));  // 0 is the past
     const std::uint64_t span = options.horizon_periods * r.units;
-    const auto hi = r.PrevValid(ranks[i].min_position + std::max<std::uint64_t>(span, 1));
-    r.hi = hi ? *hi : r.lo;
-    if (r.hi < r.lo) r.hi = r.lo;
+    const auto last = r.PrevValid(min_position[i] + std::max<std::uint64_t>(span, 1));
+    hi[i] = std::max(last ? *last : lo[i], lo[i]);
   }
   if (options.iteration) {
     const RankCallPattern& p = ranks[root];
@@ -232,55 +329,26 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
       return out;
     }
     const std::uint64_t x = rs[root].NextValid((*options.iteration - *p.iteration_at_start) * rs[root].units);
-    if (x < std::max<std::uint64_t>(p.min_position, 1)) {
+    if (x < std::max<std::uint64_t>(min_position[root], 1)) {
       out.failure = "iteration " + std::to_string(*options.iteration) + " begins too soon on rank " +
                     std::to_string(p.rank) + " to pause every rank before it: choose a later one";
       out.later_iteration = 0;  // marks a later one worth looking for; PlanCut finds it
       return out;
     }
-    rs[root].lo = rs[root].hi = x;
+    lo[root] = hi[root] = x;
   }
-
-  // The constraints: per communicator, its channels where every member counts them, else its
-  // totals.
-  std::vector<Constraint> constraints;
-  for (const auto& [id, members] : comms) {
-    std::vector<Constraint> channels;
-    const std::string why = ChannelConstraints(id, members, ranks, rs, &channels);
-    if (why.empty()) {
-      for (Constraint& c : channels) constraints.push_back(std::move(c));
-      continue;
-    }
-    // By totals, members must call it alike: where they do not (sends and receives), equal
-    // totals can come where the members are iterations apart, and a cut there would hang.
-    Constraint total{"the members of communicator " + Hex(id) + " cannot agree on a call count", {}, false};
-    for (const Member& m : members) {
-      total.members.emplace_back(m.rank, m.comm);
-      const Member& first = members.front();
-      if (rs[m.rank].per_period[m.comm] != rs[first.rank].per_period[first.comm]) {
-        out.failure = "communicator " + Hex(id) + ": rank " + std::to_string(ranks[first.rank].rank) + " issues " +
-                      std::to_string(rs[first.rank].per_period[first.comm]) + " calls per period on it, rank " +
-                      std::to_string(ranks[m.rank].rank) + " " + std::to_string(rs[m.rank].per_period[m.comm]) +
-                      ": it carries sends and receives, and not every member's agent counts them per channel (" +
-                      why + ")";
-        return out;
-      }
-    }
-    constraints.push_back(std::move(total));
+  if (!job.counts_failure.empty()) {
+    out.failure = job.counts_failure;
+    return out;
   }
-  std::vector<std::vector<std::size_t>> of_rank(rs.size());
-  for (std::size_t k = 0; k < constraints.size(); ++k) {
-    for (const auto& [rank, counter] : constraints[k].members) {
-      if (of_rank[rank].empty() || of_rank[rank].back() != k) of_rank[rank].push_back(k);
-    }
-  }
+  const std::vector<Constraint>& constraints = job.constraints;
 
   // Bounds propagation over the constraints, worklist driven.
   std::deque<std::size_t> work;
   std::vector<bool> queued(constraints.size(), true);
   for (std::size_t k = 0; k < constraints.size(); ++k) work.push_back(k);
   auto requeue = [&](std::size_t i) {
-    for (std::size_t k : of_rank[i]) {
+    for (std::size_t k : job.of_rank[i]) {
       if (!queued[k]) {
         queued[k] = true;
         work.push_back(k);
@@ -301,41 +369,43 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
     std::uint64_t a = 0, b = std::numeric_limits<std::uint64_t>::max();
     if (con.zero) b = 0;
     for (const auto& [rank, counter] : con.members) {
-      a = std::max(a, rs[rank].Issued(counter, rs[rank].lo));
-      b = std::min(b, rs[rank].Issued(counter, rs[rank].hi));
+      a = std::max(a, rs[rank].Issued(counter, lo[rank]));
+      b = std::min(b, rs[rank].Issued(counter, hi[rank]));
     }
     if (a > b) {
-      out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) + " periods: " + con.what +
-                    " (their call patterns disagree)";
+      out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) +
+                    " periods: " + What(con) + " (their call patterns disagree)";
       return out;
     }
     for (const auto& [rank, counter] : con.members) {
-      Rank& r = rs[rank];
+      const Rank& r = rs[rank];
+      std::uint64_t& rlo = lo[rank];
+      std::uint64_t& rhi = hi[rank];
       bool changed = false;
-      if (r.Issued(counter, r.lo) < a) {  // raise lo: the first x with E(x) >= a
-        std::uint64_t l = r.lo, h = r.hi;
+      if (r.Issued(counter, rlo) < a) {  // raise lo: the first x with E(x) >= a
+        std::uint64_t l = rlo, h = rhi;
         while (l < h) {
           const std::uint64_t mid = l + (h - l) / 2;
           if (r.Issued(counter, mid) >= a) h = mid;
           else l = mid + 1;
         }
-        r.lo = r.NextValid(l);
+        rlo = r.NextValid(l);
         changed = true;
       }
-      if (r.Issued(counter, r.hi) > b) {  // lower hi: the last x with E(x) <= b
-        std::uint64_t l = r.lo, h = r.hi;
+      if (r.Issued(counter, rhi) > b) {  // lower hi: the last x with E(x) <= b
+        std::uint64_t l = rlo, h = rhi;
         while (l < h) {
           const std::uint64_t mid = l + (h - l + 1) / 2;
           if (r.Issued(counter, mid) <= b) l = mid;
           else h = mid - 1;
         }
         const auto prev = r.PrevValid(l);
-        r.hi = prev ? *prev : 0;
+        rhi = prev ? *prev : 0;
         changed = true;
       }
-      if (r.lo > r.hi) {
+      if (rlo > rhi) {
         out.failure = "no consistent cut within " + std::to_string(options.horizon_periods) + " periods of rank " +
-                      std::to_string(ranks[rank].rank) + " (" + con.what + ")";
+                      std::to_string(ranks[rank].rank) + " (" + What(con) + ")";
         return out;
       }
       if (changed) requeue(rank);
@@ -345,10 +415,10 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
   // The lower bounds are a solution at the fixpoint; check it rather than trust it.
   for (const Constraint& con : constraints) {
     const auto& [r0, k0] = con.members.front();
-    const std::uint64_t want = con.zero ? 0 : rs[r0].Issued(k0, rs[r0].lo);
+    const std::uint64_t want = con.zero ? 0 : rs[r0].Issued(k0, lo[r0]);
     for (const auto& [rank, counter] : con.members) {
-      if (rs[rank].Issued(counter, rs[rank].lo) != want) {
-        out.failure = "internal: propagation ended without agreement (" + con.what + ")";
+      if (rs[rank].Issued(counter, lo[rank]) != want) {
+        out.failure = "internal: propagation ended without agreement (" + What(con) + ")";
         return out;
       }
     }
@@ -356,11 +426,12 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
   out.ranks.reserve(rs.size());
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const Rank& r = rs[i];
-    const std::uint64_t x = r.lo;
+    const std::uint64_t x = lo[i];
     // Trigger: the ungrouped call at x, else a call of the group just before x.
     const bool before_call = !ranks[i].units[x % r.units].group;
     const std::uint64_t t = before_call ? x : x - 1;  // x >= 1
     RankCut cut{ranks[i].rank, x, {}};
+    cut.targets.reserve(ranks[i].comms.size());
     for (std::uint32_t c = 0; c < ranks[i].comms.size(); ++c) {
       cut.targets.push_back({ranks[i].comms[c].id, r.Issued(c, t), r.Issued(c, x)});
     }
@@ -369,25 +440,29 @@ CutPlan Plan(std::span<const RankCallPattern> ranks, const CutOptions& options) 
   return out;
 }
 
-// PlanCut at options.iteration: Plan, and where it fails, why.
-CutPlan PlanAtIteration(std::span<const RankCallPattern> ranks, const CutOptions& options) {
-  CutPlan out = Plan(ranks, options);
-  if (out.ok() || !options.iteration) return out;
+// The ranks' own min_positions.
+std::vector<std::uint64_t> MinPositions(std::span<const RankCallPattern> ranks) {
+  std::vector<std::uint64_t> out;
+  out.reserve(ranks.size());
+  for (const RankCallPattern& p : ranks) out.push_back(p.min_position);
+  return out;
+}
+
+// Solve at options.iteration, and where it fails, why.
+CutPlan SolveAtIteration(const Job& job, std::span<const std::uint64_t> min_position, const CutOptions& options) {
+  CutPlan out = Solve(job, min_position, options);
+  if (out.ok() || !options.iteration || !job.failure.empty()) return out;
   // With the lowest rank pinned to an iteration, a failure usually means another rank will be
   // past the matching point before a pause can reach it. Tell that apart from patterns that
   // really disagree: plan again with the other ranks free to stop anywhere after now.
-  std::vector<RankCallPattern> relaxed(ranks.begin(), ranks.end());
-  const auto lowest = std::min_element(relaxed.begin(), relaxed.end(),
-                                       [](const auto& a, const auto& b) { return a.rank < b.rank; });
-  for (auto it = relaxed.begin(); it != relaxed.end(); ++it) {
-    if (it != lowest) it->min_position = 0;
-  }
-  const CutPlan free = Plan(relaxed, options);
+  std::vector<std::uint64_t> relaxed(min_position.size(), 0);
+  relaxed[job.root] = min_position[job.root];
+  const CutPlan free = Solve(job, relaxed, options);
   if (!free.ok()) return out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (free.ranks[i].position < ranks[i].min_position) {
+  for (std::size_t i = 0; i < job.ranks.size(); ++i) {
+    if (free.ranks[i].position < min_position[i]) {
       out.failure = "iteration " + std::to_string(*options.iteration) + " begins too soon: rank " +
-                    std::to_string(ranks[i].rank) + " will be past its matching point before a pause reaches it; " +
+                    std::to_string(job.ranks[i].rank) + " will be past its matching point before a pause reaches it; " +
                     "choose a later one";
       out.later_iteration = 0;
       return out;
@@ -408,21 +483,23 @@ std::optional<std::uint64_t> FirstReachableIteration(std::span<const RankCallPat
 }
 
 CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& options) {
+  const Job job = Prepare(ranks);
+  const std::vector<std::uint64_t> min_position = MinPositions(ranks);
   if (!options.iteration && options.iteration_start_tries > 0 && !ranks.empty()) {
     if (const std::optional<std::uint64_t> first = FirstReachableIteration(ranks)) {
       CutOptions at = options;
       at.iteration_start_tries = 0;
       for (std::uint64_t i = 0; i < options.iteration_start_tries; ++i) {
         at.iteration = *first + i;
-        CutPlan plan = Plan(ranks, at);
+        CutPlan plan = Solve(job, min_position, at);
         if (plan.ok()) return plan;
       }
     }
     CutOptions earliest = options;
     earliest.iteration_start_tries = 0;
-    return Plan(ranks, earliest);
+    return Solve(job, min_position, earliest);
   }
-  CutPlan out = PlanAtIteration(ranks, options);
+  CutPlan out = SolveAtIteration(job, min_position, options);
   if (out.ok() || !options.iteration || !out.later_iteration) return out;
   // Passed or too soon: find a later iteration that has a cut, doubling the step from the one
   // asked for until one does, then halving back towards the first. The halving assumes that
@@ -432,7 +509,7 @@ CutPlan PlanCut(std::span<const RankCallPattern> ranks, const CutOptions& option
   const auto works = [&](std::uint64_t it) {
     CutOptions at = options;
     at.iteration = it;
-    return Plan(ranks, at).ok();
+    return Solve(job, min_position, at).ok();
   };
   std::uint64_t bad = *options.iteration, good = 0;
   for (std::uint64_t step = 1; step <= options.horizon_periods; step *= 2) {

@@ -30,6 +30,9 @@
 // bounds propagation over [min_position, min_position + horizon] (lower bounds raised until
 // every communicator's members agree) reaches the earliest consistent cut, or proves that
 // there is none in the horizon. Cost: O(rounds x sum over ranks of comms x log(horizon)).
+// PlanCut indexes the patterns and builds the constraints once, then solves once per iteration
+// it tries (iteration_start_tries, the search for a later iteration): a solve costs only the
+// propagation.
 // Thread-safety: stateless functions. Must never: do I/O, read clocks or globals.
 #pragma once
 

@@ -250,6 +250,29 @@ void BM_PlanCut(benchmark::State& state) {
 BENCHMARK(BM_PlanCut)->ArgNames({"ranks", "shared"})->Args({1024, 0})->Args({1024, 1})->Args({4096, 0})
     ->Args({4096, 1})->Args({16384, 0})->Args({16384, 1})->Unit(benchmark::kMillisecond);
 
+// As the controller plans: the lowest rank stops at the start of an iteration, trying two
+// (iteration_start_tries 2), then the earliest cut. Every period starts an iteration, and the
+// last rank reports a period later than the others, so the first iteration has no cut and the
+// second does. `stopped_at_iteration` must be 1: the cut the controller wants was found.
+void BM_PlanCutAtIteration(benchmark::State& state) {
+  std::vector<falcon::analyzer::RankCallPattern> job = CutJob(state.range(0), state.range(1) != 0);
+  for (auto& p : job) p.iteration_at_start = 0;
+  job.back().min_position += job.back().units.size();
+  falcon::analyzer::CutOptions options;
+  options.iteration_start_tries = 2;
+  falcon::analyzer::CutPlan plan;
+  for (auto _ : state) {
+    plan = falcon::analyzer::PlanCut(job, options);
+    benchmark::DoNotOptimize(plan);
+  }
+  state.counters["ok"] = CutMatches(job, plan) ? 1 : 0;
+  const std::uint64_t units = job.front().units.size();
+  state.counters["stopped_at_iteration"] =
+      plan.ok() && plan.ranks.front().position % units == 0 && plan.ranks.front().position / units == 2 ? 1 : 0;
+}
+BENCHMARK(BM_PlanCutAtIteration)->ArgNames({"ranks", "shared"})->Args({4096, 0})->Args({4096, 1})
+    ->Args({16384, 0})->Args({16384, 1})->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 int main(int argc, char** argv) {
