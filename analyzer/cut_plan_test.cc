@@ -197,6 +197,8 @@ TEST(CutPlanTest, DisagreeingPatternsHaveNoCut) {
   const CutPlan plan = PlanCut(std::vector<RankCallPattern>{PatternOf(a, 80, 1), PatternOf(b, 0, 1)}, options);
   EXPECT_FALSE(plan.ok());
   EXPECT_NE(plan.failure.find("no consistent cut"), std::string::npos) << plan.failure;
+  EXPECT_NE(plan.failure.find("communicator 0000000000000007 cannot agree on a call count"), std::string::npos)
+      << plan.failure;
   // Rank 1 calls it twice per period, rank 0 once: by totals (no channels) there is no telling
   // where a cut is, even where the counts meet.
   Program twice{1, {{false, {7}}, {false, {7}}}, {{7, 2}}};
@@ -294,6 +296,39 @@ TEST(CutPlanTest, IterationStartTriesStopTheLowestRankAtTheNextIterationStart) {
     ASSERT_TRUE(earliest.ok()) << earliest.failure;
     EXPECT_EQ(earliest.ranks[0].position, PlanCut(in).ranks[0].position) << "no boundary: the earliest cut";
   }
+}
+
+// A try whose iteration has no cut (a rank reported a period later than the others: it will be
+// past that iteration's matching point) moves on to the next iteration, planned from the same
+// preparation: the same cut as asking for that iteration.
+TEST(CutPlanTest, IterationStartTriesPassAnIterationWithoutACut) {
+  const std::vector<Program> progs = PipelineJob(2, 2, 2, 2);
+  const std::uint64_t units = progs[0].units.size();
+  std::vector<std::uint64_t> offsets(progs.size(), 0);
+  std::vector<RankCallPattern> in;
+  for (const Program& p : progs) {
+    in.push_back(PatternOf(p, 0, 1));
+    in.back().iteration_at_start = 0;
+  }
+  in.back().min_position = units + 1;
+  CutOptions options;
+  options.iteration = 1;
+  EXPECT_FALSE(PlanCut(in, options).ok()) << "iteration 1 has no cut: the last rank is past it";
+  options.iteration.reset();
+  options.iteration_start_tries = 2;
+  const CutPlan plan = PlanCut(in, options);
+  ExpectConsistent(progs, offsets, plan);
+  ASSERT_TRUE(plan.ok()) << plan.failure;
+  EXPECT_EQ(plan.ranks[0].position, 2 * units) << "the second iteration tried";
+  CutOptions at;
+  at.iteration = 2;
+  const CutPlan asked = PlanCut(in, at);
+  ASSERT_TRUE(asked.ok()) << asked.failure;
+  for (std::size_t i = 0; i < in.size(); ++i) EXPECT_EQ(plan.ranks[i].position, asked.ranks[i].position) << i;
+  options.iteration_start_tries = 1;  // the one iteration tried has none: the earliest cut
+  const CutPlan earliest = PlanCut(in, options);
+  ASSERT_TRUE(earliest.ok()) << earliest.failure;
+  EXPECT_EQ(earliest.ranks[0].position, PlanCut(in).ranks[0].position);
 }
 
 // Random SPMD programs: a global order of collectives on random communicators, projected onto
