@@ -16,7 +16,6 @@ namespace {
 // Per counter k, entries first[k]..first[k+1]-1 of unit_index and cum: the units that call it,
 // ascending, and its calls through each (flat: a job of 16,384 ranks has 200,000 counters).
 struct Rank {
-  const RankCallPattern* p = nullptr;
   std::uint64_t units = 0;
   std::vector<std::uint32_t> channel_at;  // per comm: its first channel's counter
   std::vector<std::uint64_t> base;        // per counter: calls before position 0
@@ -67,7 +66,6 @@ void ForEachCall(const RankCallPattern& p, const Rank& r, F&& f) {
 // A position x is a stop position unless the unit at x is a group that an ungrouped call
 // precedes: the shim stops before an ungrouped call, or right after a group, never before one.
 void Index(const RankCallPattern& p, Rank* r) {
-  r->p = &p;
   r->units = p.units.size();
   const std::size_t nc = p.comms.size();
   r->channel_at.assign(nc, 0);
