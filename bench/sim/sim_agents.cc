@@ -253,13 +253,15 @@ void SimAgents::PublishIterations(std::int64_t node, std::int64_t now_ns) {
     b.period = job_.Period(rank);
     b.first = s.next_sample;
     const std::int64_t skew = job_.Skew(rank);
-    // Sample k is done once iteration k+1 has started on this rank.
+    // Sample k is done once iteration k+1 has started on this rank. Its time is from boundary to
+    // boundary, as an agent measures it: a pause before k+1 counts in it.
     while (job_.IterationAt(s.next_sample + 1).start_ns + skew <= now_ns && b.seconds.size() < 4096) {
       const SimJob::Iteration it = job_.IterationAt(s.next_sample);
+      const double seconds = static_cast<double>(job_.IterationAt(s.next_sample + 1).start_ns - it.start_ns) / 1e9;
       const double jitter = 1.0 + 0.002 * (static_cast<double>(Mix(static_cast<std::uint64_t>(rank) * 1000003u +
                                                                    s.next_sample) % 1000) / 500.0 - 1.0);
       b.start_ns.push_back(it.start_ns + skew);
-      b.seconds.push_back(it.seconds * jitter);
+      b.seconds.push_back(seconds * jitter);
       Detect(s, s.next_sample, now_ns);
       ++s.next_sample;
     }

@@ -7,8 +7,9 @@
 // signature interval, `comm_profile` per rank per profile window while the controller asked for
 // profile/sample mode, and an `alarm` (plus its `alert`) when the modelled detector sees the job's
 // level change. Commands are read from every owned node's stream in one XREADGROUP per tick and
-// answered with modelled timings: a pause acks once each rank reaches its cut, a GEMM or P2P
-// task after the time it would take on the modelled (possibly faulty) GPU or link.
+// answered with modelled timings: a pause acks once each rank reaches its cut and holds the job's
+// clock there until the resume (or the trap's deadline), a GEMM or P2P task after the time it
+// would take on the modelled (possibly faulty) GPU or link.
 // Thread-safety: one thread. Must never: block past a Redis call's timeout.
 #pragma once
 
@@ -102,6 +103,7 @@ class SimAgents {
   bool registered() const { return registered_; }
   const SimCounters& counters() const { return counters_; }
   redis::RedisConnection& conn() { return *conn_; }
+  SimJob& job() { return job_; }  // its clock, as these agents model it
 
  private:
   struct RankState {
@@ -156,6 +158,12 @@ class SimAgents {
   double P2pSeconds(std::int64_t rank, std::int64_t peer, std::int64_t bytes, std::int64_t now_ns) const;
   std::optional<std::int64_t> VcommPeer(const std::string& blob, std::int64_t vrank);
   std::string VcommKey() const;
+  // The pause's hold of the job clock: a pause holds it at its cut until the trap's deadline; the
+  // first resume any worker process reads sets the time every process resumes the job at
+  // (HoldsKey), so that all of them keep one clock.
+  void HoldAtCut(const protocol::Command& pause, std::uint64_t k);
+  void ReleaseHold(std::int64_t now_ns);
+  std::string HoldsKey() const;
   // A communicator's call signatures in a profile window: (op, bytes, peer).
   struct Signature {
     std::string op;
@@ -189,6 +197,11 @@ class SimAgents {
   };
   std::map<std::int64_t, Vcomm> vcomm_;  // by rank
   std::map<std::string, std::map<std::int64_t, std::int64_t>> vcomm_members_;  // blob -> vrank -> rank
+  struct OpenHold {  // a pause holding the job clock that no resume has released yet
+    std::uint64_t iteration = 0;
+    std::int64_t deadline_ns = 0;
+  };
+  std::optional<OpenHold> hold_;
   // When each node's agent next heartbeats, flushes its iterations (and profile windows) and its
   // call signatures. Real agents start at different moments, so each keeps its own phase: the
   // nodes publish spread over each cadence, not all in one tick (a tick that published a

@@ -2,6 +2,8 @@
 // the profile windows the controller asks for. See sim_agents.h.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "bench/sim/sim_agents.h"
 #include "daemon/protocol/keys.h"
@@ -23,6 +25,37 @@ std::string Hex16(std::uint64_t x) { return protocol::CommIdHex(x); }
 // The sim's own hash (not the protocol's): each validation communicator's members, vrank -> rank,
 // shared by the worker processes.
 std::string SimAgents::VcommKey() const { return "falcon-sim:{" + job_name_ + "}:vcomm"; }
+// Iteration -> the wall time the job resumed at after a pause held it there.
+std::string SimAgents::HoldsKey() const { return "falcon-sim:{" + job_name_ + "}:holds"; }
+
+void SimAgents::HoldAtCut(const protocol::Command& pause, std::uint64_t k) {
+  if (hold_ && hold_->iteration == k) return;  // another of this process's hosts: held already
+  // The trap's own deadline, the same in every process: the job goes on by itself then.
+  const std::int64_t deadline = pause.issued_ns + static_cast<std::int64_t>(pause.max_pause_s * 1e9);
+  job_.Hold(k, deadline);
+  hold_ = OpenHold{k, deadline};
+}
+
+void SimAgents::ReleaseHold(std::int64_t now_ns) {
+  if (!hold_) return;
+  // The first process to read a resume sets the time; the others take it (a job resumes as one:
+  // its ranks' next collectives wait for the last of them, and the sim's own read lag is not the
+  // job's).
+  std::int64_t at = now_ns;
+  const std::string field = std::to_string(hold_->iteration);
+  counters_.redis_commands += 3;
+  Result<std::vector<redis::RedisReply>> r = conn_->Pipeline(
+      {{"HSETNX", HoldsKey(), field, std::to_string(now_ns)}, {"EXPIRE", HoldsKey(), "600"}, {"HGET", HoldsKey(), field}});
+  if (r.ok() && r.value().size() == 3 && r.value()[2].type == redis::RedisReply::Type::kString) {
+    try {
+      at = std::stoll(r.value()[2].str);
+    } catch (const std::exception&) {
+      at = now_ns;  // not ours: keep this process's own time
+    }
+  }
+  job_.Hold(hold_->iteration, std::min(at, hold_->deadline_ns));
+  hold_.reset();
+}
 
 std::vector<SimAgents::RankState*> SimAgents::Targets(const std::string& host, const protocol::Command& c) {
   std::vector<RankState*> out;
@@ -140,6 +173,8 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
   }
   std::vector<RankState*> targets = Targets(host, c);
   double longest_s = 0;
+  std::optional<std::uint64_t> cut;  // pause: the iteration its cut comes before
+  if (c.type == "resume") ReleaseHold(now_ns);
   for (RankState* r : targets) {
     protocol::AckRankResult res;
     res.rank = r->rank;
@@ -173,7 +208,8 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
         for (const SimComm& sc : r->comms) {
           if (sc.id != t.targets[0].comm) continue;
           const std::uint64_t iteration = t.targets[0].expect_seq / std::max<std::uint64_t>(1, sc.calls_per_iteration);
-          const std::int64_t at = job_.IterationAt(iteration).start_ns + job_.Skew(r->rank);
+          if (!cut) cut = iteration;
+          const std::int64_t at = job_.UnheldStart(iteration) + job_.Skew(r->rank);
           wait_s = std::max(0.0, static_cast<double>(at - now_ns) / 1e9);
         }
       }
@@ -241,6 +277,7 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
       }
     }
   }
+  if (cut && ack.status == "ok") HoldAtCut(c, *cut);
   p.due_ns = now_ns + static_cast<std::int64_t>(longest_s * 1e9);
   pending_.push_back(std::move(p));
 }

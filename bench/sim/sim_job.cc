@@ -200,9 +200,10 @@ double SimJob::Slowdown(std::int64_t t_ns) const {
 SimJob::Iteration SimJob::IterationAt(std::uint64_t k) {
   while (iterations_.size() <= k) {
     const std::uint64_t i = iterations_.size();
-    const std::int64_t start =
+    std::int64_t start =
         iterations_.empty() ? start_ns_
                             : iterations_.back().start_ns + static_cast<std::int64_t>(iterations_.back().seconds * 1e9);
+    if (auto h = holds_.find(i); h != holds_.end()) start = std::max(start, h->second);
     const double noise = std::max(0.5, 1.0 + shape_.noise * Normal(Mix(shape_.seed) ^ i));
     iterations_.push_back({start, shape_.iteration_s * noise * Slowdown(start)});
   }
@@ -214,6 +215,18 @@ std::uint64_t SimJob::IterationsBefore(std::int64_t t_ns) {
   while (k > 0 && IterationAt(k).start_ns >= t_ns) --k;
   while (IterationAt(k).start_ns < t_ns) ++k;
   return k;
+}
+
+void SimJob::Hold(std::uint64_t k, std::int64_t until_ns) {
+  holds_[k] = until_ns;
+  // Iteration k and every one after it are computed again from the new boundary.
+  if (iterations_.size() > k) iterations_.resize(k);
+}
+
+std::int64_t SimJob::UnheldStart(std::uint64_t k) {
+  if (k == 0) return start_ns_;
+  const Iteration prev = IterationAt(k - 1);
+  return prev.start_ns + static_cast<std::int64_t>(prev.seconds * 1e9);
 }
 
 std::int64_t SimJob::Skew(std::int64_t r) const {

@@ -17,12 +17,15 @@
 // training, plus a fixed per-rank skew of a few ms) and lasts the healthy time x noise x the
 // slowdown of the faults active at its start. Compute faults slow the job by the compute
 // share of their factor; link and NIC faults by the communication share, when the slowed link
-// carries the job's traffic (any two nodes of one DP group or neighbouring PP stages).
-// Thread-safety: immutable after construction, except IterationAt's lazy cache (one thread per
-// SimJob). Must never: do I/O.
+// carries the job's traffic (any two nodes of one DP group or neighbouring PP stages). A pause
+// holds the clock: trapped at the boundary before iteration k, the job starts k when it is
+// resumed (Hold), and every later iteration moves with it, as a real job's would.
+// Thread-safety: one thread per SimJob (IterationAt fills a lazy cache; Hold changes the clock).
+// Must never: do I/O.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,6 +103,14 @@ class SimJob {
   Iteration IterationAt(std::uint64_t k);
   // Iterations started strictly before wall time t (the first not yet started).
   std::uint64_t IterationsBefore(std::int64_t t_ns);
+  // The job is held at the boundary before iteration k until wall time `until_ns`: iteration k
+  // starts then, if it would have started earlier (k - 1 ends as before: the gap is the pause
+  // an agent sees between the two iteration boundaries). Holding k again replaces the time (a
+  // resume before the trap's deadline); iterations before k keep theirs.
+  void Hold(std::uint64_t k, std::int64_t until_ns);
+  // When iteration k would start were the job not held before it (a pause's cut, planned
+  // before the pause holds it).
+  std::int64_t UnheldStart(std::uint64_t k);
   // Fixed skew of a rank's iteration boundary, ns (0..4 ms).
   std::int64_t Skew(std::int64_t r) const;
 
@@ -115,6 +126,7 @@ class SimJob {
   std::vector<SimFault> faults_;
   std::int64_t start_ns_ = 0;
   std::vector<Iteration> iterations_;  // cache, grows with IterationAt
+  std::map<std::uint64_t, std::int64_t> holds_;  // iteration -> not started before
 };
 
 // Deterministic 64-bit mix (splitmix64), for ids and noise.
