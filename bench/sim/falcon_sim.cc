@@ -71,7 +71,7 @@ json ByType(const std::map<std::string, falcon::sim::LatencySample>& lags) {
 }
 
 json CountersJson(const falcon::sim::SimCounters& c, const falcon::sim::LatencySample& tick_ms, double cpu_s) {
-  return {{"messages", c.messages}, {"commands", c.commands}, {"acks", c.acks},
+  return {{"messages", c.messages}, {"commands", c.commands}, {"acks", c.acks}, {"late_traps", c.late_traps},
           {"redis_commands", c.redis_commands}, {"redis_errors", c.redis_errors}, {"cpu_s", cpu_s},
           {"tick_ms", falcon::sim::LatencySummary(tick_ms)},
           {"command_read_lag_ms", ByType(c.command_read_lag_ms)}, {"ack_lag_ms", ByType(c.ack_lag_ms)}};
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
   for (pid_t pid : children) kill(pid, SIGTERM);
   json total = {{"ranks", o.shape.ranks()}, {"nodes", nodes}, {"processes", k},
                 {"shape", {{"tp", o.shape.tp}, {"pp", o.shape.pp}, {"dp", o.shape.dp}}},
-                {"messages", json::object()}, {"commands", json::object()}, {"acks", 0}, {"redis_commands", 0},
+                {"messages", json::object()}, {"commands", json::object()}, {"acks", 0}, {"late_traps", 0}, {"redis_commands", 0},
                 {"redis_errors", 0}, {"cpu_s", 0.0}, {"latency", json::array()}};
   std::string buffer;
   char chunk[4096];
@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
     for (const char* map : {"messages", "commands"}) {
       for (const auto& [type, n] : w[map].items()) total[map][type] = total[map].value(type, 0) + n.get<std::uint64_t>();
     }
-    for (const char* n : {"acks", "redis_commands", "redis_errors"}) total[n] = total[n].get<std::uint64_t>() + w[n].get<std::uint64_t>();
+    for (const char* n : {"acks", "late_traps", "redis_commands", "redis_errors"}) total[n] = total[n].get<std::uint64_t>() + w[n].get<std::uint64_t>();
     total["cpu_s"] = total["cpu_s"].get<double>() + w["cpu_s"].get<double>();
     // Percentiles do not add up: one entry per worker, each its own.
     total["latency"].push_back({{"tick_ms", w["tick_ms"]}, {"command_read_lag_ms", w["command_read_lag_ms"]},

@@ -762,6 +762,10 @@ def pause_lines(records):
             mine = ", ".join(f"{t} {ms:.0f}" for t, ms in sorted(share["by_type_ms"].items()) if t in ("validate", "resume"))
             line += (f"; the sim's own part (p50 read + ack lag, ms): {mine or '-'}; sim tick p99/max "
                      f"{fmt(share['tick_p99_ms'], '.0f')}/{fmt(share['tick_max_ms'], '.0f')} ms")
+        summary = (r["sim"].get("summaries") or [None] * len(per))[i]
+        if summary and summary.get("late_traps"):
+            line += (f"; {summary['late_traps']} rank(s) read their pause after their cut (a real agent would "
+                     f"answer missed; the sim is behind)")
         out.append(line)
     return out
 

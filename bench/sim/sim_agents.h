@@ -76,6 +76,9 @@ struct SimCounters {
   std::map<std::string, std::uint64_t> messages;   // by type, what the agents wrote
   std::map<std::string, std::uint64_t> commands;   // by type, what they read
   std::uint64_t acks = 0;
+  // Ranks whose pause the sim read after their cut had passed (a real agent would report
+  // `missed`): the sim itself too far behind; the pause still traps them there.
+  std::uint64_t late_traps = 0;
   std::uint64_t redis_commands = 0;                // sent by this process (pipelined included; a failed
                                                    // flush counts all it tried)
   std::uint64_t redis_errors = 0;

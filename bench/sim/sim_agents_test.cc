@@ -151,6 +151,19 @@ TEST_F(SimAgentsRedisTest, APauseReleasedBeforeItsCutOrExpiredLeavesTheClockAlon
   Send(0, late);
   ASSERT_TRUE(workers_[0]->Tick(WallNs()).ok());
   EXPECT_EQ(a.IterationAt(k).start_ns, planned);
+  EXPECT_EQ(workers_[0]->counters().late_traps, 0u);
+}
+
+// A pause the sim reads after its cut has passed (the sim behind) still traps, and says so: a
+// real agent would have answered `missed`, and the bench reports the count beside the pause.
+TEST_F(SimAgentsRedisTest, APauseReadAfterItsCutIsCountedLate) {
+  SimJob& a = workers_[0]->job();
+  const std::int64_t now = WallNs();
+  const std::uint64_t k = a.IterationsBefore(now) - 2;  // started 0.2..0.4 s ago
+  Send(0, Pause(0, k, now, 30));
+  ASSERT_TRUE(workers_[0]->Tick(WallNs()).ok());
+  EXPECT_EQ(workers_[0]->counters().late_traps, static_cast<std::uint64_t>(shape_.gpus_per_node));
+  EXPECT_EQ(a.IterationAt(k).start_ns, now + 30'000'000'000) << "held at the cut all the same";
 }
 
 }  // namespace

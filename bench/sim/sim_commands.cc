@@ -210,6 +210,7 @@ void SimAgents::Handle(const std::string& host, const protocol::Command& c, std:
           const std::uint64_t iteration = t.targets[0].expect_seq / std::max<std::uint64_t>(1, sc.calls_per_iteration);
           if (!cut) cut = iteration;
           const std::int64_t at = job_.UnheldStart(iteration) + job_.Skew(r->rank);
+          if (at < now_ns) ++counters_.late_traps;
           wait_s = std::max(0.0, static_cast<double>(at - now_ns) / 1e9);
         }
       }
