@@ -42,6 +42,10 @@ SegmentProgress ReadProgress(const SegmentReader& seg, std::int64_t now_mono_ns,
   std::int32_t widest = 0;
   std::int64_t rank_from_comms = -1;
   for (const CommInfo& c : seg.Comms()) {
+    // A communicator destroyed a moment ago still dates the rank's latest call: a job tearing
+    // its groups down one by one is not quiet while it destroys the last (often the world group,
+    // used only for a checkpoint's barrier long before).
+    if (c.entry.state == kFalconCommDestroyed) out.last_call_mono_ns = std::max(out.last_call_mono_ns, c.entry.last_call_mono_ns);
     if (c.entry.state != kFalconCommLive) continue;
     const FalconCommEntry& e = c.entry;
     analyzer::CommProgress cp;

@@ -31,7 +31,7 @@ struct ProgressReadOptions {
 
 struct SegmentProgress {
   analyzer::RankProgress progress;
-  std::int64_t last_call_mono_ns = 0;  // latest ordered call on any communicator, 0: none
+  std::int64_t last_call_mono_ns = 0;  // latest ordered call on any communicator, destroyed ones too; 0: none
   std::int64_t in_call_since_mono_ns = 0;  // the oldest call in flight, 0: none
   bool device_tracked = false;  // some communicator's completion is tracked (a CUDA driver)
   bool paused = false;          // held by a Falcon pause (never a hang)

@@ -117,6 +117,35 @@ TEST_F(ProgressReaderTest, DestroyedCommunicatorsAreLeftOut) {
   for (const auto& c : p.progress.comms) EXPECT_NE(c.comm, img_.Comm(2)->comm_id);
 }
 
+// A job at its end destroys its communicators one by one; the last left is often the world
+// group, last used by a checkpoint's barrier long before. The rank's latest call is still the
+// one on a communicator destroyed a moment ago: without it, a rank inside the world group's
+// destroy read as quiet since that barrier, and its agent reported a stall.
+TEST_F(ProgressReaderTest, ACommunicatorDestroyedAMomentAgoStillDatesTheLatestCall) {
+  SetComm(0, 3, 0, 0);  // the world group: its last call (a barrier) long ago
+  img_.Comm(0)->last_call_mono_ns = 1'000;
+  SetComm(1, 500, 0, 0);  // a TP group: its last call just now, destroyed since
+  img_.Comm(1)->last_call_mono_ns = 9'500;
+  img_.Comm(1)->state = kFalconCommDestroyed;
+  img_.header.thread_used = 1;
+  img_.StoreHeader();
+  auto* threads = img_.At<FalconThreadSlot>(img_.header.thread_offset);
+  threads[0].tid = 11;
+  threads[0].inflight_seq = FALCON_INFLIGHT_UNORDERED;  // inside the world group's destroy
+  threads[0].inflight_comm_slot = 0;
+  threads[0].inflight_since_mono_ns = 9'600;
+  // A slot being written, or free, dates nothing.
+  img_.Comm(2)->last_call_mono_ns = 99'000;
+  img_.Comm(2)->state = kFalconCommWriting;
+  img_.Comm(3)->last_call_mono_ns = 88'000;
+  img_.Comm(3)->state = kFalconCommFree;
+  const SegmentProgress p = Read();
+  ASSERT_EQ(p.progress.comms.size(), 1u) << "the destroyed group is no communicator of the rank's now";
+  EXPECT_EQ(p.last_call_mono_ns, 9'500);
+  ASSERT_TRUE(p.progress.in_call.has_value());
+  EXPECT_EQ(*p.progress.in_call, img_.Comm(0)->comm_id);
+}
+
 TEST_F(ProgressReaderTest, TheOldestCallInFlightIsReported) {
   SetComm(1, 4, 4, 4);
   img_.header.thread_used = 2;
