@@ -55,8 +55,11 @@ bool HangStage::OnAck(const json& m) {
   const auto it = asked_.find(m["command"].get<std::string>());
   if (it == asked_.end()) return false;
   answered_hosts_.insert(it->second);
-  for (const json& r : m.value("results", json::array())) {
-    if (r.contains("progress") && r["progress"].is_object()) answers_.push_back(r["progress"]);
+  // By reference: json::value would copy every rank's progress (up to 256 calls each).
+  const auto results = m.find("results");
+  if (results == m.end() || !results->is_array()) return true;
+  for (const json& r : *results) {
+    if (const auto p = r.find("progress"); p != r.end() && p->is_object()) answers_.push_back(*p);
   }
   return true;
 }
