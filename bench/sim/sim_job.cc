@@ -200,9 +200,7 @@ double SimJob::Slowdown(std::int64_t t_ns) const {
 SimJob::Iteration SimJob::IterationAt(std::uint64_t k) {
   while (iterations_.size() <= k) {
     const std::uint64_t i = iterations_.size();
-    std::int64_t start =
-        iterations_.empty() ? start_ns_
-                            : iterations_.back().start_ns + static_cast<std::int64_t>(iterations_.back().seconds * 1e9);
+    std::int64_t start = UnheldStart(i);  // iteration i - 1 is cached: no recursion
     if (auto h = holds_.find(i); h != holds_.end()) start = std::max(start, h->second);
     const double noise = std::max(0.5, 1.0 + shape_.noise * Normal(Mix(shape_.seed) ^ i));
     iterations_.push_back({start, shape_.iteration_s * noise * Slowdown(start)});

@@ -45,9 +45,10 @@ SegmentProgress ReadProgress(const SegmentReader& seg, std::int64_t now_mono_ns,
     // A communicator destroyed a moment ago still dates the rank's latest call: a job tearing
     // its groups down one by one is not quiet while it destroys the last (often the world group,
     // used only for a checkpoint's barrier long before).
-    if (c.entry.state == kFalconCommDestroyed) out.last_call_mono_ns = std::max(out.last_call_mono_ns, c.entry.last_call_mono_ns);
-    if (c.entry.state != kFalconCommLive) continue;
     const FalconCommEntry& e = c.entry;
+    if (e.state != kFalconCommLive && e.state != kFalconCommDestroyed) continue;
+    out.last_call_mono_ns = std::max(out.last_call_mono_ns, e.last_call_mono_ns);
+    if (e.state != kFalconCommLive) continue;
     analyzer::CommProgress cp;
     cp.comm = e.comm_id;
     cp.nranks = e.nranks;
@@ -56,7 +57,6 @@ SegmentProgress ReadProgress(const SegmentReader& seg, std::int64_t now_mono_ns,
     std::tie(cp.completed, cp.completion_known) = CompletedCalls(e);
     cp.name.assign(e.name, ::strnlen(e.name, sizeof e.name));
     if (e.marked != 0 || e.device_done != 0) out.device_tracked = true;
-    out.last_call_mono_ns = std::max(out.last_call_mono_ns, e.last_call_mono_ns);
     if (e.nranks > widest) {
       widest = e.nranks;
       rank_from_comms = e.rank;
