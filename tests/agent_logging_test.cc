@@ -5,6 +5,7 @@
 //    that may only read) is a warning naming the command, once per distinct error however often
 //    the agent retries, and a refused connection is never logged as redis_up.
 //  - Values from outside (a command's id, its type) cannot forge log lines.
+//  - A command on the broadcast stream is answered and acknowledged there, as one on its own.
 //  - A config file that holds the password and that group or others may read is warned about;
 //    files that are not small regular text files are refused (exit 2) without hanging.
 // Every wait is a condition with a deadline.
@@ -15,9 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -188,6 +191,61 @@ TEST_F(AgentLoggingTest, CommandIdsCannotForgeLogLines) {
   EXPECT_NE(text.find("id=\"a\\\"b\\nevent=forged kind=\\\"good\""), std::string::npos) << text;
   EXPECT_NE(text.find("event=command_rejected"), std::string::npos) << text;
   EXPECT_NE(text.find("id=\"c\\r\\nevent=forged kind=bad\""), std::string::npos) << text;
+}
+
+// The agent reads the broadcast stream beside its own, in its own group, says so in its
+// heartbeat, answers a broadcast command with an ack under its host, and acknowledges the entry
+// in the broadcast stream (nothing left pending for its group), while its own stream still works.
+TEST_F(AgentLoggingTest, ABroadcastCommandIsAnsweredAndAcknowledgedInItsStream) {
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start().ok()) << redis.Log();
+  redis::RedisConnection c(redis.ClientOptions());
+  ASSERT_TRUE(c.Connect().ok());
+  StartAgent(redis.port(), {}, {});
+  const std::string broadcast = Key(protocol::kBroadcastStream);
+  const std::string group = protocol::CommandGroup(kHost);
+  ASSERT_TRUE(WaitUntil([&] {  // both groups exist: the agent reads what comes next
+    for (const std::string& stream : {broadcast, Key(protocol::kCommandsStream)}) {
+      Result<redis::RedisReply> g = c.Command({"XINFO", "GROUPS", stream});
+      if (!g.ok() || g.value().elements.empty()) return false;
+    }
+    return true;
+  }, 20)) << ReadFile(log_);
+  ASSERT_TRUE(WaitUntil([&] {
+    Result<std::map<std::string, std::string>> h = redis::HGetAll(c, Key(protocol::kAgentKey));
+    return h.ok() && h.value().count("msg") && nlohmann::json::parse(h.value().at("msg")).value("broadcast", false);
+  }, 20)) << "the heartbeat says the agent reads the broadcast stream";
+  for (const auto& [stream, id] : {std::pair{broadcast, std::string("to-all")},
+                                   std::pair{Key(protocol::kCommandsStream), std::string("to-me")}}) {
+    protocol::Command cmd;
+    cmd.type = "set_mode";
+    cmd.id = id;
+    cmd.issued_ns = 1;
+    cmd.mode = "track";
+    ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", protocol::ToJson(cmd).dump()}}).ok());
+  }
+  std::map<std::string, nlohmann::json> acks;  // command id -> ack
+  ASSERT_TRUE(WaitUntil([&] {
+    Result<std::vector<redis::StreamEntry>> e = redis::XRange(c, Key(protocol::kAcksStream), "-", "+", 0);
+    if (!e.ok()) return false;
+    for (const redis::StreamEntry& entry : e.value()) {
+      for (const auto& [field, value] : entry.fields) {
+        if (field != "msg") continue;
+        const nlohmann::json a = nlohmann::json::parse(value);
+        acks[a.value("command", "")] = a;
+      }
+    }
+    return acks.size() >= 2;
+  }, 20)) << ReadFile(log_);
+  for (const char* id : {"to-all", "to-me"}) {
+    ASSERT_TRUE(acks.count(id)) << id;
+    EXPECT_EQ(acks[id]["host"], kHost);
+    EXPECT_EQ(acks[id]["status"], "rejected") << "no rank to set: " << acks[id].dump();
+  }
+  EXPECT_TRUE(WaitUntil([&] {  // acknowledged in the stream it came from
+    Result<redis::RedisReply> p = c.Command({"XPENDING", broadcast, group});
+    return p.ok() && !p.value().elements.empty() && p.value().elements[0].integer == 0;
+  }, 20)) << "the broadcast entry is still pending for " << group;
 }
 
 // A config file that sets the password is warned about when group or others may read it; files

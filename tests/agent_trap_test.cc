@@ -514,6 +514,40 @@ TEST_F(AgentTrapTest, ABatchedFourStagePipelineIsCutPerChannel) {
   EXPECT_EQ(::waitpid(job_, &status, WNOHANG), 0) << "the job ended (its own data checks fail it)";
 }
 
+// Commands for every agent come through the broadcast stream: a GEMM there names no ranks and
+// runs on the ranks this agent holds paused (here ranks 0 and 1 of 4), and the resume there
+// releases them; both are acked like the agent's own commands.
+TEST_F(AgentTrapTest, ABroadcastGemmRunsOnThePausedRanksOnly) {
+  Start(/*iters=*/100000);  // runs until TearDown ends it
+  protocol::Command pause = Pause(WorldCalls() + 300, 20);
+  pause.ranks = std::vector<std::int64_t>{0, 1};
+  const json paused = Send(pause, 30);
+  ASSERT_EQ(paused["status"], "ok") << paused.dump();
+  auto broadcast = [&](const protocol::Command& c) {
+    EXPECT_TRUE(redis::XAdd(*c_, Key(protocol::kBroadcastStream), 0, {{"msg", protocol::ToJson(c).dump()}}).ok());
+    return AwaitAck(c, 30);
+  };
+  const json gemm = broadcast(Gemm(48, 3));
+  ASSERT_EQ(gemm["status"], "ok") << gemm.dump();
+  EXPECT_EQ(gemm["host"], kHost);
+  std::set<std::int64_t> measured;
+  for (const json& r : gemm["results"]) {
+    EXPECT_EQ(r["task_status"], "ok") << gemm.dump();
+    measured.insert(r["rank"].get<std::int64_t>());
+  }
+  EXPECT_EQ(measured, (std::set<std::int64_t>{0, 1})) << "ranks 2 and 3 are not paused: not the GEMM's";
+  const json resumed = broadcast(NewCommand("resume"));
+  ASSERT_EQ(resumed["status"], "ok") << resumed.dump();
+  for (const json& r : resumed["results"]) EXPECT_EQ(r["state"], "resumed");
+  const uint64_t after = WorldCalls();
+  EXPECT_TRUE(WaitUntil([&] {
+    for (const auto& s : segs_) {
+      if (s.CommCalls(0) < after + 50) return false;
+    }
+    return true;
+  }, 20)) << "training did not continue";
+}
+
 TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {
   Start(/*iters=*/100000);  // runs until TearDown ends it
   // Malformed: no comm_seq; unknown communicator; validate while nothing is paused; resume too.
@@ -528,7 +562,9 @@ TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {
   EXPECT_NE(u["detail"].get<std::string>().find("not in communicator"), std::string::npos) << u.dump();
   protocol::Command gemm = NewCommand("validate");
   gemm.task = "gemm";
-  EXPECT_EQ(Send(gemm, 15)["status"], "rejected");
+  const json none = Send(gemm, 15);
+  EXPECT_EQ(none["status"], "rejected");
+  EXPECT_NE(none.value("detail", "").find("no rank here is trapped"), std::string::npos) << none.dump();
   EXPECT_EQ(Send(NewCommand("resume"), 15)["status"], "rejected");
   protocol::Command elsewhere = Pause(WorldCalls() + 300, 5);
   elsewhere.ranks = std::vector<std::int64_t>{17};

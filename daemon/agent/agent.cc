@@ -100,6 +100,7 @@ Status Agent::Start() {
       });
   CommandReaderOptions ro;
   ro.stream = Key(protocol::kCommandsStream);
+  ro.broadcast_stream = Key(protocol::kBroadcastStream);
   ro.consumer = env_.host;
   ro.block_ms = static_cast<int>(config_.command_block_ms);
   ro.plan_key = Key(protocol::kPlanKey);

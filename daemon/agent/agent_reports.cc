@@ -98,6 +98,7 @@ void Agent::Heartbeat() {
   h.cpu_seconds = ProcessCpuSeconds();
   h.outbox = publisher_->outbox_size();
   h.dropped = publisher_->dropped();
+  h.broadcast = true;  // the command reader reads falcon:{job}:broadcast beside its own stream
   publisher_->SetHash(Key(protocol::kAgentKey),
                       {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
                        {"pid", std::to_string(env_.pid)}},

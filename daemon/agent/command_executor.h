@@ -42,7 +42,8 @@ struct CommandOutcome {
 
 // The extension point for commands that need the shim's trap / benchmark executor. Loop thread
 // only. Each command's `done` is called exactly once: from inside the call, or from Check().
-// Must never block.
+// `targets` are the followed ranks the command names (every one when it names none); a
+// `validate` naming none runs on those of them the trap holds paused. Must never block.
 class TrapController {
  public:
   using Done = std::function<void(const CommandOutcome&)>;

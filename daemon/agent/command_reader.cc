@@ -12,6 +12,7 @@
 namespace falcon::agent {
 namespace {
 constexpr std::size_t kPendingCount = 10000;
+bool IsBroadcastEntry(const std::string& id) { return !id.empty() && id.front() == 'b'; }
 }  // namespace
 
 CommandReader::CommandReader(boost::asio::io_context& io, const redis::RedisOptions& redis,
@@ -65,22 +66,39 @@ void CommandReader::Read() {
   const bool pending = pending_phase_;
   auto job = [this, alive = alive_, acks = std::move(acks), pending,
               o = options_](redis::RedisConnection& c) {
-    const std::string group(protocol::kCommandGroup);
+    const std::string group = protocol::CommandGroup(o.consumer);
     ReadResult r;
     r.pending_phase = pending;
-    r.status = redis::XGroupCreate(c, o.stream, group, "$");
+    std::vector<std::pair<std::string, std::string>> streams = {{o.stream, pending ? "0" : ">"}};
+    if (!o.broadcast_stream.empty()) streams.emplace_back(o.broadcast_stream, pending ? "0" : ">");
     r.command = "XGROUP";
+    for (const auto& [stream, id] : streams) {
+      if (!r.status.ok()) break;
+      r.status = redis::XGroupCreate(c, stream, group, "$");
+      r.key = stream;
+    }
+    std::vector<std::string> own_acks, broadcast_acks;
+    for (const std::string& id : acks) {
+      if (IsBroadcastEntry(id)) broadcast_acks.push_back(id.substr(1));
+      else own_acks.push_back(id);
+    }
     if (r.status.ok()) {
-      r.status = redis::XAck(c, o.stream, group, acks);
+      r.status = redis::XAck(c, o.stream, group, own_acks);
       r.command = "XACK";
+      r.key = o.stream;
+    }
+    if (r.status.ok() && !o.broadcast_stream.empty()) {
+      r.status = redis::XAck(c, o.broadcast_stream, group, broadcast_acks);
+      r.key = o.broadcast_stream;
     }
     // Pending phase: one non-blocking read of everything delivered to us but never acked.
     Result<std::vector<redis::StreamRead>> read = Status::Unavailable("not read");
     if (r.status.ok()) {
-      read = redis::XReadGroup(c, group, o.consumer, o.stream, pending ? "0" : ">",
-                               pending ? kPendingCount : o.count, pending ? -1 : o.block_ms);
+      read = redis::XReadGroup(c, group, o.consumer, streams, pending ? kPendingCount : o.count,
+                               pending ? -1 : o.block_ms);
       r.status = read.status();
       r.command = "XREADGROUP";
+      r.key = o.broadcast_stream.empty() ? o.stream : o.stream + " " + o.broadcast_stream;
     }
     if (r.status.ok() && pending && !o.plan_key.empty()) {
       Result<std::map<std::string, std::string>> plan = redis::HGetAll(c, o.plan_key);
@@ -91,12 +109,14 @@ void CommandReader::Read() {
     }
     if (r.status.ok()) {
       for (const redis::StreamRead& s : read.value()) {
+        const bool broadcast = s.stream != o.stream;
         for (const redis::StreamEntry& e : s.entries) {
+          const std::string id = broadcast ? "b" + e.id : e.id;
           const std::string* msg = e.Field(std::string(protocol::kPayloadField));
           if (msg == nullptr) {
-            r.entries.push_back({e.id, Status::InvalidArgument("entry has no \"msg\" field"), {}});
+            r.entries.push_back({id, Status::InvalidArgument("entry has no \"msg\" field"), {}});
           } else {
-            Entry entry{e.id, protocol::ParseCommand(*msg), {}};
+            Entry entry{id, protocol::ParseCommand(*msg), {}};
             if (!entry.command.ok()) entry.identity = protocol::SalvageCommandIdentity(*msg);
             r.entries.push_back(std::move(entry));
           }
@@ -119,7 +139,7 @@ void CommandReader::OnRead(ReadResult r) {
   if (!r.status.ok()) {
     for (const Entry& e : r.entries) to_ack_.push_back(e.id);  // the unacked ids
     if (r.status.code() == Status::Code::kInvalidArgument) {  // Redis refused it: retrying will not help
-      refusals_.Refused(r.command, options_.stream, r.status.message());
+      refusals_.Refused(r.command, r.key, r.status.message());
     } else {
       log_->debug("event=command_read_failed command={} reason={}", r.command, daemon::LogQuoted(r.status.message()));
     }

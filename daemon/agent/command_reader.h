@@ -1,6 +1,10 @@
-// CommandReader: receives controller commands from falcon:{job}:commands:{host} on a worker of
-// its own ("redis-cmd"), because XREADGROUP ... BLOCK waits. Each read job (re)creates the
-// consumer group if Redis lost it (a restarted server), reads this consumer's pending entries
+// CommandReader: receives controller commands from falcon:{job}:commands:{host} and, with
+// options.broadcast_stream, from falcon:{job}:broadcast (the commands for every agent), both in
+// one XREADGROUP through the host's own group (protocol::CommandGroup), on a worker of its own
+// ("redis-cmd"), because XREADGROUP ... BLOCK waits. Entry ids handed to on_command are the own
+// stream's ids, and "b" + the id for broadcast entries (stream ids are digits: no clash); Done
+// takes them back as handed out. Each read job (re)creates the
+// consumer groups if Redis lost them (a restarted server), reads this consumer's pending entries
 // first (delivered before a crash, never acknowledged), then new ones, and XACKs the entries the
 // loop has finished with. Entries come back to the loop as posted events, already validated:
 // on_command receives either a Command or the reason the entry was rejected, and then, when
@@ -39,7 +43,8 @@ namespace falcon::agent {
 
 struct CommandReaderOptions {
   std::string stream;    // falcon:{job}:commands:{host}
-  std::string consumer;  // the host
+  std::string broadcast_stream;  // falcon:{job}:broadcast ("" = not read)
+  std::string consumer;  // the host; the group is protocol::CommandGroup(consumer)
   int block_ms = 1000;
   int retry_ms = 250;
   std::size_t count = 32;  // entries per read
@@ -76,6 +81,7 @@ class CommandReader {
   struct ReadResult {
     Status status;
     std::string command;  // the command that failed when !status.ok(): "XGROUP", "XACK", "XREADGROUP"
+    std::string key;      // the stream(s) it named
     std::vector<Entry> entries;
     bool pending_phase = false;
     std::optional<std::string> plan_text;  // the plan hash's "msg", read with the pending phase

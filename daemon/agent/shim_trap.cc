@@ -229,7 +229,17 @@ void ShimTrap::Resume(const protocol::Command& c, std::span<RankFollower* const>
   Check(now);
 }
 
-void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* const> targets, Done done) {
+void ShimTrap::Validate(const protocol::Command& c, std::span<RankFollower* const> all, Done done) {
+  // Without `ranks` (a command for every agent): the ranks this agent holds trapped; a rank it
+  // follows but did not pause (one that joined after the cut) is not the command's.
+  std::vector<RankFollower*> trapped;
+  if (!c.ranks) {
+    for (RankFollower* f : all) {
+      if (ActivePause(f, true) != 0) trapped.push_back(f);
+    }
+    if (trapped.empty()) return done(Rejected("no rank here is trapped by this agent"));
+  }
+  const std::span<RankFollower* const> targets = c.ranks ? all : std::span<RankFollower* const>(trapped);
   std::vector<Task> tasks;
   for (RankFollower* f : targets) {  // check every rank before posting any task
     if (ActivePause(f, true) == 0) {

@@ -95,6 +95,7 @@ json ToJson(const AgentHeartbeat& m) {
   j["cpu_seconds"] = m.cpu_seconds;
   j["outbox"] = m.outbox;
   j["dropped"] = m.dropped;
+  if (m.broadcast) j["broadcast"] = true;
   return j;
 }
 

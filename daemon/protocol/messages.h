@@ -74,6 +74,7 @@ struct AgentHeartbeat {
   double cpu_seconds = 0;
   std::uint64_t outbox = 0;
   std::uint64_t dropped = 0;
+  bool broadcast = false;  // reads kBroadcastStream (written only when true)
 };
 
 struct IterationBatch {

@@ -160,10 +160,18 @@ Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c, const std::string
                                            const std::string& consumer, const std::string& stream,
                                            const std::string& id, std::uint64_t count,
                                            int block_ms) {
+  return XReadGroup(c, group, consumer, {{stream, id}}, count, block_ms);
+}
+
+Result<std::vector<StreamRead>> XReadGroup(RedisConnection& c, const std::string& group, const std::string& consumer,
+                                           const std::vector<std::pair<std::string, std::string>>& streams_and_ids,
+                                           std::uint64_t count, int block_ms) {
   std::vector<std::string> a{"XREADGROUP", "GROUP", group, consumer};
   if (count > 0) a.insert(a.end(), {"COUNT", std::to_string(count)});
   if (block_ms >= 0) a.insert(a.end(), {"BLOCK", std::to_string(block_ms)});
-  a.insert(a.end(), {"STREAMS", stream, id});
+  a.emplace_back("STREAMS");
+  for (const auto& [stream, id] : streams_and_ids) a.push_back(stream);
+  for (const auto& [stream, id] : streams_and_ids) a.push_back(id);
   Result<RedisReply> r = c.Command(a, BlockTimeout(c, block_ms));
   if (!r.ok()) return r.status();
   return ParseStreamReads(r.value());

@@ -71,6 +71,10 @@ std::vector<std::string> XAddArgs(const std::string& stream, std::uint64_t maxle
                                                          const std::string& stream,
                                                          const std::string& id,
                                                          std::uint64_t count, int block_ms);
+// The same over several streams at once (the group must exist on each), COUNT per stream.
+[[nodiscard]] Result<std::vector<StreamRead>> XReadGroup(
+    RedisConnection& c, const std::string& group, const std::string& consumer,
+    const std::vector<std::pair<std::string, std::string>>& streams_and_ids, std::uint64_t count, int block_ms);
 
 // XGROUP CREATE stream group id MKSTREAM; a group that already exists is OK.
 [[nodiscard]] Status XGroupCreate(RedisConnection& c, const std::string& stream,

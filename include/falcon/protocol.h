@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace falcon::protocol {
@@ -46,7 +47,17 @@ constexpr std::uint64_t EntryCap(std::uint64_t max_messages, std::size_t message
   const std::uint64_t per = messages == 0 ? 1 : messages;
   return (max_messages + per - 1) / per;
 }
-inline constexpr std::string_view kCommandGroup = "falcon-agent";  // consumer group on commands
+// An agent's consumer group on the commands it reads, its own stream and the broadcast stream:
+// kCommandGroup + ":" + host (CommandGroup). Each agent needs a group of its own on the broadcast
+// stream, since a group hands an entry to one consumer only, and XREADGROUP reads every stream it
+// names through one group.
+inline constexpr std::string_view kCommandGroup = "falcon-agent";
+inline std::string CommandGroup(std::string_view host) {
+  std::string g(kCommandGroup);
+  g += ':';
+  g += host;
+  return g;
+}
 
 // ---- Keys, streams, channels ------------------------------------------------------------------
 
@@ -82,8 +93,13 @@ inline constexpr KeySpec kProfilesStream{
 inline constexpr KeySpec kCommandsStream{
     "commands", "falcon:{job}:commands:{host}", KeyKind::kStream, Direction::kControllerToAgent,
     "set_mode|pause|resume|validate|plan|cut_info|progress",
-    "commands for one agent; read with XREADGROUP (group kCommandGroup), acknowledged with XACK "
-    "after an ack message is queued"};
+    "commands for one agent; read with XREADGROUP (group CommandGroup(host)), acknowledged with "
+    "XACK after an ack message is queued"};
+inline constexpr KeySpec kBroadcastStream{
+    "broadcast", "falcon:{job}:broadcast", KeyKind::kStream, Direction::kControllerToAgent,
+    "set_mode|resume|validate|cut_info",
+    "commands for every agent at once (one entry, not one per host): each agent reads it beside "
+    "its own stream, in its own group (CommandGroup(host)), and acks as for its own commands"};
 inline constexpr KeySpec kAcksStream{
     "acks", "falcon:{job}:acks", KeyKind::kStream, Direction::kAgentToController, "ack",
     "one ack per command and agent"};
@@ -126,6 +142,7 @@ inline constexpr KeySpec kSignaturesStream{
 
 inline constexpr KeySpec kAllKeys[] = {kRankKey,        kAgentKey,        kIterationsStream,
                                        kAlarmsStream,   kProfilesStream,  kCommandsStream,
+                                       kBroadcastStream,
                                        kAcksStream,     kIncidentsStream, kAlertsChannel,
                                        kControllerKey,  kRequestsStream,  kPlanKey,
                                        kStallsStream,   kSignaturesStream};
@@ -288,6 +305,8 @@ inline constexpr FieldSpec kAgentHeartbeatFields[] = {
     {"cpu_seconds", JsonType::kNumber, true, "agent CPU time (user + system)", "", 0, 1e12},
     {"outbox", JsonType::kInteger, true, "messages waiting for Redis", "", 0, kMaxI64},
     {"dropped", JsonType::kInteger, true, "messages dropped from a full outbox", "", 0, kMaxI64},
+    {"broadcast", JsonType::kBoolean, false,
+     "reads the broadcast command stream (kBroadcastStream); absent: its own stream only"},
 };
 inline constexpr MessageSpec kAgentHeartbeat{"agent_heartbeat", kAgentHeartbeatFields,
                                              "agent liveness (kAgentKey)"};
