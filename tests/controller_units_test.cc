@@ -745,6 +745,8 @@ void Answer(ValidationRun& run, const std::vector<OutgoingCommand>& cmds, const 
   }
 }
 
+const std::set<std::string> kHosts = {"node0", "node1"};
+
 // run.Next, answering a round's cut_info as agents whose ranks have no call pattern yet would
 // (so the round falls back to the cut on the communicator spanning the job).
 std::vector<OutgoingCommand> Next(ValidationRun& run, const JobView& view, std::int64_t now_ns) {
@@ -752,7 +754,15 @@ std::vector<OutgoingCommand> Next(ValidationRun& run, const JobView& view, std::
   if (cmds.empty() || cmds[0].command.type != "cut_info") return cmds;
   for (const OutgoingCommand& c : cmds) {
     EXPECT_EQ(c.command.type, "cut_info");
-    run.OnAck(AckTo(c, "failed"));
+    if (!c.host.empty()) {
+      run.OnAck(AckTo(c, "failed"));
+      continue;
+    }
+    for (const std::string& host : kHosts) {  // a broadcast: each agent answers
+      OutgoingCommand mine = c;
+      mine.host = host;
+      run.OnAck(AckTo(mine, "failed"));
+    }
   }
   return run.Next(view, now_ns);
 }
@@ -765,8 +775,6 @@ std::set<std::string> HostsOf(const std::vector<OutgoingCommand>& cmds, const st
   }
   return hosts;
 }
-
-const std::set<std::string> kHosts = {"node0", "node1"};
 
 // The view's numbers for the pause cut: 1100 calls at kT0 + 1 s, 100 calls/s.
 constexpr double kRate = 100;
@@ -1213,6 +1221,103 @@ TEST(ValidationRunTest, FullRoundMeasuresEveryStepThenResumes) {
     EXPECT_EQ(in.peer_transfers[0].pass, 1u);
     EXPECT_EQ(run.Summary()["steps_done"], 2);
   }
+}
+
+// Agents that read the broadcast stream (their heartbeats say so) get a round's GEMM on every
+// rank and its resume as one command each for all of them (host ""); each host's ack counts
+// once, and the step waits for every host. Commands with per-host data stay per host.
+TEST(ValidationRunTest, CommandsForEveryAgentGoOnceThroughTheBroadcastStream) {
+  const JobView view = RunningJob({}, true);
+  ASSERT_TRUE(view.Broadcast());
+  // Each host's ack to a broadcast command, for that host's ranks.
+  auto ack_from = [](const OutgoingCommand& c, const std::string& host) {
+    OutgoingCommand mine = c;
+    mine.host = host;
+    std::vector<std::int64_t> ranks;
+    for (std::int64_t r = 0; r < kRanks; ++r) {
+      if (HostOfRank(r) == host) ranks.push_back(r);
+    }
+    mine.command.ranks = ranks;
+    return AckTo(mine, "ok");
+  };
+  ValidationRun run("vb", GemmThenP2p(), ValidationSettings{}, false);
+  std::int64_t now = kReportedNs;
+  std::vector<OutgoingCommand> cmds = run.Next(view, now);
+  ASSERT_EQ(cmds.size(), 1u) << "one cut_info for every agent";
+  EXPECT_EQ(cmds[0].host, "");
+  EXPECT_EQ(cmds[0].command.type, "cut_info");
+  run.OnAck(ack_from(cmds[0], "node0"));
+  EXPECT_TRUE(run.Next(view, now).empty()) << "node1 has not answered the cut_info";
+  run.OnAck(ack_from(cmds[0], "node1"));  // no pattern in either: the cut on the world communicator
+  cmds = run.Next(view, now);
+  ExpectPause(cmds, now, ValidationSettings{}.pause_lead_s);  // each host's own cut: per host
+  Answer(run, cmds);
+  now += kSec;
+
+  cmds = Next(run, view, now);
+  ASSERT_EQ(cmds.size(), 1u) << "one GEMM command for every agent";
+  EXPECT_EQ(cmds[0].host, "");
+  EXPECT_EQ(cmds[0].command.task, "gemm");
+  EXPECT_FALSE(cmds[0].command.ranks.has_value()) << "each agent's paused ranks";
+  EXPECT_EQ(cmds[0].command.size, ValidationSettings{}.gemm_size);
+  run.OnAck(ack_from(cmds[0], "node0"));
+  run.OnAck(ack_from(cmds[0], "node0"));  // a duplicate counts once
+  run.OnAck(ack_from(cmds[0], "node9"));  // a host the round does not wait for
+  EXPECT_TRUE(run.Next(view, now + 1).empty()) << "node1 has not acked";
+  run.OnAck(ack_from(cmds[0], "node1"));
+  now += kSec;
+
+  cmds = Next(run, view, now);  // P2P: each host's ranks with their own peers
+  ASSERT_EQ(cmds.size(), 1u);
+  EXPECT_EQ(cmds[0].host, "node0");
+  Answer(run, cmds);
+  now += kSec;
+
+  cmds = Next(run, view, now);
+  ASSERT_EQ(cmds.size(), 1u) << "one release for every agent";
+  EXPECT_EQ(cmds[0].host, "");
+  EXPECT_EQ(cmds[0].command.type, "resume");
+  run.OnAck(ack_from(cmds[0], "node1"));
+  EXPECT_TRUE(Next(run, view, now).empty());
+  EXPECT_FALSE(run.done()) << "until node0 acks the resume too";
+  run.OnAck(ack_from(cmds[0], "node0"));
+  EXPECT_TRUE(Next(run, view, now).empty());
+  EXPECT_TRUE(run.completed());
+  const analyzer::LocalizationInput in = run.Input();
+  EXPECT_EQ(in.gemms.size(), static_cast<std::size_t>(kRanks)) << "every host's GEMM results";
+
+  // A GEMM on some ranks only names them, host by host, broadcast or not.
+  ValidationStep some{"gemm 1/1", {{0, "gemm"}, {5, "gemm"}}};
+  ValidationRun part("vp", {some}, ValidationSettings{}, false);
+  now = kReportedNs;
+  cmds = Next(part, view, now);
+  Answer(part, cmds);
+  cmds = Next(part, view, now + kSec);
+  ASSERT_EQ(cmds.size(), 2u);
+  for (const OutgoingCommand& c : cmds) {
+    EXPECT_NE(c.host, "");
+    ASSERT_TRUE(c.command.ranks.has_value());
+    EXPECT_EQ(c.command.ranks->size(), 1u);
+  }
+}
+
+// One agent that does not read the broadcast stream (an older agent, or no heartbeat) keeps
+// every command per host.
+TEST(JobViewTest, BroadcastOnlyWhenEveryAgentHostReadsIt) {
+  JobView v;
+  v.Update(JobRanks(1000, kT0), JobAgents(false));
+  EXPECT_FALSE(v.Broadcast());
+  v.Update(JobRanks(1000, kT0), JobAgents(true));
+  EXPECT_TRUE(v.Broadcast());
+  v.Update(JobRanks(1000, kT0), {AgentMsg("node0", true), AgentMsg("node1", false)});
+  EXPECT_FALSE(v.Broadcast()) << "node1's agent reads its own stream only";
+  v.Update(JobRanks(1000, kT0), {AgentMsg("node0", true)});
+  EXPECT_FALSE(v.Broadcast()) << "node1 has ranks and no live agent heartbeat";
+  v.Update({}, JobAgents(true));
+  EXPECT_FALSE(v.Broadcast()) << "no rank: nothing to send";
+  ValidationRun run("vr", GemmThenP2p(), ValidationSettings{}, true);  // release first
+  v.Update(JobRanks(1000, kT0), {AgentMsg("node0", true), AgentMsg("node1", false)});
+  EXPECT_EQ(HostsOf(run.Next(v, kT0), "resume"), kHosts) << "one resume per host";
 }
 
 TEST(ValidationRunTest, FailedOrUnackedTasksLeaveOnlyTheirMeasurementsOut) {

@@ -468,7 +468,9 @@ Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
     if (Status s = protocol::ValidateMessage(j, *spec); !s.ok()) {
       return Status::Internal("the " + c.command.type + " command would be invalid: " + s.message());
     }
-    xadds.push_back(redis::XAddArgs(Key(protocol::kCommandsStream, c.host), kCommandsMaxLen,
+    // Host "": every agent at once, through the broadcast stream (one entry for thousands).
+    const std::string key = c.host.empty() ? Key(protocol::kBroadcastStream) : Key(protocol::kCommandsStream, c.host);
+    xadds.push_back(redis::XAddArgs(key, kCommandsMaxLen,
                                     {{std::string(protocol::kPayloadField), j.dump()}}));
   }
   Result<std::vector<redis::RedisReply>> replies = redis::PipelineInRounds(*conn_, xadds);
@@ -477,7 +479,8 @@ Status Controller::Send(const std::vector<OutgoingCommand>& commands) {
     const redis::RedisReply& r = replies.value()[i];
     if (r.type == redis::RedisReply::Type::kError) return redis::ErrorReplyStatus(r.str);
     log_->debug("event=command id={} type={} host={}", daemon::LogValue(commands[i].command.id),
-                daemon::LogValue(commands[i].command.type), daemon::LogValue(commands[i].host));
+                daemon::LogValue(commands[i].command.type),
+                daemon::LogValue(commands[i].host.empty() ? std::string("*") : commands[i].host));
   }
   return Status::Ok();
 }

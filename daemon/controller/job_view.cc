@@ -130,9 +130,14 @@ void JobView::Update(const std::vector<nlohmann::json>& ranks,
   IndexNodes();
   agent_hosts_ = hosts_;
   ApplyNodes();
-  std::set<std::string> live;
-  for (const nlohmann::json& a : agents) live.insert(a["host"].get<std::string>());
+  std::set<std::string> live, broadcast;
+  for (const nlohmann::json& a : agents) {
+    live.insert(a["host"].get<std::string>());
+    if (a.value("broadcast", false)) broadcast.insert(a["host"].get<std::string>());
+  }
   agents_.assign(live.begin(), live.end());
+  broadcast_ = !agent_hosts_.empty() &&
+               std::all_of(agent_hosts_.begin(), agent_hosts_.end(), [&](const std::string& h) { return broadcast.count(h) != 0; });
 }
 
 const RankInfo& JobView::Claimed(RankInfo r) {

@@ -109,6 +109,10 @@ class JobView {
   // agent host that follows a live rank, sorted.
   [[nodiscard]] const std::string* AgentOf(std::int64_t rank) const;
   const std::vector<std::string>& agent_hosts() const { return agent_hosts_; }
+  // Every agent host reads the broadcast command stream (its heartbeat says `broadcast`): a
+  // command for all of them can go as one entry there. False with no agent host, or while any
+  // of them runs an agent that reads its own stream only (or has no live heartbeat).
+  [[nodiscard]] bool Broadcast() const { return broadcast_; }
   // The communicator whose members are all live ranks (the world, or the largest one that spans
   // the job) with a known call rate: the one pause cuts are placed on. nullopt when none.
   [[nodiscard]] std::optional<std::uint64_t> CutComm() const;
@@ -127,6 +131,7 @@ class JobView {
   std::vector<std::string> agents_;
   std::vector<std::string> hosts_;
   std::vector<std::string> agent_hosts_;
+  bool broadcast_ = false;
   std::vector<std::string> node_hosts_;    // SetNodes
   std::vector<std::int32_t> placement_;    // SetNodes
   std::map<std::string, std::int32_t> node_of_host_;  // hosts_ indexed: NodeOf is a lookup

@@ -159,7 +159,7 @@ bool ValidationRun::AllAcked() const {
 }
 
 void ValidationRun::OnAck(const json& ack) {
-  auto it = pending_.find(ack["command"].get<std::string>());
+  auto it = pending_.find({ack["command"].get<std::string>(), ack["host"].get<std::string>()});
   if (it != pending_.end() && !it->second.ack) it->second.ack = ack;
 }
 
@@ -221,12 +221,7 @@ std::string ValidationRun::NoCutReason(const JobView& view) const {
 std::vector<OutgoingCommand> ValidationRun::SendCutInfo(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   if (view.agent_hosts().empty()) return SendPause(view, now_ns);  // says why there is no cut
-  std::vector<OutgoingCommand> out;
-  for (const std::string& host : view.agent_hosts()) {
-    protocol::Command cmd = NewCommand(std::string(protocol::kCutInfo.type), now_ns, settings_.ack_timeout_s);
-    pending_[cmd.id] = {host, "cut_info", std::nullopt};
-    out.push_back({host, std::move(cmd)});
-  }
+  std::vector<OutgoingCommand> out = ToEveryAgent(view, std::string(protocol::kCutInfo.type), now_ns);
   cut_info_ns_ = now_ns;
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
   phase_ = Phase::kAwaitCutInfo;
@@ -294,7 +289,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
     protocol::Command cmd = NewCommand("pause", now_ns, settings_.max_pause_s);
     cmd.max_pause_s = settings_.max_pause_s;
     cmd.targets = std::move(targets);
-    pending_[cmd.id] = {host, "pause", std::nullopt};
+    pending_[{cmd.id, host}] = {host, "pause", std::nullopt};
     out.push_back({host, std::move(cmd)});
   }
   log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"cut", "planned"},
@@ -334,7 +329,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
     cmd.max_pause_s = settings_.max_pause_s;
     cmd.comm = protocol::CommIdHex(*cut);
     cmd.comm_seq = c.max_calls + ahead;
-    pending_[cmd.id] = {host, "pause", std::nullopt};
+    pending_[{cmd.id, host}] = {host, "pause", std::nullopt};
     out.push_back({host, std::move(cmd)});
   }
   log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"comm", protocol::CommIdHex(*cut)},
@@ -380,6 +375,37 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
   phase_ = Phase::kResume;  // release whatever did stop before any retry
 }
 
+std::vector<OutgoingCommand> ValidationRun::ToEveryAgent(const JobView& view, const std::string& type, std::int64_t now_ns) {
+  std::vector<OutgoingCommand> out;
+  const bool one = view.Broadcast();  // one entry every agent reads, acked by each host
+  for (const std::string& host : view.agent_hosts()) {
+    if (!one || out.empty()) out.push_back({one ? "" : host, NewCommand(type, now_ns, settings_.ack_timeout_s)});
+    pending_[{out.back().command.id, host}] = {host, type, std::nullopt};
+  }
+  return out;
+}
+
+void ValidationRun::SetGemm(protocol::Command& cmd) const {
+  cmd.size = settings_.gemm_size;
+  if (settings_.gemm_dtype != "fp32") cmd.dtype = settings_.gemm_dtype;  // absent: fp32, for older agents
+  cmd.repeats = settings_.gemm_repeats;
+}
+
+bool ValidationRun::EveryLiveRank(const ValidationStep& step, const JobView& view) {
+  std::set<std::int64_t> ranks;
+  for (const RankTaskSpec& t : step.tasks) {
+    if (t.task != "gemm") return false;
+    if (view.AgentOf(t.rank) != nullptr) ranks.insert(t.rank);
+  }
+  std::size_t live = 0;
+  for (const auto& [rank, info] : view.ranks()) {
+    if (view.AgentOf(rank) == nullptr) continue;
+    if (ranks.count(rank) == 0) return false;
+    ++live;
+  }
+  return live == ranks.size() && live > 0;
+}
+
 std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   const ValidationStep& step = steps_[order_[cursor_]];
@@ -393,6 +419,16 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
     by_host[{*host, t.task}].push_back(&t);
   }
   std::vector<OutgoingCommand> out;
+  if (view.Broadcast() && EveryLiveRank(step, view)) {
+    // A GEMM on every live rank carries nothing per host: one command on the broadcast stream
+    // (each agent runs it on the ranks it holds paused), acked by every host.
+    protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
+    cmd.task = "gemm";
+    SetGemm(cmd);
+    for (const auto& [key, tasks] : by_host) pending_[{cmd.id, key.first}] = {key.first, "validate", std::nullopt};
+    out.push_back({"", std::move(cmd)});
+    by_host.clear();
+  }
   for (const auto& [key, tasks] : by_host) {
     const auto& [host, task] = key;
     protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
@@ -405,9 +441,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
     const bool one = tasks.size() == 1;
     cmd.ranks = ranks;
     if (task == "gemm") {
-      cmd.size = settings_.gemm_size;
-      if (settings_.gemm_dtype != "fp32") cmd.dtype = settings_.gemm_dtype;  // absent: fp32, for older agents
-      cmd.repeats = settings_.gemm_repeats;
+      SetGemm(cmd);
     } else if (task == "vcomm_join") {
       cmd.blob = vcomm_blob_;
       cmd.vranks = tasks.front()->vranks;
@@ -423,7 +457,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
       cmd.bytes = settings_.p2p_bytes;
       cmd.repeats = settings_.p2p_repeats;
     }
-    pending_[cmd.id] = {host, "validate", std::nullopt};
+    pending_[{cmd.id, host}] = {host, "validate", std::nullopt};
     out.push_back({host, std::move(cmd)});
   }
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
@@ -786,12 +820,7 @@ void ValidationRun::FinishAlone(const Alone& a, double seconds, json& log_entry)
 
 std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
-  std::vector<OutgoingCommand> out;
-  for (const std::string& host : view.agent_hosts()) {
-    protocol::Command cmd = NewCommand("resume", now_ns, settings_.ack_timeout_s);
-    pending_[cmd.id] = {host, "resume", std::nullopt};
-    out.push_back({host, std::move(cmd)});
-  }
+  std::vector<OutgoingCommand> out = ToEveryAgent(view, "resume", now_ns);
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
   // After a missed cut, wait for every agent to answer the release (agents with nothing paused
   // refuse it at once) before arming the next pause, so no rank is still trapped by the old one.

@@ -87,7 +87,7 @@ struct ValidationSettings {
 };
 
 struct OutgoingCommand {
-  std::string host;
+  std::string host;  // "" = every agent, through the broadcast stream (JobView::Broadcast)
   protocol::Command command;
 };
 
@@ -179,6 +179,12 @@ class ValidationRun {
   void FinishAlone(const Alone& a, double seconds, nlohmann::json& log_entry);
   void SkipSweepIfGemmNamed();  // after a GEMM step: see SkipSweepAfterCleanGemm
   bool AllAcked() const;
+  void SetGemm(protocol::Command& cmd) const;
+  // A command of `type` for every agent host, awaited from each: one broadcast entry when every
+  // agent reads the broadcast stream, else one command per host, each with an id of its own.
+  std::vector<OutgoingCommand> ToEveryAgent(const JobView& view, const std::string& type, std::int64_t now_ns);
+  // The step is a GEMM on every live rank that has an agent, and on no other.
+  static bool EveryLiveRank(const ValidationStep& step, const JobView& view);
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
 
   const std::string id_;
@@ -188,7 +194,8 @@ class ValidationRun {
   Phase phase_ = Phase::kPause;
   std::int64_t deadline_ns_ = 0;
   std::int64_t sent_ns_ = 0;  // when the pause or the current step went out (the log's "ms")
-  std::map<std::string, Pending> pending_;  // command id -> host and ack
+  // (command id, host) -> host and ack: a broadcast command is one id acked by every host.
+  std::map<std::pair<std::string, std::string>, Pending> pending_;
   int commands_ = 0;
   int pause_attempt_ = 0;
   double lead_s_ = 0;

@@ -59,11 +59,12 @@ inline json RankMsg(const RankSpec& s) {
   return Validated(protocol::ToJson(m), protocol::kRankRegister);
 }
 
-inline json AgentMsg(const std::string& host) {
+inline json AgentMsg(const std::string& host, bool broadcast = false) {
   protocol::AgentHeartbeat m;
   m.header = {"job", host, kT0};
   m.pid = 42;
   m.version = "0.1.0";
+  m.broadcast = broadcast;
   return Validated(protocol::ToJson(m), protocol::kAgentHeartbeat);
 }
 
@@ -86,13 +87,16 @@ inline std::vector<json> JobRanks(std::uint64_t calls, std::int64_t at_ns,
   return out;
 }
 
-inline std::vector<json> JobAgents() { return {AgentMsg("node0"), AgentMsg("node1")}; }
+// The job's two agents; `broadcast`: both read the broadcast command stream.
+inline std::vector<json> JobAgents(bool broadcast = false) {
+  return {AgentMsg("node0", broadcast), AgentMsg("node1", broadcast)};
+}
 
 // The test job seen twice, one second apart: every communicator at 100 calls/s, 1100 calls in.
-inline JobView RunningJob(const std::map<std::int64_t, std::string>& state_of = {}) {
+inline JobView RunningJob(const std::map<std::int64_t, std::string>& state_of = {}, bool broadcast = false) {
   JobView v;
-  v.Update(JobRanks(1000, kT0, state_of), JobAgents());
-  v.Update(JobRanks(1100, kT0 + kSec, state_of), JobAgents());
+  v.Update(JobRanks(1000, kT0, state_of), JobAgents(broadcast));
+  v.Update(JobRanks(1100, kT0 + kSec, state_of), JobAgents(broadcast));
   return v;
 }
 
