@@ -155,11 +155,15 @@ int main(int argc, char** argv) {
   app.add_option("--signature-full-seqs", o.cadence.signature_full_seqs,
                  "calls per communicator sent as runs; later ones as block digests (agent signature_full_seqs)")
       ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{9'200'000'000'000'000'000ULL}))->capture_default_str();
+  bool no_broadcast = false;
+  app.add_flag("--no-broadcast", no_broadcast,
+               "play agents that read only their own command stream (no broadcast), as agents before it");
   app.add_option("--profile-ms", o.cadence.profile_ms, "profile window")
       ->check(CLI::Range(100, 600000))->capture_default_str();
   app.add_option("--seed", o.shape.seed, "noise and id seed")->capture_default_str();
   app.add_option("--summary", o.summary, "write the run's counters here as JSON at exit");
   CLI11_PARSE(app, argc, argv);
+  o.cadence.broadcast = !no_broadcast;
 
   if (!falcon::protocol::ValidKeyPart(o.job)) {
     std::fprintf(stderr, "falcon-sim: --job must be 1..128 characters of [A-Za-z0-9._-]\n");

@@ -135,9 +135,13 @@ Status SimAgents::Flush() {
 
 Status SimAgents::Tick(std::int64_t now_ns) {
   if (!groups_made_) {
-    for (const auto& [host, node] : node_of_host_) {
-      std::vector<std::string> argv = {"XGROUP", "CREATE", Key(protocol::kCommandsStream, host),
-                                       std::string(protocol::kCommandGroup), "$", "MKSTREAM"};
+    // One group for this process on each of its hosts' streams and on the broadcast stream
+    // (an agent's group is its host's; here one process reads for many hosts).
+    std::vector<std::string> streams;
+    for (const auto& [host, node] : node_of_host_) streams.push_back(Key(protocol::kCommandsStream, host));
+    if (cadence_.broadcast) streams.push_back(Key(protocol::kBroadcastStream));
+    for (const std::string& stream : streams) {
+      std::vector<std::string> argv = {"XGROUP", "CREATE", stream, protocol::CommandGroup(consumer_), "$", "MKSTREAM"};
       Queue(std::move(argv));  // BUSYGROUP from an earlier run is an error reply, harmless
     }
     if (Status s = Flush(); !s.ok()) return s;
@@ -235,6 +239,7 @@ void SimAgents::Register(std::int64_t node, std::int64_t now_ns) {
   h.version = kVersion;
   h.started_ns = job_.start_ns();
   h.ranks = std::move(ranks);
+  h.broadcast = cadence_.broadcast;
   const std::string key = Key(protocol::kAgentKey, job_.Host(node));
   Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
                               {"pid", std::to_string(h.pid)}}));

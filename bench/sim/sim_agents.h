@@ -6,7 +6,8 @@
 // every heartbeat, an `iterations` batch per rank per flush, `call_signatures` per rank per
 // signature interval, `comm_profile` per rank per profile window while the controller asked for
 // profile/sample mode, and an `alarm` (plus its `alert`) when the modelled detector sees the job's
-// level change. Commands are read from every owned node's stream in one XREADGROUP per tick and
+// level change. Commands are read from every owned node's stream and the broadcast stream (each
+// broadcast entry answered by every owned node) in one XREADGROUP per tick, and
 // answered with modelled timings: a pause acks once each rank reaches its cut and holds the job's
 // clock there until the resume (or the trap's deadline), a GEMM or P2P task after the time it
 // would take on the modelled (possibly faulty) GPU or link.
@@ -42,6 +43,7 @@ struct AgentCadence {
   int detect_samples = 6;     // samples at a new level before the modelled detector alarms
   double alarm_threshold = 1.1;
   std::uint64_t stream_maxlen = 100000;
+  bool broadcast = true;  // read falcon:{job}:broadcast and say so in the heartbeat, as the agent
 };
 
 // Modelled validation hardware.

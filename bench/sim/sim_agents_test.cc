@@ -3,8 +3,11 @@
 #include "bench/sim/sim_agents.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -164,6 +167,63 @@ TEST_F(SimAgentsRedisTest, APauseReadAfterItsCutIsCountedLate) {
   ASSERT_TRUE(workers_[0]->Tick(WallNs()).ok());
   EXPECT_EQ(workers_[0]->counters().late_traps, static_cast<std::uint64_t>(shape_.gpus_per_node));
   EXPECT_EQ(a.IterationAt(k).start_ns, now + 30'000'000'000) << "held at the cut all the same";
+}
+
+// A command on the broadcast stream is every node's: each worker process answers it for each of
+// its nodes (one ack per host, with that node's ranks), and a broadcast resume releases the job.
+TEST_F(SimAgentsRedisTest, ABroadcastCommandIsAnsweredByEveryNodeOfEveryProcess) {
+  SimJob& a = workers_[0]->job();
+  const std::int64_t issued = WallNs();
+  const std::uint64_t k = a.IterationsBefore(issued) + 1;
+  for (int node = 0; node < 2; ++node) Send(node, Pause(node, k, issued, 30));
+  for (auto& w : workers_) ASSERT_TRUE(w->Tick(WallNs()).ok());
+  SleepUntil(a.IterationAt(k - 1).start_ns + static_cast<std::int64_t>(kIterationS * 1e9) + 50'000'000);
+  auto broadcast = [&](const protocol::Command& c) {
+    Result<std::string> key = protocol::FormatKey(protocol::kBroadcastStream, {"j", "", {}});
+    ASSERT_TRUE(key.ok());
+    ASSERT_TRUE(ctl_->Command({"XADD", key.value(), "*", std::string(protocol::kPayloadField), protocol::ToJson(c).dump()}).ok());
+  };
+  protocol::Command gemm;
+  gemm.type = "validate";
+  gemm.id = "g";
+  gemm.issued_ns = WallNs();
+  gemm.task = "gemm";
+  gemm.size = 1024;
+  gemm.repeats = 3;
+  broadcast(gemm);
+  protocol::Command resume = Resume(0, WallNs());
+  resume.id = "r";
+  broadcast(resume);
+  std::map<std::pair<std::string, std::string>, std::set<std::int64_t>> acked;  // (command, host) -> ranks
+  const std::int64_t give_up = WallNs() + 10'000'000'000;
+  while (acked.size() < 4 && WallNs() < give_up) {
+    for (auto& w : workers_) ASSERT_TRUE(w->Tick(WallNs()).ok());
+    Result<std::string> acks = protocol::FormatKey(protocol::kAcksStream, {"j", "", {}});
+    Result<std::vector<redis::StreamEntry>> e = redis::XRange(*ctl_, acks.value(), "-", "+", 0);
+    ASSERT_TRUE(e.ok());
+    acked.clear();
+    for (const redis::StreamEntry& entry : e.value()) {
+      for (const std::string* msg : entry.Values(std::string(protocol::kPayloadField))) {
+        const nlohmann::json j = nlohmann::json::parse(*msg);
+        if (j["command"] != "g" && j["command"] != "r") continue;
+        auto& ranks = acked[{j["command"].get<std::string>(), j["host"].get<std::string>()}];
+        for (const nlohmann::json& r : j.value("results", nlohmann::json::array())) ranks.insert(r["rank"].get<std::int64_t>());
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::int64_t gpn = shape_.gpus_per_node;
+  for (const char* id : {"g", "r"}) {
+    for (std::int64_t node = 0; node < 2; ++node) {
+      const auto it = acked.find({id, "node" + std::to_string(node)});
+      ASSERT_NE(it, acked.end()) << id << " on node" << node;
+      std::set<std::int64_t> want;
+      for (std::int64_t r = node * gpn; r < (node + 1) * gpn; ++r) want.insert(r);
+      EXPECT_EQ(it->second, want) << id << " on node" << node;
+    }
+  }
+  EXPECT_LT(a.IterationAt(k).start_ns, issued + 30'000'000'000) << "the broadcast resume released the job";
+  EXPECT_EQ(workers_[1]->job().IterationAt(k).start_ns, a.IterationAt(k).start_ns);
 }
 
 }  // namespace

@@ -72,14 +72,12 @@ std::vector<SimAgents::RankState*> SimAgents::Targets(const std::string& host, c
 }
 
 Status SimAgents::ReadCommands(std::int64_t now_ns) {
-  std::vector<std::string> argv = {"XREADGROUP", "GROUP",  std::string(protocol::kCommandGroup), consumer_,
-                                   "COUNT",      std::to_string(kReadCount), "STREAMS"};
-  std::vector<std::string> hosts;
-  for (const auto& [host, node] : node_of_host_) {
-    hosts.push_back(host);
-    argv.push_back(Key(protocol::kCommandsStream, host));
-  }
-  for (std::size_t i = 0; i < hosts.size(); ++i) argv.emplace_back(">");
+  const std::string group = protocol::CommandGroup(consumer_);
+  const std::string broadcast = Key(protocol::kBroadcastStream);
+  std::vector<std::string> argv = {"XREADGROUP", "GROUP", group, consumer_, "COUNT", std::to_string(kReadCount), "STREAMS"};
+  for (const auto& [host, node] : node_of_host_) argv.push_back(Key(protocol::kCommandsStream, host));
+  if (cadence_.broadcast) argv.push_back(broadcast);
+  argv.insert(argv.end(), node_of_host_.size() + (cadence_.broadcast ? 1 : 0), ">");
   ++counters_.redis_commands;
   Result<redis::RedisReply> reply = conn_->Command(argv);
   if (!reply.ok()) {
@@ -91,9 +89,10 @@ Status SimAgents::ReadCommands(std::int64_t now_ns) {
   if (!reads.ok()) return reads.status();
   now_ns = ClockNs(now_ns);  // read now
   for (const redis::StreamRead& read : reads.value()) {
-    // The key's last part is the host.
-    const std::string host = read.stream.substr(read.stream.rfind(':') + 1);
-    if (!node_of_host_.count(host)) continue;
+    // A host's own stream (the key's last part is the host), or the broadcast: every host here.
+    const bool to_all = read.stream == broadcast;
+    const std::string host = to_all ? std::string() : read.stream.substr(read.stream.rfind(':') + 1);
+    if (!to_all && !node_of_host_.count(host)) continue;
     std::vector<std::string> ids;
     for (const redis::StreamEntry& e : read.entries) {
       ids.push_back(e.id);
@@ -106,9 +105,13 @@ Status SimAgents::ReadCommands(std::int64_t now_ns) {
       }
       ++counters_.commands[c.value().type];
       counters_.command_read_lag_ms[c.value().type].Add(static_cast<double>(now_ns - c.value().issued_ns) / 1e6);
-      Handle(host, c.value(), now_ns);
+      if (!to_all) {
+        Handle(host, c.value(), now_ns);
+        continue;
+      }
+      for (const auto& [h, node] : node_of_host_) Handle(h, c.value(), now_ns);
     }
-    std::vector<std::string> xack = {"XACK", read.stream, std::string(protocol::kCommandGroup)};
+    std::vector<std::string> xack = {"XACK", read.stream, group};
     xack.insert(xack.end(), ids.begin(), ids.end());
     Queue(std::move(xack));
   }
