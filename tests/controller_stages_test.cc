@@ -107,6 +107,28 @@ TEST(ProfilingStageTest, ASwitchIsOneSetModeCommandPerAgentHostWithItsDeadline) 
   EXPECT_EQ(p.mode(), "profile");
 }
 
+// Agents that all read the broadcast stream get one set_mode for all of them; each host's ack
+// is awaited and opens that host's window.
+TEST(ProfilingStageTest, ASwitchForAgentsThatReadTheBroadcastStreamIsOneCommand) {
+  std::ostringstream log;
+  ProfilingStage p({"ctl-8", 5, 1.1}, LogTo(log));
+  const JobView v = RunningJob({}, true);
+  const std::vector<OutgoingCommand> out = p.SetMode("profile", v, kT0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].host, "");
+  EXPECT_EQ(out[0].command.id, "ctl-8-m1");
+  EXPECT_FALSE(out[0].command.ranks.has_value()) << "every agent's ranks";
+  EXPECT_EQ(p.awaiting_acks(), 2u) << "one ack from each host";
+  std::int64_t from = kT0;
+  EXPECT_TRUE(p.OnAck(Ack(out[0].command, "node1", kT0 + 2 * kSec), &from));
+  EXPECT_FALSE(p.OnAck(Ack(out[0].command, "node1", kT0 + 3 * kSec), &from)) << "taken already";
+  EXPECT_FALSE(p.OnAck(Ack(out[0].command, "node7", kT0 + 3 * kSec), &from)) << "not a host of the job";
+  EXPECT_EQ(p.awaiting_acks(), 1u);
+  EXPECT_TRUE(p.OnAck(Ack(out[0].command, "node0", kT0 + kSec), &from));
+  EXPECT_EQ(p.awaiting_acks(), 0u);
+  EXPECT_EQ(from, kT0 + 2 * kSec);
+}
+
 TEST(ProfilingStageTest, AcksAreTakenAndMoveTheWindowToTheLastSwitch) {
   std::ostringstream log;
   ProfilingStage p({"ctl", 5, 1.1}, LogTo(log));

@@ -38,13 +38,13 @@ std::vector<OutgoingCommand> ProfilingStage::SetMode(const std::string& mode, co
   // A switch to a timing mode opens new windows; the switch back to track keeps the ones that
   // close (Analyze comes after it).
   if (mode != "track") acked_at_.clear();
-  std::vector<OutgoingCommand> out;
-  for (const std::string& host : view.agent_hosts()) {
-    protocol::Command c =
-        SetModeCommand(options_.command_prefix + "-m" + std::to_string(++commands_), mode, now_ns, options_.ack_timeout_s);
-    mode_commands_.insert(c.id);
-    out.push_back({host, std::move(c)});
-  }
+  std::vector<OutgoingCommand> out = ToEveryAgent(
+      view,
+      [&] {
+        return SetModeCommand(options_.command_prefix + "-m" + std::to_string(++commands_), mode, now_ns,
+                              options_.ack_timeout_s);
+      },
+      [&](const std::string& id, const std::string& host) { mode_commands_.insert({id, host}); });
   mode_ = mode;
   return out;
 }
@@ -55,7 +55,7 @@ void ProfilingStage::OnProfile(const json& m) {
 }
 
 bool ProfilingStage::OnAck(const json& m, std::int64_t* from_ns) {
-  if (mode_commands_.erase(m["command"].get<std::string>()) == 0) return false;
+  if (mode_commands_.erase({m["command"].get<std::string>(), m["host"].get<std::string>()}) == 0) return false;
   if (m["status"] != "ok") {
     log_->warn("event=set_mode_not_ok host={} status={} detail={}", daemon::LogValue(m["host"].get<std::string>()),
                daemon::LogValue(m["status"].get<std::string>()), daemon::LogQuoted(m.value("detail", "")));

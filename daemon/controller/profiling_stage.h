@@ -39,6 +39,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/controller/job_view.h"
@@ -68,7 +69,7 @@ class ProfilingStage {
   ProfilingStage(ProfilingStageOptions options, std::shared_ptr<spdlog::logger> log);
 
   // Switches the shims to `mode` (track | profile): the set_mode commands to send, one per
-  // agent host of `view`. mode() is `mode` from now on, whether or not they could be sent.
+  // agent host of `view` (or one broadcast for all, ToEveryAgent), each host's ack awaited. mode() is `mode` from now on, whether or not they could be sent.
   std::vector<OutgoingCommand> SetMode(const std::string& mode, const JobView& view, std::int64_t now_ns);
   // The shims are in `mode` already (a predecessor switched them): nothing is sent.
   void AssumeMode(const std::string& mode) { mode_ = mode; }
@@ -92,7 +93,7 @@ class ProfilingStage {
   const ProfilingStageOptions options_;
   const std::shared_ptr<spdlog::logger> log_;
   std::string mode_ = "track";
-  std::set<std::string> mode_commands_;              // set_mode ids awaiting acks
+  std::set<std::pair<std::string, std::string>> mode_commands_;  // (set_mode id, host) awaiting acks
   std::uint64_t commands_ = 0;                       // set_mode commands issued
   std::map<std::int64_t, nlohmann::json> profiles_;  // newest per rank
   std::map<std::string, std::int64_t> acked_at_;     // agent host -> its ack of the last switch to profile, at_ns

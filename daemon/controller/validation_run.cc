@@ -221,7 +221,7 @@ std::string ValidationRun::NoCutReason(const JobView& view) const {
 std::vector<OutgoingCommand> ValidationRun::SendCutInfo(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
   if (view.agent_hosts().empty()) return SendPause(view, now_ns);  // says why there is no cut
-  std::vector<OutgoingCommand> out = ToEveryAgent(view, std::string(protocol::kCutInfo.type), now_ns);
+  std::vector<OutgoingCommand> out = AwaitFromEveryAgent(view, std::string(protocol::kCutInfo.type), now_ns);
   cut_info_ns_ = now_ns;
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
   phase_ = Phase::kAwaitCutInfo;
@@ -375,14 +375,22 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
   phase_ = Phase::kResume;  // release whatever did stop before any retry
 }
 
-std::vector<OutgoingCommand> ValidationRun::ToEveryAgent(const JobView& view, const std::string& type, std::int64_t now_ns) {
+std::vector<OutgoingCommand> ToEveryAgent(const JobView& view, const std::function<protocol::Command()>& make,
+                                          const std::function<void(const std::string&, const std::string&)>& await) {
   std::vector<OutgoingCommand> out;
-  const bool one = view.Broadcast();  // one entry every agent reads, acked by each host
+  const bool one = view.Broadcast();
   for (const std::string& host : view.agent_hosts()) {
-    if (!one || out.empty()) out.push_back({one ? "" : host, NewCommand(type, now_ns, settings_.ack_timeout_s)});
-    pending_[{out.back().command.id, host}] = {host, type, std::nullopt};
+    if (!one || out.empty()) out.push_back({one ? "" : host, make()});
+    await(out.back().command.id, host);
   }
   return out;
+}
+
+std::vector<OutgoingCommand> ValidationRun::AwaitFromEveryAgent(const JobView& view, const std::string& type,
+                                                                std::int64_t now_ns) {
+  return ToEveryAgent(
+      view, [&] { return NewCommand(type, now_ns, settings_.ack_timeout_s); },
+      [&](const std::string& id, const std::string& host) { pending_[{id, host}] = {host, type, std::nullopt}; });
 }
 
 void ValidationRun::SetGemm(protocol::Command& cmd) const {
@@ -820,7 +828,7 @@ void ValidationRun::FinishAlone(const Alone& a, double seconds, json& log_entry)
 
 std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {
   pending_.clear();
-  std::vector<OutgoingCommand> out = ToEveryAgent(view, "resume", now_ns);
+  std::vector<OutgoingCommand> out = AwaitFromEveryAgent(view, "resume", now_ns);
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
   // After a missed cut, wait for every agent to answer the release (agents with nothing paused
   // refuse it at once) before arming the next pause, so no rank is still trapped by the old one.

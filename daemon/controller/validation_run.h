@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -90,6 +91,13 @@ struct OutgoingCommand {
   std::string host;  // "" = every agent, through the broadcast stream (JobView::Broadcast)
   protocol::Command command;
 };
+
+// One command for every agent host: a single broadcast entry (host "") when every agent reads
+// the broadcast stream, else one per host, each made by `make` (so each has an id of its own).
+// `await(id, host)` is called for every agent host with the id that host will ack.
+[[nodiscard]] std::vector<OutgoingCommand> ToEveryAgent(
+    const JobView& view, const std::function<protocol::Command()>& make,
+    const std::function<void(const std::string& id, const std::string& host)>& await);
 
 // Why findings call for a second measurement ("" when they are clean): more than one culprit, or
 // a NIC that only some of its peers found slow (a slow NIC slows every link it carries, so the
@@ -180,9 +188,8 @@ class ValidationRun {
   void SkipSweepIfGemmNamed();  // after a GEMM step: see SkipSweepAfterCleanGemm
   bool AllAcked() const;
   void SetGemm(protocol::Command& cmd) const;
-  // A command of `type` for every agent host, awaited from each: one broadcast entry when every
-  // agent reads the broadcast stream, else one command per host, each with an id of its own.
-  std::vector<OutgoingCommand> ToEveryAgent(const JobView& view, const std::string& type, std::int64_t now_ns);
+  // A command of `type` for every agent host (controller::ToEveryAgent), awaited from each.
+  std::vector<OutgoingCommand> AwaitFromEveryAgent(const JobView& view, const std::string& type, std::int64_t now_ns);
   // The step is a GEMM on every live rank that has an agent, and on no other.
   static bool EveryLiveRank(const ValidationStep& step, const JobView& view);
   protocol::Command NewCommand(const std::string& type, std::int64_t now_ns, double timeout_s);
