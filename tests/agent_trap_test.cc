@@ -127,6 +127,17 @@ class AgentTrapTest : public ::testing::Test {
     return true;
   }
 
+  // Every rank issues 50 more world calls within timeout_s.
+  bool TrainingGoesOn(double timeout_s) const {
+    const uint64_t after = WorldCalls();
+    return WaitUntil([&] {
+      for (const auto& s : segs_) {
+        if (s.CommCalls(0) < after + 50) return false;
+      }
+      return true;
+    }, timeout_s);
+  }
+
   // The furthest rank's next call number on the world communicator (slot 0).
   uint64_t WorldCalls() const {
     uint64_t n = 0;
@@ -539,13 +550,7 @@ TEST_F(AgentTrapTest, ABroadcastGemmRunsOnThePausedRanksOnly) {
   const json resumed = broadcast(NewCommand("resume"));
   ASSERT_EQ(resumed["status"], "ok") << resumed.dump();
   for (const json& r : resumed["results"]) EXPECT_EQ(r["state"], "resumed");
-  const uint64_t after = WorldCalls();
-  EXPECT_TRUE(WaitUntil([&] {
-    for (const auto& s : segs_) {
-      if (s.CommCalls(0) < after + 50) return false;
-    }
-    return true;
-  }, 20)) << "training did not continue";
+  EXPECT_TRUE(TrainingGoesOn(20)) << "training did not continue";
 }
 
 TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {
@@ -574,13 +579,7 @@ TEST_F(AgentTrapTest, UnreachedPausesExpireAndBadCommandsAreRejected) {
   const json expired = Send(Pause(WorldCalls() + 1'000'000'000, 1.5), 20);
   EXPECT_EQ(expired["status"], "expired") << expired.dump();
   for (const json& r : expired["results"]) EXPECT_EQ(r["state"], "expired");
-  const uint64_t after = WorldCalls();
-  EXPECT_TRUE(WaitUntil([&] {
-    for (const auto& s : segs_) {
-      if (s.CommCalls(0) < after + 50) return false;
-    }
-    return true;
-  }, 20)) << "training did not continue";
+  EXPECT_TRUE(TrainingGoesOn(20)) << "training did not continue";
   for (const auto& s : segs_) {
     uint64_t gen = 0;
     EXPECT_EQ(s.pause_state(&gen), kFalconPauseExpired);
