@@ -5,7 +5,8 @@
 //    that may only read) is a warning naming the command, once per distinct error however often
 //    the agent retries, and a refused connection is never logged as redis_up.
 //  - Values from outside (a command's id, its type) cannot forge log lines.
-//  - A command on the broadcast stream is answered and acknowledged there, as one on its own.
+//  - A command on the broadcast stream is answered and acknowledged there, as one on its own;
+//    groups Redis lost are made again.
 //  - A config file that holds the password and that group or others may read is warned about;
 //    files that are not small regular text files are refused (exit 2) without hanging.
 // Every wait is a condition with a deadline.
@@ -203,49 +204,68 @@ TEST_F(AgentLoggingTest, ABroadcastCommandIsAnsweredAndAcknowledgedInItsStream) 
   ASSERT_TRUE(c.Connect().ok());
   StartAgent(redis.port(), {}, {});
   const std::string broadcast = Key(protocol::kBroadcastStream);
+  const std::string own = Key(protocol::kCommandsStream);
   const std::string group = protocol::CommandGroup(kHost);
-  ASSERT_TRUE(WaitUntil([&] {  // both groups exist: the agent reads what comes next
-    for (const std::string& stream : {broadcast, Key(protocol::kCommandsStream)}) {
-      Result<redis::RedisReply> g = c.Command({"XINFO", "GROUPS", stream});
-      if (!g.ok() || g.value().elements.empty()) return false;
-    }
-    return true;
-  }, 20)) << ReadFile(log_);
+  auto groups_made = [&] {  // both groups exist: the agent reads what comes next
+    return WaitUntil([&] {
+      for (const std::string& stream : {broadcast, own}) {
+        Result<redis::RedisReply> g = c.Command({"XINFO", "GROUPS", stream});
+        if (!g.ok() || g.value().elements.empty()) return false;
+      }
+      return true;
+    }, 20);
+  };
+  ASSERT_TRUE(groups_made()) << ReadFile(log_);
   ASSERT_TRUE(WaitUntil([&] {
     Result<std::map<std::string, std::string>> h = redis::HGetAll(c, Key(protocol::kAgentKey));
     return h.ok() && h.value().count("msg") && nlohmann::json::parse(h.value().at("msg")).value("broadcast", false);
   }, 20)) << "the heartbeat says the agent reads the broadcast stream";
-  for (const auto& [stream, id] : {std::pair{broadcast, std::string("to-all")},
-                                   std::pair{Key(protocol::kCommandsStream), std::string("to-me")}}) {
-    protocol::Command cmd;
-    cmd.type = "set_mode";
-    cmd.id = id;
-    cmd.issued_ns = 1;
-    cmd.mode = "track";
-    ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", protocol::ToJson(cmd).dump()}}).ok());
-  }
-  std::map<std::string, nlohmann::json> acks;  // command id -> ack
-  ASSERT_TRUE(WaitUntil([&] {
-    Result<std::vector<redis::StreamEntry>> e = redis::XRange(c, Key(protocol::kAcksStream), "-", "+", 0);
-    if (!e.ok()) return false;
-    for (const redis::StreamEntry& entry : e.value()) {
-      for (const auto& [field, value] : entry.fields) {
-        if (field != "msg") continue;
-        const nlohmann::json a = nlohmann::json::parse(value);
-        acks[a.value("command", "")] = a;
+  // Round 2: Redis lost both groups (XGROUP DESTROY, as a restart without persistence would):
+  // the agent makes them again, without calling it a refusal, and reads on.
+  for (const std::string round : {"1", "2"}) {
+    SCOPED_TRACE("round " + round);
+    if (round == "2") {
+      for (const std::string& stream : {broadcast, own}) {
+        ASSERT_TRUE(c.Command({"XGROUP", "DESTROY", stream, group}).ok());
       }
+      ASSERT_TRUE(Logged("event=command_group_lost")) << ReadFile(log_);
+      ASSERT_TRUE(groups_made()) << ReadFile(log_);
     }
-    return acks.size() >= 2;
-  }, 20)) << ReadFile(log_);
-  for (const char* id : {"to-all", "to-me"}) {
-    ASSERT_TRUE(acks.count(id)) << id;
-    EXPECT_EQ(acks[id]["host"], kHost);
-    EXPECT_EQ(acks[id]["status"], "rejected") << "no rank to set: " << acks[id].dump();
+    for (const auto& [stream, id] : {std::pair{broadcast, "to-all-" + round}, std::pair{own, "to-me-" + round}}) {
+      protocol::Command cmd;
+      cmd.type = "set_mode";
+      cmd.id = id;
+      cmd.issued_ns = 1;
+      cmd.mode = "track";
+      ASSERT_TRUE(redis::XAdd(c, stream, 0, {{"msg", protocol::ToJson(cmd).dump()}}).ok());
+    }
+    std::map<std::string, nlohmann::json> acks;  // command id -> ack
+    ASSERT_TRUE(WaitUntil([&] {
+      Result<std::vector<redis::StreamEntry>> e = redis::XRange(c, Key(protocol::kAcksStream), "-", "+", 0);
+      if (!e.ok()) return false;
+      for (const redis::StreamEntry& entry : e.value()) {
+        for (const auto& [field, value] : entry.fields) {
+          if (field != "msg") continue;
+          const nlohmann::json a = nlohmann::json::parse(value);
+          acks[a.value("command", "")] = a;
+        }
+      }
+      return acks.count("to-all-" + round) && acks.count("to-me-" + round);
+    }, 20)) << ReadFile(log_);
+    for (const std::string& id : {"to-all-" + round, "to-me-" + round}) {
+      EXPECT_EQ(acks[id]["host"], kHost);
+      EXPECT_EQ(acks[id]["status"], "rejected") << "no rank to set: " << acks[id].dump();
+    }
+    EXPECT_TRUE(WaitUntil([&] {  // acknowledged in the stream it came from
+      Result<redis::RedisReply> p = c.Command({"XPENDING", broadcast, group});
+      return p.ok() && !p.value().elements.empty() && p.value().elements[0].integer == 0;
+    }, 20)) << "the broadcast entry is still pending for " << group;
   }
-  EXPECT_TRUE(WaitUntil([&] {  // acknowledged in the stream it came from
-    Result<redis::RedisReply> p = c.Command({"XPENDING", broadcast, group});
-    return p.ok() && !p.value().elements.empty() && p.value().elements[0].integer == 0;
-  }, 20)) << "the broadcast entry is still pending for " << group;
+  std::istringstream log(ReadFile(log_));
+  for (std::string line; std::getline(log, line);) {
+    const bool lost = line.find("NOGROUP") != std::string::npos || line.find("UNBLOCKED") != std::string::npos;
+    EXPECT_FALSE(lost && line.find(" warning ") != std::string::npos) << "a lost group is no refusal: " << line;
+  }
 }
 
 // A config file that sets the password is warned about when group or others may read it; files

@@ -13,6 +13,10 @@ namespace falcon::agent {
 namespace {
 constexpr std::size_t kPendingCount = 10000;
 bool IsBroadcastEntry(const std::string& id) { return !id.empty() && id.front() == 'b'; }
+// Redis lost the group (NOGROUP), or the stream a read blocked on was deleted (UNBLOCKED).
+bool GroupGone(const Status& s) {
+  return s.message().find("NOGROUP") != std::string::npos || s.message().find("UNBLOCKED") != std::string::npos;
+}
 }  // namespace
 
 CommandReader::CommandReader(boost::asio::io_context& io, const redis::RedisOptions& redis,
@@ -71,9 +75,11 @@ void CommandReader::Read() {
     r.pending_phase = pending;
     std::vector<std::pair<std::string, std::string>> streams = {{o.stream, pending ? "0" : ">"}};
     if (!o.broadcast_stream.empty()) streams.emplace_back(o.broadcast_stream, pending ? "0" : ">");
+    // The groups are made on the first read and after a failed one (a new connection, or a
+    // group Redis lost: NOGROUP), not on every read.
     r.command = "XGROUP";
     for (const auto& [stream, id] : streams) {
-      if (!r.status.ok()) break;
+      if (!pending || !r.status.ok()) break;
       r.status = redis::XGroupCreate(c, stream, group, "$");
       r.key = stream;
     }
@@ -138,7 +144,10 @@ void CommandReader::OnRead(ReadResult r) {
   in_flight_ = false;
   if (!r.status.ok()) {
     for (const Entry& e : r.entries) to_ack_.push_back(e.id);  // the unacked ids
-    if (r.status.code() == Status::Code::kInvalidArgument) {  // Redis refused it: retrying will not help
+    if (GroupGone(r.status)) {  // the stream or its group went away (FLUSHALL, DEL): make them again
+      log_->info("event=command_group_lost command={} key={} reason={}", r.command, daemon::LogQuoted(r.key),
+                 daemon::LogQuoted(r.status.message()));
+    } else if (r.status.code() == Status::Code::kInvalidArgument) {  // Redis refused it: retrying will not help
       refusals_.Refused(r.command, r.key, r.status.message());
     } else {
       log_->debug("event=command_read_failed command={} reason={}", r.command, daemon::LogQuoted(r.status.message()));

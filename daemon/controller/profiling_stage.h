@@ -69,7 +69,8 @@ class ProfilingStage {
   ProfilingStage(ProfilingStageOptions options, std::shared_ptr<spdlog::logger> log);
 
   // Switches the shims to `mode` (track | profile): the set_mode commands to send, one per
-  // agent host of `view` (or one broadcast for all, ToEveryAgent), each host's ack awaited. mode() is `mode` from now on, whether or not they could be sent.
+  // agent host of `view` (or one broadcast for all, ToEveryAgent), each host's ack awaited.
+  // mode() is `mode` from now on, whether or not they could be sent.
   std::vector<OutgoingCommand> SetMode(const std::string& mode, const JobView& view, std::int64_t now_ns);
   // The shims are in `mode` already (a predecessor switched them): nothing is sent.
   void AssumeMode(const std::string& mode) { mode_ = mode; }

@@ -155,12 +155,12 @@ protocol::Command ValidationRun::NewCommand(const std::string& type, std::int64_
 }
 
 bool ValidationRun::AllAcked() const {
-  return std::all_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.ack.has_value(); });
+  return std::all_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.has_value(); });
 }
 
 void ValidationRun::OnAck(const json& ack) {
   auto it = pending_.find({ack["command"].get<std::string>(), ack["host"].get<std::string>()});
-  if (it != pending_.end() && !it->second.ack) it->second.ack = ack;
+  if (it != pending_.end() && !it->second) it->second = ack;
 }
 
 std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64_t now_ns) {
@@ -233,18 +233,18 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
   std::vector<double> pace;  // units per second, per pattern
   std::map<std::int64_t, std::string> host_of;
   ProblemList problems;  // what kept the cut from being planned
-  for (const auto& [id, p] : pending_) {
-    if (!p.ack) {
-      problems.Add(p.host + ": no answer", true);
+  for (const auto& [key, ack] : pending_) {
+    if (!ack) {
+      problems.Add(key.second + ": no answer", true);
       continue;
     }
-    if ((*p.ack)["status"] != "ok") problems.Add(p.host + ": " + p.ack->value("detail", std::string("failed")));
-    for (const json& r : AckResults(*p.ack)) {
+    if ((*ack)["status"] != "ok") problems.Add(key.second + ": " + ack->value("detail", std::string("failed")));
+    for (const json& r : AckResults(*ack)) {
       const auto pattern_json = r.find("pattern");
       if (pattern_json == r.end()) continue;
       auto m = protocol::ParseCutPattern(*pattern_json);
       if (!m.ok()) {
-        problems.Add(p.host + ": " + m.status().message());
+        problems.Add(key.second + ": " + m.status().message());
         continue;
       }
       analyzer::RankCallPattern pattern = std::move(m.value().pattern);  // moved: megabytes at 16,384 ranks
@@ -252,7 +252,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
       // pace over the report's age, the time since we asked and the lead.
       const double ahead_s = m.value().age_s + static_cast<double>(now_ns - cut_info_ns_) / kNsPerS + lead_s_;
       pattern.min_position = m.value().position + static_cast<std::uint64_t>(std::ceil(m.value().units_per_s * ahead_s)) + 1;
-      host_of[pattern.rank] = p.host;
+      host_of[pattern.rank] = key.second;
       patterns.push_back(std::move(pattern));
       pace.push_back(m.value().units_per_s);
     }
@@ -289,7 +289,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
     protocol::Command cmd = NewCommand("pause", now_ns, settings_.max_pause_s);
     cmd.max_pause_s = settings_.max_pause_s;
     cmd.targets = std::move(targets);
-    pending_[{cmd.id, host}] = {host, "pause", std::nullopt};
+    pending_[{cmd.id, host}] = std::nullopt;
     out.push_back({host, std::move(cmd)});
   }
   log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"cut", "planned"},
@@ -329,7 +329,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::
     cmd.max_pause_s = settings_.max_pause_s;
     cmd.comm = protocol::CommIdHex(*cut);
     cmd.comm_seq = c.max_calls + ahead;
-    pending_[{cmd.id, host}] = {host, "pause", std::nullopt};
+    pending_[{cmd.id, host}] = std::nullopt;
     out.push_back({host, std::move(cmd)});
   }
   log_.push_back({{"step", "pause"}, {"attempt", pause_attempt_ + 1}, {"comm", protocol::CommIdHex(*cut)},
@@ -344,16 +344,16 @@ void ValidationRun::FinishPause(const JobView& view, std::int64_t now_ns) {
   (void)view;
   bool ok = true, missed = false;
   ProblemList problems;
-  for (const auto& [id, p] : pending_) {
-    if (!p.ack) {
+  for (const auto& [key, ack] : pending_) {
+    if (!ack) {
       ok = false;
-      problems.Add(p.host + ": no ack", true);
+      problems.Add(key.second + ": no ack", true);
       continue;
     }
-    if ((*p.ack)["status"] == "ok") continue;
+    if ((*ack)["status"] == "ok") continue;
     ok = false;
-    problems.Add(p.host + ": " + (*p.ack)["status"].get<std::string>() + " " + p.ack->value("detail", ""));
-    for (const json& r : AckResults(*p.ack)) {
+    problems.Add(key.second + ": " + (*ack)["status"].get<std::string>() + " " + ack->value("detail", ""));
+    for (const json& r : AckResults(*ack)) {
       missed = missed || r.value("state", "") == "missed" || r.value("state", "") == "misaligned";
     }
   }
@@ -390,7 +390,7 @@ std::vector<OutgoingCommand> ValidationRun::AwaitFromEveryAgent(const JobView& v
                                                                 std::int64_t now_ns) {
   return ToEveryAgent(
       view, [&] { return NewCommand(type, now_ns, settings_.ack_timeout_s); },
-      [&](const std::string& id, const std::string& host) { pending_[{id, host}] = {host, type, std::nullopt}; });
+      [&](const std::string& id, const std::string& host) { pending_[{id, host}] = std::nullopt; });
 }
 
 void ValidationRun::SetGemm(protocol::Command& cmd) const {
@@ -430,11 +430,15 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
   if (view.Broadcast() && EveryLiveRank(step, view)) {
     // A GEMM on every live rank carries nothing per host: one command on the broadcast stream
     // (each agent runs it on the ranks it holds paused), acked by every host.
-    protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
-    cmd.task = "gemm";
-    SetGemm(cmd);
-    for (const auto& [key, tasks] : by_host) pending_[{cmd.id, key.first}] = {key.first, "validate", std::nullopt};
-    out.push_back({"", std::move(cmd)});
+    out = ToEveryAgent(
+        view,
+        [&] {
+          protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
+          cmd.task = "gemm";
+          SetGemm(cmd);
+          return cmd;
+        },
+        [&](const std::string& id, const std::string& host) { pending_[{id, host}] = std::nullopt; });
     by_host.clear();
   }
   for (const auto& [key, tasks] : by_host) {
@@ -465,7 +469,7 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
       cmd.bytes = settings_.p2p_bytes;
       cmd.repeats = settings_.p2p_repeats;
     }
-    pending_[{cmd.id, host}] = {host, "validate", std::nullopt};
+    pending_[{cmd.id, host}] = std::nullopt;
     out.push_back({host, std::move(cmd)});
   }
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
@@ -482,12 +486,12 @@ bool ValidationRun::FinishVcommStep(const ValidationStep& step, std::int64_t now
   }
   std::set<std::int64_t> ready;
   int missing = 0;
-  for (const auto& [id, p] : pending_) {
-    if (!p.ack) {
+  for (const auto& [key, ack] : pending_) {
+    if (!ack) {
       ++missing;
       continue;
     }
-    for (const json& r : AckResults(*p.ack)) {
+    for (const json& r : AckResults(*ack)) {
       if (r.value("task_status", "") != "ok") continue;
       if (step.tasks.front().task == "vcomm_id") {
         const std::string blob = r.value("blob", "");
@@ -526,12 +530,12 @@ void ValidationRun::FinishStep(const JobView& view, std::int64_t now_ns) {
   double alone_s = 0;  // an alone step's exchange
   std::map<std::int64_t, double> medians;  // rank -> seconds (settings_.statistic of the repetitions)
   int missing = 0, failed = 0;
-  for (const auto& [id, p] : pending_) {
-    if (!p.ack) {
+  for (const auto& [key, ack] : pending_) {
+    if (!ack) {
       ++missing;
       continue;
     }
-    for (const json& r : AckResults(*p.ack)) {
+    for (const json& r : AckResults(*ack)) {
       // The fastest repetition: interference (other processes, clock changes) only ever adds
       // time, so the minimum is the device's capability; a fail-slow slows every repetition.
       const double m = r.value(settings_.statistic == Statistic::kMin ? "min_s" : "median_s", 0.0);

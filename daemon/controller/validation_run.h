@@ -152,12 +152,6 @@ class ValidationRun {
 
  private:
   enum class Phase { kPause, kAwaitCutInfo, kAwaitPause, kStep, kAwaitStep, kResume, kAwaitResume, kDone };
-  struct Pending {
-    std::string host;
-    std::string type;
-    std::optional<nlohmann::json> ack;
-  };
-
   std::vector<OutgoingCommand> SendCutInfo(const JobView& view, std::int64_t now_ns);
   std::string NoCutReason(const JobView& view) const;  // why a round found no cut
   // From the cut_info acks: the planned cut's pause, else the one-communicator cut (SendPause).
@@ -201,8 +195,8 @@ class ValidationRun {
   Phase phase_ = Phase::kPause;
   std::int64_t deadline_ns_ = 0;
   std::int64_t sent_ns_ = 0;  // when the pause or the current step went out (the log's "ms")
-  // (command id, host) -> host and ack: a broadcast command is one id acked by every host.
-  std::map<std::pair<std::string, std::string>, Pending> pending_;
+  // (command id, host) -> its ack, once in: a broadcast command is one id acked by every host.
+  std::map<std::pair<std::string, std::string>, std::optional<nlohmann::json>> pending_;
   int commands_ = 0;
   int pause_attempt_ = 0;
   double lead_s_ = 0;
