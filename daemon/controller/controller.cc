@@ -315,6 +315,7 @@ Status Controller::AdvancePhase(std::int64_t now_ns) {
     case Phase::kValidating:
       if (!validation_.running()) return StartValidation(now_ns, /*release_first=*/true);
       if (Status s = Send(validation_.Next(view_, now_ns)); !s.ok()) return s;
+      validation_.FreeAnswered();  // after the next step is out: off the pause's path
       return validation_.done() ? FinishValidation(now_ns) : Status::Ok();
   }
   return Status::Ok();

@@ -121,7 +121,7 @@ class Controller {
   void StartRead();
   // The read's outcome, back on the loop: entries dispatched, cursors moved, then a turn.
   void OnRead(ReadOutcome r, std::uint64_t generation);
-  void Dispatch(const StreamMessage& e, std::int64_t now_ns);
+  void Dispatch(StreamMessage& e, std::int64_t now_ns);  // may move e's message out
   // Checks with TYPE the streams set aside whose retry time has come (`all`: every stream):
   // a key that is neither a stream nor absent is set aside (logged once) and probed again with
   // bounded exponential backoff; one that reads again is taken back (logged once).
@@ -140,7 +140,7 @@ class Controller {
   // Inputs.
   void OnAlarm(const nlohmann::json& m);
   void OnProfile(const nlohmann::json& m);
-  void OnAck(const nlohmann::json& m);
+  void OnAck(nlohmann::json m);  // moved on to the validation round
   void OnIterations(const nlohmann::json& m);
   void OnRequest(const nlohmann::json& m);
 

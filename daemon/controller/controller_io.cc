@@ -413,7 +413,7 @@ void Controller::OnRead(ReadOutcome r, std::uint64_t generation) {
     return;
   }
   const std::int64_t now = WallNs();
-  for (const StreamMessage& e : r.entries) {
+  for (StreamMessage& e : r.entries) {
     state_.cursors[e.stream] = e.id;
     dirty_ = true;
     Dispatch(e, now);
@@ -439,18 +439,18 @@ void Controller::NoteLag(const ReadOutcome& r, std::int64_t now_ns) {
   }
 }
 
-void Controller::Dispatch(const StreamMessage& e, std::int64_t now_ns) {
+void Controller::Dispatch(StreamMessage& e, std::int64_t now_ns) {
   if (!e.message.ok()) {
     ++dropped_messages_;
     log_->warn("event=bad_message stream={} id={} error={}", e.stream, daemon::LogValue(e.id),
                daemon::LogQuoted(e.message.status().message()));
     return;
   }
-  const json& m = e.message.value();
+  json& m = e.message.value();
   const std::string name = e.stream;
   if (name == "alarms") OnAlarm(m);
   else if (name == "profiles") OnProfile(m);
-  else if (name == "acks") OnAck(m);
+  else if (name == "acks") OnAck(std::move(m));
   else if (name == "requests") OnRequest(m);
   else if (name == "stalls") hang_.OnStall(m);
   else if (name == "signatures") mismatch_.OnSignatures(m, now_ns);
@@ -595,10 +595,10 @@ bool Controller::CoveredByTheRound(std::int64_t onset_ns) const {
 
 void Controller::OnProfile(const json& m) { profiling_.OnProfile(m); }
 
-void Controller::OnAck(const json& m) {
+void Controller::OnAck(json m) {
   if (hang_.OnAck(m)) return;
   if (profiling_.OnAck(m, &state_.profile_from_ns)) return;
-  validation_.OnAck(m);
+  validation_.OnAck(std::move(m));
 }
 
 void Controller::OnRequest(const json& m) {

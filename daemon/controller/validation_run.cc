@@ -158,9 +158,14 @@ bool ValidationRun::AllAcked() const {
   return std::all_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.has_value(); });
 }
 
-void ValidationRun::OnAck(const json& ack) {
+void ValidationRun::OnAck(json ack) {
   auto it = pending_.find({ack["command"].get<std::string>(), ack["host"].get<std::string>()});
-  if (it != pending_.end() && !it->second) it->second = ack;
+  if (it != pending_.end() && !it->second) it->second = std::move(ack);
+}
+
+void ValidationRun::NewStep() {
+  if (!pending_.empty()) answered_.push_back(std::move(pending_));
+  pending_.clear();
 }
 
 std::vector<OutgoingCommand> ValidationRun::Next(const JobView& view, std::int64_t now_ns) {
@@ -219,7 +224,7 @@ std::string ValidationRun::NoCutReason(const JobView& view) const {
 }
 
 std::vector<OutgoingCommand> ValidationRun::SendCutInfo(const JobView& view, std::int64_t now_ns) {
-  pending_.clear();
+  NewStep();
   if (view.agent_hosts().empty()) return SendPause(view, now_ns);  // says why there is no cut
   std::vector<OutgoingCommand> out = AwaitFromEveryAgent(view, std::string(protocol::kCutInfo.type), now_ns);
   cut_info_ns_ = now_ns;
@@ -271,7 +276,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
     if (view.CutComm()) return SendPause(view, now_ns);  // the one-communicator cut
     // No pattern yet (a fresh job locks its period after a few iterations): ask again shortly.
     if (cut_wait_deadline_ns_ == 0) cut_wait_deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
-    pending_.clear();
+    NewStep();
     if (now_ns < cut_wait_deadline_ns_) {
       cut_retry_ns_ = AfterSeconds(now_ns, 0.5);
       phase_ = Phase::kPause;
@@ -281,7 +286,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
     phase_ = Phase::kDone;
     return {};
   }
-  pending_.clear();
+  NewStep();
   std::map<std::string, std::vector<protocol::Command::RankTargets>> by_host;
   for (analyzer::RankCut& c : plan.ranks) by_host[host_of[c.rank]].push_back({c.rank, std::move(c.targets)});
   std::vector<OutgoingCommand> out;
@@ -309,7 +314,7 @@ std::vector<OutgoingCommand> ValidationRun::SendPlannedPause(const JobView& view
 }
 
 std::vector<OutgoingCommand> ValidationRun::SendPause(const JobView& view, std::int64_t now_ns) {
-  pending_.clear();
+  NewStep();
   const std::optional<std::uint64_t> cut = view.CutComm();
   if (!cut && cut_wait_deadline_ns_ == 0) cut_wait_deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
   if (!cut && !view.agent_hosts().empty() && now_ns < cut_wait_deadline_ns_) {
@@ -400,32 +405,22 @@ void ValidationRun::SetGemm(protocol::Command& cmd) const {
 }
 
 bool ValidationRun::EveryLiveRank(const ValidationStep& step, const JobView& view) {
-  std::set<std::int64_t> ranks;
+  // The step's ranks that are live (each has an agent: view.ranks() are the live ranks) are a
+  // subset of view.ranks(): as many of them, distinct, means all of them.
+  std::vector<std::int64_t> ranks;
+  ranks.reserve(step.tasks.size());
   for (const RankTaskSpec& t : step.tasks) {
     if (t.task != "gemm") return false;
-    if (view.AgentOf(t.rank) != nullptr) ranks.insert(t.rank);
+    if (view.AgentOf(t.rank) != nullptr) ranks.push_back(t.rank);
   }
-  std::size_t live = 0;
-  for (const auto& [rank, info] : view.ranks()) {
-    if (view.AgentOf(rank) == nullptr) continue;
-    if (ranks.count(rank) == 0) return false;
-    ++live;
-  }
-  return live == ranks.size() && live > 0;
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return !ranks.empty() && ranks.size() == view.ranks().size();
 }
 
 std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::int64_t now_ns) {
-  pending_.clear();
+  NewStep();
   const ValidationStep& step = steps_[order_[cursor_]];
-  // One command per host and task: a step of a sweep at 16,384 ranks is 2,048 commands, not
-  // 16,384. A host's ranks each get their own peer (`peers`) or validation rank (`vrank_each`);
-  // a host with one rank in the step gets the single-rank form (`peer`, `vrank`).
-  std::map<std::pair<std::string, std::string>, std::vector<const RankTaskSpec*>> by_host;  // (host, task)
-  for (const RankTaskSpec& t : step.tasks) {
-    const std::string* host = view.AgentOf(t.rank);
-    if (host == nullptr) continue;  // the rank is gone: its measurement is missing
-    by_host[{*host, t.task}].push_back(&t);
-  }
   std::vector<OutgoingCommand> out;
   if (view.Broadcast() && EveryLiveRank(step, view)) {
     // A GEMM on every live rank carries nothing per host: one command on the broadcast stream
@@ -439,8 +434,27 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
           return cmd;
         },
         [&](const std::string& id, const std::string& host) { pending_[{id, host}] = std::nullopt; });
-    by_host.clear();
+  } else {
+    out = StepPerHost(step, view, now_ns);
   }
+  deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
+  sent_ns_ = now_ns;
+  phase_ = Phase::kAwaitStep;
+  return out;
+}
+
+std::vector<OutgoingCommand> ValidationRun::StepPerHost(const ValidationStep& step, const JobView& view,
+                                                        std::int64_t now_ns) {
+  // One command per host and task: a step of a sweep at 16,384 ranks is 2,048 commands, not
+  // 16,384. A host's ranks each get their own peer (`peers`) or validation rank (`vrank_each`);
+  // a host with one rank in the step gets the single-rank form (`peer`, `vrank`).
+  std::map<std::pair<std::string, std::string>, std::vector<const RankTaskSpec*>> by_host;  // (host, task)
+  for (const RankTaskSpec& t : step.tasks) {
+    const std::string* host = view.AgentOf(t.rank);
+    if (host == nullptr) continue;  // the rank is gone: its measurement is missing
+    by_host[{*host, t.task}].push_back(&t);
+  }
+  std::vector<OutgoingCommand> out;
   for (const auto& [key, tasks] : by_host) {
     const auto& [host, task] = key;
     protocol::Command cmd = NewCommand("validate", now_ns, settings_.ack_timeout_s);
@@ -472,9 +486,6 @@ std::vector<OutgoingCommand> ValidationRun::SendStep(const JobView& view, std::i
     pending_[{cmd.id, host}] = std::nullopt;
     out.push_back({host, std::move(cmd)});
   }
-  deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
-  sent_ns_ = now_ns;
-  phase_ = Phase::kAwaitStep;
   return out;
 }
 
@@ -831,7 +842,7 @@ void ValidationRun::FinishAlone(const Alone& a, double seconds, json& log_entry)
 }
 
 std::vector<OutgoingCommand> ValidationRun::SendResume(const JobView& view, std::int64_t now_ns) {
-  pending_.clear();
+  NewStep();
   std::vector<OutgoingCommand> out = AwaitFromEveryAgent(view, "resume", now_ns);
   deadline_ns_ = AfterSeconds(now_ns, settings_.ack_timeout_s);
   // After a missed cut, wait for every agent to answer the release (agents with nothing paused

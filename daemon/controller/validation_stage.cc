@@ -36,8 +36,8 @@ Status ValidationStage::Start(const JobView& view, const json& suspicion, const 
   return Status::Ok();
 }
 
-void ValidationStage::OnAck(const json& m) {
-  if (run_) run_->OnAck(m);
+void ValidationStage::OnAck(json m) {
+  if (run_) run_->OnAck(std::move(m));
 }
 
 std::vector<OutgoingCommand> ValidationStage::Next(const JobView& view, std::int64_t now_ns) {

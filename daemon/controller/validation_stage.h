@@ -51,8 +51,12 @@ class ValidationStage {
   // Ranks may be waiting on the round: its pause is out (the first ranks wait at their cut for
   // the last), it holds the job, or its release is out (ValidationRun::stopping).
   [[nodiscard]] bool stopping() const { return run_ != nullptr && run_->stopping(); }
-  // A validated ack: fed to the round under way.
-  void OnAck(const nlohmann::json& m);
+  // A validated ack: fed to the round under way (moved in: see ValidationRun::OnAck).
+  void OnAck(nlohmann::json m);
+  // Frees the acks of the round's finished steps: call once Next()'s commands are sent.
+  void FreeAnswered() {
+    if (run_) run_->FreeAnswered();
+  }
   // The commands to send now for the round under way (none when there is none).
   std::vector<OutgoingCommand> Next(const JobView& view, std::int64_t now_ns);
   // The finished round's verdict; the round is over after it.
