@@ -675,6 +675,35 @@ TEST_F(ControllerRedisTest, ASecondClaimOfARankIsWarnedOnceAndDoesNotFlipFlop) {
   EXPECT_EQ(Count(text, "event=rank_claim_conflict"), 1u) << text;
 }
 
+// The rank and agent keys are re-read at most view-keys-per-s keys a second, however fast a
+// re-read is: 201 keys at 201 a second is a re-read a second, where view-ms alone (100 ms) would
+// ask Redis ten times as often.
+TEST_F(ControllerRedisTest, TheViewsReReadsStayWithinTheirKeysPerSecond) {
+  constexpr std::int64_t kRanks = 200;
+  for (std::int64_t r = 0; r < kRanks; ++r) WriteRank(r);
+  std::vector<std::int64_t> all(kRanks);
+  for (std::int64_t r = 0; r < kRanks; ++r) all[static_cast<std::size_t>(r)] = r;
+  WriteAgent("node0", all);
+  StartController("--view-keys-per-s 201");
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == kRanks;
+  }, 20)) << ReadFile(log_);
+  auto hgetalls = [&]() -> std::int64_t {
+    Result<redis::RedisReply> info = conn_->Command({"INFO", "commandstats"});
+    if (!info.ok()) return -1;
+    const std::string& text = info.value().str;
+    const std::size_t at = text.find("cmdstat_hgetall:calls=");
+    return at == std::string::npos ? 0 : std::stoll(text.substr(at + std::string("cmdstat_hgetall:calls=").size()));
+  };
+  ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const std::int64_t calls = hgetalls();
+  // Four seconds: at most five re-reads (one may fall at each end), at least two.
+  EXPECT_LE(calls, 5 * (kRanks + 1)) << ReadFile(log_);
+  EXPECT_GE(calls, 2 * (kRanks + 1)) << ReadFile(log_);
+}
+
 // The config file is read as the agent reads its own: anything but a small regular text file,
 // unknown or agent-only names, and non-finite numbers are refused (exit 2, at once, naming the
 // file and what is wrong); a file holding the password that others may read is warned about.

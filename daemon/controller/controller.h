@@ -237,6 +237,7 @@ class Controller {
   JobView view_;
   std::int64_t next_view_ns_ = 0;
   std::int64_t view_refresh_ns_ = 0;  // how long the last re-read of the rank and agent keys took
+  std::size_t view_keys_ = 0;         // how many rank and agent keys it read
   static constexpr std::int64_t kViewShareInverse = 4;  // re-reads take at most a quarter of the loop
   std::int64_t next_save_ns_ = 0;
   std::int64_t state_save_ns_ = 0;       // how long the last write of the state document took

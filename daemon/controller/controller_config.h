@@ -29,6 +29,10 @@ struct ControllerConfig {
   std::string log_level = "info";
   int tick_ms = 200;          // longest wait for new stream entries per loop turn
   int view_ms = 1000;         // how often rank and agent keys are re-read
+  // Rank and agent keys re-read per second at most, averaged over the re-reads: the view's share
+  // of Redis's commands, whatever the controller's own speed (a faster re-read is no reason to
+  // ask Redis more often).
+  int view_keys_per_s = 8000;
   // /metrics and /healthz. Off by default: one controller runs per job, so several share a
   // host and no fixed port can be everyone's (9465 by convention for one).
   std::string metrics_address = "127.0.0.1";

@@ -259,6 +259,7 @@ void Controller::TrimStreams(std::int64_t now_ns) {
 Status Controller::RefreshView() {
   std::vector<json> ranks, agents;
   std::set<std::string> seen_bad;  // keys Redis refused in this scan
+  view_keys_ = 0;
   for (const auto& [spec, msg, out] : {std::tuple{&protocol::kRankKey, &protocol::kRankRegister, &ranks},
                                        std::tuple{&protocol::kAgentKey, &protocol::kAgentHeartbeat, &agents}}) {
     Result<std::string> pattern = protocol::KeyMatchPattern(*spec, {config_.job, {}, std::nullopt});
@@ -268,6 +269,7 @@ Status Controller::RefreshView() {
     // One round trip per kPipelineKeys keys: at 16,384 ranks a key at a time took the turn.
     Result<std::vector<Result<std::map<std::string, std::string>>>> hashes = redis::HGetAllMany(*conn_, keys.value());
     if (!hashes.ok()) return hashes.status();
+    view_keys_ += keys.value().size();
     for (std::size_t k = 0; k < keys.value().size(); ++k) {
       const std::string& key = keys.value()[k];
       Result<std::map<std::string, std::string>>& h = hashes.value()[k];
