@@ -9,6 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config python3 git
   libgtest-dev libgmock-dev libbenchmark-dev
   libhiredis-dev libboost-dev libboost-system-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
+  libgoogle-perftools-dev  # tcmalloc_minimal: falcon-controller's allocator (FALCON_CONTROLLER_MALLOC)
   redis-server binutils
   clang libclang-rt-dev
   patchelf            # scripts/bundle.sh: $ORIGIN RPATHs
