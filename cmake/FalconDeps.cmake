@@ -38,7 +38,7 @@ if(FALCON_BUILD_DAEMONS)
   find_package(Boost 1.74 REQUIRED COMPONENTS system)
   # falcon-controller's allocator. Its loop and its reader thread parse and free JSON by the
   # million (acks, reports, every rank's registration); with tcmalloc's per-thread caches the
-  # controller took 0.76-0.80 cores at 16,384 ranks against 0.96 with glibc's malloc
+  # controller took 0.76-0.79 cores at 16,384 ranks against 0.96 with glibc's malloc
   # (docs/benchmarks.md). Sanitizers and libFuzzer bring their own allocator: glibc's there.
   set(FALCON_CONTROLLER_TCMALLOC OFF)
   set(_falcon_instrumented OFF)
