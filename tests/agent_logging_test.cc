@@ -102,20 +102,7 @@ TEST_F(AgentLoggingTest, AuthAndPermissionRefusalsAreWarningsNamingTheCommandOnc
     const char* line;
     const char* field;
   };
-  auto stat = [&](const Counter& c) -> long long {
-    Result<redis::RedisReply> info = admin.Command({"INFO", c.section});
-    if (!info.ok()) return -1;
-    const std::string& text = info.value().str;
-    std::size_t at = text.find(std::string("\n") + c.line + ":");
-    if (at == std::string::npos) return 0;
-    at += std::string(c.line).size() + 2;
-    if (*c.field != '\0') {
-      at = text.find(std::string(c.field) + "=", at);
-      if (at == std::string::npos) return 0;
-      at += std::string(c.field).size() + 1;
-    }
-    return std::atoll(text.c_str() + at);
-  };
+  auto stat = [&](const Counter& c) { return testing::InfoCounter(admin, c.section, c.line, c.field); };
   struct Case {
     const char* name;
     std::vector<std::string> args;

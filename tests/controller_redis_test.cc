@@ -14,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -682,23 +683,16 @@ TEST_F(ControllerRedisTest, TheViewsReReadsStayWithinTheirKeysPerSecond) {
   constexpr std::int64_t kRanks = 200;
   for (std::int64_t r = 0; r < kRanks; ++r) WriteRank(r);
   std::vector<std::int64_t> all(kRanks);
-  for (std::int64_t r = 0; r < kRanks; ++r) all[static_cast<std::size_t>(r)] = r;
+  std::iota(all.begin(), all.end(), 0);
   WriteAgent("node0", all);
   StartController("--view-keys-per-s 201");
   ASSERT_TRUE(WaitUntil([&] {
     const json s = State();
     return s.is_object() && s["ranks"] == kRanks;
   }, 20)) << ReadFile(log_);
-  auto hgetalls = [&]() -> std::int64_t {
-    Result<redis::RedisReply> info = conn_->Command({"INFO", "commandstats"});
-    if (!info.ok()) return -1;
-    const std::string& text = info.value().str;
-    const std::size_t at = text.find("cmdstat_hgetall:calls=");
-    return at == std::string::npos ? 0 : std::stoll(text.substr(at + std::string("cmdstat_hgetall:calls=").size()));
-  };
   ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
   std::this_thread::sleep_for(std::chrono::seconds(4));
-  const std::int64_t calls = hgetalls();
+  const long long calls = testing::InfoCounter(*conn_, "commandstats", "cmdstat_hgetall", "calls");
   // Four seconds: at most five re-reads (one may fall at each end), at least two.
   EXPECT_LE(calls, 5 * (kRanks + 1)) << ReadFile(log_);
   EXPECT_GE(calls, 2 * (kRanks + 1)) << ReadFile(log_);

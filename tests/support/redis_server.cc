@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -16,6 +17,22 @@
 #include "daemon/redis/redis_commands.h"
 
 namespace falcon::testing {
+
+long long InfoCounter(redis::RedisConnection& conn, const std::string& section, const std::string& line,
+                      const std::string& field) {
+  Result<redis::RedisReply> info = conn.Command({"INFO", section});
+  if (!info.ok()) return -1;
+  const std::string& text = info.value().str;
+  std::size_t at = text.find("\n" + line + ":");
+  if (at == std::string::npos) return 0;
+  at += line.size() + 2;
+  if (!field.empty()) {
+    at = text.find(field + "=", at);
+    if (at == std::string::npos) return 0;
+    at += field.size() + 1;
+  }
+  return std::atoll(text.c_str() + at);
+}
 
 int FreeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

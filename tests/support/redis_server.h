@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/redis/redis_connection.h"
 #include "daemon/redis/redis_options.h"
 #include "falcon/status.h"
 #include "tests/support/subprocess.h"
@@ -57,6 +58,12 @@ class RedisServer {
   int cluster_port_ = 0;  // the cluster bus (options_.cluster)
   pid_t pid_ = -1;
 };
+
+// A counter of Redis's INFO on `conn`: in `section`, the line named `line`, and in it the field
+// `field` ("" for the line's own value), e.g. ("commandstats", "cmdstat_hgetall", "calls").
+// 0 while the line or field is absent (nothing counted yet); -1 if INFO failed.
+long long InfoCounter(redis::RedisConnection& conn, const std::string& section, const std::string& line,
+                      const std::string& field);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();
