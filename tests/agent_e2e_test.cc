@@ -25,6 +25,7 @@
 
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/messages.h"
+#include "daemon/protocol/rank_beat.h"
 #include "daemon/protocol/validate.h"
 #include "daemon/redis/redis_commands.h"
 #include "tests/support/redis_server.h"
@@ -230,6 +231,41 @@ TEST_F(AgentEndToEndTest, FollowsAJobThroughCommandsARedisRestartAndAFault) {
     EXPECT_LE(ttl, 5);
   }
   EXPECT_TRUE(WaitUntil([&] { return redis::HGetAll(c, Key(protocol::kAgentKey)).value().count("msg") == 1; }, 10));
+  // The counters move every heartbeat (500 ms) in the agent key's beats, against the content the
+  // rank key holds (its at_ns); the rank key is rewritten only when that content changes.
+  std::set<std::string> texts;
+  std::set<std::int64_t> records;
+  for (int i = 0; i < 12; ++i) {
+    const json a = protocol::ParseMessage(redis::HGetAll(c, Key(protocol::kAgentKey)).value()["msg"],
+                                          protocol::kAgentHeartbeat).value();
+    const std::string text = redis::HGetAll(c, Key(protocol::kRankKey, 0)).value()["msg"];
+    texts.insert(text);
+    ASSERT_TRUE(a.contains("beats")) << a.dump();
+    ASSERT_EQ(a["beats"].size(), 4u) << a.dump();
+    for (const json& b : a["beats"]) {
+      if (b["rank"] != 0) continue;
+      records.insert(b["records"].get<std::int64_t>());
+      EXPECT_EQ(b["calls"].size(), 3u);
+    }
+    ::usleep(250'000);
+  }
+  EXPECT_GE(records.size(), 4u) << "3 s of beats, 500 ms apart, while the job runs";
+  EXPECT_LE(texts.size(), 2u) << "the rank key was rewritten with every heartbeat";
+  {
+    const json a = protocol::ParseMessage(redis::HGetAll(c, Key(protocol::kAgentKey)).value()["msg"],
+                                          protocol::kAgentHeartbeat).value();
+    std::vector<json> ranks;
+    for (int r = 0; r < 4; ++r) {
+      ranks.push_back(protocol::ParseMessage(redis::HGetAll(c, Key(protocol::kRankKey, r)).value()["msg"],
+                                             protocol::kRankRegister).value());
+    }
+    const std::vector<json> keys = ranks;
+    protocol::ApplyBeats(ranks, {a});
+    for (int r = 0; r < 4; ++r) {  // each beat goes with its key's content (unless it just changed)
+      EXPECT_TRUE(ranks[r]["at_ns"] == a["at_ns"] || ranks[r] == keys[r]) << ranks[r].dump();
+      EXPECT_GE(ranks[r]["records"].get<std::int64_t>(), keys[r]["records"].get<std::int64_t>());
+    }
+  }
 
   // 2. Iteration times stream in, per rank, with the job's period and plausible values.
   ASSERT_TRUE(WaitUntil([&] {

@@ -15,6 +15,7 @@
 
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/messages.h"
+#include "daemon/protocol/rank_beat.h"
 #include "daemon/protocol/validate.h"
 #include "falcon/protocol.h"
 #include "falcon/shm_abi.h"
@@ -47,6 +48,7 @@ json Example(std::string_view type) {
     m.pid = 7;
     m.version = "0.1.0";
     m.ranks = {0, 1};
+    m.beats = {{{0, 5, {7, 8}, 10, 0, 3, 0}, {1, 6, {}, 0, 0, 0, 2}}};
     return ToJson(m);
   }
   if (type == kIterations.type) {
@@ -707,6 +709,116 @@ TEST(ProtocolCommandTest, ParsesEachCommandTypeAndRejectsOthers) {
   EXPECT_EQ(ParseCommIdHex("00000000000000ff").value(), 255u);
   EXPECT_EQ(CommIdHex(255), "00000000000000ff");
   EXPECT_FALSE(ParseCommIdHex("ff").has_value());
+}
+
+// The rank key / beat split (rank_beat.h). A rank of two communicators, as an agent sees it
+// heartbeat after heartbeat.
+RankRegistration Beating(std::int64_t at_ns, std::uint64_t calls) {
+  RankRegistration m;
+  m.header = {"job1", "node-a", at_ns};
+  m.rank = 12;
+  m.pid = 4242;
+  m.started_ns = 1;
+  m.comms = {{0xabcdef0123456789ull, 1, 4, "tp", calls}, {0x1111222233334444ull, 0, 2, "dp", calls / 2}};
+  m.records = 3 * calls;
+  m.iterations = calls / 10;
+  return m;
+}
+
+// Written at the first heartbeat and when the content changes; otherwise only the counters move
+// (in the beat, against the last write), until the TTL is two heartbeats from running out: then
+// the same text again.
+TEST(ProtocolRankBeatTest, TheKeyIsWrittenWhenItChangesAndRenewedUnchangedBeforeItsTtl) {
+  constexpr std::int64_t kS = 1'000'000'000, kTtl = 10 * kS, kBeat = 2 * kS;
+  RankKeyWriter w;
+  RankBeat beat;
+  ASSERT_TRUE(w.Next(Beating(100, 10), 0, kTtl, kBeat, beat));
+  const std::string first = w.payload();
+  EXPECT_EQ(first, ToJson(Beating(100, 10)).dump());
+  EXPECT_EQ(beat.written_ns, 100);
+  for (std::int64_t t = 1; t <= 2; ++t) {  // 2, 4 s: the TTL is more than two heartbeats away
+    EXPECT_FALSE(w.Next(Beating(100 + t, 10 + t), t * kBeat, kTtl, kBeat, beat)) << t;
+    EXPECT_EQ(beat.written_ns, 100);
+    const auto calls = static_cast<std::uint64_t>(10 + t);
+    EXPECT_EQ(beat.calls, (std::vector<std::uint64_t>{calls, calls / 2}));
+    EXPECT_EQ(beat.records, 3 * calls);
+  }
+  ASSERT_TRUE(w.Next(Beating(103, 13), 3 * kBeat, kTtl, kBeat, beat));  // 6 s: two heartbeats left, renewed
+  EXPECT_EQ(w.payload(), first);
+  EXPECT_EQ(beat.written_ns, 100);
+  EXPECT_EQ(beat.calls.front(), 13u);
+  EXPECT_FALSE(w.Next(Beating(104, 14), 4 * kBeat, kTtl, kBeat, beat));  // counted from the renewal
+  EXPECT_FALSE(w.Next(Beating(105, 15), 5 * kBeat, kTtl, kBeat, beat));
+  RankRegistration slow = Beating(106, 16);
+  slow.slow = true;
+  ASSERT_TRUE(w.Next(slow, 6 * kBeat, kTtl, kBeat, beat));  // content changed: written at once
+  EXPECT_EQ(w.payload(), ToJson(slow).dump());
+  EXPECT_EQ(beat.written_ns, 106);
+  RankRegistration comm = slow;
+  comm.comms.push_back({0x5555666677778888ull, 0, 8, "pp", 0});
+  comm.header.at_ns = 107;
+  EXPECT_TRUE(w.Next(comm, 7 * kBeat, kTtl, kBeat, beat)) << "a new communicator is new content";
+  EXPECT_EQ(beat.calls.size(), 3u);
+  // A TTL shorter than two heartbeats: every heartbeat writes, as before the split.
+  RankKeyWriter tight;
+  for (std::int64_t t = 0; t < 3; ++t) EXPECT_TRUE(tight.Next(Beating(100, 10), t * kBeat, 3 * kS, kBeat, beat));
+}
+
+// A key's content with its beat is what the key would hold had it been rewritten with every
+// heartbeat; a beat for another content, host or set of communicators is not applied.
+TEST(ProtocolRankBeatTest, ABeatOnItsContentGivesTheFullRegistrationAndOnlyThere) {
+  constexpr std::int64_t kS = 1'000'000'000;
+  RankKeyWriter w;
+  RankBeat beat;
+  ASSERT_TRUE(w.Next(Beating(100, 10), 0, 10 * kS, 2 * kS, beat));
+  const json key = json::parse(w.payload());
+  RankRegistration now = Beating(500, 77);
+  now.excluded = 4;
+  ASSERT_FALSE(w.Next(now, 2 * kS, 10 * kS, 2 * kS, beat));
+  AgentHeartbeat h;
+  h.header = {"job1", "node-a", 500};
+  h.pid = 7;
+  h.version = "0.1.0";
+  h.ranks = {12};
+  h.beats = {{beat}};
+  const json agent = ToJson(h);
+  ASSERT_TRUE(ValidateMessage(agent, kAgentHeartbeat).ok());
+  const json& b = agent["beats"][0];
+
+  json merged = key;
+  ASSERT_TRUE(ApplyBeat(merged, b, "node-a", 500));
+  EXPECT_EQ(merged, ToJson(now));
+  EXPECT_TRUE(ValidateMessage(merged, kRankRegister).ok());
+  json back = merged;  // a later beat without `excluded` takes it away again
+  json b2 = b;
+  b2.erase("excluded");
+  b2["written_ns"] = 500;
+  ASSERT_TRUE(ApplyBeat(back, b2, "node-a", 600));
+  EXPECT_FALSE(back.contains("excluded"));
+
+  json other = key;
+  EXPECT_FALSE(ApplyBeat(other, b, "node-b", 500)) << "another host's beat";
+  json stale = b;
+  stale["written_ns"] = 99;
+  EXPECT_FALSE(ApplyBeat(other, stale, "node-a", 500)) << "counters of another content";
+  json fewer = b;
+  fewer["calls"] = json::array({1});
+  EXPECT_FALSE(ApplyBeat(other, fewer, "node-a", 500)) << "another set of communicators";
+  json rank = b;
+  rank["rank"] = 13;
+  EXPECT_FALSE(ApplyBeat(other, rank, "node-a", 500));
+  EXPECT_EQ(other, key) << "left as it was";
+
+  // A whole job: each rank given its own host's beat, a rank without one left as it is.
+  std::vector<json> ranks = {key, ToJson(Beating(50, 1))};
+  ranks[1]["rank"] = 30;
+  const json untouched = ranks[1];
+  AgentHeartbeat elsewhere = h;
+  elsewhere.header.host = "node-b";
+  elsewhere.beats->front().calls = {1, 1};
+  ApplyBeats(ranks, {ToJson(elsewhere), agent});
+  EXPECT_EQ(ranks[0], ToJson(now));
+  EXPECT_EQ(ranks[1], untouched);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include "daemon/protocol/keys.h"
 #include "daemon/protocol/messages.h"
+#include "daemon/protocol/rank_beat.h"
 #include "daemon/protocol/validate.h"
 #include "daemon/redis/redis_commands.h"
 #include "tests/support/redis_server.h"
@@ -696,6 +697,62 @@ TEST_F(ControllerRedisTest, TheViewsReReadsStayWithinTheirKeysPerSecond) {
   // Four seconds: at most five re-reads (one may fall at each end), at least two.
   EXPECT_LE(calls, 5 * (kRanks + 1)) << ReadFile(log_);
   EXPECT_GE(calls, 2 * (kRanks + 1)) << ReadFile(log_);
+}
+
+// With beats in the agent key, a re-read reads the agent key and no rank key whose content it
+// holds: 200 ranks re-read for four seconds cost a handful of HGETALLs, not 200 per re-read. A
+// rank whose beat names new content is read again (here: it exited, and leaves the view).
+TEST_F(ControllerRedisTest, RankKeysAreReadAgainOnlyWhenTheirBeatNamesNewContent) {
+  constexpr std::int64_t kRanks = 200;
+  const std::int64_t written = NowNs();
+  auto rank = [&](std::int64_t r, const std::string& state) {
+    protocol::RankRegistration m;
+    m.header = {kJob, "node0", written + (state == "live" ? 0 : 1)};
+    m.rank = r;
+    m.pid = 100 + r;
+    m.started_ns = 1;
+    m.state = state;
+    return m;
+  };
+  protocol::AgentHeartbeat a;
+  a.header = {kJob, "node0", written};
+  a.pid = 7;
+  a.version = "0.1.0";
+  a.beats.emplace();
+  for (std::int64_t r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", r), {{"msg", protocol::ToJson(rank(r, "live")).dump()}}).ok());
+    a.ranks.push_back(r);
+    a.beats->push_back(protocol::BeatOf(rank(r, "live"), written));
+  }
+  auto beat = [&] {  // the agent's heartbeat: later, counters moving
+    a.header.at_ns = NowNs();
+    for (protocol::RankBeat& b : *a.beats) b.records += 10;
+    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, "node0"), {{"msg", protocol::ToJson(a).dump()}}).ok());
+  };
+  beat();
+  StartController("--view-keys-per-s 100000");  // re-reads every 100 ms (view-ms)
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == kRanks;
+  }, 20)) << ReadFile(log_);
+  ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
+  for (int i = 0; i < 8; ++i) {
+    beat();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const long long calls = testing::InfoCounter(*conn_, "commandstats", "cmdstat_hgetall", "calls");
+  // Re-reads at most every 100 ms: up to ~40 of them, one HGETALL each (the agent key).
+  EXPECT_GE(calls, 4) << ReadFile(log_);
+  EXPECT_LT(calls, kRanks) << "a re-read read the rank keys again: " << ReadFile(log_);
+
+  const protocol::RankRegistration gone = rank(7, "exited");
+  ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 7), {{"msg", protocol::ToJson(gone).dump()}}).ok());
+  (*a.beats)[7].written_ns = gone.header.at_ns;
+  beat();
+  EXPECT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == kRanks - 1;
+  }, 20)) << State().dump() << ReadFile(log_);
 }
 
 // The config file is read as the agent reads its own: anything but a small regular text file,

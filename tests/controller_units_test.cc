@@ -27,6 +27,7 @@
 #include "daemon/controller/controller_state.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profile_analysis.h"
+#include "daemon/controller/rank_key_cache.h"
 #include "daemon/controller/validation_run.h"
 #include "daemon/controller/validation_stage.h"
 #include "daemon/controller/validation_steps.h"
@@ -283,6 +284,163 @@ TEST(JobViewTest, MalformedCommEntriesAreSkipped) {
     EXPECT_EQ(v.comms().begin()->first, kWorld);
     EXPECT_EQ(v.comms().begin()->second.max_calls, 5u);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RankKeyCache
+
+// A rank key's content as `host`'s agent wrote it at written_ns (calls then: 1 per comm).
+json KeyContent(std::int64_t rank, const std::string& host, std::int64_t written_ns, bool slow = false) {
+  protocol::RankRegistration m;
+  m.header = {"job", host, written_ns};
+  m.rank = rank;
+  m.pid = 100 + rank;
+  m.started_ns = 1;
+  m.comms = {{0xabcdef0123456789ull, static_cast<std::int32_t>(rank), 64, "world", 1}};
+  m.slow = slow;
+  Result<json> j = protocol::ParseMessage(protocol::ToJson(m).dump(), protocol::kRankRegister);
+  EXPECT_TRUE(j.ok()) << j.status().message();
+  return j.ok() ? j.value() : json();
+}
+
+// `host`'s heartbeat at at_ns with a beat per (rank, written_ns): `calls` calls on the one comm.
+json Heartbeat(const std::string& host, std::int64_t at_ns,
+               const std::vector<std::pair<std::int64_t, std::int64_t>>& beats, std::uint64_t calls,
+               bool with_beats = true) {
+  protocol::AgentHeartbeat h;
+  h.header = {"job", host, at_ns};
+  h.pid = 7;
+  h.version = "0.1.0";
+  if (with_beats) h.beats.emplace();
+  for (const auto& [rank, written_ns] : beats) {
+    h.ranks.push_back(rank);
+    if (with_beats) h.beats->push_back({rank, written_ns, {calls}, calls, 0, calls / 10, 0});
+  }
+  Result<json> j = protocol::ParseMessage(protocol::ToJson(h).dump(), protocol::kAgentHeartbeat);
+  EXPECT_TRUE(j.ok()) << j.status().message();
+  return j.ok() ? j.value() : json();
+}
+
+// One re-read as the controller makes it: fetch what NeedsFetch asks for from `keys` (rank ->
+// content its key holds now), then the registrations. Returns them and counts the fetches.
+std::vector<json> ReRead(RankKeyCache& cache, const std::vector<json>& agents, const std::map<std::int64_t, json>& keys,
+                         int& fetched) {
+  cache.SetAgents(agents);
+  std::vector<std::int64_t> ranks;
+  for (const auto& [rank, content] : keys) {
+    ranks.push_back(rank);
+    if (cache.NeedsFetch(rank)) {
+      ++fetched;
+      cache.Fetched(content);
+    }
+  }
+  return cache.Registrations(ranks);
+}
+
+TEST(RankKeyCacheTest, KeysAreFetchedOnceAndThenOnlyWhenTheirBeatNamesNewContent) {
+  RankKeyCache cache;
+  std::map<std::int64_t, json> keys;
+  std::vector<std::pair<std::int64_t, std::int64_t>> beats;
+  for (std::int64_t r = 0; r < 8; ++r) {
+    keys[r] = KeyContent(r, "n0", 100);
+    beats.push_back({r, 100});
+  }
+  int fetched = 0;
+  std::vector<json> regs = ReRead(cache, {Heartbeat("n0", 150, beats, 40)}, keys, fetched);
+  EXPECT_EQ(fetched, 8);
+  ASSERT_EQ(regs.size(), 8u);
+  for (const json& r : regs) {  // the content with the beat's counters and time
+    EXPECT_EQ(r["at_ns"], 150);
+    EXPECT_EQ(r["comms"][0]["calls"], 40);
+    EXPECT_EQ(r["iterations"], 4);
+  }
+  fetched = 0;
+  regs = ReRead(cache, {Heartbeat("n0", 250, beats, 90)}, keys, fetched);
+  EXPECT_EQ(fetched, 0) << "nothing changed but the counters";
+  ASSERT_EQ(regs.size(), 8u);
+  EXPECT_EQ(regs[3]["at_ns"], 250);
+  EXPECT_EQ(regs[3]["comms"][0]["calls"], 90);
+
+  keys[3] = KeyContent(3, "n0", 300, /*slow=*/true);
+  beats[3].second = 300;
+  fetched = 0;
+  regs = ReRead(cache, {Heartbeat("n0", 350, beats, 120)}, keys, fetched);
+  EXPECT_EQ(fetched, 1) << "only the rank whose content changed";
+  ASSERT_EQ(regs.size(), 8u);
+  EXPECT_EQ(regs[3]["slow"], true);
+  EXPECT_EQ(regs[3]["comms"][0]["calls"], 120);
+  EXPECT_EQ(regs[3]["at_ns"], 350);
+
+  keys.erase(5);  // its key expired: gone from the view and from the cache
+  fetched = 0;
+  regs = ReRead(cache, {Heartbeat("n0", 450, beats, 130)}, keys, fetched);
+  EXPECT_EQ(fetched, 0);
+  EXPECT_EQ(regs.size(), 7u);
+  EXPECT_EQ(cache.size(), 7u);
+  EXPECT_TRUE(cache.NeedsFetch(std::nullopt)) << "a key whose name gives no rank is always read";
+}
+
+// An agent that rewrites its rank keys every heartbeat and says nothing of beats: every key is
+// read every time and given as it is. And a key newer than the beat read before it: as it is,
+// until the beat catches up.
+TEST(RankKeyCacheTest, KeysWithoutABeatAreReadEveryTimeAsTheyAre) {
+  RankKeyCache cache;
+  std::map<std::int64_t, json> keys = {{0, KeyContent(0, "n0", 100)}, {1, KeyContent(1, "n0", 100)}};
+  int fetched = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<json> regs =
+        ReRead(cache, {Heartbeat("n0", 150, {{0, 100}, {1, 100}}, 40, /*with_beats=*/false)}, keys, fetched);
+    ASSERT_EQ(regs.size(), 2u);
+    EXPECT_EQ(regs[0]["at_ns"], 100);
+    EXPECT_EQ(regs[0]["comms"][0]["calls"], 1);
+  }
+  EXPECT_EQ(fetched, 6);
+
+  RankKeyCache ahead;
+  fetched = 0;
+  keys[1] = KeyContent(1, "n0", 200, /*slow=*/true);  // written after the heartbeat was read
+  std::vector<json> regs = ReRead(ahead, {Heartbeat("n0", 150, {{0, 100}, {1, 100}}, 40)}, keys, fetched);
+  ASSERT_EQ(regs.size(), 2u);
+  EXPECT_EQ(regs[1]["slow"], true);
+  EXPECT_EQ(regs[1]["at_ns"], 200);
+  fetched = 0;
+  regs = ReRead(ahead, {Heartbeat("n0", 250, {{0, 100}, {1, 200}}, 60)}, keys, fetched);
+  EXPECT_EQ(fetched, 0) << "the beat caught up with what is held";
+  EXPECT_EQ(regs[1]["comms"][0]["calls"], 60);
+}
+
+// Two hosts claim one rank: the key holds whichever wrote last. Each claimant's content is held
+// on its own, so once both were seen the view gets both, every re-read, without fetching.
+TEST(RankKeyCacheTest, EachClaimantOfARankKeepsItsOwnContent) {
+  RankKeyCache cache;
+  std::map<std::int64_t, json> keys = {{4, KeyContent(4, "a", 100)}};
+  const auto agents = [](std::uint64_t calls) {
+    return std::vector<json>{Heartbeat("a", 150, {{4, 100}}, calls), Heartbeat("b", 160, {{4, 120}}, calls + 1)};
+  };
+  int fetched = 0;
+  std::vector<json> regs = ReRead(cache, agents(10), keys, fetched);
+  EXPECT_EQ(fetched, 1);
+  ASSERT_EQ(regs.size(), 1u);
+  EXPECT_EQ(regs[0]["host"], "a");
+  regs = ReRead(cache, agents(20), keys, fetched);
+  EXPECT_EQ(fetched, 2) << "b's content is not held yet: the key is read again";
+  keys[4] = KeyContent(4, "b", 120);
+  regs = ReRead(cache, agents(30), keys, fetched);
+  EXPECT_EQ(fetched, 3);
+  ASSERT_EQ(regs.size(), 2u);
+  fetched = 0;
+  regs = ReRead(cache, agents(40), keys, fetched);
+  EXPECT_EQ(fetched, 0);
+  ASSERT_EQ(regs.size(), 2u);
+  std::set<std::string> hosts;
+  for (const json& r : regs) hosts.insert(r["host"].get<std::string>());
+  EXPECT_EQ(hosts, (std::set<std::string>{"a", "b"}));
+
+  JobView v;  // the view keeps the first holder and reports the conflict, as before
+  v.Update(regs, agents(40));
+  ASSERT_EQ(v.ranks().count(4), 1u);
+  EXPECT_EQ(v.ranks().at(4).agent_host, "a");
+  EXPECT_EQ(v.TakeClaimEvents().size(), 1u);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -201,6 +201,7 @@ std::pair<SimAgents::RankIt, SimAgents::RankIt> SimAgents::NodeRanks(std::int64_
 
 void SimAgents::Register(std::int64_t node, std::int64_t now_ns) {
   std::vector<std::int64_t> ranks;
+  std::vector<protocol::RankBeat> beats;
   for (auto [r, end] = NodeRanks(node); r != end; ++r) {
     const std::int64_t rank = r->first;
     RankState& s = r->second;
@@ -225,13 +226,16 @@ void SimAgents::Register(std::int64_t node, std::int64_t now_ns) {
     m.slow = s.slow;
     if (s.plan_delivered) m.plan_delivered = static_cast<std::uint32_t>(*s.plan_delivered);
     if (s.plan_applied) m.plan_applied = static_cast<std::uint32_t>(*s.plan_applied);
-    const std::string key = Key(protocol::kRankKey, {}, rank);
-    Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(m).dump()},
-                                {"host", job_.Host(node)},
-                                {"pid", std::to_string(s.pid)},
-                                {"state", "live"}}));
-    Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
-    ++counters_.messages["rank_register"];
+    if (s.key_writer.Next(m, now_ns, std::int64_t{cadence_.key_ttl_s} * 1'000'000'000,
+                          std::int64_t{cadence_.heartbeat_ms} * 1'000'000, beats.emplace_back())) {
+      const std::string key = Key(protocol::kRankKey, {}, rank);
+      Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), s.key_writer.payload()},
+                                  {"host", job_.Host(node)},
+                                  {"pid", std::to_string(s.pid)},
+                                  {"state", "live"}}));
+      Queue(redis::ExpireArgs(key, cadence_.key_ttl_s));
+      ++counters_.messages["rank_register"];
+    }
   }
   protocol::AgentHeartbeat h;
   h.header = Header(node, now_ns);
@@ -240,6 +244,7 @@ void SimAgents::Register(std::int64_t node, std::int64_t now_ns) {
   h.started_ns = job_.start_ns();
   h.ranks = std::move(ranks);
   h.broadcast = cadence_.broadcast;
+  h.beats = std::move(beats);
   const std::string key = Key(protocol::kAgentKey, job_.Host(node));
   Queue(redis::HSetArgs(key, {{std::string(protocol::kPayloadField), protocol::ToJson(h).dump()},
                               {"pid", std::to_string(h.pid)}}));

@@ -2,8 +2,8 @@
 // connection — what `falcon-agent` would publish for their ranks and how it would answer the
 // controller's commands, at the real agent's cadences and in the real protocol (docs/protocol.md).
 //
-// Per node and rank, on the agent's schedule (AgentCadence): the rank and agent hashes with TTL
-// every heartbeat, an `iterations` batch per rank per flush, `call_signatures` per rank per
+// Per node and rank, on the agent's schedule (AgentCadence): every heartbeat the agent hash with
+// its ranks' beats and a rank hash where it changed or its TTL is due (rank_beat.h), an `iterations` batch per rank per flush, `call_signatures` per rank per
 // signature interval, `comm_profile` per rank per profile window while the controller asked for
 // profile/sample mode, and an `alarm` (plus its `alert`) when the modelled detector sees the job's
 // level change. Commands are read from every owned node's stream and the broadcast stream (each
@@ -28,6 +28,7 @@
 
 #include "bench/sim/sim_job.h"
 #include "daemon/protocol/messages.h"
+#include "daemon/protocol/rank_beat.h"
 #include "daemon/redis/redis_commands.h"
 #include "daemon/redis/redis_connection.h"
 
@@ -124,6 +125,7 @@ class SimAgents {
     std::uint64_t level_run = 0;          // samples in a row on the other side of the verdict
     std::optional<std::uint64_t> level_onset;
     std::optional<std::int32_t> plan_delivered, plan_applied;
+    protocol::RankKeyWriter key_writer;  // when its rank key is written, as an agent's
   };
   struct Pending {                        // an ack due at a modelled time
     std::int64_t due_ns = 0;

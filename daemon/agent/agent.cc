@@ -285,7 +285,7 @@ void Agent::Follow(const daemon::SegmentInfo& info) {
   slot.profile_mode = slot.follower->mode_name();
   slot.next_profile = Clock::now() + std::chrono::milliseconds(config_.profile_ms);
   Poll(slot, daemon::SegmentReader::ReadMode::kLive);
-  QueueRegistration(*slot.follower);
+  Heartbeat();  // the new rank's key, and the agent key that lists it
 }
 
 void Agent::Unfollow(const std::string& path, const char* state) {
@@ -297,12 +297,13 @@ void Agent::Unfollow(const std::string& path, const char* state) {
   QueueSignatures(*f.follower);
   if (config_.profile_ms > 0) CloseProfileWindow(f, RealNowNs(), Clock::now());  // its last calls' profile
   f.follower->state = state;
-  QueueRegistration(*f.follower);
+  QueueRegistration(f);
   log_->info("event=unfollow pid={} rank={} state={} records={} lost={} iterations={}",
              f.follower->pid(), f.follower->rank(), state, f.follower->records(),
              f.follower->lost(), f.follower->analysis().samples());
   executor_->Forget(f.follower.get());
   followers_.erase(it);
+  Heartbeat();  // the agent key without it
 }
 
 void Agent::Poll(Followed& f, daemon::SegmentReader::ReadMode mode) {

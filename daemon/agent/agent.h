@@ -39,6 +39,7 @@
 #include "daemon/agent/rank_follower.h"
 #include "daemon/agent/report_publisher.h"
 #include "daemon/agent/stall_watch.h"
+#include "daemon/protocol/rank_beat.h"
 
 namespace falcon::agent {
 
@@ -84,6 +85,9 @@ class Agent {
     std::int64_t profile_since_ns = 0;
     std::string profile_mode;
     Clock::time_point next_profile{};
+    // When its rank key is written, and its counters for the agent key (rank_beat.h).
+    protocol::RankKeyWriter key_writer;
+    std::optional<protocol::RankBeat> beat;  // unset until it has a rank
   };
 
   void Tick();
@@ -101,7 +105,9 @@ class Agent {
   void QueueSignatures();  // every signature_ms: each rank's new collectives (call_signatures)
   void QueueSignatures(RankFollower& r);  // every stall_check_ms: each rank's StallWatch, transitions reported
   void QueueStall(const RankFollower& f, const StallEvent& e);
-  void QueueRegistration(const RankFollower& f);
+  // Writes f's rank key if its content changed or its TTL is due, and takes its beat.
+  void QueueRegistration(Followed& f);
+  // Every followed rank's registration, then the agent key with their beats.
   void Heartbeat();
   // Closes f's profile window at `until_ns` (published unless empty) and opens the next, in the
   // mode the shim is in now. Every profile_ms, and at each set_mode the rank applied: a window

@@ -75,26 +75,36 @@ void Agent::QueueAlarm(const RankFollower& r, const RankAlarm& a) {
   publisher_->Publish(Key(protocol::kAlertsChannel), protocol::ToJson(alert));
 }
 
-void Agent::QueueRegistration(const RankFollower& r) {
+void Agent::QueueRegistration(Followed& f) {
+  const RankFollower& r = *f.follower;
   if (r.rank() < 0) return;  // no rank yet: registered once a communicator names it
   protocol::RankRegistration m = r.Registration();
   m.header = Header();
-  publisher_->SetHash(Key(protocol::kRankKey, r.rank()),
-                      {{std::string(protocol::kPayloadField), protocol::ToJson(m).dump()},
-                       {"host", env_.host},
-                       {"pid", std::to_string(m.pid)},
-                       {"state", m.state}},
-                      config_.key_ttl_s);
+  protocol::RankBeat beat;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  if (f.key_writer.Next(m, now, config_.key_ttl_s * 1'000'000'000, config_.heartbeat_ms * 1'000'000, beat)) {
+    publisher_->SetHash(Key(protocol::kRankKey, r.rank()),
+                        {{std::string(protocol::kPayloadField), f.key_writer.payload()},
+                         {"host", env_.host},
+                         {"pid", std::to_string(m.pid)},
+                         {"state", m.state}},
+                        config_.key_ttl_s);
+  }
+  f.beat = std::move(beat);
 }
 
 void Agent::Heartbeat() {
-  for (const auto& [path, f] : followers_) QueueRegistration(*f.follower);
   protocol::AgentHeartbeat h;
+  h.beats.emplace();
+  for (auto& [path, f] : followers_) {
+    QueueRegistration(f);
+    h.ranks.push_back(f.follower->rank());
+    if (f.follower->rank() >= 0 && f.beat) h.beats->push_back(*f.beat);
+  }
   h.header = Header();
   h.pid = env_.pid;
   h.version = kAgentVersion;
   h.started_ns = started_real_ns_;
-  for (const auto& [path, f] : followers_) h.ranks.push_back(f.follower->rank());
   h.cpu_seconds = ProcessCpuSeconds();
   h.outbox = publisher_->outbox_size();
   h.dropped = publisher_->dropped();
@@ -208,6 +218,7 @@ void Agent::OnAck(const std::string& entry_id, const protocol::Command& c, const
 }
 
 void Agent::TrackPlans() {
+  bool changed = false;
   const std::vector<RankFollower*> followers = Followers();
   executor_->CatchUpPlans(followers, RealNowNs(), [this](const RankFollower& f, std::uint32_t version) {
     log_->info("event=plan_delivered pid={} rank={} version={} late=1", f.pid(), f.rank(), version);
@@ -228,8 +239,11 @@ void Agent::TrackPlans() {
     f.plan_registered = version;
     f.acks_registered = acks.count;
     std::copy(std::begin(acks.cost_s), std::end(acks.cost_s), f.costs_registered.begin());
-    QueueRegistration(*f.follower);
+    changed = true;
   }
+  // At once, not at the next heartbeat: the controller reads a rank key again when its beat in
+  // the agent key names a new content, and it waits on these acks.
+  if (changed) Heartbeat();
 }
 
 void Agent::QueueSignatures() {

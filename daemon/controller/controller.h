@@ -56,6 +56,7 @@
 #include <spdlog/logger.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -71,6 +72,7 @@
 #include "daemon/controller/tracking_stage.h"
 #include "daemon/controller/job_view.h"
 #include "daemon/controller/profiling_stage.h"
+#include "daemon/controller/rank_key_cache.h"
 #include "daemon/controller/recovery_watch.h"
 #include "daemon/controller/validation_stage.h"
 #include "daemon/redis/redis_connection.h"
@@ -98,6 +100,10 @@ class Controller {
   Status SaveState(std::int64_t now_ns);
   // A key Redis refuses (wrong type) is logged once, skipped, and logged again when it clears.
   Status RefreshView();
+  Status ReadViewKeys(const protocol::KeySpec& spec, const protocol::MessageSpec& msg,
+                      const std::function<bool(const std::string&)>& wanted,
+                      const std::function<void(nlohmann::json)>& take, std::set<std::string>& seen_bad,
+                      std::vector<std::string>* scanned);
   // One turn of the loop: connect (or wait for the backoff), refresh the view when due, start a
   // read, advance every stage, save the state when due; schedules the next turn.
   void Turn();
@@ -235,9 +241,10 @@ class Controller {
   ControllerState state_;
   TrackingStage tracking_{state_.slow};  // slow ranks and iteration times (tracking_stage.h)
   JobView view_;
+  RankKeyCache rank_keys_;  // the rank keys' contents between re-reads
   std::int64_t next_view_ns_ = 0;
   std::int64_t view_refresh_ns_ = 0;  // how long the last re-read of the rank and agent keys took
-  std::size_t view_keys_ = 0;         // how many rank and agent keys it read
+  std::size_t view_keys_ = 0;         // how many rank and agent keys it fetched
   static constexpr std::int64_t kViewShareInverse = 4;  // re-reads take at most a quarter of the loop
   std::int64_t next_save_ns_ = 0;
   std::int64_t state_save_ns_ = 0;       // how long the last write of the state document took

@@ -7,7 +7,10 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
+#include <functional>
+#include <optional>
 
 #include "daemon/common/log_escape.h"
 #include "daemon/controller/controller.h"
@@ -256,43 +259,90 @@ void Controller::TrimStreams(std::int64_t now_ns) {
   }
 }
 
+// Reads the keys of `spec` (SCAN, then HGETALL in pipelined pages) whose SCANned name `wanted`
+// accepts, and hands each valid payload to `take`; keys Redis refused go to `seen_bad`.
+Status Controller::ReadViewKeys(const protocol::KeySpec& spec, const protocol::MessageSpec& msg,
+                                const std::function<bool(const std::string&)>& wanted,
+                                const std::function<void(json)>& take, std::set<std::string>& seen_bad,
+                                std::vector<std::string>* scanned) {
+  Result<std::string> pattern = protocol::KeyMatchPattern(spec, {config_.job, {}, std::nullopt});
+  if (!pattern.ok()) return pattern.status();
+  Result<std::vector<std::string>> all = redis::ScanKeys(*conn_, pattern.value());
+  if (!all.ok()) return all.status();
+  std::vector<std::string> keys;
+  for (const std::string& key : all.value()) {
+    if (wanted(key)) keys.push_back(key);
+  }
+  if (scanned != nullptr) *scanned = std::move(all).value();
+  // One round trip per kPipelineKeys keys: at 16,384 ranks a key at a time took the turn.
+  Result<std::vector<Result<std::map<std::string, std::string>>>> hashes = redis::HGetAllMany(*conn_, keys);
+  if (!hashes.ok()) return hashes.status();
+  view_keys_ += keys.size();
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    const std::string& key = keys[k];
+    Result<std::map<std::string, std::string>>& h = hashes.value()[k];
+    if (!h.ok() && h.status().code() != Status::Code::kInvalidArgument) return h.status();
+    if (!h.ok()) {  // Redis refused this key (not a hash): skip it, the others still count
+      seen_bad.insert(key);
+      if (bad_keys_.insert(key).second) {
+        log_->warn("event=bad_key key={} action=skipped error={}", daemon::LogValue(key),
+                   daemon::LogQuoted(h.status().message()));
+      }
+      continue;
+    }
+    auto text = h.value().find(std::string(protocol::kPayloadField));
+    if (text == h.value().end()) continue;  // expired between SCAN and HGETALL
+    Result<json> m = protocol::ParseMessage(text->second, msg);
+    if (!m.ok()) {
+      ++dropped_messages_;
+      log_->warn("event=bad_message key={} error={}", daemon::LogValue(key), daemon::LogQuoted(m.status().message()));
+      continue;
+    }
+    take(std::move(m.value()));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The rank a rank key's name gives (its last part), nullopt if it gives none.
+std::optional<std::int64_t> RankOfKey(const std::string& key) {
+  const std::size_t colon = key.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  std::int64_t rank = -1;
+  const char* end = key.data() + key.size();
+  auto [p, ec] = std::from_chars(key.data() + colon + 1, end, rank);
+  if (ec != std::errc() || p != end || rank < 0) return std::nullopt;
+  return rank;
+}
+
+}  // namespace
+
+// The agent keys every time; a rank key only when no beat in them goes with the content held
+// for it (rank_key_cache.h): at 32,768 ranks that is a few hundred keys a re-read, not 32,768.
 Status Controller::RefreshView() {
-  std::vector<json> ranks, agents;
+  std::vector<json> agents;
   std::set<std::string> seen_bad;  // keys Redis refused in this scan
   view_keys_ = 0;
-  for (const auto& [spec, msg, out] : {std::tuple{&protocol::kRankKey, &protocol::kRankRegister, &ranks},
-                                       std::tuple{&protocol::kAgentKey, &protocol::kAgentHeartbeat, &agents}}) {
-    Result<std::string> pattern = protocol::KeyMatchPattern(*spec, {config_.job, {}, std::nullopt});
-    if (!pattern.ok()) return pattern.status();
-    Result<std::vector<std::string>> keys = redis::ScanKeys(*conn_, pattern.value());
-    if (!keys.ok()) return keys.status();
-    // One round trip per kPipelineKeys keys: at 16,384 ranks a key at a time took the turn.
-    Result<std::vector<Result<std::map<std::string, std::string>>>> hashes = redis::HGetAllMany(*conn_, keys.value());
-    if (!hashes.ok()) return hashes.status();
-    view_keys_ += keys.value().size();
-    for (std::size_t k = 0; k < keys.value().size(); ++k) {
-      const std::string& key = keys.value()[k];
-      Result<std::map<std::string, std::string>>& h = hashes.value()[k];
-      if (!h.ok() && h.status().code() != Status::Code::kInvalidArgument) return h.status();
-      if (!h.ok()) {  // Redis refused this key (not a hash): skip it, the others still count
-        seen_bad.insert(key);
-        if (bad_keys_.insert(key).second) {
-          log_->warn("event=bad_key key={} action=skipped error={}", daemon::LogValue(key),
-                     daemon::LogQuoted(h.status().message()));
-        }
-        continue;
-      }
-      auto text = h.value().find(std::string(protocol::kPayloadField));
-      if (text == h.value().end()) continue;  // expired between SCAN and HGETALL
-      Result<json> m = protocol::ParseMessage(text->second, *msg);
-      if (!m.ok()) {
-        ++dropped_messages_;
-        log_->warn("event=bad_message key={} error={}", daemon::LogValue(key), daemon::LogQuoted(m.status().message()));
-        continue;
-      }
-      out->push_back(std::move(m.value()));
-    }
+  Status s = ReadViewKeys(
+      protocol::kAgentKey, protocol::kAgentHeartbeat, [](const std::string&) { return true; },
+      [&](json m) { agents.push_back(std::move(m)); }, seen_bad, nullptr);
+  if (!s.ok()) return s;
+  rank_keys_.SetAgents(agents);
+  std::vector<std::string> rank_keys;
+  s = ReadViewKeys(
+      protocol::kRankKey, protocol::kRankRegister,
+      [&](const std::string& key) { return rank_keys_.NeedsFetch(RankOfKey(key)); },
+      [&](json m) { rank_keys_.Fetched(std::move(m)); }, seen_bad, &rank_keys);
+  if (!s.ok()) {
+    rank_keys_.Abandon();
+    return s;
   }
+  std::vector<std::int64_t> ranks_with_keys;
+  for (const std::string& key : rank_keys) {
+    if (const std::optional<std::int64_t> r = RankOfKey(key)) ranks_with_keys.push_back(*r);
+  }
+  std::vector<json> ranks = rank_keys_.Registrations(ranks_with_keys);
   for (auto it = bad_keys_.begin(); it != bad_keys_.end();) {
     if (seen_bad.count(*it)) {
       ++it;

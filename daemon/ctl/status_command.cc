@@ -17,6 +17,7 @@
 #include "daemon/ctl/redis_cli.h"
 #include "daemon/redis/redis_commands.h"
 #include "daemon/protocol/keys.h"
+#include "daemon/protocol/rank_beat.h"
 
 namespace falcon::ctl {
 namespace {
@@ -58,6 +59,7 @@ Status Collect(redis::RedisConnection& c, const std::string& job, JobStatus& st)
   Result<std::vector<json>> ranks = ReadHashes(c, protocol::kRankKey, job);
   if (!ranks.ok()) return ranks.status();
   st.ranks = std::move(ranks).value();
+  protocol::ApplyBeats(st.ranks, st.agents);  // the counters now, from the agents' heartbeats
   Result<std::string> iters = protocol::FormatKey(protocol::kIterationsStream, JobVars(job));
   Result<std::string> alarms = protocol::FormatKey(protocol::kAlarmsStream, JobVars(job));
   if (!iters.ok() || !alarms.ok()) return Status::InvalidArgument("bad job name");

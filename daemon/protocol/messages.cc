@@ -96,6 +96,16 @@ json ToJson(const AgentHeartbeat& m) {
   j["outbox"] = m.outbox;
   j["dropped"] = m.dropped;
   if (m.broadcast) j["broadcast"] = true;
+  if (m.beats) {
+    json beats = json::array();
+    for (const RankBeat& b : *m.beats) {
+      json o = {{"rank", b.rank},   {"written_ns", b.written_ns}, {"calls", b.calls},
+                {"records", b.records}, {"lost", b.lost},   {"iterations", b.iterations}};
+      if (b.excluded > 0) o["excluded"] = b.excluded;
+      beats.push_back(std::move(o));
+    }
+    j["beats"] = std::move(beats);
+  }
   return j;
 }
 

@@ -65,6 +65,18 @@ struct RankRegistration {
   std::uint64_t excluded = 0;
 };
 
+// One rank's counters in an agent heartbeat (kRankBeatFields): what changes every heartbeat, so
+// that the rank key is written only when the rest of it changes (rank_beat.h).
+struct RankBeat {
+  std::int64_t rank = -1;
+  std::int64_t written_ns = 0;      // at_ns of the rank key's content these counters go with
+  std::vector<std::uint64_t> calls;  // per communicator, in the rank key's comms order
+  std::uint64_t records = 0;
+  std::uint64_t lost = 0;
+  std::uint64_t iterations = 0;
+  std::uint64_t excluded = 0;
+};
+
 struct AgentHeartbeat {
   ReportHeader header;
   std::int64_t pid = 0;
@@ -75,6 +87,7 @@ struct AgentHeartbeat {
   std::uint64_t outbox = 0;
   std::uint64_t dropped = 0;
   bool broadcast = false;  // reads kBroadcastStream (written only when true)
+  std::optional<std::vector<RankBeat>> beats;  // absent: the rank keys carry current counters
 };
 
 struct IterationBatch {

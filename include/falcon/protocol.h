@@ -76,11 +76,13 @@ struct KeySpec {
 inline constexpr KeySpec kRankKey{
     "rank", "falcon:{job}:rank:{rank}", KeyKind::kHash, Direction::kAgentToController,
     "rank_register",
-    "one traced rank: identity and communicators; refreshed every heartbeat, expires (TTL) when "
-    "its agent stops refreshing it"};
+    "one traced rank: identity and communicators; written when they change and rewritten unchanged "
+    "to renew its TTL (its counters as of that write: the current ones are its beat in the agent "
+    "key), expires (TTL) when its agent stops refreshing it"};
 inline constexpr KeySpec kAgentKey{
     "agent", "falcon:{job}:agent:{host}", KeyKind::kHash, Direction::kAgentToController,
-    "agent_heartbeat", "one agent: liveness, ranks followed, counters; expires (TTL)"};
+    "agent_heartbeat",
+    "one agent: liveness, ranks followed, each rank's counters (beats), every heartbeat; expires (TTL)"};
 inline constexpr KeySpec kIterationsStream{
     "iterations", "falcon:{job}:iterations", KeyKind::kStream, Direction::kAgentToController,
     "iterations", "iteration-time samples, batched per rank (MAXLEN ~)"};
@@ -296,6 +298,22 @@ inline constexpr FieldSpec kRankRegisterFields[] = {
 inline constexpr MessageSpec kRankRegister{"rank_register", kRankRegisterFields,
                                            "rank registration and heartbeat (kRankKey)"};
 
+// One rank's beat in an agent_heartbeat: the counters that change every heartbeat, kept out of the
+// rank key so that the key is written only when its content changes.
+inline constexpr FieldSpec kRankBeatFields[] = {
+    {"rank", JsonType::kInteger, true, "global rank", "", 0, kMaxRank},
+    {"written_ns", JsonType::kInteger, true,
+     "at_ns of the rank key's content these counters go with (a reader holding another one re-reads the key)",
+     "", 0, kMaxI64},
+    {"calls", JsonType::kArray, true, "calls made so far per communicator, in the rank key's comms order", "", 0,
+     kMaxCommsPerRank, JsonType::kInteger, 0, kMaxI64},
+    {"records", JsonType::kInteger, true, "call records read so far", "", 0, kMaxI64},
+    {"lost", JsonType::kInteger, true, "records the shim overwrote before they were read", "", 0, kMaxI64},
+    {"iterations", JsonType::kInteger, true, "iteration samples so far", "", 0, kMaxI64},
+    {"excluded", JsonType::kInteger, false, "iterations left out of detection", "", 0, kMaxI64},
+};
+inline constexpr ObjectSpec kRankBeatObject{kRankBeatFields};
+
 inline constexpr FieldSpec kAgentHeartbeatFields[] = {
     FALCON_PROTOCOL_REPORT_FIELDS,
     {"pid", JsonType::kInteger, true, "agent pid", "", 1, 4194304},
@@ -307,6 +325,10 @@ inline constexpr FieldSpec kAgentHeartbeatFields[] = {
     {"dropped", JsonType::kInteger, true, "messages dropped from a full outbox", "", 0, kMaxI64},
     {"broadcast", JsonType::kBoolean, false,
      "reads the broadcast command stream (kBroadcastStream); absent: its own stream only"},
+    {"beats", JsonType::kArray, false,
+     "per rank followed: {rank, written_ns, calls, records, lost, iterations, excluded?}, the rank key's "
+     "counters now (absent: the rank keys hold current counters)",
+     "", 0, kMaxRank, JsonType::kObject, kLowest, kHighest, &kRankBeatObject},
 };
 inline constexpr MessageSpec kAgentHeartbeat{"agent_heartbeat", kAgentHeartbeatFields,
                                              "agent liveness (kAgentKey)"};
