@@ -699,37 +699,46 @@ TEST_F(ControllerRedisTest, TheViewsReReadsStayWithinTheirKeysPerSecond) {
   EXPECT_GE(calls, 2 * (kRanks + 1)) << ReadFile(log_);
 }
 
+// `ranks` live ranks 0.. on node0, each key written at `written`, and node0's agent key with a
+// beat per rank naming that content, as an agent writes them (rank_beat.h).
+protocol::AgentHeartbeat WriteBeatingRanks(redis::RedisConnection& c, std::int64_t ranks, std::int64_t written) {
+  protocol::AgentHeartbeat a;
+  a.header = {kJob, "node0", written};
+  a.pid = 7;
+  a.version = "0.1.0";
+  a.beats.emplace();
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    protocol::RankRegistration m;
+    m.header = {kJob, "node0", written};
+    m.rank = r;
+    m.pid = 100 + r;
+    m.started_ns = 1;
+    EXPECT_TRUE(redis::HSet(c, protocol::FormatKey(protocol::kRankKey, {kJob, "", r}).value(),
+                            {{"msg", protocol::ToJson(m).dump()}})
+                    .ok());
+    a.ranks.push_back(r);
+    a.beats->push_back(protocol::BeatOf(m, written));
+  }
+  return a;
+}
+
+// The agent's next heartbeat: later, its counters moved.
+void Beat(redis::RedisConnection& c, protocol::AgentHeartbeat& a) {
+  a.header.at_ns = NowNs();
+  for (protocol::RankBeat& b : *a.beats) b.records += 10;
+  EXPECT_TRUE(redis::HSet(c, protocol::FormatKey(protocol::kAgentKey, {kJob, "node0", {}}).value(),
+                          {{"msg", protocol::ToJson(a).dump()}})
+                  .ok());
+}
+
 // With beats in the agent key, a re-read reads the agent key and no rank key whose content it
 // holds: 200 ranks re-read for four seconds cost a handful of HGETALLs, not 200 per re-read. A
 // rank whose beat names new content is read again (here: it exited, and leaves the view).
 TEST_F(ControllerRedisTest, RankKeysAreReadAgainOnlyWhenTheirBeatNamesNewContent) {
   constexpr std::int64_t kRanks = 200;
   const std::int64_t written = NowNs();
-  auto rank = [&](std::int64_t r, const std::string& state) {
-    protocol::RankRegistration m;
-    m.header = {kJob, "node0", written + (state == "live" ? 0 : 1)};
-    m.rank = r;
-    m.pid = 100 + r;
-    m.started_ns = 1;
-    m.state = state;
-    return m;
-  };
-  protocol::AgentHeartbeat a;
-  a.header = {kJob, "node0", written};
-  a.pid = 7;
-  a.version = "0.1.0";
-  a.beats.emplace();
-  for (std::int64_t r = 0; r < kRanks; ++r) {
-    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", r), {{"msg", protocol::ToJson(rank(r, "live")).dump()}}).ok());
-    a.ranks.push_back(r);
-    a.beats->push_back(protocol::BeatOf(rank(r, "live"), written));
-  }
-  auto beat = [&] {  // the agent's heartbeat: later, counters moving
-    a.header.at_ns = NowNs();
-    for (protocol::RankBeat& b : *a.beats) b.records += 10;
-    ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kAgentKey, "node0"), {{"msg", protocol::ToJson(a).dump()}}).ok());
-  };
-  beat();
+  protocol::AgentHeartbeat a = WriteBeatingRanks(*conn_, kRanks, written);
+  Beat(*conn_, a);
   StartController("--view-keys-per-s 100000");  // re-reads every 100 ms (view-ms)
   ASSERT_TRUE(WaitUntil([&] {
     const json s = State();
@@ -737,7 +746,7 @@ TEST_F(ControllerRedisTest, RankKeysAreReadAgainOnlyWhenTheirBeatNamesNewContent
   }, 20)) << ReadFile(log_);
   ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
   for (int i = 0; i < 8; ++i) {
-    beat();
+    Beat(*conn_, a);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   const long long calls = testing::InfoCounter(*conn_, "commandstats", "cmdstat_hgetall", "calls");
@@ -745,14 +754,40 @@ TEST_F(ControllerRedisTest, RankKeysAreReadAgainOnlyWhenTheirBeatNamesNewContent
   EXPECT_GE(calls, 4) << ReadFile(log_);
   EXPECT_LT(calls, kRanks) << "a re-read read the rank keys again: " << ReadFile(log_);
 
-  const protocol::RankRegistration gone = rank(7, "exited");
+  protocol::RankRegistration gone;
+  gone.header = {kJob, "node0", written + 1};
+  gone.rank = 7;
+  gone.pid = 107;
+  gone.started_ns = 1;
+  gone.state = "exited";
   ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", 7), {{"msg", protocol::ToJson(gone).dump()}}).ok());
   (*a.beats)[7].written_ns = gone.header.at_ns;
-  beat();
+  Beat(*conn_, a);
   EXPECT_TRUE(WaitUntil([&] {
     const json s = State();
     return s.is_object() && s["ranks"] == kRanks - 1;
   }, 20)) << State().dump() << ReadFile(log_);
+}
+
+// A rank whose content is held still counts against view-keys-per-s: the view is rebuilt from
+// every registration, so 201 keys at 201 a second is a re-read a second (two SCANs each, one
+// per key pattern), not one every view-ms (100 ms).
+TEST_F(ControllerRedisTest, HeldRanksCountAgainstTheViewsKeysPerSecond) {
+  constexpr std::int64_t kRanks = 200;
+  protocol::AgentHeartbeat a = WriteBeatingRanks(*conn_, kRanks, NowNs());
+  Beat(*conn_, a);
+  StartController("--view-keys-per-s 201");
+  ASSERT_TRUE(WaitUntil([&] {
+    const json s = State();
+    return s.is_object() && s["ranks"] == kRanks;
+  }, 20)) << ReadFile(log_);
+  ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const long long scans = testing::InfoCounter(*conn_, "commandstats", "cmdstat_scan", "calls");
+  const long long reads = testing::InfoCounter(*conn_, "commandstats", "cmdstat_hgetall", "calls");
+  EXPECT_LE(scans, 2 * 5) << ReadFile(log_);  // four seconds: two to five re-reads
+  EXPECT_GE(scans, 2 * 2) << ReadFile(log_);
+  EXPECT_LE(reads, 5) << "the rank keys' contents are held";
 }
 
 // The config file is read as the agent reads its own: anything but a small regular text file,

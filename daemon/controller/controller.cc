@@ -144,8 +144,10 @@ void Controller::Turn() {
     // Re-reading every rank key blocks the loop (at 16,384 ranks about half a second): spaced
     // so that it takes at most 1/kViewShareInverse of the loop, the phases keep their pace. A
     // failed re-read (Redis slow or gone) is not a measure of the job: retried at view-ms.
-    // Likewise at most view-keys-per-s keys a second: how often Redis is asked does not follow
-    // how fast the controller parses (with a faster allocator it re-read 1.3-1.8x as often).
+    // Likewise at most view-keys-per-s keys a second: how often Redis is asked, and how often
+    // the view is rebuilt from every rank's registration, does not follow how fast the
+    // controller parses (with a faster allocator it re-read 1.3-1.8x as often). A rank whose
+    // content is held counts as a key read: rebuilding the view costs per rank all the same.
     view_refresh_ns_ = std::max<std::int64_t>(0, WallNs() - now);
     const std::int64_t apart = std::int64_t{config_.view_ms} * 1'000'000;
     const std::int64_t budget = static_cast<std::int64_t>(view_keys_) * 1'000'000'000 / config_.view_keys_per_s;

@@ -244,7 +244,7 @@ class Controller {
   RankKeyCache rank_keys_;  // the rank keys' contents between re-reads
   std::int64_t next_view_ns_ = 0;
   std::int64_t view_refresh_ns_ = 0;  // how long the last re-read of the rank and agent keys took
-  std::size_t view_keys_ = 0;         // how many rank and agent keys it fetched
+  std::size_t view_keys_ = 0;         // agent keys it read and registrations it took in
   static constexpr std::int64_t kViewShareInverse = 4;  // re-reads take at most a quarter of the loop
   std::int64_t next_save_ns_ = 0;
   std::int64_t state_save_ns_ = 0;       // how long the last write of the state document took

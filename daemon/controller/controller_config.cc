@@ -64,8 +64,8 @@ void AddConfigOptions(CLI::App& app, ControllerConfig& c) {
   Entry(app, "metrics-port", c.metrics_port, "port of /metrics and /healthz (0: off; one controller per job, "
         "so give each its own)")->check(daemon::FiniteRange(0, 65535));
   Entry(app, "view-ms", c.view_ms, "how often rank and agent keys are re-read, ms (at least 4x the last re-read's duration apart)")->check(daemon::FiniteRange(100, 600000));
-  Entry(app, "view-keys-per-s", c.view_keys_per_s, "rank and agent keys re-read per second at most (one HGETALL each): "
-        "the re-reads are spaced so the view's Redis load stays under it")->check(daemon::FiniteRange(100, 10000000));
+  Entry(app, "view-keys-per-s", c.view_keys_per_s, "rank and agent keys taken into the view per second at most (a rank "
+        "key read again or its content held): the re-reads are spaced so the view's Redis load and rebuilding stay under it")->check(daemon::FiniteRange(100, 10000000));
   Entry(app, "heartbeat-ms", c.heartbeat_ms, "state written at least this often, ms")->check(daemon::FiniteRange(100, 600000));
   Entry(app, "profile-wait-s", c.profile_wait_s, "longest wait for a full profile window from every rank, s")
       ->check(daemon::FiniteRange(0.1, 3600.0));

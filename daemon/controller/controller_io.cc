@@ -343,6 +343,7 @@ Status Controller::RefreshView() {
     if (const std::optional<std::int64_t> r = RankOfKey(key)) ranks_with_keys.push_back(*r);
   }
   std::vector<json> ranks = rank_keys_.Registrations(ranks_with_keys);
+  view_keys_ = std::max(view_keys_, agents.size() + ranks.size());  // fetched or held, each rank counts
   for (auto it = bad_keys_.begin(); it != bad_keys_.end();) {
     if (seen_bad.count(*it)) {
       ++it;
