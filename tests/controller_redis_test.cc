@@ -83,6 +83,15 @@ class ControllerRedisTest : public ::testing::Test {
     ASSERT_TRUE(redis::HSet(*conn_, Key(protocol::kRankKey, "", rank), {{"msg", protocol::ToJson(r).dump()}}).ok());
   }
 
+  // Waits until the controller's view holds `ranks` ranks, then zeroes Redis's command counters.
+  bool RanksInViewThenResetStats(std::int64_t ranks) {
+    return WaitUntil([&] {
+             const json s = State();
+             return s.is_object() && s["ranks"] == ranks;
+           }, 20) &&
+           conn_->Command({"CONFIG", "RESETSTAT"}).ok();
+  }
+
   // A host's agent, as it writes itself.
   void WriteAgent(const std::string& host, std::vector<std::int64_t> ranks) {
     protocol::AgentHeartbeat a;
@@ -687,11 +696,7 @@ TEST_F(ControllerRedisTest, TheViewsReReadsStayWithinTheirKeysPerSecond) {
   std::iota(all.begin(), all.end(), 0);
   WriteAgent("node0", all);
   StartController("--view-keys-per-s 201");
-  ASSERT_TRUE(WaitUntil([&] {
-    const json s = State();
-    return s.is_object() && s["ranks"] == kRanks;
-  }, 20)) << ReadFile(log_);
-  ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
+  ASSERT_TRUE(RanksInViewThenResetStats(kRanks)) << ReadFile(log_);
   std::this_thread::sleep_for(std::chrono::seconds(4));
   const long long calls = testing::InfoCounter(*conn_, "commandstats", "cmdstat_hgetall", "calls");
   // Four seconds: at most five re-reads (one may fall at each end), at least two.
@@ -740,11 +745,7 @@ TEST_F(ControllerRedisTest, RankKeysAreReadAgainOnlyWhenTheirBeatNamesNewContent
   protocol::AgentHeartbeat a = WriteBeatingRanks(*conn_, kRanks, written);
   Beat(*conn_, a);
   StartController("--view-keys-per-s 100000");  // re-reads every 100 ms (view-ms)
-  ASSERT_TRUE(WaitUntil([&] {
-    const json s = State();
-    return s.is_object() && s["ranks"] == kRanks;
-  }, 20)) << ReadFile(log_);
-  ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
+  ASSERT_TRUE(RanksInViewThenResetStats(kRanks)) << ReadFile(log_);
   for (int i = 0; i < 8; ++i) {
     Beat(*conn_, a);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -777,11 +778,7 @@ TEST_F(ControllerRedisTest, HeldRanksCountAgainstTheViewsKeysPerSecond) {
   protocol::AgentHeartbeat a = WriteBeatingRanks(*conn_, kRanks, NowNs());
   Beat(*conn_, a);
   StartController("--view-keys-per-s 201");
-  ASSERT_TRUE(WaitUntil([&] {
-    const json s = State();
-    return s.is_object() && s["ranks"] == kRanks;
-  }, 20)) << ReadFile(log_);
-  ASSERT_TRUE(conn_->Command({"CONFIG", "RESETSTAT"}).ok());
+  ASSERT_TRUE(RanksInViewThenResetStats(kRanks)) << ReadFile(log_);
   std::this_thread::sleep_for(std::chrono::seconds(4));
   const long long scans = testing::InfoCounter(*conn_, "commandstats", "cmdstat_scan", "calls");
   const long long reads = testing::InfoCounter(*conn_, "commandstats", "cmdstat_hgetall", "calls");
