@@ -381,8 +381,9 @@ TEST(RankKeyCacheTest, KeysAreFetchedOnceAndThenOnlyWhenTheirBeatNamesNewContent
 }
 
 // An agent that rewrites its rank keys every heartbeat and says nothing of beats: every key is
-// read every time and given as it is. And a key newer than the beat read before it: as it is,
-// until the beat catches up.
+// read every time and given as it is. A beat that does not fit the content it names: the
+// content as held. And a key newer than the beat read before it: as it is, until the beat
+// catches up.
 TEST(RankKeyCacheTest, KeysWithoutABeatAreReadEveryTimeAsTheyAre) {
   RankKeyCache cache;
   std::map<std::int64_t, json> keys = {{0, KeyContent(0, "n0", 100)}, {1, KeyContent(1, "n0", 100)}};
@@ -395,6 +396,21 @@ TEST(RankKeyCacheTest, KeysWithoutABeatAreReadEveryTimeAsTheyAre) {
     EXPECT_EQ(regs[0]["comms"][0]["calls"], 1);
   }
   EXPECT_EQ(fetched, 6);
+
+  // A beat that names the held content but does not fit it (one count for two communicators):
+  // the rank stays in the view with the content as held, its counters left as they were.
+  {
+    RankKeyCache odd;
+    fetched = 0;
+    std::map<std::int64_t, json> one = {{0, KeyContent(0, "n0", 100)}};
+    one[0]["comms"].push_back(one[0]["comms"][0]);
+    ASSERT_EQ(ReRead(odd, {Heartbeat("n0", 150, {{0, 100}}, 40)}, one, fetched).size(), 1u);
+    const std::vector<json> again = ReRead(odd, {Heartbeat("n0", 250, {{0, 100}}, 50)}, one, fetched);
+    EXPECT_EQ(fetched, 1);
+    ASSERT_EQ(again.size(), 1u);
+    EXPECT_EQ(again[0]["at_ns"], 100);
+    EXPECT_EQ(again[0]["comms"].size(), 2u);
+  }
 
   RankKeyCache ahead;
   fetched = 0;

@@ -61,9 +61,16 @@ std::vector<json> RankKeyCache::Registrations(const std::vector<std::int64_t>& r
       }
     }
     if (merged) continue;
-    // No beat goes with what its key holds now: the content as it was fetched.
+    // No beat goes with what its key holds now: the content as it was fetched; or, where a beat
+    // named the held content but its counters do not fit it (another number of communicators:
+    // not from an agent), the content as it is held.
+    const std::size_t given = out.size();
     for (auto h = held_.lower_bound({rank, std::string()}); h != held_.end() && h->first.first == rank; ++h) {
       if (h->second.fetched_now) out.push_back(h->second.registration);
+    }
+    if (out.size() != given) continue;
+    for (auto it = from; it != to; ++it) {
+      if (const Held* h = Matching(rank, it->second)) out.push_back(h->registration);
     }
   }
   // Kept: what a beat still names (a claimant whose content the key holds now and then), and
