@@ -323,7 +323,7 @@ json Heartbeat(const std::string& host, std::int64_t at_ns,
 
 // One re-read as the controller makes it: fetch what NeedsFetch asks for from `keys` (rank ->
 // content its key holds now), then the registrations. Returns them and counts the fetches.
-std::vector<json> ReRead(RankKeyCache& cache, const std::vector<json>& agents, const std::map<std::int64_t, json>& keys,
+std::vector<RankEntry> ReRead(RankKeyCache& cache, const std::vector<json>& agents, const std::map<std::int64_t, json>& keys,
                          int& fetched) {
   cache.SetAgents(agents);
   std::vector<std::int64_t> ranks;
@@ -346,20 +346,21 @@ TEST(RankKeyCacheTest, KeysAreFetchedOnceAndThenOnlyWhenTheirBeatNamesNewContent
     beats.push_back({r, 100});
   }
   int fetched = 0;
-  std::vector<json> regs = ReRead(cache, {Heartbeat("n0", 150, beats, 40)}, keys, fetched);
+  std::vector<RankEntry> regs = ReRead(cache, {Heartbeat("n0", 150, beats, 40)}, keys, fetched);
   EXPECT_EQ(fetched, 8);
   ASSERT_EQ(regs.size(), 8u);
-  for (const json& r : regs) {  // the content with the beat's counters and time
-    EXPECT_EQ(r["at_ns"], 150);
-    EXPECT_EQ(r["comms"][0]["calls"], 40);
-    EXPECT_EQ(r["iterations"], 4);
+  for (const RankEntry& r : regs) {  // the content with the beat's counters and time
+    EXPECT_EQ(r.info.at_ns, 150);
+    ASSERT_EQ(r.info.comms.size(), 1u);
+    EXPECT_EQ(r.info.comms[0].calls, 40u);
+    EXPECT_EQ(r.info.pid, 100 + r.info.rank);
   }
   fetched = 0;
   regs = ReRead(cache, {Heartbeat("n0", 250, beats, 90)}, keys, fetched);
   EXPECT_EQ(fetched, 0) << "nothing changed but the counters";
   ASSERT_EQ(regs.size(), 8u);
-  EXPECT_EQ(regs[3]["at_ns"], 250);
-  EXPECT_EQ(regs[3]["comms"][0]["calls"], 90);
+  EXPECT_EQ(regs[3].info.at_ns, 250);
+  EXPECT_EQ(regs[3].info.comms[0].calls, 90u);
 
   keys[3] = KeyContent(3, "n0", 300, /*slow=*/true);
   beats[3].second = 300;
@@ -367,9 +368,9 @@ TEST(RankKeyCacheTest, KeysAreFetchedOnceAndThenOnlyWhenTheirBeatNamesNewContent
   regs = ReRead(cache, {Heartbeat("n0", 350, beats, 120)}, keys, fetched);
   EXPECT_EQ(fetched, 1) << "only the rank whose content changed";
   ASSERT_EQ(regs.size(), 8u);
-  EXPECT_EQ(regs[3]["slow"], true);
-  EXPECT_EQ(regs[3]["comms"][0]["calls"], 120);
-  EXPECT_EQ(regs[3]["at_ns"], 350);
+  EXPECT_EQ(regs[3].info.slow, true);
+  EXPECT_EQ(regs[3].info.comms[0].calls, 120u);
+  EXPECT_EQ(regs[3].info.at_ns, 350);
 
   keys.erase(5);  // its key expired: gone from the view and from the cache
   fetched = 0;
@@ -389,11 +390,11 @@ TEST(RankKeyCacheTest, KeysWithoutABeatAreReadEveryTimeAsTheyAre) {
   std::map<std::int64_t, json> keys = {{0, KeyContent(0, "n0", 100)}, {1, KeyContent(1, "n0", 100)}};
   int fetched = 0;
   for (int i = 0; i < 3; ++i) {
-    const std::vector<json> regs =
+    const std::vector<RankEntry> regs =
         ReRead(cache, {Heartbeat("n0", 150, {{0, 100}, {1, 100}}, 40, /*with_beats=*/false)}, keys, fetched);
     ASSERT_EQ(regs.size(), 2u);
-    EXPECT_EQ(regs[0]["at_ns"], 100);
-    EXPECT_EQ(regs[0]["comms"][0]["calls"], 1);
+    EXPECT_EQ(regs[0].info.at_ns, 100);
+    EXPECT_EQ(regs[0].info.comms[0].calls, 1u);
   }
   EXPECT_EQ(fetched, 6);
 
@@ -405,24 +406,44 @@ TEST(RankKeyCacheTest, KeysWithoutABeatAreReadEveryTimeAsTheyAre) {
     std::map<std::int64_t, json> one = {{0, KeyContent(0, "n0", 100)}};
     one[0]["comms"].push_back(one[0]["comms"][0]);
     ASSERT_EQ(ReRead(odd, {Heartbeat("n0", 150, {{0, 100}}, 40)}, one, fetched).size(), 1u);
-    const std::vector<json> again = ReRead(odd, {Heartbeat("n0", 250, {{0, 100}}, 50)}, one, fetched);
+    const std::vector<RankEntry> again = ReRead(odd, {Heartbeat("n0", 250, {{0, 100}}, 50)}, one, fetched);
     EXPECT_EQ(fetched, 1);
     ASSERT_EQ(again.size(), 1u);
-    EXPECT_EQ(again[0]["at_ns"], 100);
-    EXPECT_EQ(again[0]["comms"].size(), 2u);
+    EXPECT_EQ(again[0].info.at_ns, 100);
+    EXPECT_EQ(again[0].info.comms.size(), 2u);
+  }
+
+  // A communicator entry the view skips (not one it can trust) still has its count in the beat:
+  // each count goes to its own communicator, in the key's order.
+  {
+    RankKeyCache skips;
+    fetched = 0;
+    std::map<std::int64_t, json> one = {{0, KeyContent(0, "n0", 100)}};
+    one[0]["comms"].insert(one[0]["comms"].begin(), json{{"name", "half"}});
+    json hb = Heartbeat("n0", 150, {{0, 100}}, 40);
+    hb["beats"][0]["calls"] = {7, 40};
+    ASSERT_EQ(ReRead(skips, {hb}, one, fetched).size(), 1u);
+    hb["at_ns"] = 250;
+    hb["beats"][0]["calls"] = {8, 55};
+    const std::vector<RankEntry> again = ReRead(skips, {hb}, one, fetched);
+    EXPECT_EQ(fetched, 1);
+    ASSERT_EQ(again.size(), 1u);
+    ASSERT_EQ(again[0].info.comms.size(), 1u);
+    EXPECT_EQ(again[0].info.comms[0].calls, 55u);
+    EXPECT_EQ(again[0].info.at_ns, 250);
   }
 
   RankKeyCache ahead;
   fetched = 0;
   keys[1] = KeyContent(1, "n0", 200, /*slow=*/true);  // written after the heartbeat was read
-  std::vector<json> regs = ReRead(ahead, {Heartbeat("n0", 150, {{0, 100}, {1, 100}}, 40)}, keys, fetched);
+  std::vector<RankEntry> regs = ReRead(ahead, {Heartbeat("n0", 150, {{0, 100}, {1, 100}}, 40)}, keys, fetched);
   ASSERT_EQ(regs.size(), 2u);
-  EXPECT_EQ(regs[1]["slow"], true);
-  EXPECT_EQ(regs[1]["at_ns"], 200);
+  EXPECT_EQ(regs[1].info.slow, true);
+  EXPECT_EQ(regs[1].info.at_ns, 200);
   fetched = 0;
   regs = ReRead(ahead, {Heartbeat("n0", 250, {{0, 100}, {1, 200}}, 60)}, keys, fetched);
   EXPECT_EQ(fetched, 0) << "the beat caught up with what is held";
-  EXPECT_EQ(regs[1]["comms"][0]["calls"], 60);
+  EXPECT_EQ(regs[1].info.comms[0].calls, 60u);
 }
 
 // Two hosts claim one rank: the key holds whichever wrote last. Each claimant's content is held
@@ -434,10 +455,10 @@ TEST(RankKeyCacheTest, EachClaimantOfARankKeepsItsOwnContent) {
     return std::vector<json>{Heartbeat("a", 150, {{4, 100}}, calls), Heartbeat("b", 160, {{4, 120}}, calls + 1)};
   };
   int fetched = 0;
-  std::vector<json> regs = ReRead(cache, agents(10), keys, fetched);
+  std::vector<RankEntry> regs = ReRead(cache, agents(10), keys, fetched);
   EXPECT_EQ(fetched, 1);
   ASSERT_EQ(regs.size(), 1u);
-  EXPECT_EQ(regs[0]["host"], "a");
+  EXPECT_EQ(regs[0].info.host, "a");
   regs = ReRead(cache, agents(20), keys, fetched);
   EXPECT_EQ(fetched, 2) << "b's content is not held yet: the key is read again";
   keys[4] = KeyContent(4, "b", 120);
@@ -449,11 +470,11 @@ TEST(RankKeyCacheTest, EachClaimantOfARankKeepsItsOwnContent) {
   EXPECT_EQ(fetched, 0);
   ASSERT_EQ(regs.size(), 2u);
   std::set<std::string> hosts;
-  for (const json& r : regs) hosts.insert(r["host"].get<std::string>());
+  for (const RankEntry& r : regs) hosts.insert(r.info.host);
   EXPECT_EQ(hosts, (std::set<std::string>{"a", "b"}));
 
   JobView v;  // the view keeps the first holder and reports the conflict, as before
-  v.Update(regs, agents(40));
+  v.UpdateEntries(regs, agents(40));
   ASSERT_EQ(v.ranks().count(4), 1u);
   EXPECT_EQ(v.ranks().at(4).agent_host, "a");
   EXPECT_EQ(v.TakeClaimEvents().size(), 1u);

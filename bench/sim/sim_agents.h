@@ -3,14 +3,15 @@
 // controller's commands, at the real agent's cadences and in the real protocol (docs/protocol.md).
 //
 // Per node and rank, on the agent's schedule (AgentCadence): every heartbeat the agent hash with
-// its ranks' beats and a rank hash where it changed or its TTL is due (rank_beat.h), an `iterations` batch per rank per flush, `call_signatures` per rank per
-// signature interval, `comm_profile` per rank per profile window while the controller asked for
-// profile/sample mode, and an `alarm` (plus its `alert`) when the modelled detector sees the job's
-// level change. Commands are read from every owned node's stream and the broadcast stream (each
-// broadcast entry answered by every owned node) in one XREADGROUP per tick, and
-// answered with modelled timings: a pause acks once each rank reaches its cut and holds the job's
-// clock there until the resume (or the trap's deadline), a GEMM or P2P task after the time it
-// would take on the modelled (possibly faulty) GPU or link.
+// its ranks' beats and a rank hash where it changed or its TTL is due (rank_beat.h), an
+// `iterations` batch per rank per flush, `call_signatures` per rank per signature interval,
+// `comm_profile` per rank per profile window while the controller asked for profile/sample mode,
+// and an `alarm` (plus its `alert`) when the modelled detector sees the job's level change.
+// Commands are read from every owned node's stream and the broadcast stream (each broadcast
+// entry answered by every owned node) in one XREADGROUP per tick, and answered with modelled
+// timings: a pause acks once each rank reaches its cut and holds the job's clock there until the
+// resume (or the trap's deadline), a GEMM or P2P task after the time it would take on the
+// modelled (possibly faulty) GPU or link.
 // Thread-safety: one thread. Must never: block past a Redis call's timeout.
 #pragma once
 

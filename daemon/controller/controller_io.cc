@@ -333,7 +333,7 @@ Status Controller::RefreshView() {
   s = ReadViewKeys(
       protocol::kRankKey, protocol::kRankRegister,
       [&](const std::string& key) { return rank_keys_.NeedsFetch(RankOfKey(key)); },
-      [&](json m) { rank_keys_.Fetched(std::move(m)); }, seen_bad, &rank_keys);
+      [&](json m) { rank_keys_.Fetched(m); }, seen_bad, &rank_keys);
   if (!s.ok()) {
     rank_keys_.Abandon();
     return s;
@@ -342,7 +342,7 @@ Status Controller::RefreshView() {
   for (const std::string& key : rank_keys) {
     if (const std::optional<std::int64_t> r = RankOfKey(key)) ranks_with_keys.push_back(*r);
   }
-  std::vector<json> ranks = rank_keys_.Registrations(ranks_with_keys);
+  std::vector<RankEntry> ranks = rank_keys_.Registrations(ranks_with_keys);
   view_keys_ = std::max(view_keys_, agents.size() + ranks.size());  // fetched or held, each rank counts
   for (auto it = bad_keys_.begin(); it != bad_keys_.end();) {
     if (seen_bad.count(*it)) {
@@ -352,7 +352,7 @@ Status Controller::RefreshView() {
     log_->info("event=bad_key_cleared key={}", daemon::LogValue(*it));  // readable again, or gone
     it = bad_keys_.erase(it);
   }
-  view_.Update(ranks, agents);
+  view_.UpdateEntries(std::move(ranks), agents);
   for (const RankClaimEvent& e : view_.TakeClaimEvents()) {
     if (e.kind == RankClaimEvent::Kind::kConflict) {
       log_->warn("event=rank_claim_conflict rank={} holder_host={} holder_pid={} claimant_host={} claimant_pid={} "

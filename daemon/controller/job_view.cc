@@ -16,8 +16,12 @@ namespace {
 constexpr double kRateSmoothing = 0.5;  // weight of the newest rate estimate
 constexpr std::size_t kMembersPerReport = 64;  // member slots one report may make the view hold
 
-RankInfo ParseRank(const nlohmann::json& m) {
-  RankInfo r;
+}  // namespace
+
+RankEntry ParseRankEntry(const nlohmann::json& m, std::vector<std::uint32_t>* slots) {
+  RankEntry e;
+  e.live = m["state"] == "live";
+  RankInfo& r = e.info;
   r.rank = m["rank"].get<std::int64_t>();
   r.host = m["host"].get<std::string>();
   r.agent_host = r.host;
@@ -34,7 +38,9 @@ RankInfo ParseRank(const nlohmann::json& m) {
       r.cost_s[i] = cost->get<double>();
     }
   }
-  for (const nlohmann::json& c : m["comms"]) {
+  const nlohmann::json& comms = m["comms"];
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    const nlohmann::json& c = comms[i];
     if (!c.is_object() || !c.contains("id") || !c["id"].is_string()) continue;
     const std::optional<std::uint64_t> id = protocol::ParseCommIdHex(c["id"].get<std::string>());
     const auto rank = c.find("rank"), nranks = c.find("nranks");
@@ -50,37 +56,41 @@ RankInfo ParseRank(const nlohmann::json& m) {
     const auto calls = c.find("calls");
     if (calls != c.end() && calls->is_number_unsigned()) rc.calls = calls->get<std::uint64_t>();
     r.comms.push_back(rc);
+    if (slots != nullptr) slots->push_back(static_cast<std::uint32_t>(i));
   }
-  return r;
+  return e;
 }
-
-}  // namespace
 
 bool CommInfo::complete() const {
   return std::none_of(members.begin(), members.end(), [](std::int64_t m) { return m < 0; });
 }
 
-void JobView::Update(const std::vector<nlohmann::json>& ranks,
-                     const std::vector<nlohmann::json>& agents) {
+void JobView::Update(const std::vector<nlohmann::json>& ranks, const std::vector<nlohmann::json>& agents) {
+  std::vector<RankEntry> entries;
+  entries.reserve(ranks.size());
+  for (const nlohmann::json& m : ranks) entries.push_back(ParseRankEntry(m));
+  UpdateEntries(std::move(entries), agents);
+}
+
+void JobView::UpdateEntries(std::vector<RankEntry> ranks, const std::vector<nlohmann::json>& agents) {
   static std::atomic<std::uint64_t> updates{0};  // one sequence over every view: versions never collide
   version_ = ++updates;
   std::map<std::uint64_t, CommInfo> old = std::move(comms_);
   ranks_.clear();
   comms_.clear();
   std::set<std::int64_t> registered;
-  for (const nlohmann::json& m : ranks) {
-    const std::int64_t rank = m["rank"].get<std::int64_t>();
+  for (RankEntry& e : ranks) {
+    const std::int64_t rank = e.info.rank;
     if (rank < 0) continue;
     registered.insert(rank);
-    if (m["state"] != "live") {  // the holder's process exited: its claim ends with it
+    if (!e.live) {  // the holder's process exited: its claim ends with it
       const auto claim = claims_.find(rank);
-      if (claim != claims_.end() && claim->second.host == m["host"].get<std::string>() &&
-          claim->second.pid == m["pid"].get<std::int64_t>()) {
+      if (claim != claims_.end() && claim->second.host == e.info.host && claim->second.pid == e.info.pid) {
         claims_.erase(claim);
       }
       continue;
     }
-    ranks_[rank] = Claimed(ParseRank(m));
+    ranks_[rank] = Claimed(std::move(e.info));
   }
   for (auto it = claims_.begin(); it != claims_.end();) {  // keys gone: no claim left
     it = registered.count(it->first) ? std::next(it) : claims_.erase(it);

@@ -56,6 +56,17 @@ struct RankInfo {
   std::vector<RankComm> comms;
 };
 
+// A rank key's registration as the view takes it: what the view reads of it, a few hundred bytes
+// where the parsed message takes kilobytes (the controller holds one per rank between re-reads).
+struct RankEntry {
+  RankInfo info;
+  bool live = true;  // its state is "live" (not exited or orphaned)
+};
+
+// The entry of a validated rank_register. Communicator entries the schema does not check deeply
+// are skipped, never trusted; `slots`, when given, gets each of info.comms' index in m's comms.
+[[nodiscard]] RankEntry ParseRankEntry(const nlohmann::json& m, std::vector<std::uint32_t>* slots = nullptr);
+
 struct CommInfo {
   std::uint64_t id = 0;
   std::int32_t nranks = 0;
@@ -88,6 +99,8 @@ class JobView {
   // report times, so a stale report does not skew them). A communicator reported by fewer than
   // 1 in 64 of its claimed members is left out: memory grows with the reports, not with the
   // sizes they claim.
+  void UpdateEntries(std::vector<RankEntry> ranks, const std::vector<nlohmann::json>& agents);
+  // The same from validated rank_register messages (ParseRankEntry).
   void Update(const std::vector<nlohmann::json>& ranks, const std::vector<nlohmann::json>& agents);
 
   const std::map<std::int64_t, RankInfo>& ranks() const { return ranks_; }

@@ -26,6 +26,7 @@ struct ReportHeader {
   std::string job;
   std::string host;
   std::int64_t at_ns = 0;  // wall clock
+  bool operator==(const ReportHeader&) const = default;
 };
 
 struct CommSummary {
@@ -36,6 +37,7 @@ struct CommSummary {
   // Calls of this communicator the rank has issued so far (the comm_seq its next call takes);
   // the controller picks pause cuts from it.
   std::uint64_t calls = 0;
+  bool operator==(const CommSummary&) const = default;
 };
 
 struct RankRegistration {
@@ -63,6 +65,7 @@ struct RankRegistration {
   // detection because they overlapped a phase or a validation pause.
   std::optional<std::string> phase;
   std::uint64_t excluded = 0;
+  bool operator==(const RankRegistration&) const = default;
 };
 
 // One rank's counters in an agent heartbeat (kRankBeatFields): what changes every heartbeat, so

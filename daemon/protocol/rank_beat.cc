@@ -1,23 +1,12 @@
 // The rank key / beat split (rank_beat.h).
 #include "daemon/protocol/rank_beat.h"
 
-#include <map>
+#include <algorithm>
 #include <utility>
 
 namespace falcon::protocol {
-namespace {
 
 using nlohmann::json;
-
-// m's content: its text with the counters and the write time zeroed.
-std::string Content(RankRegistration m) {
-  m.header.at_ns = 0;
-  for (CommSummary& c : m.comms) c.calls = 0;
-  m.records = m.lost = m.iterations = m.excluded = 0;
-  return ToJson(m).dump();
-}
-
-}  // namespace
 
 RankBeat BeatOf(const RankRegistration& m, std::int64_t written_ns) {
   RankBeat b;
@@ -32,15 +21,24 @@ RankBeat BeatOf(const RankRegistration& m, std::int64_t written_ns) {
   return b;
 }
 
+bool RankKeyWriter::SameContent(const RankRegistration& m) {
+  if (m.comms.size() != content_.comms.size()) return false;
+  content_.header.at_ns = m.header.at_ns;
+  for (std::size_t i = 0; i < m.comms.size(); ++i) content_.comms[i].calls = m.comms[i].calls;
+  content_.records = m.records;
+  content_.lost = m.lost;
+  content_.iterations = m.iterations;
+  content_.excluded = m.excluded;
+  return content_ == m;
+}
+
 bool RankKeyWriter::Next(const RankRegistration& m, std::int64_t now_ns, std::int64_t ttl_ns,
                          std::int64_t heartbeat_ns, RankBeat& beat) {
-  std::string content = Content(m);
   bool write = false;
-  if (!written_ || content != content_) {
-    content_ = std::move(content);
+  if (payload_.empty() || !SameContent(m)) {
+    content_ = m;
     payload_ = ToJson(m).dump();
     written_ns_ = m.header.at_ns;
-    written_ = true;
     write = true;
   } else if (now_ns - last_write_ns_ + 2 * heartbeat_ns >= ttl_ns) {
     write = true;  // the same text: readers holding it need not read it again
@@ -67,18 +65,34 @@ bool ApplyBeat(json& registration, const json& beat, const std::string& host, st
   return true;
 }
 
-void ApplyBeats(std::vector<json>& ranks, const std::vector<json>& agents) {
-  std::multimap<std::int64_t, std::pair<const json*, const json*>> beats;  // rank -> (heartbeat, beat)
+BeatIndex::BeatIndex(const std::vector<json>& agents) {
+  std::vector<std::pair<std::int64_t, Beat>> by_rank;
   for (const json& a : agents) {
     auto it = a.find("beats");
     if (it == a.end()) continue;
-    for (const json& b : *it) beats.emplace(b["rank"].get<std::int64_t>(), std::pair{&a, &b});
+    const std::string* host = &a["host"].get_ref<const std::string&>();
+    const std::int64_t at_ns = a["at_ns"].get<std::int64_t>();
+    for (const json& b : *it) by_rank.push_back({b["rank"].get<std::int64_t>(), Beat{&b, host, at_ns}});
   }
+  std::stable_sort(by_rank.begin(), by_rank.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  ranks_.reserve(by_rank.size());
+  beats_.reserve(by_rank.size());
+  for (const auto& [rank, b] : by_rank) {
+    ranks_.push_back(rank);
+    beats_.push_back(b);
+  }
+}
+
+std::span<const BeatIndex::Beat> BeatIndex::Of(std::int64_t rank) const {
+  const auto [lo, hi] = std::equal_range(ranks_.begin(), ranks_.end(), rank);
+  return {beats_.data() + (lo - ranks_.begin()), static_cast<std::size_t>(hi - lo)};
+}
+
+void ApplyBeats(std::vector<json>& ranks, const std::vector<json>& agents) {
+  const BeatIndex index(agents);
   for (json& r : ranks) {
-    auto [from, to] = beats.equal_range(r["rank"].get<std::int64_t>());
-    for (auto it = from; it != to; ++it) {
-      const auto [a, b] = it->second;
-      if (ApplyBeat(r, *b, (*a)["host"].get<std::string>(), (*a)["at_ns"].get<std::int64_t>())) break;
+    for (const BeatIndex::Beat& b : index.Of(r["rank"].get<std::int64_t>())) {
+      if (ApplyBeat(r, *b.beat, *b.host, b.at_ns)) break;
     }
   }
 }

@@ -6,7 +6,8 @@
 // when its content changes, or unchanged to renew its TTL, and a reader holding a key's content
 // re-reads it only when the beat names another content (`written_ns`): at 32,768 ranks the keys'
 // rewrites and re-reads were most of Redis's load (docs/scale.md).
-// Writers: one RankKeyWriter per rank. Readers: ApplyBeat, or ApplyBeats for a whole job.
+// Writers: one RankKeyWriter per rank. Readers: a BeatIndex of a job's heartbeats, then ApplyBeat,
+// or ApplyBeats for a whole job.
 // Thread-safety: a value type and pure functions. Must never: merge counters into a content
 // they were not counted against (another written_ns, host or number of communicators).
 #pragma once
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,11 +37,33 @@ class RankKeyWriter {
   [[nodiscard]] const std::string& payload() const { return payload_; }
 
  private:
-  std::string content_;             // the last write's content, counters and at_ns zeroed
-  std::string payload_;             // the last write's text
+  // Whether m differs from the last write's content in at_ns and the counters alone. Copies them
+  // into content_ and compares the whole struct, so a field added to RankRegistration counts.
+  [[nodiscard]] bool SameContent(const RankRegistration& m);
+
+  RankRegistration content_;        // the last write's content (its at_ns and counters: m's)
+  std::string payload_;             // the last write's text; empty before the first
   std::int64_t written_ns_ = 0;     // its at_ns
   std::int64_t last_write_ns_ = 0;  // monotonic, when it was last (re)written
-  bool written_ = false;
+};
+
+// The beats in a job's agent heartbeats (validated agent_heartbeat messages), by rank; an agent
+// without `beats` gives none. REQUIRES: the heartbeats outlive the index (beats are read in place).
+class BeatIndex {
+ public:
+  struct Beat {
+    const nlohmann::json* beat = nullptr;  // an element of its heartbeat's `beats`
+    const std::string* host = nullptr;     // the heartbeat's host
+    std::int64_t at_ns = 0;                // the heartbeat's at_ns
+  };
+  BeatIndex() = default;
+  explicit BeatIndex(const std::vector<nlohmann::json>& agents);
+  // The beats naming `rank`, in the heartbeats' order.
+  [[nodiscard]] std::span<const Beat> Of(std::int64_t rank) const;
+
+ private:
+  std::vector<std::int64_t> ranks_;  // sorted
+  std::vector<Beat> beats_;          // beats_[i] names ranks_[i]; a rank's in the heartbeats' order
 };
 
 // The beat of `m` against the content written at written_ns.
