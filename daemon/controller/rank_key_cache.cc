@@ -10,7 +10,7 @@ using nlohmann::json;
 
 namespace {
 
-// Whether `b`'s counters fit `h` (one per communicator of its key), and then the entry with them.
+// The held entry with the counters of `b`, when they fit it (one per communicator of its key).
 std::optional<RankEntry> WithBeat(const RankEntry& held, const std::vector<std::uint32_t>& slots, std::size_t comms,
                                   const protocol::BeatIndex::Beat& b) {
   const json& calls = (*b.beat)["calls"];
